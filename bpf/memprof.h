@@ -1,0 +1,41 @@
+/* Record layouts shared by memprof's BPF programs and memprof/sources/records.py.
+ *
+ * Every record leaving the kernel is one fixed-size `struct mp_event` (56 bytes; 64 with the
+ * ring buffer's 8-byte header), so user space decodes a batch as one strided numpy view.
+ * Change a field here and in records.py together; test_records_layout checks they agree. */
+#ifndef MEMPROF_H
+#define MEMPROF_H
+
+/* Event kinds. Allocation/free kinds come first; lifecycle kinds follow. */
+#define MP_SLAB_ALLOC   1   /* kmalloc / kmem_cache_alloc (and their _node variants) */
+#define MP_SLAB_FREE    2   /* kfree / kmem_cache_free */
+#define MP_PAGE_ALLOC   3   /* mm_page_alloc: addr = struct page *, size = PAGE_SIZE << order */
+#define MP_PAGE_FREE    4   /* mm_page_free / mm_page_free_batched */
+#define MP_PROC_FORK    8   /* a tracked process forked: pid = child tgid, tid = parent tgid */
+#define MP_PROC_EXEC    9   /* a tracked process exec'd */
+#define MP_PROC_EXIT   10   /* a tracked thread group died (last thread exited) */
+#define MP_EXIT_MARK   11   /* a tracked process began to exit: exit_group, fatal signal, Py_Finalize */
+
+/* Counter slots (per-CPU array `counters`). */
+#define MP_CNT_RINGBUF_FULL   0  /* records dropped: ring buffer had no room */
+#define MP_CNT_STACK_FAIL     1  /* stack capture failed (map full or hash collision) */
+#define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
+#define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */
+#define MP_N_COUNTERS         4
+
+struct mp_event {
+    __u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+    __u64 addr;         /* object address, or struct page address for pages */
+    __u64 call_site;    /* allocation's direct caller (_RET_IP_), 0 where unknown */
+    __u32 pid;          /* tgid */
+    __u32 tid;
+    __u32 size;         /* bytes handed out (pages: PAGE_SIZE << order) */
+    __u32 requested;    /* bytes asked for (0 when unknown) */
+    __s32 kstack_id;    /* id in `stacks`, negative when none */
+    __s32 ustack_id;
+    __u8  kind;         /* MP_* above */
+    __u8  sampled;      /* 1 when the stacks were captured for this very event */
+    __u8  pad[6];
+};
+
+#endif

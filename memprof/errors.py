@@ -1,0 +1,60 @@
+"""Typed errors with a remedy. The library raises these; only the CLI turns them into
+messages and exit codes (DESIGN.md §5)."""
+from __future__ import annotations
+
+
+class ExitCode:
+    """Exit statuses of the `memprof` command (DESIGN.md §5)."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    NO_PRIVILEGE = 3
+    SOURCE_UNAVAILABLE = 4
+    BAD_RECORDING = 5
+    CHECK_FAILED = 6
+    INTERRUPTED = 130
+
+
+class MemprofError(Exception):
+    """Base of every error memprof reports to a user.
+
+    `message` says what went wrong in one line; `hint` says what to do about it.
+    """
+
+    exit_code = ExitCode.ERROR
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(MemprofError):
+    """A command-line value that cannot be used (bad size, unknown source, …)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class NoPrivilegeError(MemprofError):
+    """Recording needs root (or CAP_BPF + CAP_PERFMON)."""
+
+    exit_code = ExitCode.NO_PRIVILEGE
+
+
+class SourceUnavailableError(MemprofError):
+    """A capture source cannot run here (no bcc, no tracepoint, no headers, …)."""
+
+    exit_code = ExitCode.SOURCE_UNAVAILABLE
+
+
+class BadRecordingError(MemprofError):
+    """A path that is not a readable recording of a format version we know."""
+
+    exit_code = ExitCode.BAD_RECORDING
+
+
+class TargetError(MemprofError):
+    """The process to record cannot be started or attached to."""
+
+    exit_code = ExitCode.ERROR

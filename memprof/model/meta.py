@@ -1,0 +1,83 @@
+"""Recording metadata (`meta.json`): what was recorded, how, and what was lost."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# Bump when a reader of the previous version could misread a recording of the new one.
+FORMAT_VERSION = 1
+KNOWN_FORMAT_VERSIONS = (1,)
+
+
+@dataclass
+class ClockAnchor:
+    """One simultaneous reading of CLOCK_MONOTONIC and CLOCK_REALTIME, in ns."""
+
+    monotonic_ns: int
+    realtime_ns: int
+
+
+@dataclass
+class SourceStats:
+    """Per-source accounting, shown by every report. Loss is data, not an error.
+
+    `lost` counts events the kernel dropped (ring buffer full); `missed` counts events the
+    kernel skipped before our program ran (BPF recursion protection: frees in softirq while
+    a program runs on that CPU); `stack_sample_every` is 1 when every allocation has its own
+    stack, N when one in N does and the others inherit their call site's latest stack.
+    """
+
+    enabled: bool = True
+    events: int = 0
+    lost: int = 0
+    missed: dict[str, int] = field(default_factory=dict)
+    stack_sample_every: int = 1
+    timestamp_precision_ns: int = 1
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecordingMeta:
+    """Everything about a recording except its tables. Times are ns on `clock`."""
+
+    format_version: int = FORMAT_VERSION
+    memprof_version: str = ""
+    status: str = "recording"  # "recording" until finalized, then "complete"
+    command: list[str] | None = None
+    pid: int | None = None
+    host: str = ""
+    kernel: str = ""
+    clock: str = "CLOCK_MONOTONIC"
+    start_ns: int = 0
+    end_ns: int | None = None
+    exit_status: int | None = None
+    clock_anchors: list[ClockAnchor] = field(default_factory=list)
+    sources: dict[str, SourceStats] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RecordingMeta":
+        """Build from parsed JSON; unknown keys are ignored (newer minor writers)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["clock_anchors"] = [ClockAnchor(**a) for a in values.get("clock_anchors", [])]
+        values["sources"] = {
+            name: SourceStats(**{k: v for k, v in stats.items() if k in _SOURCE_FIELDS})
+            for name, stats in values.get("sources", {}).items()
+        }
+        return cls(**values)
+
+    @property
+    def lost_events(self) -> int:
+        return sum(s.lost for s in self.sources.values())
+
+    @property
+    def missed_events(self) -> int:
+        return sum(sum(s.missed.values()) for s in self.sources.values())
+
+
+_SOURCE_FIELDS = {f.name for f in dataclasses.fields(SourceStats)}

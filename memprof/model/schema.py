@@ -1,0 +1,85 @@
+"""Closed sets (layers, actions, frame kinds) and the Arrow schemas of the timeline tables.
+
+Units live in column names: `ts_ns` is CLOCK_MONOTONIC nanoseconds of the recording host,
+`size_bytes`/`requested_bytes` are bytes. Sizes are never negative: direction is `action`.
+"""
+from __future__ import annotations
+
+import enum
+
+import pyarrow as pa
+
+
+class Layer(str, enum.Enum):
+    """Allocator levels, outermost first. Bytes are never added across layers."""
+
+    CUDA_BLOCK = "cuda_block"
+    CUDA_SEGMENT = "cuda_segment"
+    CUDA_DRIVER = "cuda_driver"
+    TORCH_CPU = "torch_cpu"
+    NATIVE_HEAP = "native_heap"
+    KERNEL_SLAB = "kernel_slab"
+    KERNEL_PAGE = "kernel_page"
+
+
+class Action(str, enum.Enum):
+    """What an event does to an allocation. `mark` rows carry markers (exit, step)."""
+
+    ALLOC = "alloc"
+    FREE = "free"
+    FREE_REQUESTED = "free_requested"
+    OOM = "oom"
+    MARK = "mark"
+
+
+class FrameKind(str, enum.Enum):
+    KERNEL = "kernel"
+    NATIVE = "native"
+    PYTHON = "python"
+
+
+class Mark(str, enum.Enum):
+    """Labels of `mark` events, stored in the `category` column."""
+
+    # The target's root process began to exit (exit_group, a fatal signal, or interpreter
+    # finalization): the moment "held at the end" is judged at, before teardown frees.
+    EXIT = "exit"
+
+
+LAYERS = [layer.value for layer in Layer]
+ACTIONS = [action.value for action in Action]
+
+_category = pa.dictionary(pa.int8(), pa.string())
+
+EVENTS_SCHEMA = pa.schema([
+    ("ts_ns", pa.int64()),
+    ("seq", pa.int64()),
+    ("layer", _category),
+    ("action", _category),
+    ("addr", pa.uint64()),
+    ("size_bytes", pa.int64()),
+    ("requested_bytes", pa.int64()),
+    ("device", _category),
+    ("pid", pa.int32()),
+    ("tid", pa.int32()),
+    ("stack_id", pa.int64()),
+    ("alloc_id", pa.int64()),
+    ("step", pa.int32()),
+    ("category", _category),
+])
+EVENT_COLUMNS = EVENTS_SCHEMA.names
+
+STACKS_SCHEMA = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("frame_id", pa.int64())])
+
+FRAMES_SCHEMA = pa.schema([
+    ("frame_id", pa.int64()),
+    ("kind", pa.string()),
+    ("function", pa.string()),
+    ("module", pa.string()),
+    ("file", pa.string()),
+    ("line", pa.int32()),
+])
+
+SAMPLES_SCHEMA = pa.schema([
+    ("ts_ns", pa.int64()), ("metric", pa.string()), ("device", pa.string()), ("value", pa.float64()),
+])
