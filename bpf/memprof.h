@@ -21,7 +21,15 @@
 #define MP_CNT_STACK_FAIL     1  /* stack capture failed (map full or hash collision) */
 #define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
 #define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */
-#define MP_N_COUNTERS         4
+#define MP_CNT_NESTED_FREES   4  /* + MP_TP_*: frees recorded by a backup program (the main one was skipped) */
+#define MP_N_COUNTERS         8
+
+/* Free tracepoints, indexing the per-CPU `free_busy` flags. */
+#define MP_TP_KFREE              0
+#define MP_TP_KMEM_CACHE_FREE    1
+#define MP_TP_PAGE_FREE          2
+#define MP_TP_PAGE_FREE_BATCHED  3
+#define MP_N_FREE_TPS            4
 
 struct mp_event {
     __u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */

@@ -31,7 +31,7 @@ kernel_headers() {
   local kr build
   kr=$(uname -r)
   build=/lib/modules/$kr/build
-  if [ -e "$build/include" ]; then return 0; fi
+  if [ -e "$build/include" ] && [ -e "/lib/modules/$kr/source/include/linux/kconfig.h" ]; then return 0; fi
   if apt-cache show "linux-headers-$kr" >/dev/null 2>&1; then
     apt_install "linux-headers-$kr"
     [ -e "$build/include" ] && return 0
@@ -54,10 +54,13 @@ print((below[-1] if below else rows[0])[1] if rows else "")' "$want")
     warn "no linux-headers package found; bcc cannot compile BPF programs"; return 0
   fi
   apt_install "$nearest"
-  local src=/usr/src/$nearest
+  # Debian splits headers: the flavour package (generated headers, config) is "build",
+  # the -common package (the source tree's include/) is "source"; bcc reads both.
+  local flavour=/usr/src/$nearest common
+  common=$(ls -d "/usr/src/${nearest%-amd64}-common" 2>/dev/null || echo "$flavour")
   mkdir -p "/lib/modules/$kr"
-  ln -sfn "$src" "$build"
-  ln -sfn "$src" "/lib/modules/$kr/source"
+  ln -sfn "$flavour" "$build"
+  ln -sfn "$common" "/lib/modules/$kr/source"
   warn "no headers for kernel $kr; using $nearest at $build (fine for tracepoint programs)"
 }
 

@@ -55,6 +55,8 @@ class RecordingMeta:
     clock_anchors: list[ClockAnchor] = field(default_factory=list)
     sources: dict[str, SourceStats] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The target's processes: pid, ppid, comm, exe, start_ns, exit_ns (ns on `clock`).
+    processes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

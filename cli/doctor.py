@@ -1,0 +1,32 @@
+"""`memprof doctor`."""
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+def doctor():
+    """Check every requirement of recording, and say how to fix what is missing.
+
+    Exits 0 when recording can work, 4 when a required source cannot.
+    """
+    from rich.markup import escape
+    from rich.table import Table
+
+    from memprof.cli import console
+    from memprof.doctor import recording_possible, run_checks
+    from memprof.errors import ExitCode
+
+    checks = run_checks()
+    table = Table(title="memprof doctor", show_lines=False)
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]absent[/]")
+        table.add_row(escape(c.name), status, escape(c.detail), "" if c.ok else escape(c.fix))
+    console.out.print(table)
+    if recording_possible(checks):
+        console.out.print("Recording can work here.")
+        return
+    console.out.print("[red]Recording cannot work here[/]: fix the MISSING items above.")
+    raise SystemExit(ExitCode.SOURCE_UNAVAILABLE)

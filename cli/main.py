@@ -1,0 +1,70 @@
+"""`memprof`: the click front end. Commands parse, call one library function, and hand the
+result to one renderer; errors become one line and an exit code here, and only here."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from memprof import __version__
+from memprof.errors import ExitCode, MemprofError
+
+
+class MemprofGroup(click.Group):
+    """Maps MemprofError to its exit code and Ctrl-C to 130, never a traceback."""
+
+    def invoke(self, ctx):
+        from memprof.cli import console
+        try:
+            return super().invoke(ctx)
+        except MemprofError as e:
+            console.error(e.message, e.hint)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            console.error("interrupted")
+            ctx.exit(ExitCode.INTERRUPTED)
+        except BrokenPipeError:
+            sys.stderr.close()
+            ctx.exit(ExitCode.OK)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except Exception as e:  # a bug: one line for the user, the traceback in a file
+            console.error(f"internal error: {type(e).__name__}: {e}", f"please report it with {_save_traceback()}")
+            ctx.exit(ExitCode.ERROR)
+
+
+@click.group(cls=MemprofGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="memprof")
+def cli():
+    """memprof: the memory of a Linux ML job — kernel, native, PyTorch and CUDA — on one timeline.
+
+    \b
+      sudo memprof record -- python train.py    record a command (probes attach before it starts)
+      sudo memprof record --pid 4242            attach to a running process and its children
+      memprof report leaks                      what was still held at the end, and who allocated it
+      memprof doctor                            check that recording can work on this machine
+    """
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+    with tempfile.NamedTemporaryFile("w", prefix="memprof-crash-", suffix=".txt", delete=False) as f:
+        traceback.print_exc(file=f)
+        return f.name
+
+
+def _register() -> None:
+    from memprof.cli.doctor import doctor
+    from memprof.cli.record import record
+    from memprof.cli.report import report
+    cli.add_command(record)
+    cli.add_command(report)
+    cli.add_command(doctor)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="memprof")

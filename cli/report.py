@@ -1,0 +1,64 @@
+"""`memprof report …`: read a recording, analyse, render."""
+from __future__ import annotations
+
+import json
+
+import click
+
+LAYER_CHOICES = ("cuda_block", "cuda_segment", "cuda_driver", "torch_cpu", "native_heap", "kernel_slab", "kernel_page")
+
+
+def _min_age(ctx, param, value):
+    from memprof.errors import UsageError
+    from memprof.units import parse_duration
+    try:
+        seconds = parse_duration(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+    if seconds < 0:
+        raise click.BadParameter("must not be negative")
+    return int(seconds * 1e9)
+
+
+@click.group()
+def report():
+    """Analyse a recording (default: the newest in the current directory)."""
+
+
+@report.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+              help="Allocations younger than this at the end are in flight, not leaks.")
+@click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+def leaks(path, min_age, layers, top, fmt):
+    """Allocation chains still live when the target began to exit, biggest first.
+
+    For a command, "the end" is the moment its root process began to exit (exit_group, a
+    fatal signal, or a Python interpreter starting to finalize), before the kernel's
+    teardown frees what it held; each finding says whether the teardown released it or it
+    outlived the process (kernel caches). For an attached process that did not exit, the end
+    is the end of the recording.
+    """
+    from memprof.analysis.leaks import chain_frames, end_of_target, find_leaks
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.analysis.loss import skipped_frees_by_layer
+    from memprof.cli import console
+    from memprof.recording import find_latest_recording, open_recording
+    from memprof.report.leaks import leaks_to_json, render_leaks_table
+    from memprof.timeline import timeline
+
+    rec = open_recording(path if path else find_latest_recording("."))
+    events = timeline(rec)
+    end_ns = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
+    result = find_leaks(pair_lifetimes(events), end_ns=end_of_target(events, rec.meta.pid, end_ns),
+                        recording_end_ns=end_ns, min_age_ns=min_age, layers=layers or None, top=top)
+    skipped = skipped_frees_by_layer(rec.meta)
+    result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
+    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings])
+    if fmt == "json":
+        click.echo(json.dumps(leaks_to_json(result, chains, rec.path, rec.meta.lost_events), indent=2))
+        return
+    render_leaks_table(result, chains, console.out, start_ns=rec.meta.start_ns,
+                       lost_events=rec.meta.lost_events, notes=rec.meta.notes)

@@ -1,0 +1,184 @@
+"""Allocation lifetimes: each alloc paired with the free that ended it (DESIGN.md §3).
+
+Pure functions over the timeline; no I/O. Times are CLOCK_MONOTONIC ns (`ts_ns`), sizes bytes.
+
+Pairing key is (`layer`, `device`, `alloc_id` where the source gives one, else `addr`).
+Within a key, rows are ordered by (`ts_ns`, `seq`) and each row is judged by its neighbour:
+
+- alloc, then a free of the same key: freed at that free's `ts_ns` (`end_kind` "freed");
+- alloc, then another alloc of the same key: the free was missed (the address was handed
+  out again, so the old allocation was freed unseen); closed at the new alloc's `ts_ns`
+  (`end_kind` "missed") and counted in `missed_frees`;
+- alloc with nothing after it: live at the end of the recording (`end_kind` "live",
+  `end_ts_ns` NA);
+- a free whose previous row of the key is not an alloc: an unmatched free (the allocation
+  predates the recording, or the free is a duplicate), counted in `unmatched_frees`.
+
+`free_requested` ends an allocation like `free`; a `free` that directly follows a
+`free_requested` of the same key is that request's completion (PyTorch's caching allocator
+reports both), not an unmatched free.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memprof.model.schema import Action
+
+END_KINDS = ("freed", "missed", "live")
+_FREED, _MISSED, _LIVE = range(3)
+
+# Row kinds used internally (0: not part of pairing).
+_ALLOC, _FREE, _FREE_REQUESTED = 1, 2, 3
+_KIND_OF_ACTION = {Action.ALLOC.value: _ALLOC, Action.FREE.value: _FREE,
+                   Action.FREE_REQUESTED.value: _FREE_REQUESTED}
+
+_CARRIED = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
+            "requested_bytes", "ts_ns"]
+ALLOCATION_COLUMNS = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
+                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind"]
+
+
+@dataclass
+class Lifetimes:
+    """Every allocation seen, with how and when it ended.
+
+    `allocations` has ALLOCATION_COLUMNS, one row per alloc event, in timeline order:
+    `alloc_ts_ns` is the alloc's `ts_ns`; `end_ts_ns` (nullable Int64) is when it ended, NA
+    when live at the end of the recording; `end_kind` is "freed", "missed" or "live".
+    `unmatched_frees` and `missed_frees` count per layer (layers with none are absent).
+    """
+
+    allocations: pd.DataFrame
+    unmatched_frees: dict[str, int] = field(default_factory=dict)
+    missed_frees: dict[str, int] = field(default_factory=dict)
+
+
+def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
+    """Pair allocs with frees over an events frame with the EVENTS_SCHEMA columns.
+
+    Vectorized: one stable sort of the alloc/free rows by key, then neighbour comparisons.
+    """
+    kinds = _row_kinds(events["action"])
+    rows = np.flatnonzero(kinds)
+    kind = kinds[rows]
+    layer_codes, layer_names = category_codes(events["layer"])
+    layer_codes = layer_codes[rows]
+    key = _pairing_key(events, rows, layer_codes)
+    ts = events["ts_ns"].to_numpy()[rows]
+    order = _sort_order(key, ts, events["seq"].to_numpy()[rows])
+
+    ends_sorted, unmatched_sorted = _judge(key[order], kind[order], ts[order])
+    end_kind = np.empty(len(rows), dtype=np.int8)
+    end_ts = np.empty(len(rows), dtype=np.int64)
+    end_kind[order], end_ts[order] = ends_sorted
+    unmatched = np.empty(len(rows), dtype=bool)
+    unmatched[order] = unmatched_sorted
+
+    is_alloc = kind == _ALLOC
+    allocations = _allocations_frame(events, rows[is_alloc], end_ts[is_alloc], end_kind[is_alloc])
+    return Lifetimes(
+        allocations=allocations,
+        unmatched_frees=_count_by_layer(layer_codes[unmatched], layer_names),
+        missed_frees=_count_by_layer(layer_codes[is_alloc & (end_kind == _MISSED)], layer_names),
+    )
+
+
+def _row_kinds(action: pd.Series) -> np.ndarray:
+    """Per event: _ALLOC, _FREE, _FREE_REQUESTED, or 0 for rows pairing ignores."""
+    codes, names = category_codes(action)
+    kind_of_label = np.array([_KIND_OF_ACTION.get(label_of(x), 0) for x in names] + [0], dtype=np.int8)
+    return kind_of_label[codes]  # code -1 (missing) picks the trailing 0
+
+
+def _pairing_key(events: pd.DataFrame, rows: np.ndarray, layer_codes: np.ndarray) -> np.ndarray:
+    """One int64 per row, equal exactly when (layer, device, alloc_id-or-addr) are equal.
+
+    `alloc_id` and `addr` are separate namespaces: a row keyed by id never meets one keyed by
+    address. Values are densified by hashing, so the key packs into a single sortable int64.
+    """
+    device_codes, device_names = category_codes(events["device"])
+    alloc_id = events["alloc_id"]
+    has_id = alloc_id.notna().to_numpy()[rows]
+    ids = alloc_id.to_numpy(dtype=np.int64, na_value=0)[rows].view(np.uint64)
+    addrs = events["addr"].to_numpy().astype(np.uint64, copy=False)[rows]
+    value_codes, uniques = pd.factorize(np.where(has_id, ids, addrs))
+    n_devices = len(device_names) + 1
+    group = ((layer_codes.astype(np.int64) + 1) * n_devices + device_codes[rows] + 1) * 2 + has_id
+    return group * max(len(uniques), 1) + value_codes
+
+
+def _sort_order(key: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Stable order by (key, ts_ns, seq). The merged timeline is already in (ts_ns, seq)
+    order, so usually one stable argsort by key suffices."""
+    if len(ts) > 1:
+        dts = np.diff(ts)
+        if not np.all((dts > 0) | ((dts == 0) & (np.diff(seq) > 0))):
+            by_time = np.lexsort((seq, ts))
+            return by_time[np.argsort(key[by_time], kind="stable")]
+    return np.argsort(key, kind="stable")
+
+
+def _judge(key: np.ndarray, kind: np.ndarray, ts: np.ndarray):
+    """In sorted order: ((end_kind, end_ts) of every row, unmatched-free mask).
+
+    end_kind/end_ts are only meaningful on alloc rows."""
+    n = len(key)
+    same_next = np.zeros(n, dtype=bool)
+    same_next[:-1] = key[1:] == key[:-1]
+    next_kind = np.zeros(n, dtype=np.int8)
+    next_kind[:-1] = kind[1:]
+    next_kind[~same_next] = 0
+    prev_kind = np.zeros(n, dtype=np.int8)
+    prev_kind[1:] = np.where(same_next[:-1], kind[:-1], 0)
+
+    end_kind = np.full(n, _LIVE, dtype=np.int8)
+    end_kind[next_kind == _ALLOC] = _MISSED
+    end_kind[(next_kind == _FREE) | (next_kind == _FREE_REQUESTED)] = _FREED
+    end_ts = np.zeros(n, dtype=np.int64)
+    end_ts[:-1] = ts[1:]
+
+    is_free = kind != _ALLOC
+    completion = (kind == _FREE) & (prev_kind == _FREE_REQUESTED)
+    unmatched = is_free & (prev_kind != _ALLOC) & ~completion
+    return (end_kind, end_ts), unmatched
+
+
+def _allocations_frame(events: pd.DataFrame, positions: np.ndarray, end_ts: np.ndarray,
+                       end_kind: np.ndarray) -> pd.DataFrame:
+    frame = events[_CARRIED].iloc[positions].reset_index(drop=True)
+    frame = frame.rename(columns={"ts_ns": "alloc_ts_ns"})
+    live = end_kind == _LIVE
+    frame["end_ts_ns"] = pd.arrays.IntegerArray(np.where(live, 0, end_ts), live)
+    frame["end_kind"] = pd.Categorical.from_codes(end_kind, categories=list(END_KINDS))
+    return frame[ALLOCATION_COLUMNS]
+
+
+def _count_by_layer(layer_codes: np.ndarray, layer_names: np.ndarray) -> dict[str, int]:
+    counts = np.bincount(layer_codes + 1, minlength=len(layer_names) + 1)
+    names = ["?"] + [label_of(x) for x in layer_names]
+    return {names[i]: int(c) for i, c in enumerate(counts) if c}
+
+
+def labels(column: pd.Series) -> np.ndarray:
+    """The column's values as text (object array; None where missing), without a Python call per row."""
+    codes, names = category_codes(column)
+    return np.array([label_of(x) for x in names] + [None], dtype=object)[codes]
+
+
+def category_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes (-1 = missing) and the labels they index, for categorical or plain columns
+    (a plain column is factorized: one hash pass)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(), column.cat.categories.to_numpy(dtype=object)
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def label_of(value) -> str:
+    """A category label as text."""
+    # str() of a str-mixin Enum gives "Layer.X" on Python >= 3.11; we want its value.
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)

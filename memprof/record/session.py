@@ -1,0 +1,266 @@
+"""One recording: sources attached, target started (or attached to), events flushed to
+disk at least once a second, and everything finalized however the recording stops."""
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from memprof import __version__
+from memprof.errors import TargetError, UsageError
+from memprof.model import ClockAnchor, RecordingMeta
+from memprof.record.livebytes import LiveBytes
+from memprof.record.privileges import require_recording_privileges
+from memprof.record.target import GatedChild, RunAs, resolve_executable
+from memprof.sources.kmem import KmemOptions, KmemSource
+from memprof.sources.procs import descendants, pid_alive, read_comm
+
+POLL_S = 0.02          # ring buffer drain period
+FLUSH_S = 0.5          # at least one flush a second: a SIGKILL loses at most this much
+# After the target's tree has exited, the kernel still frees what it held: deferred fput,
+# RCU callbacks. Keep listening this long so those frees are on the timeline.
+TEARDOWN_GRACE_S = 0.3
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the child got its own
+
+
+@dataclass
+class RecordRequest:
+    command: list[str] | None = None
+    pid: int | None = None
+    output: Path | None = None
+    duration_s: float | None = None
+    sources: tuple[str, ...] = ("kmem",)
+    force: bool = False
+    kmem: KmemOptions = field(default_factory=KmemOptions)
+
+
+@dataclass
+class Status:
+    """What the status line shows; rates are per second over the last interval."""
+
+    elapsed_s: float
+    events: int
+    events_per_s: float
+    bytes_by_layer: dict
+    lost: int
+    path: Path
+
+
+@dataclass
+class RecordResult:
+    path: Path
+    exit_status: int | None  # the command's, when there was one
+    events: int
+    lost: int
+    missed: int
+    interrupted: bool
+
+
+def default_output(name: str, pid: int, directory: Path = Path(".")) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(name)) or "target"
+    return directory / f"memprof-{safe}-{pid}.memprof"
+
+
+def anchor() -> ClockAnchor:
+    return ClockAnchor(monotonic_ns=time.monotonic_ns(), realtime_ns=time.time_ns())
+
+
+class Session:
+    """Runs one recording. `on_status` is called about four times a second."""
+
+    def __init__(self, request: RequestT, on_status: Callable[[Status], None] | None = None):
+        self.request = request
+        self.on_status = on_status or (lambda s: None)
+        self.source = KmemSource(request.kmem)
+        self.live = LiveBytes()
+        self.writer = None
+        self.child: GatedChild | None = None
+        self.run_as = RunAs.from_sudo()
+        self._seq = 0
+        self._interrupted = False
+        self._stop_requested = False
+
+    # ---- entry points ----
+    def run(self) -> RecordResult:
+        req = self.request
+        if (req.command is None) == (req.pid is None):
+            raise UsageError("give either a command (after --) or --pid", "memprof record -- python train.py  |  memprof record --pid 4242")
+        require_recording_privileges()
+        if req.command is not None:
+            path = resolve_executable(req.command)
+            self._check_output_free()
+            return self._record_command(path)
+        self._check_pid(req.pid)
+        self._check_output_free()
+        return self._record_pid(req.pid)
+
+    def _check_output_free(self) -> None:
+        out = self.request.output
+        if out is not None and os.path.lexists(out) and not self.request.force:
+            raise UsageError(f"{out} exists", "choose another -o path, or pass --force to overwrite it")
+
+    @staticmethod
+    def _check_pid(pid: int) -> None:
+        if pid <= 0 or not pid_alive(pid):
+            raise TargetError(f"no running process with pid {pid}", "check the pid with `ps`")
+        if pid == os.getpid():
+            raise TargetError("memprof cannot record itself", "give the pid of another process")
+
+    def _record_command(self, path: str) -> RecordResult:
+        self.source.start([])
+        self.child = GatedChild(self.request.command, path, self.run_as)
+        try:
+            self.source.track(self.child.pid)
+            self._open_writer(self.request.command[0], self.child.pid)
+        except BaseException:
+            self.child.abort()
+            self.source.stop()
+            raise
+        with _BlockedSignals():
+            self.child.release()
+            return self._loop(root=self.child.pid)
+
+    def _record_pid(self, pid: int) -> RecordResult:
+        self.source.start(descendants(pid))
+        self._open_writer(read_comm(pid) or "pid", pid)
+        with _BlockedSignals():
+            return self._loop(root=pid)
+
+    def _open_writer(self, name: str, pid: int) -> None:
+        from memprof.recording.writer import RecordingWriter
+        req = self.request
+        out = req.output or default_output(name, pid)
+        meta = RecordingMeta(
+            memprof_version=__version__, command=req.command, pid=pid, host=platform.node(),
+            kernel=platform.release(), start_ns=time.monotonic_ns(), clock_anchors=[anchor()],
+            sources={self.source.name: self.source.stats},
+        )
+        self.writer = RecordingWriter(out, meta, force=req.force)
+        if self.run_as is not None:
+            self.writer.chown(self.run_as.uid, self.run_as.gid)
+
+    # ---- the loop ----
+    def _loop(self, root: int) -> RecordResult:
+        start = time.monotonic()
+        deadline = start + self.request.duration_s if self.request.duration_s else None
+        next_flush = next_status = start
+        tree_gone_at = None
+        try:
+            while True:
+                self._wait_signal(POLL_S)
+                self._ingest()
+                now = time.monotonic()
+                if now >= next_status:
+                    self._report_status(now - start)
+                    next_status = now + 0.25
+                if now >= next_flush:
+                    self._flush()
+                    next_flush = now + FLUSH_S
+                if self._stop_requested or (deadline is not None and now >= deadline):
+                    break
+                if tree_gone_at is None and self._tree_exited(root):
+                    tree_gone_at = now
+                if tree_gone_at is not None and now - tree_gone_at >= TEARDOWN_GRACE_S:
+                    break
+        finally:
+            self._finish()
+        status = self._wait_child_after_recording()
+        meta = self.writer.meta
+        return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events, self._interrupted)
+
+    def _tree_exited(self, root: int) -> bool:
+        if self.child is not None:
+            if self.child.poll() is None:
+                return False
+        elif pid_alive(root):
+            return False
+        return not [p for p in self.source.live_tgids() if pid_alive(p)]
+
+    def _wait_signal(self, timeout_s: float) -> None:
+        info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
+        if info is None or info.si_signo == signal.SIGCHLD:
+            return
+        if info.si_signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self._interrupted = True
+            self._stop_requested = True
+        if self.child is not None and info.si_code != _SI_KERNEL:
+            self.child.signal(info.si_signo)  # a terminal's signal reached the child already
+
+    def _ingest(self) -> None:
+        batch = self.source.poll()
+        if batch is None or batch.rows == 0:
+            return
+        cols = batch.columns
+        cols["seq"] = range(self._seq, self._seq + batch.rows)
+        self._seq += batch.rows
+        self.live.update(cols)
+        self.writer.append("events", cols)
+
+    def _flush(self) -> None:
+        self.source.periodic()
+        stacks, frames = self.source.drain_stack_tables()
+        if stacks["stack_id"]:
+            self.writer.append("stacks", stacks)
+        if frames["frame_id"]:
+            self.writer.append("frames", frames)
+        meta = self.writer.meta
+        meta.sources[self.source.name] = self.source.update_stats()
+        meta.clock_anchors.append(anchor())
+        meta.processes = self.source.processes.summary()
+        self.writer.flush()
+
+    def _report_status(self, elapsed: float) -> None:
+        events = self.source.stats.events
+        rate = events / elapsed if elapsed > 0 else 0.0
+        self.on_status(Status(elapsed, events, rate, dict(self.live.bytes_by_layer), self.source.stats.lost, self.writer.path))
+
+    def _finish(self) -> None:
+        """Whatever stopped us (tree exited, duration, Ctrl-C, an error): finalize."""
+        try:
+            self._ingest()
+            self._flush()
+        finally:
+            meta = self.writer.meta
+            meta.end_ns = time.monotonic_ns()
+            meta.clock_anchors.append(anchor())
+            if self.child is not None:
+                meta.exit_status = self.child.poll()
+            if self._interrupted:
+                meta.notes.append("recording stopped by a signal (Ctrl-C)")
+            self.source.stop()
+            self.writer.finalize(meta.end_ns)
+            if self.run_as is not None:
+                self.writer.chown(self.run_as.uid, self.run_as.gid)
+
+    def _wait_child_after_recording(self) -> int | None:
+        """The recording is safe on disk; a command still running is the user's job: wait for it."""
+        if self.child is None:
+            return None
+        with _BlockedSignals():
+            while self.child.poll() is None:
+                info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), 0.2)
+                if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != _SI_KERNEL:
+                    self.child.signal(info.si_signo)
+        return self.child.status
+
+
+RequestT = RecordRequest
+
+
+class _BlockedSignals:
+    """Signals are taken synchronously with sigtimedwait in the loop, never by handlers, so
+    a Ctrl-C cannot interrupt a flush halfway."""
+
+    def __enter__(self):
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS + (signal.SIGCHLD,))
+        return self
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        return False

@@ -1,0 +1,143 @@
+"""Starting the command to record, held at a gate until the probes follow it.
+
+The child is forked by hand rather than through subprocess: subprocess.Popen returns only
+once the child has exec'd, and we need its pid in the kernel's process filter *before* it
+execs, so that not one of its allocations is missed."""
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import shutil
+import signal
+from dataclasses import dataclass
+
+from memprof.errors import TargetError
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The invoking user when memprof runs under sudo (the command runs as them)."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+    home: str | None
+    user: str | None
+
+    @classmethod
+    def from_sudo(cls, environ=os.environ) -> "RunAs | None":
+        if os.geteuid() != 0 or "SUDO_UID" not in environ:
+            return None
+        uid, gid = int(environ["SUDO_UID"]), int(environ.get("SUDO_GID", environ["SUDO_UID"]))
+        try:
+            entry = pwd.getpwuid(uid)
+            return cls(uid, gid, os.getgrouplist(entry.pw_name, gid), entry.pw_dir, entry.pw_name)
+        except KeyError:
+            return cls(uid, gid, [gid], None, None)
+
+
+def resolve_executable(command: list[str]) -> str:
+    """The path `command[0]` would exec, or TargetError with a reason."""
+    if not command:
+        raise TargetError("no command to record", "usage: memprof record -- CMD [ARGS…]")
+    name = command[0]
+    path = name if "/" in name else shutil.which(name)
+    if path is None or not os.path.exists(path):
+        raise TargetError(f"command not found: {name}", "check the spelling, or give a full path")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise TargetError(f"cannot execute {path}: permission denied or not a program", "chmod +x it, or run it through its interpreter")
+    return path
+
+
+class GatedChild:
+    """A forked child that waits for `release()` before it execs the command."""
+
+    def __init__(self, command: list[str], path: str, run_as: RunAs | None):
+        gate_r, self._gate_w = os.pipe()
+        self._err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            _child(command, path, run_as, gate_r, err_w)
+        os.close(gate_r)
+        os.close(err_w)
+        self.pid = pid
+        self.status: int | None = None
+
+    def release(self) -> None:
+        """Let the child exec; raise TargetError if the exec failed."""
+        os.write(self._gate_w, b"g")
+        os.close(self._gate_w)
+        data = _read_all(self._err_r)
+        os.close(self._err_r)
+        if data:
+            code = int(data.decode())
+            self.wait()
+            raise TargetError(f"cannot execute the command: {os.strerror(code)}", "check the command and its permissions")
+
+    def abort(self) -> None:
+        """Kill the child before it ever execs (nothing of the command has run)."""
+        os.kill(self.pid, signal.SIGKILL)
+        os.close(self._gate_w)
+        os.close(self._err_r)
+        self.wait()
+
+    def poll(self) -> int | None:
+        """Exit status once reaped (128+N when killed by signal N), else None."""
+        if self.status is None:
+            pid, raw = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(raw)
+                if self.status < 0:
+                    self.status = 128 - self.status
+        return self.status
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            try:
+                _, raw = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                self.status = self.status if self.status is not None else 1
+                break
+            self.status = os.waitstatus_to_exitcode(raw)
+            if self.status < 0:
+                self.status = 128 - self.status
+        return self.status
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _child(command, path, run_as, gate_r, err_w):  # pragma: no cover - runs in the child
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        env = dict(os.environ)
+        if run_as is not None:
+            os.setgroups(run_as.groups)
+            os.setgid(run_as.gid)
+            os.setuid(run_as.uid)
+            if run_as.home:
+                env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
+        if not os.read(gate_r, 1):
+            os._exit(1)  # parent gone before releasing us: never run the command
+        os.execve(path, command, env)
+    except OSError as e:
+        os.write(err_w, str(e.errno or errno.EIO).encode())
+    os._exit(127)

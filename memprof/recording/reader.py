@@ -1,0 +1,236 @@
+"""Reading a recording: meta.json + Parquet parts → pandas DataFrames.
+
+Readers refuse format versions they do not know (DESIGN.md §7.1). Every problem with a path
+is a `BadRecordingError` naming the path, with a hint.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memprof.errors import BadRecordingError
+from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, RecordingMeta
+from memprof.model.schema import ACTIONS, LAYERS
+from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
+
+NOT_FINALIZED_NOTE = "recording was not finalized (recorder killed?): data up to the last flush"
+_NO_RECORDING_HINT = "run `sudo memprof record -- CMD` first, or pass a path"
+# Integer columns that may hold nulls: pandas nullable Int64/Int32 after their Arrow type.
+_NULLABLE_INTEGERS = {
+    "events": ("size_bytes", "requested_bytes", "stack_id", "alloc_id", "step"),
+    "frames": ("line",),
+}
+_FRAME_KEYS = ("kind", "function", "module", "file", "line")
+_ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
+
+
+@dataclass(eq=False)
+class Recording:
+    """A recording read into memory. Times are ns on `meta.clock` (CLOCK_MONOTONIC).
+
+    `events`: layer/action/device/category are pandas Categorical (layer and action with every
+    known value as a category); size_bytes, requested_bytes, stack_id and alloc_id are nullable
+    Int64, step nullable Int32 (its schema type); ts_ns and seq int64; addr uint64; pid and tid
+    int32. `frames.line` is nullable Int32. Rows are in the order they were flushed: parts in
+    order, rows within a part in append order (not sorted by ts_ns: that is the timeline's job).
+    """
+
+    path: Path
+    meta: RecordingMeta
+    events: pd.DataFrame = field(repr=False)
+    stacks: pd.DataFrame = field(repr=False)
+    frames: pd.DataFrame = field(repr=False)
+    samples: pd.DataFrame = field(repr=False)
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        """False when the recorder stopped before `finalize()`: data up to the last flush."""
+        return self.meta.status == "complete"
+
+    def stack_frames(self, stack_id: int | None) -> list[dict[str, Any]]:
+        """Frames of `stack_id`, innermost first (depth 0 first), as dicts with keys kind,
+        function, module, file, line (None where unknown). A null stack_id, or one whose
+        stack is not in the recording (lost), has no frames."""
+        if stack_id is None or pd.isna(stack_id):
+            return []
+        ids, frame_ids = self._stack_index()
+        lo, hi = np.searchsorted(ids, stack_id, "left"), np.searchsorted(ids, stack_id, "right")
+        positions, columns = self._frame_lookup()
+        return [_frame_dict(columns, p) for p in positions.get_indexer(frame_ids[lo:hi])]
+
+    def _stack_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """stack_ids sorted by (stack_id, depth), and the frame_ids in that order."""
+        if "stacks" not in self._cache:
+            ids = self.stacks["stack_id"].to_numpy()
+            order = np.lexsort((self.stacks["depth"].to_numpy(), ids))
+            self._cache["stacks"] = (ids[order], self.stacks["frame_id"].to_numpy()[order])
+        return self._cache["stacks"]
+
+    def _frame_lookup(self) -> tuple[pd.Index, dict[str, list]]:
+        """frame_id → row position, and the frame columns as lists with None for nulls."""
+        if "frames" not in self._cache:
+            columns = {
+                key: [None if pd.isna(v) else v for v in self.frames[key].astype(object).tolist()]
+                for key in _FRAME_KEYS
+            }
+            self._cache["frames"] = (pd.Index(self.frames["frame_id"]), columns)
+        return self._cache["frames"]
+
+
+def _frame_dict(columns: dict[str, list], position: int) -> dict[str, Any]:
+    if position < 0:  # a frame_id missing from `frames`: keep the depth, say nothing
+        return dict.fromkeys(_FRAME_KEYS)
+    return {key: columns[key][position] for key in _FRAME_KEYS}
+
+
+def open_recording(path: Path | str) -> Recording:
+    """Read the recording at `path` (a `NAME.memprof` directory). Raises BadRecordingError."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta.status != "complete":
+        meta.notes.append(NOT_FINALIZED_NOTE)
+    tables = {name: _to_pandas(name, _read_table(path, name)) for name in TABLES}
+    return Recording(path=path, meta=meta, **tables)
+
+
+def read_meta(path: Path | str) -> RecordingMeta:
+    """Only the metadata of the recording at `path` (cheap: no tables are read)."""
+    path = Path(path)
+    data = _load_meta_json(path)
+    version = data.get("format_version")
+    if version is None:
+        raise BadRecordingError(f"{path}: {META_NAME} has no format_version", _damaged_hint())
+    _check_version(path, version)
+    try:
+        return RecordingMeta.from_dict(data)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise BadRecordingError(f"{path}: {META_NAME} has unexpected fields ({e})", _damaged_hint()) from e
+
+
+def find_latest_recording(directory: Path | str = ".") -> Path:
+    """The `*.memprof` recording in `directory` whose meta.json changed last."""
+    directory = Path(directory)
+    candidates = [p for p in directory.glob("*.memprof") if (p / META_NAME).is_file()]
+    if not candidates:
+        raise BadRecordingError(
+            f"no memprof recording (*.memprof) in {directory.resolve()}", _NO_RECORDING_HINT
+        )
+    return max(candidates, key=lambda p: (p / META_NAME).stat().st_mtime_ns)
+
+
+def _load_meta_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise BadRecordingError(f"{path} does not exist", _NO_RECORDING_HINT)
+    if not path.is_dir() or not (path / META_NAME).is_file():
+        why = f"no {META_NAME}" if path.is_dir() else "not a directory"
+        raise BadRecordingError(
+            f"{path} is not a memprof recording ({why})",
+            "pass a NAME.memprof directory written by `memprof record`",
+        )
+    try:
+        data = json.loads((path / META_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRecordingError(f"{path}: {META_NAME} is not readable JSON ({e})", _damaged_hint()) from e
+    if not isinstance(data, dict):
+        raise BadRecordingError(f"{path}: {META_NAME} is not a JSON object", _damaged_hint())
+    return data
+
+
+def _check_version(path: Path, version: Any) -> None:
+    if type(version) is int and version in KNOWN_FORMAT_VERSIONS:
+        return
+    reads = ", ".join(map(str, KNOWN_FORMAT_VERSIONS))
+    if type(version) is int and version > FORMAT_VERSION:
+        raise BadRecordingError(
+            f"{path}: recorded by a newer memprof: format version {version}, this memprof reads {reads}",
+            "upgrade memprof (pip install -U memprof) to read it",
+        )
+    raise BadRecordingError(
+        f"{path}: unknown format version {version!r}, this memprof reads {reads}", _damaged_hint()
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _damaged_hint() -> str:
+    return "the recording is damaged or was not written by memprof; record again"
+
+
+def _part_paths(folder: Path) -> list[Path]:
+    """Complete parts in write order; temporary files (dot-names, *.tmp) of a killed writer are skipped."""
+    if not folder.is_dir():
+        return []
+    parts = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART_NAME.match(p.name))]
+    return [p for _, p in sorted(parts)]
+
+
+def _read_table(path: Path, name: str) -> pa.Table:
+    schema = TABLES[name]
+    tables = [_read_part(part, name, schema) for part in _part_paths(path / name)]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
+    """One part, conformed to `schema`: missing nullable columns become nulls, extra ones are dropped."""
+    try:
+        table = pq.read_table(part)
+    except (pa.ArrowException, OSError) as e:
+        why = _first_line(e).replace(_ARROW_OPEN.format(part), "")
+        raise BadRecordingError(
+            f"{part}: truncated or corrupt Parquet part ({why})",
+            "the recording was damaged after it was written; record again, "
+            "or move this part away to read the rest",
+        ) from e
+    missing = REQUIRED_COLUMNS[name] - set(table.column_names)
+    if missing:
+        message = f"{part}: {name} part lacks required columns {sorted(missing)}"
+        raise BadRecordingError(message, _damaged_hint())
+    nulls = sorted(c for c in REQUIRED_COLUMNS[name] if table[c].null_count)
+    if nulls:
+        raise BadRecordingError(f"{part}: {name} part has nulls in required columns {nulls}", _damaged_hint())
+    try:
+        arrays = [_conform(table, f) for f in schema]
+    except pa.ArrowException as e:
+        message = f"{part}: {name} part has columns of unexpected types ({_first_line(e)})"
+        raise BadRecordingError(message, _damaged_hint()) from e
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _conform(table: pa.Table, field: pa.Field) -> pa.ChunkedArray | pa.Array:
+    if field.name not in table.column_names:
+        return pa.nulls(len(table), field.type)
+    column = table[field.name]
+    return column if column.type == field.type else column.cast(field.type)
+
+
+def _to_pandas(name: str, table: pa.Table) -> pd.DataFrame:
+    """Arrow → pandas. Integer columns that may hold nulls become nullable Int64/Int32 (never
+    float64); layer and action get every known value as a category, as in tests/factories.py."""
+    nullable = _NULLABLE_INTEGERS.get(name, ())
+    columns = {}
+    for column_name, column in zip(table.column_names, table.columns):
+        mapper = _NULLABLE_DTYPES.get if column_name in nullable else None
+        columns[column_name] = column.to_pandas(types_mapper=mapper)
+        known = _KNOWN_CATEGORIES.get(name, {}).get(column_name)
+        if known is not None:
+            columns[column_name] = _with_categories(columns[column_name], known)
+    return pd.DataFrame(columns, copy=False)
+
+
+def _with_categories(series: pd.Series, known: list[str]) -> pd.Series:
+    extra = [c for c in series.cat.categories if c not in known]
+    return series.cat.set_categories(known + extra)
+
+
+_NULLABLE_DTYPES = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
+_KNOWN_CATEGORIES = {"events": {"layer": LAYERS, "action": ACTIONS}}

@@ -1,0 +1,270 @@
+"""Writing a recording while capturing: buffered columns → chunked Parquet parts + meta.json.
+
+A recording is a directory `NAME.memprof/` holding `meta.json` and one folder per table
+(`events/`, `stacks/`, `frames/`, `samples/`) of Parquet parts `part-000000.parquet`, … .
+Every file is written under a dot-prefixed temporary name and `os.replace`d into place, so a
+recorder killed at any moment leaves only complete parts and a complete meta.json: a reader
+sees the data up to the last `flush()`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memprof.errors import UsageError
+from memprof.model.meta import RecordingMeta
+from memprof.model.schema import EVENTS_SCHEMA, FRAMES_SCHEMA, SAMPLES_SCHEMA, STACKS_SCHEMA
+
+META_NAME = "meta.json"
+TABLES: dict[str, pa.Schema] = {
+    "events": EVENTS_SCHEMA, "stacks": STACKS_SCHEMA, "frames": FRAMES_SCHEMA, "samples": SAMPLES_SCHEMA,
+}
+# Columns that may not be missing or null; every other column of a table is nullable.
+REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
+    # `layer` is null on `mark` rows (an exit or a step belongs to no allocator layer).
+    "events": frozenset({"ts_ns", "seq", "action", "addr", "device", "pid", "tid"}),
+    "stacks": frozenset({"stack_id", "depth", "frame_id"}),
+    "frames": frozenset({"frame_id", "kind"}),
+    "samples": frozenset({"ts_ns", "metric", "value"}),
+}
+PART_NAME = re.compile(r"^part-(\d+)\.parquet$")
+COMPRESSION = "zstd"
+
+_Column = Any  # numpy array, list, pandas array/Series, pyarrow array, or a scalar to broadcast
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:06d}.parquet"
+
+
+class RecordingWriter:
+    """Creates the recording at `path` and appends batches of rows to its tables.
+
+    `meta` is written at creation (status "recording"), rewritten at every `flush()` (the
+    caller mutates it between flushes: per-source counts, clock anchors) and by `finalize()`
+    (status "complete"). Appends may come from several threads; nothing is written until
+    `flush()`.
+    """
+
+    def __init__(self, path: Path | str, meta: RecordingMeta, *, force: bool = False):
+        self.path = Path(path)
+        self.meta = meta
+        self._buffers: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
+        self._parts = dict.fromkeys(TABLES, 0)
+        self._lock = threading.Lock()
+        self._finalized = False
+        _clear_path(self.path, force)
+        _create_dirs(self.path)
+        self._write_meta()
+
+    @property
+    def finalized(self) -> bool:
+        return self._finalized
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows appended since the last flush, all tables together."""
+        with self._lock:
+            return sum(t.num_rows for tables in self._buffers.values() for t in tables)
+
+    def append(self, table_name: str, columns: Mapping[str, _Column]) -> None:
+        """Buffer a batch of rows: `columns` maps column name → array of one length.
+
+        A missing nullable column is all nulls; a scalar is repeated over the batch. Category
+        columns (layer, action, device, category) take strings (numpy, list, pyarrow) or, fastest,
+        a pandas Categorical or pyarrow DictionaryArray. Raises ValueError on unknown table or
+        column names, missing or null required columns, lengths that differ, or values that do
+        not fit the column type.
+        """
+        schema = TABLES.get(table_name)
+        if schema is None:
+            raise ValueError(f"unknown table {table_name!r}; tables are {', '.join(TABLES)}")
+        table = _to_table(table_name, schema, columns)
+        with self._lock:
+            self._check_open()
+            self._buffers[table_name].append(table)
+
+    def flush(self) -> None:
+        """Write each table's buffered rows as one new part, then rewrite meta.json.
+
+        Raises ValueError after `finalize()`; OSError (disk full, …) keeps the failed table's rows."""
+        with self._lock:
+            self._check_open()
+            self._flush_locked()
+
+    def finalize(self, end_ns: int | None = None) -> None:
+        """Flush, mark the recording "complete" (with `end_ns` if given). Calling again does nothing."""
+        with self._lock:
+            if self._finalized:
+                return
+            if end_ns is not None:
+                self.meta.end_ns = end_ns
+            self.meta.status = "complete"
+            self._flush_locked()
+            self._finalized = True
+
+    def chown(self, uid: int, gid: int) -> None:
+        """Give the recording to `uid`:`gid` (a recording made under sudo belongs to the invoking user)."""
+        os.chown(self.path, uid, gid, follow_symlinks=False)
+        for root, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+    def _check_open(self) -> None:
+        if self._finalized:
+            raise ValueError(f"{self.path}: recording already finalized")
+
+    def _flush_locked(self) -> None:
+        for name, tables in self._buffers.items():
+            if tables:
+                self._write_part(name, pa.concat_tables(tables))
+                tables.clear()
+        self._write_meta()
+        _fsync_dir(self.path)
+
+    def _write_part(self, table_name: str, table: pa.Table) -> None:
+        folder = self.path / table_name
+        final = folder / part_name(self._parts[table_name])
+        tmp = folder / f".{final.name}.tmp"
+        pq.write_table(table, tmp, compression=COMPRESSION)
+        _fsync_file(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+        self._parts[table_name] += 1
+
+    def _write_meta(self) -> None:
+        tmp = self.path / f".{META_NAME}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.meta.to_dict(), f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / META_NAME)
+
+
+def _clear_path(path: Path, force: bool) -> None:
+    """Make room for a new recording at `path`, removing an old one only with `force`."""
+    if not os.path.lexists(path):
+        return
+    if not force:
+        raise UsageError(f"{path} exists", "choose another -o path or pass --force")
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir() and (path / META_NAME).is_file():
+        shutil.rmtree(path)
+    else:
+        raise UsageError(
+            f"{path} exists and is not a memprof recording; refusing to remove it", "choose another -o path"
+        )
+
+
+def _create_dirs(path: Path) -> None:
+    try:
+        path.mkdir(parents=True)
+        for name in TABLES:
+            (path / name).mkdir()
+    except OSError as e:
+        raise UsageError(f"cannot create {path}: {e.strerror}", "choose another -o path") from e
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames in `path` durable (a power cut after flush() keeps the new parts)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _to_table(table_name: str, schema: pa.Schema, columns: Mapping[str, _Column]) -> pa.Table:
+    unknown = set(columns) - set(schema.names)
+    if unknown:
+        raise ValueError(f"{table_name}: unknown columns {sorted(unknown)}; columns are {schema.names}")
+    required = REQUIRED_COLUMNS[table_name]
+    missing = required - set(columns)
+    if missing:
+        raise ValueError(f"{table_name}: missing required columns {sorted(missing)}")
+    length = _batch_length(table_name, columns)
+    arrays = []
+    for field in schema:
+        array = _to_array(field, columns.get(field.name), length, f"{table_name}.{field.name}")
+        if field.name in required and array.null_count:
+            raise ValueError(f"{table_name}.{field.name}: {array.null_count} nulls in a required column")
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _batch_length(table_name: str, columns: Mapping[str, _Column]) -> int:
+    lengths = {name: len(value) for name, value in columns.items() if not _is_scalar(value)}
+    if not lengths:
+        raise ValueError(f"{table_name}: no array column gives the batch length")
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"{table_name}: columns of different lengths {lengths}")
+    return next(iter(lengths.values()))
+
+
+def _is_scalar(value: _Column) -> bool:
+    return value is None or isinstance(value, (str, bytes, int, float, np.generic))
+
+
+def _to_array(field: pa.Field, value: _Column, length: int, where: str) -> pa.Array:
+    """Convert one column to `field.type` in bulk; ValueError names the column on failure."""
+    try:
+        if value is None:
+            return pa.nulls(length, field.type)
+        if pa.types.is_dictionary(field.type):
+            return _to_dictionary(field.type, value, length)
+        if _is_scalar(value):
+            return pa.repeat(pa.scalar(value, field.type), length)
+        if isinstance(value, (pa.Array, pa.ChunkedArray)):
+            return _combine(value).cast(field.type)
+        # from_pandas: NaN in a float input (e.g. sizes with gaps) means null.
+        return pa.array(value, type=field.type, from_pandas=True)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{where}: cannot store as {field.type}: {e}") from e
+
+
+def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
+    if _is_scalar(value):
+        indices = np.zeros(length, dtype=type_.index_type.to_pandas_dtype())
+        return pa.DictionaryArray.from_arrays(indices, pa.array([value], type_.value_type))
+    if isinstance(value, pd.Categorical):
+        # Codes and categories as they are: no string is touched (the hot path while recording).
+        codes = np.asarray(value.codes)
+        array = pa.DictionaryArray.from_arrays(
+            pa.array(codes, mask=codes < 0), pa.array(np.asarray(value.categories, dtype=object), type_.value_type))
+    elif isinstance(value, (pa.Array, pa.ChunkedArray)):
+        array = _combine(value)
+    else:
+        array = pa.array(value, from_pandas=True)
+        if pa.types.is_null(array.type):
+            # An all-null batch: Arrow's null type cannot be dictionary-encoded into Parquet.
+            return pa.nulls(length, type_)
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    limit = np.iinfo(type_.index_type.to_pandas_dtype()).max + 1
+    if len(array.dictionary) > limit:
+        raise ValueError(f"{len(array.dictionary)} distinct values, a category column holds at most {limit}")
+    return array.cast(type_)
+
+
+def _combine(value: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value

@@ -1,0 +1,152 @@
+"""Renderers of leak findings (memprof.analysis.leaks): JSON and the terminal. Render only."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Iterable
+
+from rich.markup import escape
+
+from memprof.units import format_bytes, format_duration_ns
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memprof.analysis.leaks import LeakFinding, LeakResult
+
+MAX_FRAMES = 12
+_FRAME_KEYS = ("kind", "function", "module", "file", "line")
+_KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
+_KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
+
+
+def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_path, lost_events: int) -> dict:
+    """JSON-ready dict: recording, lost_events, findings (with stacks, innermost frame first),
+    missed_frees, unconfirmed_frees, min_age_ns, end_ns. Times are CLOCK_MONOTONIC ns."""
+    return {
+        "recording": str(recording_path),
+        "lost_events": int(lost_events),
+        "findings": [_finding_json(f, chains) for f in result.findings],
+        "missed_frees": {str(k): int(v) for k, v in result.missed_frees.items()},
+        "unconfirmed_frees": {str(k): int(v) for k, v in result.unconfirmed_frees.items()},
+        "min_age_ns": int(result.min_age_ns),
+        "end_ns": int(result.end_ns),
+    }
+
+
+def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]]) -> dict[str, Any]:
+    return {
+        "layer": finding.layer,
+        "live_bytes": int(finding.live_bytes),
+        "live_count": int(finding.live_count),
+        "first_ns": int(finding.first_ns),
+        "last_ns": int(finding.last_ns),
+        "growth_bytes_per_s": float(finding.growth_bytes_per_s),
+        "released_at_exit": bool(finding.released_at_exit),
+        "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _chain(finding, chains)],
+    }
+
+
+def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], console: Console, *,
+                       start_ns: int, lost_events: int, notes: Iterable[str] = ()) -> None:
+    """Print the findings: a heading, what loss means for them, then one block per finding
+    with its top MAX_FRAMES frames. Times are shown relative to `start_ns` (recording start)."""
+    out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
+    out(_heading(result, start_ns))
+    for warning in _warnings(result, lost_events):
+        out(f"[yellow]! {escape(warning)}[/]")
+    if not result.findings:
+        out(f"No leaks: nothing older than {_short(result.min_age_ns)} was live at the end.")
+    for index, finding in enumerate(result.findings, 1):
+        out("")
+        for line in _finding_lines(index, finding, _chain(finding, chains), start_ns, _target_exited(result)):
+            out(line, no_wrap=True, overflow="ellipsis")
+    for note in notes:
+        out(f"[dim]note: {escape(str(note))}[/]")
+
+
+def _heading(result: LeakResult, start_ns: int) -> str:
+    why = "the target began to exit" if _target_exited(result) else "end of recording"
+    count = len(result.findings)
+    return (f"[bold]Leaks[/] at {_relative(result.end_ns, start_ns)} ({why}), allocations older than "
+            f"{_short(result.min_age_ns)}: {_count(count, 'finding', 'findings')}")
+
+
+def _warnings(result: LeakResult, lost_events: int) -> list[str]:
+    warnings = []
+    if lost_events > 0:
+        warnings.append(f"{_count(lost_events, 'event was', 'events were')} lost while recording (ring buffer "
+                        "full): some allocations below may have been freed, and some leaks may be missing.")
+    skipped = sum(result.unconfirmed_frees.values())
+    if skipped > 0:
+        warnings.append(f"{_count(skipped, 'free was', 'frees were')} skipped by the kernel while recording"
+                        f"{_by_layer(result.unconfirmed_frees)}; up to {skipped} of the allocations below "
+                        "may have been freed.")
+    missed = sum(result.missed_frees.values())
+    if missed > 0:
+        warnings.append(f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: "
+                        "an address was handed out again while still live. Other frees may have been "
+                        "missed too, so some allocations below may have been freed.")
+    return warnings
+
+
+def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns: int, exited: bool) -> list[str]:
+    if finding.released_at_exit:
+        fate = "released at exit"
+    else:
+        fate = "outlived the process" if exited else "still live when the recording stopped"
+    lines = [
+        f"[bold]#{index} {escape(finding.layer)}[/]  {format_bytes(finding.live_bytes)} in "
+        f"{_count(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
+        f"    first seen {_relative(finding.first_ns, start_ns)}, last seen {_relative(finding.last_ns, start_ns)}"
+        f", growing {format_bytes(finding.growth_bytes_per_s)}/s",
+    ]
+    if not chain:
+        return lines + ["    (no stack recorded)"]
+    lines += [f"    {_frame(frame)}" for frame in chain[:MAX_FRAMES]]
+    if len(chain) > MAX_FRAMES:
+        lines.append(f"    … {_count(len(chain) - MAX_FRAMES, 'more frame', 'more frames')}")
+    return lines
+
+
+def _frame(frame: dict) -> str:
+    """'[k] alloc_pipe_info+0x3f', '[n] main (kernel_leak)', '[py] step (train.py:42)'; escaped."""
+    kind, function = frame.get("kind"), frame.get("function") or "??"
+    module, file, line = frame.get("module"), frame.get("file"), frame.get("line")
+    where = f"{file}:{line}" if file and line is not None else file
+    if kind == "python":
+        detail = where or module
+    elif kind == "kernel" and module in _KERNEL_IMAGE:
+        detail = where
+    else:
+        detail = " ".join(part for part in (module, where) if part)
+    text = f"{function} ({detail})" if detail else function
+    return f"{escape('[' + _KIND_TAGS.get(kind, '?') + ']')} {escape(text)}"
+
+
+def _target_exited(result: LeakResult) -> bool:
+    return result.end_ns < result.recording_end_ns
+
+
+def _chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
+    return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
+
+
+def _relative(ns: int, start_ns: int) -> str:
+    delta = ns - start_ns
+    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
+
+
+def _short(ns: int) -> str:
+    """A duration without trailing zero decimals: 500_000_000 → '500ms'."""
+    return re.sub(r"\.0+(?=[a-z])", "", format_duration_ns(ns))
+
+
+def _by_layer(counts: dict[str, int]) -> str:
+    nonzero = {k: v for k, v in counts.items() if v}
+    if len(nonzero) < 2:
+        return f" ({next(iter(nonzero))})" if nonzero else ""
+    return " (" + ", ".join(f"{layer} {n}" for layer, n in nonzero.items()) + ")"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -1,0 +1,127 @@
+"""The target's process tree as user space sees it: who is alive, their executables and
+memory maps (kept so user stacks can be symbolized after a process has gone)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from memprof.sources.symbolize import Mapping, parse_maps, snapshot_maps
+
+
+@dataclass
+class ProcessInfo:
+    pid: int
+    ppid: int | None = None
+    comm: str = ""
+    exe: str = ""
+    maps: list[Mapping] = field(default_factory=list)
+    start_ns: int | None = None
+    exit_ns: int | None = None
+    stale: bool = True  # maps need re-reading (new process, or it exec'd)
+
+
+def read_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def read_exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every live descendant process (via /proc/PID/task/*/children)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in found:
+            continue
+        found.append(p)
+        todo.extend(_children(p))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+class ProcessTable:
+    """Processes of the target tree, keyed by tgid. Maps are refreshed while alive."""
+
+    def __init__(self):
+        self.procs: dict[int, ProcessInfo] = {}
+
+    def add(self, pid: int, ppid: int | None, ts_ns: int | None) -> ProcessInfo:
+        info = self.procs.get(pid)
+        if info is None or info.exit_ns is not None:
+            info = ProcessInfo(pid=pid, ppid=ppid, start_ns=ts_ns)
+            parent = self.procs.get(ppid) if ppid else None
+            if parent is not None:
+                info.maps = list(parent.maps)  # a fork shares its parent's mappings
+            self.procs[pid] = info
+        return info
+
+    def exec_(self, pid: int) -> None:
+        self.add(pid, None, None).stale = True
+
+    def exit_(self, pid: int, ts_ns: int) -> None:
+        info = self.procs.get(pid)
+        if info is not None and info.exit_ns is None:
+            info.exit_ns = ts_ns
+
+    def live(self) -> list[int]:
+        return [p for p, i in self.procs.items() if i.exit_ns is None]
+
+    def refresh(self, only_stale: bool = False) -> list[ProcessInfo]:
+        """Re-read maps of live processes; returns those whose executable is newly known."""
+        changed = []
+        for info in self.procs.values():
+            if info.exit_ns is not None or (only_stale and not info.stale):
+                continue
+            text = snapshot_maps(info.pid)
+            if text is None:
+                continue
+            info.maps = parse_maps(text)
+            info.stale = False
+            exe = read_exe(info.pid)
+            if exe and exe != info.exe:
+                info.exe, info.comm = exe, read_comm(info.pid)
+                changed.append(info)
+        return changed
+
+    def maps_of(self, pid: int) -> list[Mapping]:
+        info = self.procs.get(pid)
+        return info.maps if info else []
+
+    def summary(self) -> list[dict]:
+        return [
+            {"pid": i.pid, "ppid": i.ppid, "comm": i.comm, "exe": i.exe, "start_ns": i.start_ns, "exit_ns": i.exit_ns}
+            for i in self.procs.values()
+        ]

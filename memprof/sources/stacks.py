@@ -1,0 +1,137 @@
+"""Interning of BPF stack ids into the recording's `stacks` and `frames` tables.
+
+An event's chain is identified by (kernel stack id, user stack id, process, call site): user
+addresses mean something only within one process's mappings, and the call site stands in
+for the kernel stack when that one could not be captured. Chains are symbolized in batches
+at each flush — kernel frames from kallsyms, user frames from the process's latest maps."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from memprof.model import FrameKind
+from memprof.sources.symbolize import KernelSymbols, Mapping, UserSymbolizer
+
+# Frames of the tracing machinery itself sit on top of every kernel stack a BPF program
+# captures; they say nothing about who allocated.
+_TRACING_PREFIXES = ("bpf_", "__bpf_", "trace_", "__traceiter_", "perf_", "___bpf", "__probestub_")
+
+
+@dataclass
+class _Pending:
+    stack_id: int
+    kstack_id: int
+    ustack_id: int
+    pid: int
+    call_site: int
+
+
+@dataclass
+class StackInterner:
+    """Gives each distinct chain a stable int64 `stack_id` and emits table rows once.
+
+    `read_stack(bpf_stack_id) -> list[int]` reads raw addresses (innermost first) from the
+    kernel's stack map; `maps_of(pid)` returns the latest known mappings of a process."""
+
+    read_stack: Callable[[int], list[int]]
+    maps_of: Callable[[int], Sequence[Mapping]]
+    kernel_symbols: KernelSymbols
+    user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
+    _ids: dict = field(default_factory=dict)
+    _pending: list = field(default_factory=list)
+    _frame_ids: dict = field(default_factory=dict)
+    _new_frames: list = field(default_factory=list)
+
+    def intern(self, kstack: np.ndarray, ustack: np.ndarray, pid: np.ndarray, call_site: np.ndarray) -> np.ndarray:
+        """Stack ids (int64) for arrays of raw ids; one Python step per *distinct* chain."""
+        if kstack.size == 0:
+            return np.empty(0, dtype=np.int64)
+        # One 64-bit mix of the four parts finds the distinct rows in one np.unique (two
+        # chains would merge only on a 64-bit collision, odds about n²/2⁶⁴).
+        with np.errstate(over="ignore"):
+            mix = (call_site.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                   ^ (kstack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0xC2B2AE3D27D4EB4F)
+                   ^ (ustack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0x165667B19E3779F9)
+                   ^ pid.astype(np.uint64) * np.uint64(0x27D4EB2F165667C5))
+        _, first, inverse = np.unique(mix, return_index=True, return_inverse=True)
+        ids = np.fromiter(
+            (self._id_for((int(kstack[i]), int(ustack[i]), int(pid[i]), int(call_site[i]))) for i in first),
+            dtype=np.int64, count=first.size)
+        return ids[inverse]
+
+    def _id_for(self, key: tuple) -> int:
+        stack_id = self._ids.get(key)
+        if stack_id is None:
+            stack_id = len(self._ids)
+            self._ids[key] = stack_id
+            self._pending.append(_Pending(stack_id, int(key[0]), int(key[1]), int(key[2]), int(key[3])))
+        return stack_id
+
+    def drain_tables(self) -> tuple[dict, dict]:
+        """Symbolize chains interned since the last call: (stacks columns, frames columns)."""
+        stack_rows: dict[str, list] = {"stack_id": [], "depth": [], "frame_id": []}
+        for p in self._pending:
+            for depth, frame_id in enumerate(self._chain(p)):
+                stack_rows["stack_id"].append(p.stack_id)
+                stack_rows["depth"].append(depth)
+                stack_rows["frame_id"].append(frame_id)
+        self._pending = []
+        frames = _columns(self._new_frames, ("frame_id", "kind", "function", "module", "file", "line"))
+        self._new_frames = []
+        return stack_rows, frames
+
+    def _chain(self, p: _Pending) -> list[int]:
+        """Frame ids innermost first: kernel frames, then the user frames of the task."""
+        kernel = self._kernel_frames(p)
+        user = self._user_frames(p)
+        return kernel + user
+
+    def _kernel_frames(self, p: _Pending) -> list[int]:
+        addrs = self._safe_read(p.kstack_id)
+        names = []
+        if addrs:
+            frames = self.kernel_symbols.resolve(_callers(addrs))
+            names = [(f.function, f.module) for f in frames]
+            while names and names[0][0].startswith(_TRACING_PREFIXES):
+                names.pop(0)
+        elif p.call_site:
+            # No stack (sampling miss or map full): the allocation's direct caller still says where.
+            names = [(f.function, f.module) for f in self.kernel_symbols.resolve(np.array([p.call_site - 1], dtype=np.uint64))]
+        return [self._frame_id(FrameKind.KERNEL.value, fn, mod) for fn, mod in names]
+
+    def _user_frames(self, p: _Pending) -> list[int]:
+        addrs = self._safe_read(p.ustack_id)
+        if not addrs:
+            return []
+        frames = self.user_symbols.resolve(self.maps_of(p.pid), _callers(addrs))
+        return [self._frame_id(FrameKind.NATIVE.value, f.function, f.module) for f in frames]
+
+    def _safe_read(self, bpf_stack_id: int) -> list[int]:
+        if bpf_stack_id < 0:
+            return []
+        try:
+            return [a for a in self.read_stack(bpf_stack_id) if a]
+        except (KeyError, OSError):
+            return []
+
+    def _frame_id(self, kind: str, function: str, module: str) -> int:
+        key = (kind, function, module)
+        frame_id = self._frame_ids.get(key)
+        if frame_id is None:
+            frame_id = len(self._frame_ids)
+            self._frame_ids[key] = frame_id
+            self._new_frames.append((frame_id, kind, function, module, None, None))
+        return frame_id
+
+
+def _callers(addrs: list[int]) -> np.ndarray:
+    """Addresses to resolve. Every captured address is a return address (a tracepoint's
+    caller, a user task's instruction after `syscall`), so step back one byte into the
+    call: a call that ends a function is then charged to that function, not the next."""
+    return np.array(addrs, dtype=np.uint64) - np.uint64(1)
+
+
+def _columns(rows: list[tuple], names: tuple[str, ...]) -> dict[str, list]:
+    return {name: [r[i] for r in rows] for i, name in enumerate(names)}

@@ -1,0 +1,443 @@
+"""Turn raw instruction addresses from BPF stack maps into frames, after the fact.
+
+Kernel addresses resolve against `/proc/kallsyms`; user addresses against a snapshot of the
+target's `/proc/PID/maps` and the ELF symbol tables of the mapped files. Both are nearest
+symbol at or below the address, vectorized with `np.searchsorted` over sorted start addresses.
+
+Addresses are taken as given. A stack's non-leaf entries are return addresses (the instruction
+after a call); a caller that wants the call site subtracts 1 before resolving, so that a call
+ending a function (a `noreturn` call) is not charged to the next function.
+
+Unresolved frames keep what is known: function is `"[unknown]"`, module is the file's basename
+(or `"[unknown]"` when no mapping holds the address) and `offset` is the module-relative address
+(the ELF virtual address where the file could be read, else the file offset, else the raw
+address) so they can still be symbolized later with `addr2line -e`. File and line are out of
+scope here: the frames table keeps them nullable (DESIGN.md §3).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from memprof.errors import NoPrivilegeError
+
+UNKNOWN = "[unknown]"
+
+# kallsyms types of text symbols: t/T local/global, w/W weak.
+_KERNEL_TEXT_TYPES = frozenset("tTwW")
+# Since Linux 6.2 (CONFIG_FUNCTION_PADDING_ALIGNMENT) every function has a `__pfx_` twin covering
+# the padding before it; resolving to it would hide the function the padding belongs to.
+_KERNEL_PADDING_PREFIX = "__pfx_"
+
+
+@dataclass(frozen=True, slots=True)
+class KFrame:
+    """A kernel frame: `offset` is bytes from the start of `function` (the raw address if unknown)."""
+
+    function: str
+    module: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class UFrame:
+    """A native user-space frame: `offset` is bytes from the start of `function`.
+
+    For `function == "[unknown]"`, `offset` is the module-relative address (see module docstring).
+    """
+
+    function: str
+    module: str
+    offset: int
+
+
+def _as_addrs(addrs) -> np.ndarray:
+    return np.asarray(addrs, dtype=np.uint64).reshape(-1)
+
+
+def _first_of_each_start(starts: np.ndarray) -> np.ndarray:
+    """Mask keeping the first entry of each run of equal `starts` (already sorted)."""
+    keep = np.ones(len(starts), dtype=bool)
+    keep[1:] = starts[1:] != starts[:-1]
+    return keep
+
+
+# --- Kernel ---
+
+
+class KernelSymbols:
+    """Kernel text symbols from kallsyms, sorted by start address.
+
+    Aliases at one address (e.g. `_text` / `_stext`) resolve to the one kallsyms lists first.
+    kallsyms has no sizes, so an address past a module's last function still resolves to that
+    function with a large offset.
+    """
+
+    def __init__(self, starts: np.ndarray, names: np.ndarray, modules: np.ndarray):
+        order = np.argsort(starts, kind="stable")
+        starts, names, modules = starts[order], names[order], modules[order]
+        keep = _first_of_each_start(starts)
+        self.starts: np.ndarray = starts[keep]    # uint64, ascending, unique
+        self.names: np.ndarray = names[keep]      # object (str)
+        self.modules: np.ndarray = modules[keep]  # object (str), "vmlinux" for the core kernel
+
+    @classmethod
+    def load(cls, path: str = "/proc/kallsyms") -> "KernelSymbols":
+        """Read kallsyms. Without root (kptr_restrict) every address reads as 0 and the table
+        comes out empty, so everything resolves to "[unknown]"; `len()` tells."""
+        with open(path) as f:
+            return cls.from_text(f.read())
+
+    @classmethod
+    def from_text(cls, text: str) -> "KernelSymbols":
+        """Parse kallsyms text: `ADDR TYPE NAME [\\t[MODULE]]` per line."""
+        starts, names, modules = [], [], []
+        for line in text.splitlines():
+            # split(" ", 2), not split(): kallsyms is single-space separated and this halves parsing.
+            parts = line.split(" ", 2)
+            if len(parts) != 3 or parts[1] not in _KERNEL_TEXT_TYPES:
+                continue
+            name, _, module = parts[2].partition("\t")
+            start = int(parts[0], 16)
+            if start == 0 or name.startswith(_KERNEL_PADDING_PREFIX):
+                continue
+            starts.append(start)
+            names.append(name)
+            modules.append(module.strip("[]") or "vmlinux")
+        return cls(np.array(starts, dtype=np.uint64), np.array(names, dtype=object),
+                   np.array(modules, dtype=object))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def resolve(self, addrs) -> list[KFrame]:
+        """One KFrame per address (array-like of uint64), in order."""
+        addrs = _as_addrs(addrs)
+        idx = np.searchsorted(self.starts, addrs, side="right") - 1
+        known = (idx >= 0) & (addrs != 0)
+        idx = np.where(known, idx, 0)
+        offsets = addrs - self.starts[idx] if len(self.starts) else addrs
+        return [
+            KFrame(self.names[i], self.modules[i], int(off)) if ok else KFrame(UNKNOWN, UNKNOWN, int(a))
+            for i, ok, off, a in zip(idx.tolist(), known.tolist(), offsets.tolist(), addrs.tolist())
+        ]
+
+
+# --- Process mappings ---
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One line of /proc/PID/maps: addresses [start, end) map `path` from file offset `offset`.
+
+    `path` is "" for anonymous memory and `[vdso]`-style names for kernel-provided ones;
+    `deleted` is True when the kernel marked the file " (deleted)" (suffix stripped from `path`).
+    """
+
+    start: int
+    end: int
+    offset: int
+    path: str
+    deleted: bool = False
+
+
+_DELETED_SUFFIX = " (deleted)"
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """Parse /proc/PID/maps text into the mappings that can hold code, sorted by start.
+
+    Kept: executable mappings (anonymous ones are JIT code) and every file-backed one.
+    """
+    mappings = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 5:
+            continue
+        path = parts[5] if len(parts) == 6 else ""
+        if "x" not in parts[1] and not path:
+            continue
+        deleted = path.endswith(_DELETED_SUFFIX)
+        if deleted:
+            path = path[: -len(_DELETED_SUFFIX)]
+        start, end = (int(a, 16) for a in parts[0].split("-"))
+        mappings.append(Mapping(start, end, int(parts[2], 16), path, deleted))
+    mappings.sort(key=lambda m: m.start)
+    return mappings
+
+
+def snapshot_maps(pid: int) -> str | None:
+    """The text of /proc/PID/maps, or None when the process is gone.
+
+    Raises NoPrivilegeError when the process belongs to someone we may not ptrace.
+    """
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except PermissionError as e:
+        raise NoPrivilegeError(f"cannot read /proc/{pid}/maps: {e.strerror}",
+                               "run memprof as root or as the target's user") from e
+    except OSError:
+        # ESRCH mid-read: the process exited while the kernel walked its mappings.
+        return None
+
+
+# --- C++ demangling ---
+
+
+@functools.cache
+def _cxa_demangle():
+    """`(__cxa_demangle, free)` from libstdc++ and libc, or None where libstdc++ is missing."""
+    name = ctypes.util.find_library("stdc++")
+    try:
+        lib = ctypes.CDLL(name or "libstdc++.so.6")
+        fn = lib.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_void_p  # not c_char_p: we must free() the buffer ourselves
+    free = ctypes.CDLL(None).free
+    free.argtypes = [ctypes.c_void_p]
+    return fn, free
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def demangle(name: str) -> str:
+    """Itanium C++ name → readable name ("_ZN3c109alloc_cpuEm" → "c10::alloc_cpu(unsigned long)").
+
+    Anything that is not a mangled name, or cannot be demangled here, comes back unchanged.
+    """
+    if not name.startswith("_Z"):
+        return name
+    funcs = _cxa_demangle()
+    if funcs is None:
+        return name
+    fn, free = funcs
+    status = ctypes.c_int(-1)
+    buf = fn(name.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not buf:
+        return name
+    try:
+        return ctypes.string_at(buf).decode("utf-8", "replace")
+    finally:
+        free(buf)
+
+
+# --- ELF symbol tables ---
+
+
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+# Among aliases at one address (malloc / __libc_malloc) prefer global, then weak, then local.
+_BINDING_RANK = np.array([2, 0, 1] + [3] * 13, dtype=np.uint8)  # STB_LOCAL=0, GLOBAL=1, WEAK=2
+
+
+def _sym_dtype(elfclass: int, little: bool) -> np.dtype:
+    """Elf32_Sym / Elf64_Sym as a numpy record (field order differs between the two)."""
+    e = "<" if little else ">"
+    if elfclass == 64:
+        fields = [("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
+                  ("value", e + "u8"), ("size", e + "u8")]
+    else:
+        fields = [("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                  ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")]
+    return np.dtype(fields)
+
+
+def _symbol_table(elf) -> tuple[np.ndarray, bytes]:
+    """(symbol records, string table) of `.symtab`, else `.dynsym`, else empty."""
+    section = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
+    if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+        return np.zeros(0, _sym_dtype(64, True)), b""
+    dtype = _sym_dtype(elf.elfclass, elf.little_endian)
+    data = section.data()
+    syms = np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
+    return syms, elf.get_section(section["sh_link"]).data()
+
+
+def _alias_rank(syms: np.ndarray, strtab: bytes) -> np.ndarray:
+    """Sort key among symbols at one address, lowest wins: global, then weak, then local;
+    fewer leading underscores (malloc over __libc_malloc); a symbol with a size."""
+    if len(syms) == 0:
+        return np.zeros(0, dtype=np.int64)
+    chars = np.frombuffer(strtab, dtype=np.uint8)
+    offsets = syms["name"].astype(np.int64)
+    under1 = chars[np.minimum(offsets, len(chars) - 1)] == ord("_")
+    under2 = under1 & (chars[np.minimum(offsets + 1, len(chars) - 1)] == ord("_"))
+    binding = _BINDING_RANK[syms["info"] >> 4].astype(np.int64)
+    return binding * 8 + (under1.astype(np.int64) + under2) * 2 + (syms["size"] == 0)
+
+
+def _sizes_within_sections(elf, syms: np.ndarray) -> np.ndarray:
+    """Symbol sizes, where a size of 0 (assembly: `_init`, `_fini`, `_start`) becomes "up to the
+    end of its section": else the last such symbol would claim every address after it."""
+    sizes = syms["size"].astype(np.uint64)
+    ends = np.array([sec["sh_addr"] + sec["sh_size"] for sec in elf.iter_sections()] or [0],
+                    dtype=np.uint64)
+    # Special indices (SHN_ABS and other reserved values >= 0xff00) name no section: keep 0.
+    bounded = (sizes == 0) & (syms["shndx"] < len(ends))
+    shndx = np.where(bounded, syms["shndx"], 0)
+    end = ends[shndx]
+    return np.where(bounded & (end > syms["value"]), end - syms["value"], sizes)
+
+
+class ElfSymbols:
+    """Function symbols and PT_LOAD segments of one ELF file, as sorted numpy arrays.
+
+    Symbols come from `.symtab`, else `.dynsym` (stripped libraries). They are read with numpy
+    straight from the section bytes rather than one pyelftools object per symbol: libtorch has
+    hundreds of thousands. Names stay undecoded until an address resolves to them.
+    """
+
+    def __init__(self, path: str):
+        from elftools.elf.elffile import ELFFile  # import here: only symbolization needs it
+
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            self._read_segments(elf)
+            self._read_symbols(elf)
+
+    def _read_segments(self, elf) -> None:
+        loads = sorted((s["p_offset"], s["p_filesz"], s["p_vaddr"])
+                       for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"])
+        table = np.array(loads, dtype=np.uint64).reshape(-1, 3)
+        self.seg_offset, self.seg_filesz, self.seg_vaddr = table[:, 0], table[:, 1], table[:, 2]
+
+    def _read_symbols(self, elf) -> None:
+        syms, self._strtab = _symbol_table(elf)
+        kind = syms["info"] & 0xF
+        syms = syms[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
+                    & (syms["shndx"] != 0)]  # SHN_UNDEF: imports, whose value may be a PLT stub
+        syms = syms[np.lexsort((_alias_rank(syms, self._strtab), syms["value"]))]
+        syms = syms[_first_of_each_start(syms["value"])]
+        self.values = syms["value"].astype(np.uint64)
+        self.sizes = _sizes_within_sections(elf, syms)
+        self.name_offsets = syms["name"].astype(np.int64)
+
+    def vaddrs(self, file_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File offsets → virtual addresses via the PT_LOAD segment holding each offset.
+
+        Returns (vaddrs, ok); ok is False where no segment's file bytes hold the offset.
+        """
+        if len(self.seg_offset) == 0:
+            return file_offsets, np.zeros(len(file_offsets), dtype=bool)
+        seg = np.searchsorted(self.seg_offset, file_offsets, side="right") - 1
+        ok = seg >= 0
+        seg = np.where(ok, seg, 0)
+        ok &= file_offsets < self.seg_offset[seg] + self.seg_filesz[seg]
+        return file_offsets - self.seg_offset[seg] + self.seg_vaddr[seg], ok
+
+    def lookup(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Nearest symbol at or below each address, and inside it when its size is known.
+
+        Returns (symbol index, bytes from the symbol's start, ok).
+        """
+        if len(self.values) == 0:
+            none = np.zeros(len(vaddrs), dtype=np.int64)
+            return none, none.astype(np.uint64), none.astype(bool)
+        idx = np.searchsorted(self.values, vaddrs, side="right") - 1
+        ok = idx >= 0
+        idx = np.where(ok, idx, 0)
+        offsets = vaddrs - self.values[idx]
+        size = self.sizes[idx]
+        return idx, offsets, ok & ((size == 0) | (offsets < size))
+
+    def name(self, i: int) -> str:
+        """Demangled name of symbol i."""
+        start = int(self.name_offsets[i])
+        end = self._strtab.find(b"\0", start)
+        return demangle(self._strtab[start:end if end >= 0 else None].decode("utf-8", "replace"))
+
+
+# --- User space ---
+
+
+def _file_identity(path: str) -> tuple | None:
+    """What tells a file from its replacement at the same path; None if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def _containing_mapping(maps: Sequence[Mapping], addrs: np.ndarray) -> np.ndarray:
+    """Index into `maps` (sorted, non-overlapping) of the mapping holding each address, or -1."""
+    if not maps:
+        return np.full(len(addrs), -1, dtype=np.int64)
+    starts = np.array([m.start for m in maps], dtype=np.uint64)
+    ends = np.array([m.end for m in maps], dtype=np.uint64)
+    which = np.searchsorted(starts, addrs, side="right") - 1
+    inside = (which >= 0) & (addrs < ends[np.maximum(which, 0)])
+    return np.where(inside, which, -1)
+
+
+class UserSymbolizer:
+    """Resolves user-space addresses against a process's mappings.
+
+    Keeps one ElfSymbols per file, rebuilt when the file at that path is replaced (device,
+    inode or mtime changed). Files that cannot be read or parsed are remembered as such.
+    Paths are read as seen by memprof: a target in another mount namespace needs them
+    prefixed with /proc/PID/root by the caller.
+    """
+
+    def __init__(self):
+        self._cache: dict[str, tuple[tuple, ElfSymbols | None]] = {}
+
+    def symbols_for(self, path: str) -> ElfSymbols | None:
+        """The symbol table of the file now at `path`, or None if unreadable or not ELF."""
+        identity = _file_identity(path)
+        if identity is None:
+            return None
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        try:
+            table = ElfSymbols(path)
+        except Exception:  # noqa: BLE001 — any malformed file reads as "no symbols", never a crash
+            table = None
+        self._cache[path] = (identity, table)
+        return table
+
+    def resolve(self, maps: Sequence[Mapping], addrs) -> list[UFrame]:
+        """One UFrame per address (array-like of uint64), in order. `maps` as from parse_maps.
+
+        Each distinct address is resolved once; equal addresses share one UFrame object.
+        """
+        addrs = _as_addrs(addrs)
+        unique, inverse = np.unique(addrs, return_inverse=True)
+        maps = sorted(maps, key=lambda m: m.start)
+        which = _containing_mapping(maps, unique)
+        frames = [UFrame(UNKNOWN, UNKNOWN, a) if m < 0 else None
+                  for a, m in zip(unique.tolist(), which.tolist())]
+        # unique is sorted and mappings are disjoint, so each mapping's addresses are one run.
+        held, first, count = np.unique(which, return_index=True, return_counts=True)
+        for m, lo, n in zip(held.tolist(), first.tolist(), count.tolist()):
+            if m >= 0:
+                frames[lo:lo + n] = self._resolve_in(maps[m], unique[lo:lo + n])
+        return [frames[i] for i in inverse.reshape(-1).tolist()]
+
+    def _resolve_in(self, mapping: Mapping, addrs: np.ndarray) -> list[UFrame]:
+        """Frames for addresses that all lie inside `mapping`."""
+        module = os.path.basename(mapping.path) if mapping.path else "[anon]"
+        file_offsets = addrs - np.uint64(mapping.start) + np.uint64(mapping.offset)
+        pseudo = not mapping.path.startswith("/")  # "", [vdso], [heap]…: no file to read
+        table = None if pseudo or mapping.deleted else self.symbols_for(mapping.path)
+        if table is None:
+            rel = addrs - np.uint64(mapping.start) if pseudo else file_offsets
+            return [UFrame(UNKNOWN, module, int(a)) for a in rel.tolist()]
+        vaddrs, mapped = table.vaddrs(file_offsets)
+        idx, offsets, found = table.lookup(vaddrs)
+        found &= mapped
+        relative = np.where(mapped, vaddrs, file_offsets)
+        return [
+            UFrame(table.name(i), module, off) if ok else UFrame(UNKNOWN, module, rel)
+            for i, off, ok, rel in zip(idx.tolist(), offsets.tolist(), found.tolist(), relative.tolist())
+        ]

@@ -1,0 +1,214 @@
+"""find_leaks, end_of_target, chain_frames and their renderers: known answers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from memprof.analysis.leaks import LeakFinding, LeakResult, chain_frames, end_of_target, find_leaks
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.errors import UsageError
+from memprof.report.leaks import leaks_to_json, render_leaks_table
+from tests.factories import churn, concat_events, ev, events_frame, leak, mark, stacks_frames
+
+S = 1_000_000_000  # one second in ns
+
+
+def leaks_of(rows, *, end_ns, recording_end_ns=None, **kwargs) -> LeakResult:
+    lifetimes = pair_lifetimes(events_frame(rows))
+    return find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end_ns or end_ns, **kwargs)
+
+
+def summary(result: LeakResult) -> list[tuple]:
+    return [(f.layer, f.stack_id, f.live_bytes, f.live_count, f.released_at_exit) for f in result.findings]
+
+
+def test_held_at_end_needs_min_age():
+    result = leaks_of([
+        (1 * S, "alloc", 0xA0, 100, 1),
+        (int(9.6 * S), "alloc", 0xB0, 10, 2),  # 0.4 s old at the end: in flight, not leaked
+        (int(9.5 * S), "alloc", 0xC0, 1, 3),  # exactly min_age old: held
+    ], end_ns=10 * S)
+    assert summary(result) == [("native_heap", 1, 100, 1, False), ("native_heap", 3, 1, 1, False)]
+    assert result.min_age_ns == 500_000_000 and result.end_ns == 10 * S
+
+
+def test_freed_at_or_before_end_is_not_held_and_later_allocations_are_excluded():
+    result = leaks_of([
+        (1 * S, "alloc", 0xA0, 100, 1), (5 * S, "free", 0xA0),
+        (2 * S, "alloc", 0xB0, 100, 2), (10 * S, "free", 0xB0),  # freed exactly at end_ns
+        (3 * S, "alloc", 0xC0, 100, 3),
+        (11 * S, "alloc", 0xD0, 100, 4),  # after the end
+    ], end_ns=10 * S, recording_end_ns=12 * S)
+    assert summary(result) == [("native_heap", 3, 100, 1, False)]
+
+
+def test_missed_free_before_end_is_not_a_leak_and_is_reported():
+    result = leaks_of([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 2)], end_ns=10 * S)
+    assert summary(result) == [("native_heap", 2, 50, 1, False)]
+    assert result.missed_frees == {"native_heap": 1}
+    assert result.unconfirmed_frees == {}
+
+
+def test_released_at_exit_split():
+    result = leaks_of([
+        (1 * S, "alloc", 0xA0, 100, 7), (2 * S, "alloc", 0xB0, 100, 7),
+        (3 * S, "alloc", 0xC0, 100, 7),
+        (11 * S, "free", 0xA0), (11 * S, "free", 0xB0),  # freed by the teardown
+        ev(4 * S, "alloc", 0xD0, 10, 8, layer="kernel_slab"),
+    ], end_ns=10 * S, recording_end_ns=12 * S)
+    assert summary(result) == [
+        ("native_heap", 7, 200, 2, True),
+        ("native_heap", 7, 100, 1, False),
+        ("kernel_slab", 8, 10, 1, False),
+    ]
+
+
+def test_grouping_sorting_top_and_null_stacks():
+    rows = [(1 * S, "alloc", 0x100 + i, 10, 1) for i in range(3)]  # 30 B in 3
+    rows += [(2 * S, "alloc", 0x200 + i, 15, 2) for i in range(2)]  # 30 B in 2
+    rows += [(3 * S, "alloc", 0x300, 30, 3)]  # 30 B in 1
+    rows += [(4 * S, "alloc", 0x400 + i, 20, None) for i in range(3)]  # 60 B, no stack
+    rows += [ev(5 * S, "alloc", 0x100, 1000, 1, layer="kernel_page")]  # same stack, another layer
+    result = leaks_of(rows, end_ns=10 * S)
+    assert summary(result) == [
+        ("kernel_page", 1, 1000, 1, False),
+        ("native_heap", None, 60, 3, False),
+        ("native_heap", 1, 30, 3, False),
+        ("native_heap", 2, 30, 2, False),
+        ("native_heap", 3, 30, 1, False),
+    ]
+    assert summary(leaks_of(rows, end_ns=10 * S, top=2)) == summary(result)[:2]
+    assert [f.layer for f in leaks_of(rows, end_ns=10 * S, layers=["kernel_page"]).findings] == ["kernel_page"]
+
+
+def test_first_last_and_growth():
+    result = leaks_of([(2 * S, "alloc", 0xA0, 1000, 1), (6 * S, "alloc", 0xB0, 1000, 1)], end_ns=12 * S)
+    (finding,) = result.findings
+    assert finding == LeakFinding(layer="native_heap", stack_id=1, live_bytes=2000, live_count=2,
+                                  first_ns=2 * S, last_ns=6 * S, growth_bytes_per_s=200.0, released_at_exit=False)
+    zero_span = leaks_of([(2 * S, "alloc", 0xA0, 1000, 1)], end_ns=2 * S, min_age_ns=0)
+    assert zero_span.findings[0].growth_bytes_per_s == 0.0
+
+
+def test_prime_leak_among_churn_is_found_exactly():
+    size = 4096
+    events = concat_events(
+        churn(100_000, start_ns=0, every_ns=10_000, size=64, stack_id=1),
+        leak(257, start_ns=5_000, every_ns=1_000_000, size=size, stack_id=2),
+    )
+    end_ns = 2 * S
+    result = find_leaks(pair_lifetimes(events), end_ns=end_ns, recording_end_ns=end_ns)
+    assert summary(result) == [("native_heap", 2, 257 * size, 257, False)]
+    assert result.missed_frees == {}
+
+
+def test_end_after_recording_is_a_usage_error():
+    with pytest.raises(UsageError):
+        leaks_of([(1 * S, "alloc", 0xA0, 1, 1)], end_ns=3 * S, recording_end_ns=2 * S)
+
+
+def test_end_of_target_is_the_root_exit_mark():
+    events = events_frame([
+        (1 * S, "alloc", 0xA0, 1, 1), mark(3 * S, pid=200), mark(5 * S, pid=100), mark(7 * S, pid=100),
+        ev(4 * S, "mark", pid=100, category="step"),
+    ])
+    assert end_of_target(events, 100, 9 * S) == 5 * S
+    assert end_of_target(events, 300, 9 * S) == 9 * S
+    assert end_of_target(events, None, 9 * S) == 9 * S
+    assert end_of_target(events, 100, 4 * S) == 4 * S  # never past the recording's end
+
+
+def test_chain_frames_innermost_first_with_none_for_unknowns():
+    stacks, frames = stacks_frames({
+        1: [("kernel", "alloc_pipe_info+0x3f", "vmlinux", None, None), ("native", "main", "kernel_leak", "leak.c", 12)],
+        2: [("python", "step", "train", "train.py", 42)],
+    })
+    chains = chain_frames(stacks, frames, [1, None, 5])
+    assert chains == {
+        1: [{"kind": "kernel", "function": "alloc_pipe_info+0x3f", "module": "vmlinux", "file": None, "line": None},
+            {"kind": "native", "function": "main", "module": "kernel_leak", "file": "leak.c", "line": 12}],
+        5: [],
+    }
+    assert isinstance(chains[1][1]["line"], int)
+
+
+# --- renderers ---------------------------------------------------------------------------
+
+def _result_with_chain(depth: int = 3):
+    rows = [(1 * S, "alloc", 0x100 + i, 4096, 1) for i in range(23)] + [(2 * S, "alloc", 0x900, 8, None)]
+    result = leaks_of(rows, end_ns=10 * S, recording_end_ns=11 * S)
+    chain = [("kernel", "alloc_pipe_info+0x3f", "vmlinux", None, None),
+             ("native", "std::vector<int>::operator[abc]", "libfoo.so", None, None),
+             ("python", "train[step]", "train", "train.py", 42)]
+    chain += [("native", f"frame{i}", "libbar.so", None, None) for i in range(depth - 3)]
+    stacks, frames = stacks_frames({1: chain})
+    return result, chain_frames(stacks, frames, [f.stack_id for f in result.findings])
+
+
+def test_json_keys_and_types():
+    result, chains = _result_with_chain()
+    result.unconfirmed_frees["kernel_slab"] = 12
+    doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=3)
+    assert set(doc) == {"recording", "lost_events", "findings", "missed_frees", "unconfirmed_frees",
+                        "min_age_ns", "end_ns"}
+    assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3
+    assert doc["unconfirmed_frees"] == {"kernel_slab": 12} and doc["missed_frees"] == {}
+    assert (doc["min_age_ns"], doc["end_ns"]) == (500_000_000, 10 * S)
+    first, second = doc["findings"]
+    assert set(first) == {"layer", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
+                          "released_at_exit", "stack"}
+    assert (first["layer"], first["live_bytes"], first["live_count"]) == ("native_heap", 23 * 4096, 23)
+    assert type(first["growth_bytes_per_s"]) is float and type(first["released_at_exit"]) is bool
+    assert all(type(first[k]) is int for k in ("live_bytes", "live_count", "first_ns", "last_ns"))
+    assert first["stack"][0] == {"kind": "kernel", "function": "alloc_pipe_info+0x3f", "module": "vmlinux",
+                                 "file": None, "line": None}
+    assert first["stack"][2]["line"] == 42
+    assert second["stack"] == []
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def render(result, chains, **kwargs) -> str:
+    console = Console(width=100, record=True, color_system=None)
+    kwargs = {"start_ns": 0, "lost_events": 0, "notes": [], **kwargs}
+    render_leaks_table(result, chains, console, **kwargs)
+    return console.export_text()
+
+
+def test_table_shows_findings_and_escapes_brackets():
+    result, chains = _result_with_chain()
+    text = render(result, chains)
+    assert "92.0 KiB in 23 allocations" in text
+    assert "outlived the process" in text
+    assert "[k] alloc_pipe_info+0x3f" in text
+    assert "[n] std::vector<int>::operator[abc] (libfoo.so)" in text
+    assert "[py] train[step] (train.py:42)" in text
+    assert "first seen +1.00s, last seen +1.00s" in text
+    assert "(no stack recorded)" in text
+    assert "skipped" not in text and "lost" not in text
+
+
+def test_table_cuts_long_chains():
+    result, chains = _result_with_chain(depth=20)
+    text = render(result, chains)
+    assert "frame8" in text and "frame9" not in text
+    assert "… 8 more frames" in text
+
+
+def test_table_warns_about_loss_in_plain_words():
+    result, chains = _result_with_chain()
+    result.unconfirmed_frees["kernel_slab"] = 12
+    result.missed_frees["native_heap"] = 2
+    text = render(result, chains, lost_events=5, notes=["stacks sampled 1 in 4 [see meta]"])
+    assert "5 events were lost while recording" in text
+    assert "12 frees were skipped by the kernel while recording (kernel_slab); up to 12 of the allocations " \
+           "below may have been freed." in " ".join(text.split())
+    assert "2 frees were never seen" in text
+    assert "note: stacks sampled 1 in 4 [see meta]" in text
+
+
+def test_table_when_nothing_leaked():
+    result = leaks_of([(1 * S, "alloc", 0xA0, 1, 1), (2 * S, "free", 0xA0)], end_ns=10 * S)
+    text = render(result, {})
+    assert "No leaks: nothing older than 500ms was live at the end." in text

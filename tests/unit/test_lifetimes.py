@@ -1,0 +1,181 @@
+"""pair_lifetimes: known answers for the pairing and loss rules of DESIGN.md §3."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.lifetimes import ALLOCATION_COLUMNS, pair_lifetimes
+from tests.factories import ev, events_frame, random_lifetimes
+
+
+def ends(lifetimes) -> list[tuple]:
+    """(addr, alloc_ts_ns, end_ts_ns or None, end_kind) per allocation, in timeline order."""
+    a = lifetimes.allocations
+    return [(int(r.addr), int(r.alloc_ts_ns), None if pd.isna(r.end_ts_ns) else int(r.end_ts_ns), r.end_kind)
+            for r in a.itertuples(index=False)]
+
+
+def test_simple_pairs():
+    lt = pair_lifetimes(events_frame([
+        (100, "alloc", 0xA0, 64, 1), (150, "alloc", 0xB0, 32, 2), (200, "free", 0xA0), (300, "free", 0xB0),
+    ]))
+    assert ends(lt) == [(0xA0, 100, 200, "freed"), (0xB0, 150, 300, "freed")]
+    assert lt.unmatched_frees == {} and lt.missed_frees == {}
+    assert list(lt.allocations.columns) == ALLOCATION_COLUMNS
+    assert lt.allocations["size_bytes"].tolist() == [64, 32]
+    assert lt.allocations["stack_id"].tolist() == [1, 2]
+    assert str(lt.allocations["end_ts_ns"].dtype) == "Int64"
+
+
+def test_alloc_without_free_is_live_to_the_end():
+    lt = pair_lifetimes(events_frame([(100, "alloc", 0xA0, 64), (200, "alloc", 0xB0, 64), (300, "free", 0xB0)]))
+    assert ends(lt) == [(0xA0, 100, None, "live"), (0xB0, 200, 300, "freed")]
+
+
+def test_free_without_alloc_is_unmatched_not_paired():
+    lt = pair_lifetimes(events_frame([(100, "free", 0xA0), (200, "alloc", 0xB0, 8), (300, "free", 0xB0)]))
+    assert ends(lt) == [(0xB0, 200, 300, "freed")]
+    assert lt.unmatched_frees == {"native_heap": 1}
+
+
+def test_duplicate_free_is_unmatched():
+    lt = pair_lifetimes(events_frame([(100, "alloc", 0xA0, 8), (200, "free", 0xA0), (300, "free", 0xA0)]))
+    assert ends(lt) == [(0xA0, 100, 200, "freed")]
+    assert lt.unmatched_frees == {"native_heap": 1}
+
+
+def test_alloc_at_live_address_closes_the_old_one_as_missed_free():
+    lt = pair_lifetimes(events_frame([
+        (100, "alloc", 0xA0, 64), (200, "alloc", 0xA0, 16), (300, "alloc", 0xA0, 8), (400, "free", 0xA0),
+    ]))
+    assert ends(lt) == [(0xA0, 100, 200, "missed"), (0xA0, 200, 300, "missed"), (0xA0, 300, 400, "freed")]
+    assert lt.missed_frees == {"native_heap": 2}
+    assert (lt.allocations["end_kind"] != "live").all()
+
+
+def test_alloc_id_is_preferred_over_addr():
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", 0xA0, 64, alloc_id=1, layer="cuda_block", device="cuda:0"),
+        ev(200, "alloc", 0xA0, 64, alloc_id=2, layer="cuda_block", device="cuda:0"),  # same addr, new id
+        ev(300, "free", 0xFF, alloc_id=1, layer="cuda_block", device="cuda:0"),  # addr differs, id matches
+    ]))
+    assert ends(lt) == [(0xA0, 100, 300, "freed"), (0xA0, 200, None, "live")]
+    assert lt.missed_frees == {} and lt.unmatched_frees == {}
+
+
+def test_same_addr_in_different_layers_and_devices_is_independent():
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", 0xA0, 64, layer="native_heap"),
+        ev(110, "alloc", 0xA0, 64, layer="kernel_slab"),
+        ev(120, "alloc", 0xA0, 64, layer="cuda_driver", device="cuda:0"),
+        ev(130, "alloc", 0xA0, 64, layer="cuda_driver", device="cuda:1"),
+        ev(200, "free", 0xA0, layer="kernel_slab"),
+        ev(210, "free", 0xA0, layer="cuda_driver", device="cuda:1"),
+    ]))
+    assert ends(lt) == [(0xA0, 100, None, "live"), (0xA0, 110, 200, "freed"),
+                        (0xA0, 120, None, "live"), (0xA0, 130, 210, "freed")]
+    assert lt.allocations["layer"].astype(str).tolist() == ["native_heap", "kernel_slab", "cuda_driver", "cuda_driver"]
+    assert lt.missed_frees == {} and lt.unmatched_frees == {}
+
+
+def test_free_requested_ends_and_its_completion_is_not_unmatched():
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", 0xA0, 512, alloc_id=7, layer="cuda_block"),
+        ev(200, "free_requested", 0xA0, alloc_id=7, layer="cuda_block"),
+        ev(250, "free", 0xA0, alloc_id=7, layer="cuda_block"),
+        ev(300, "free_requested", 0xA0, alloc_id=7, layer="cuda_block"),  # a second request: unmatched
+    ]))
+    assert ends(lt) == [(0xA0, 100, 200, "freed")]
+    assert lt.unmatched_frees == {"cuda_block": 1}
+
+
+def test_alloc_carries_its_own_columns_and_free_size_is_irrelevant():
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", 0xA0, 100, 9, requested_bytes=90, pid=7, tid=8),
+        ev(200, "free", 0xA0, size_bytes=None, pid=1, tid=1, stack_id=3),
+    ]))
+    row = lt.allocations.iloc[0]
+    assert (row.pid, row.tid, row.stack_id, row.size_bytes, row.requested_bytes) == (7, 8, 9, 100, 90)
+
+
+def test_order_is_ts_then_seq_regardless_of_row_order():
+    rows = [
+        ev(100, "alloc", 0xA0, 8, seq=0),
+        ev(200, "free", 0xA0, seq=2),
+        ev(200, "alloc", 0xA0, 8, seq=3),  # same ts as the free: seq says it comes after
+        ev(300, "free", 0xA0, seq=4),
+    ]
+    expected = [(0xA0, 100, 200, "freed"), (0xA0, 200, 300, "freed")]
+    assert ends(pair_lifetimes(events_frame(rows))) == expected
+    shuffled = pair_lifetimes(events_frame([rows[i] for i in (3, 1, 2, 0)]))
+    assert sorted(ends(shuffled)) == expected
+    assert shuffled.unmatched_frees == {} and shuffled.missed_frees == {}
+
+
+def test_non_alloc_rows_are_ignored_and_empty_input_works():
+    lt = pair_lifetimes(events_frame([ev(100, "mark", category="exit"), ev(150, "oom")]))
+    assert lt.allocations.empty and list(lt.allocations.columns) == ALLOCATION_COLUMNS
+    assert lt.unmatched_frees == {} and lt.missed_frees == {}
+
+
+def test_plain_string_columns_work_like_categoricals():
+    frame = events_frame([(100, "alloc", 0xA0, 8), (200, "free", 0xA0), (300, "free", 0xB0)])
+    for name in ("layer", "action", "device", "category"):
+        frame[name] = frame[name].astype(object)
+    lt = pair_lifetimes(frame)
+    assert ends(lt) == [(0xA0, 100, 200, "freed")]
+    assert lt.unmatched_frees == {"native_heap": 1}
+
+
+def _reference(frame: pd.DataFrame):
+    """Per-event Python pairing, the obvious way, to check the vectorized one against."""
+    rows = frame.sort_values(["ts_ns", "seq"]).itertuples(index=False)
+    last: dict = {}
+    result, unmatched, missed = {}, 0, 0
+    for r in rows:
+        key = (r.layer, r.device, ("id", r.alloc_id) if not pd.isna(r.alloc_id) else ("addr", r.addr))
+        prev = last.get(key)
+        if r.action == "alloc":
+            if prev is not None and prev[0] == "alloc":
+                result[prev[1]] = (r.ts_ns, "missed")
+                missed += 1
+            result[r.seq] = (None, "live")
+        elif prev is not None and prev[0] == "alloc":
+            result[prev[1]] = (r.ts_ns, "freed")
+        elif not (r.action == "free" and prev is not None and prev[0] == "free_requested"):
+            unmatched += 1
+        last[key] = (r.action, r.seq)
+    return result, unmatched, missed
+
+
+def test_matches_a_per_event_reference_on_random_collisions():
+    rng = np.random.default_rng(42)
+    n = 3000
+    frame = events_frame([
+        ev(int(t), a, int(addr), 8, alloc_id=(int(aid) if aid >= 0 else None), layer=layer, seq=i)
+        for i, (t, a, addr, aid, layer) in enumerate(zip(
+            rng.integers(0, 500, n), rng.choice(["alloc", "alloc", "free", "free_requested"], n),
+            rng.integers(0, 20, n), rng.integers(-10, 5, n), rng.choice(["native_heap", "kernel_slab"], n)))
+    ])
+    result, unmatched, missed = _reference(frame)
+    lt = pair_lifetimes(frame)
+    alloc_seqs = frame.loc[frame["action"] == "alloc"].sort_values(["ts_ns", "seq"])["seq"]
+    got = {int(s): (None if pd.isna(e) else int(e), k) for s, e, k in zip(
+        frame.loc[frame["action"] == "alloc", "seq"], lt.allocations["end_ts_ns"], lt.allocations["end_kind"])}
+    assert got == {int(s): result[s] for s in alloc_seqs}
+    assert sum(lt.unmatched_frees.values()) == unmatched
+    assert sum(lt.missed_frees.values()) == missed
+
+
+def test_speed_smoke_two_million_events(capsys):
+    frame = random_lifetimes(1_000_000)
+    started = time.perf_counter()
+    lt = pair_lifetimes(frame)
+    seconds = time.perf_counter() - started
+    with capsys.disabled():
+        print(f"\npair_lifetimes: {len(frame):,} events in {seconds:.2f}s = {len(frame) / seconds:,.0f} events/s")
+    assert len(lt.allocations) == 1_000_000
+    assert (lt.allocations["end_kind"] == "live").sum() + (lt.allocations["end_kind"] == "freed").sum() \
+        + sum(lt.missed_frees.values()) == 1_000_000
