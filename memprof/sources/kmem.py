@@ -111,7 +111,8 @@ class KmemSource:
         self._bpf = self._compile()
         self._attach_all()
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
-        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load())
+        # kallsyms is read at the first flush, not here: the command waits for start() to return.
+        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load)
         for pid in pids:
             self.track(pid)
 

@@ -37,12 +37,19 @@ class StackInterner:
 
     read_stack: Callable[[int], list[int]]
     maps_of: Callable[[int], Sequence[Mapping]]
-    kernel_symbols: KernelSymbols
+    load_kernel_symbols: Callable[[], KernelSymbols]
     user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
     _new_frames: list = field(default_factory=list)
+    _kernel_symbols: KernelSymbols | None = None
+
+    @property
+    def kernel_symbols(self) -> KernelSymbols:
+        if self._kernel_symbols is None:
+            self._kernel_symbols = self.load_kernel_symbols()
+        return self._kernel_symbols
 
     def intern(self, kstack: np.ndarray, ustack: np.ndarray, pid: np.ndarray, call_site: np.ndarray) -> np.ndarray:
         """Stack ids (int64) for arrays of raw ids; one Python step per *distinct* chain."""
