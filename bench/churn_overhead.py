@@ -37,14 +37,19 @@ def run(cmd: list[str], workload: list[str]) -> tuple[float, float]:
 
 
 def memleak_run(workload: list[str]) -> tuple[float, float]:
-    """bcc memleak needs a pid: start the workload stopped-at-exec is not possible, so
-    memleak runs the command itself with -c (it attaches before the command's main loop)."""
-    cmd = [MEMLEAK, "--combined-only", "-c", " ".join(workload), "5", "1"]
-    t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True).stdout
-    wall = time.monotonic() - t0
-    m = re.search(r"loop_s=([0-9.]+)", out)
-    return (float(m.group(1)) if m else float("nan")), wall
+    """bcc's memleak in kernel mode (no -p: it traces kmalloc/kmem_cache/page allocations
+    system-wide, with a stack per allocation and in-kernel pairing) while the workload runs."""
+    tracer = subprocess.Popen([MEMLEAK, "60"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = tracer.stdout.readline()  # "Attaching to kernel allocators, Ctrl+C to quit." once probes are on
+        if "Attaching" not in line:
+            raise RuntimeError(f"memleak did not start: {line!r}")
+        time.sleep(1.0)  # it prints before attaching the last probes
+        return run(workload, workload)
+    finally:
+        tracer.terminate()
+        tracer.wait()
 
 
 def main() -> None:

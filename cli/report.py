@@ -43,7 +43,7 @@ def leaks(path, min_age, layers, top, fmt):
     """
     from memprof.analysis.leaks import chain_frames, end_of_target, find_leaks
     from memprof.analysis.lifetimes import pair_lifetimes
-    from memprof.analysis.loss import skipped_frees_by_layer
+    from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
     from memprof.cli import console
     from memprof.recording import find_latest_recording, open_recording
     from memprof.report.leaks import leaks_to_json, render_leaks_table
@@ -61,4 +61,4 @@ def leaks(path, min_age, layers, top, fmt):
         click.echo(json.dumps(leaks_to_json(result, chains, rec.path, rec.meta.lost_events), indent=2))
         return
     render_leaks_table(result, chains, console.out, start_ns=rec.meta.start_ns,
-                       lost_events=rec.meta.lost_events, notes=rec.meta.notes)
+                       lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))

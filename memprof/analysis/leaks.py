@@ -42,6 +42,15 @@ class LeakFinding:
     last_ns: int
     growth_bytes_per_s: float
     released_at_exit: bool
+    # Allocations of this chain proven freed unseen (handed out again while live). Any
+    # makes the finding unconfirmed: this chain's frees are not all visible to the probes
+    # (on Linux 6.18, e.g., slab objects freed in bulk through RCU sheaves), so some of its
+    # live allocations may already be free.
+    chain_missed_frees: int = 0
+
+    @property
+    def confirmed(self) -> bool:
+        return self.chain_missed_frees == 0
 
 
 @dataclass
@@ -75,7 +84,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     if top is not None:
         groups = groups.head(top)
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    return LeakResult(findings=[_finding(row, end_ns) for row in groups.itertuples(index=False)],
+    missed_by_chain = _missed_by_chain(lifetimes.allocations)
+    return LeakResult(findings=[_finding(row, end_ns, missed_by_chain) for row in groups.itertuples(index=False)],
                       end_ns=int(end_ns), min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns),
                       missed_frees=missed)
 
@@ -101,11 +111,22 @@ def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:
                               ascending=[False, False, True, True, True], na_position="last", kind="stable")
 
 
-def _finding(row, end_ns: int) -> LeakFinding:
+def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], int]:
+    """(layer, stack_id) -> allocations closed as missed frees."""
+    missed = allocations[labels(allocations["end_kind"]) == "missed"]
+    if missed.empty:
+        return {}
+    counts = missed.assign(layer=labels(missed["layer"])).groupby(["layer", "stack_id"], dropna=False).size()
+    return {(layer, None if pd.isna(sid) else int(sid)): int(n) for (layer, sid), n in counts.items()}
+
+
+def _finding(row, end_ns: int, missed_by_chain: dict) -> LeakFinding:
     span_s = (end_ns - int(row.first_ns)) / 1e9
     live_bytes = int(row.live_bytes)
+    stack_id = None if pd.isna(row.stack_id) else int(row.stack_id)
     return LeakFinding(
-        layer=row.layer, stack_id=None if pd.isna(row.stack_id) else int(row.stack_id),
+        chain_missed_frees=missed_by_chain.get((row.layer, stack_id), 0),
+        layer=row.layer, stack_id=stack_id,
         live_bytes=live_bytes, live_count=int(row.live_count), first_ns=int(row.first_ns),
         last_ns=int(row.last_ns), growth_bytes_per_s=live_bytes / span_s if span_s > 0 else 0.0,
         released_at_exit=bool(row.released_at_exit),

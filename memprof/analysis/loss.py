@@ -22,3 +22,21 @@ def skipped_frees_by_layer(meta: RecordingMeta) -> dict[str, int]:
             if layer and n:
                 out[layer] = out.get(layer, 0) + int(n)
     return out
+
+
+def recording_notes(meta: RecordingMeta) -> list[str]:
+    """Plain-words notes on how complete the chains are, for every report."""
+    notes = list(meta.notes)
+    for name, stats in meta.sources.items():
+        failures = int(stats.detail.get("stack_failures", 0) or 0)
+        if failures:
+            notes.append(f"{name}: {failures} stacks could not be captured (stack map full); those allocations "
+                         "are shown with their call site only")
+        if stats.detail.get("site_cache_full"):
+            notes.append(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "
+                         "more allocations than usual took a fresh stack")
+        if stats.stack_sample_every > 1:
+            notes.append(f"{name}: one slab allocation in {stats.stack_sample_every} (pages: one in "
+                         f"{stats.detail.get('page_stack_sample_every', 1)}) took its own stack; the others share the "
+                         "latest stack taken at the same call site and user stack depth (record --stack-every 1 for all)")
+    return notes

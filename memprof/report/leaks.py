@@ -42,6 +42,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]]) -> dict[s
         "last_ns": int(finding.last_ns),
         "growth_bytes_per_s": float(finding.growth_bytes_per_s),
         "released_at_exit": bool(finding.released_at_exit),
+        "confirmed": bool(finding.confirmed),
+        "chain_missed_frees": int(finding.chain_missed_frees),
         "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _chain(finding, chains)],
     }
 
@@ -100,6 +102,9 @@ def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns
         f"    first seen {_relative(finding.first_ns, start_ns)}, last seen {_relative(finding.last_ns, start_ns)}"
         f", growing {format_bytes(finding.growth_bytes_per_s)}/s",
     ]
+    if not finding.confirmed:
+        lines.append(f"    [yellow]unconfirmed[/]: {_count(finding.chain_missed_frees, 'free', 'frees')} of this chain "
+                     "went unseen (its address was handed out again), so some of these may already be free")
     if not chain:
         return lines + ["    (no stack recorded)"]
     lines += [f"    {_frame(frame)}" for frame in chain[:MAX_FRAMES]]

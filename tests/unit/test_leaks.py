@@ -158,7 +158,7 @@ def test_json_keys_and_types():
     assert (doc["min_age_ns"], doc["end_ns"]) == (500_000_000, 10 * S)
     first, second = doc["findings"]
     assert set(first) == {"layer", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
-                          "released_at_exit", "stack"}
+                          "released_at_exit", "confirmed", "chain_missed_frees", "stack"}
     assert (first["layer"], first["live_bytes"], first["live_count"]) == ("native_heap", 23 * 4096, 23)
     assert type(first["growth_bytes_per_s"]) is float and type(first["released_at_exit"]) is bool
     assert all(type(first[k]) is int for k in ("live_bytes", "live_count", "first_ns", "last_ns"))
@@ -212,3 +212,16 @@ def test_table_when_nothing_leaked():
     result = leaks_of([(1 * S, "alloc", 0xA0, 1, 1), (2 * S, "free", 0xA0)], end_ns=10 * S)
     text = render(result, {})
     assert "No leaks: nothing older than 500ms was live at the end." in text
+
+
+def test_a_chain_with_frees_gone_unseen_is_unconfirmed():
+    """An address handed out again while live proves a free went unseen; the chain's
+    remaining live allocations cannot be confirmed as held."""
+    events = events_frame([
+        (1 * S, "alloc", 0xA0, 64, 7), (2 * S, "alloc", 0xA0, 64, 7),  # 0xA0's first free unseen
+        (1 * S, "alloc", 0xB0, 64, 8),
+    ])
+    result = find_leaks(pair_lifetimes(events), end_ns=5 * S, recording_end_ns=5 * S)
+    by_stack = {f.stack_id: f for f in result.findings}
+    assert by_stack[7].live_count == 1 and by_stack[7].chain_missed_frees == 1 and not by_stack[7].confirmed
+    assert by_stack[8].confirmed
