@@ -17,7 +17,7 @@
 #define MP_EXIT_MARK   11   /* a tracked process began to exit: exit_group, fatal signal, Py_Finalize */
 
 /* Counter slots (per-CPU array `counters`). */
-#define MP_CNT_RINGBUF_FULL   0  /* records dropped: ring buffer had no room */
+#define MP_CNT_RINGBUF_FULL   0  /* records dropped: the ring buffer refused a reservation */
 #define MP_CNT_STACK_FAIL     1  /* stack capture failed (map full or hash collision) */
 #define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
 #define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */

@@ -13,6 +13,10 @@ class StatusLine:
         self._enabled = enabled and console.is_terminal
         self._status = None
 
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
     def update(self, s) -> None:
         if not self._enabled:
             return

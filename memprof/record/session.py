@@ -6,12 +6,13 @@ import os
 import platform
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from memprof import __version__
-from memprof.errors import TargetError, UsageError
+from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
@@ -27,6 +28,10 @@ TEARDOWN_GRACE_S = 0.3
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the child got its own
+
+
+class RecordingWriteError(MemprofError):
+    """The recording could not be written (disk full, permissions)."""
 
 
 @dataclass
@@ -78,11 +83,15 @@ class Session:
         self.request = request
         self.on_status = on_status or (lambda s: None)
         self.source = KmemSource(request.kmem)
-        self.live = LiveBytes()
+        # Live bytes feed only the status line: without one, save the recorder's CPU
+        # (on a small machine it is the target's CPU too).
+        self.live = LiveBytes() if on_status is not None else None
         self.writer = None
         self.child: GatedChild | None = None
         self.run_as = RunAs.from_sudo()
         self._seq = 0
+        self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-flush")
+        self._flushing: Future | None = None
         self._interrupted = False
         self._stop_requested = False
 
@@ -159,8 +168,7 @@ class Session:
                 if now >= next_status:
                     self._report_status(now - start)
                     next_status = now + 0.25
-                if now >= next_flush:
-                    self._flush()
+                if now >= next_flush and self._flush():
                     next_flush = now + FLUSH_S
                 if self._stop_requested or (deadline is not None and now >= deadline):
                     break
@@ -199,10 +207,25 @@ class Session:
         cols = batch.columns
         cols["seq"] = range(self._seq, self._seq + batch.rows)
         self._seq += batch.rows
-        self.live.update(cols)
+        if self.live is not None:
+            self.live.update(cols)
         self.writer.append("events", cols)
 
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
+        """Hand buffered rows to the flush thread; False while the previous flush still runs.
+
+        Parts are compressed and written on another thread (pyarrow releases the GIL), so
+        the kernel's ring buffer keeps being drained meanwhile. `meta` is only changed here,
+        while no flush is in flight."""
+        if self._flushing is not None:
+            if not self._flushing.done():
+                return False
+            self._collect_flush()
+        self._prepare_flush()
+        self._flushing = self._flusher.submit(self.writer.flush)
+        return True
+
+    def _prepare_flush(self) -> None:
         self.source.periodic()
         stacks, frames = self.source.drain_stack_tables()
         if stacks["stack_id"]:
@@ -213,19 +236,30 @@ class Session:
         meta.sources[self.source.name] = self.source.update_stats()
         meta.clock_anchors.append(anchor())
         meta.processes = self.source.processes.summary()
-        self.writer.flush()
+
+    def _collect_flush(self) -> None:
+        future, self._flushing = self._flushing, None
+        try:
+            future.result()
+        except OSError as e:
+            raise RecordingWriteError(f"cannot write the recording {self.writer.path}: {e.strerror or e}",
+                                      "free disk space or choose another -o path; parts written so far are kept") from e
 
     def _report_status(self, elapsed: float) -> None:
         events = self.source.stats.events
         rate = events / elapsed if elapsed > 0 else 0.0
-        self.on_status(Status(elapsed, events, rate, dict(self.live.bytes_by_layer), self.source.stats.lost, self.writer.path))
+        live = dict(self.live.bytes_by_layer) if self.live is not None else {}
+        self.on_status(Status(elapsed, events, rate, live, self.source.stats.lost, self.writer.path))
 
     def _finish(self) -> None:
         """Whatever stopped us (tree exited, duration, Ctrl-C, an error): finalize."""
         try:
+            if self._flushing is not None:
+                self._collect_flush()
             self._ingest()
-            self._flush()
+            self._prepare_flush()
         finally:
+            self._flusher.shutdown(wait=True)
             meta = self.writer.meta
             meta.end_ns = time.monotonic_ns()
             meta.clock_anchors.append(anchor())

@@ -61,7 +61,8 @@ class RecordingWriter:
         self.meta = meta
         self._buffers: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
         self._parts = dict.fromkeys(TABLES, 0)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # guards the buffers and the finalized flag
+        self._write_lock = threading.Lock()  # one writer of parts and meta.json at a time
         self._finalized = False
         _clear_path(self.path, force)
         _create_dirs(self.path)
@@ -97,21 +98,28 @@ class RecordingWriter:
     def flush(self) -> None:
         """Write each table's buffered rows as one new part, then rewrite meta.json.
 
-        Raises ValueError after `finalize()`; OSError (disk full, …) keeps the failed table's rows."""
-        with self._lock:
-            self._check_open()
-            self._flush_locked()
+        Appends from other threads wait only while the buffers are handed over, not while
+        parts are compressed and written (a recorder keeps draining the kernel meanwhile).
+        Raises ValueError after `finalize()`; OSError (disk full, …) keeps the unwritten rows."""
+        with self._write_lock:
+            with self._lock:
+                self._check_open()
+                pending = self._take_buffers()
+            self._write(pending)
 
     def finalize(self, end_ns: int | None = None) -> None:
         """Flush, mark the recording "complete" (with `end_ns` if given). Calling again does nothing."""
-        with self._lock:
-            if self._finalized:
-                return
-            if end_ns is not None:
-                self.meta.end_ns = end_ns
-            self.meta.status = "complete"
-            self._flush_locked()
-            self._finalized = True
+        with self._write_lock:
+            with self._lock:
+                if self._finalized:
+                    return
+                if end_ns is not None:
+                    self.meta.end_ns = end_ns
+                self.meta.status = "complete"
+                pending = self._take_buffers()
+            self._write(pending)
+            with self._lock:
+                self._finalized = True
 
     def chown(self, uid: int, gid: int) -> None:
         """Give the recording to `uid`:`gid` (a recording made under sudo belongs to the invoking user)."""
@@ -124,13 +132,27 @@ class RecordingWriter:
         if self._finalized:
             raise ValueError(f"{self.path}: recording already finalized")
 
-    def _flush_locked(self) -> None:
-        for name, tables in self._buffers.items():
-            if tables:
+    def _take_buffers(self) -> dict[str, list[pa.Table]]:
+        pending = {name: tables for name, tables in self._buffers.items() if tables}
+        for name in pending:
+            self._buffers[name] = []
+        return pending
+
+    def _write(self, pending: dict[str, list[pa.Table]]) -> None:
+        """Write taken buffers; on failure, put back what was not written (oldest first)."""
+        written = set()
+        try:
+            for name, tables in pending.items():
                 self._write_part(name, pa.concat_tables(tables))
-                tables.clear()
-        self._write_meta()
-        _fsync_dir(self.path)
+                written.add(name)
+            self._write_meta()
+            _fsync_dir(self.path)
+        except BaseException:
+            with self._lock:
+                for name, tables in pending.items():
+                    if name not in written:
+                        self._buffers[name] = tables + self._buffers[name]
+            raise
 
     def _write_part(self, table_name: str, table: pa.Table) -> None:
         folder = self.path / table_name

@@ -1,0 +1,95 @@
+"""Integration tests: real eBPF as root, real processes (DESIGN.md §6).
+
+Everything here is skipped, with the reason, unless this machine can record: euid 0, bcc
+importable, kmem tracepoints in tracefs. The known workloads (examples/bin/) are built once
+per session if missing; the tests are skipped if that build fails.
+
+Helpers (as fixtures, so test modules need not import this file):
+  run_memprof(*args, cwd, timeout=60, **popen_kw) -> CompletedProcess (text)
+  leaks_json(path, *args) -> the parsed JSON of `memprof report leaks PATH --format json ARGS`
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+EXAMPLE_PROGRAMS = ("kernel_leak", "kernel_churn")
+
+
+def _missing_prerequisite() -> str | None:
+    if os.geteuid() != 0:
+        return f"not root (euid {os.geteuid()}): recording loads eBPF programs; run pytest with sudo"
+    try:
+        import bcc  # noqa: F401
+    except Exception as e:  # ImportError, or libbcc failing to load
+        return f"bcc is not importable ({type(e).__name__}: {e}); apt-get install python3-bpfcc"
+    from memprof.sources.kmem import tracefs_root
+    if tracefs_root() is None:
+        return "no kmem tracepoints: tracefs with events/kmem is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
+    return None
+
+
+_MISSING = _missing_prerequisite()
+if _MISSING:
+    pytest.skip(f"integration tests need real eBPF: {_MISSING}", allow_module_level=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def examples_bin() -> Path:
+    """examples/bin/, built with `make -C examples` when a program is missing."""
+    bin_dir = EXAMPLES / "bin"
+    if not all((bin_dir / p).is_file() for p in EXAMPLE_PROGRAMS):
+        try:
+            made = subprocess.run(["make", "-C", str(EXAMPLES)], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            pytest.skip(f"cannot build the example workloads (make -C examples): {e}")
+        if made.returncode != 0 or not all((bin_dir / p).is_file() for p in EXAMPLE_PROGRAMS):
+            pytest.skip(f"cannot build the example workloads (make -C examples, exit {made.returncode}): "
+                        f"{(made.stderr or made.stdout).strip()[-500:]}")
+    return bin_dir
+
+
+def run_memprof(*args, cwd, timeout=60, **popen_kw) -> subprocess.CompletedProcess:
+    """`python -m memprof ARGS` in `cwd`; text output captured. memprof runs in its own
+    session, so on timeout it and the command it records are killed together."""
+    popen_kw.setdefault("stdout", subprocess.PIPE)
+    popen_kw.setdefault("stderr", subprocess.PIPE)
+    popen_kw.setdefault("start_new_session", True)
+    cmd = [sys.executable, "-m", "memprof", *map(str, args)]
+    with subprocess.Popen(cmd, cwd=cwd, text=True, **popen_kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if popen_kw["start_new_session"]:
+                os.killpg(proc.pid, signal.SIGKILL)  # memprof's own process group: it and its target
+            else:
+                proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"memprof {' '.join(cmd[3:])} ran past {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def leaks_json(path, *args, timeout=60) -> dict:
+    """Parsed JSON of `memprof report leaks PATH --format json ARGS` (which must exit 0)."""
+    path = Path(path)
+    result = run_memprof("report", "leaks", path, "--format", "json", *args, cwd=path.parent, timeout=timeout)
+    assert result.returncode == 0, f"report leaks exited {result.returncode}: {result.stderr}"
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(name="run_memprof", scope="session")
+def _run_memprof_fixture():
+    return run_memprof
+
+
+@pytest.fixture(name="leaks_json", scope="session")
+def _leaks_json_fixture():
+    return leaks_json
