@@ -57,6 +57,9 @@ class RecordingMeta:
     notes: list[str] = field(default_factory=list)
     # The target's processes: pid, ppid, comm, exe, start_ns, exit_ns (ns on `clock`).
     processes: list[dict[str, Any]] = field(default_factory=list)
+    # When each process began to exit and why: pid, ts_ns, reason ("exit_group",
+    # "signal N", "python finalize"). The first one of the root process is "the end".
+    exits: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

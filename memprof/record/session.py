@@ -236,6 +236,7 @@ class Session:
         meta.sources[self.source.name] = self.source.update_stats()
         meta.clock_anchors.append(anchor())
         meta.processes = self.source.processes.summary()
+        meta.exits = self.source.exits()
 
     def _collect_flush(self) -> None:
         future, self._flushing = self._flushing, None

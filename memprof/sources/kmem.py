@@ -288,6 +288,9 @@ class KmemSource:
         self.stats.missed = missed
         return self.stats
 
+    def exits(self) -> list[dict]:
+        return [{"pid": pid, "ts_ns": ts, "reason": _exit_reason(why)} for pid, (ts, why) in sorted(self.exit_marks.items())]
+
     def live_tgids(self) -> list[int]:
         return self.processes.live()
 
@@ -301,6 +304,12 @@ class KmemSource:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+
+
+def _exit_reason(why: int) -> str:
+    if why == R.EXIT_WHY_FINALIZE:
+        return "python finalize"
+    return f"signal {why}" if why else "exit_group"
 
 
 class _captured_stderr:
