@@ -1,6 +1,6 @@
 """Integration tests: real eBPF as root, real processes (DESIGN.md §6).
 
-Everything here is skipped, with the reason, unless this machine can record: euid 0, bcc
+Every test here is skipped, with the reason, unless this machine can record: euid 0, bcc
 importable, kmem tracepoints in tracefs. The known workloads (examples/bin/) are built once
 per session if missing; the tests are skipped if that build fails.
 
@@ -38,8 +38,19 @@ def _missing_prerequisite() -> str | None:
 
 
 _MISSING = _missing_prerequisite()
-if _MISSING:
-    pytest.skip(f"integration tests need real eBPF: {_MISSING}", allow_module_level=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without the prerequisites, every test here is skipped with the reason. (Not
+    pytest.skip(allow_module_level=True) at import: pytest does not handle that in a conftest
+    it loads at start-up, as for `pytest tests/integration`.)"""
+    if not _MISSING:
+        return
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason=f"integration tests need real eBPF: {_MISSING}")
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

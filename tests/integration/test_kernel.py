@@ -44,9 +44,27 @@ def describe(findings: list[dict], limit: int = 8) -> str:
                      f"released_at_exit={f['released_at_exit']} {functions(f)[:12]}" for f in findings[:limit])
 
 
+def merged(findings: list[dict]) -> list[dict]:
+    """Findings summed by what a reader sees (layer, fate, frames), biggest first.
+
+    While another program is attached to the same kmem tracepoint (a concurrent recording,
+    another engineer's benchmark), one chain can come as several findings with identical
+    frames (product bug, see test_a_second_probe_does_not_split_a_finding); the known
+    answers below are about the chain, so they are checked on the sum."""
+    by_chain: dict[tuple, dict] = {}
+    for f in findings:
+        key = (f["layer"], f["released_at_exit"], tuple((x["kind"], x["function"], x["module"]) for x in f["stack"]))
+        if key in by_chain:
+            by_chain[key]["live_count"] += f["live_count"]
+            by_chain[key]["live_bytes"] += f["live_bytes"]
+        else:
+            by_chain[key] = dict(f)
+    return sorted(by_chain.values(), key=lambda f: (-f["live_bytes"], -f["live_count"]))
+
+
 def pipe_info_finding(report: dict) -> dict:
     """The kernel_slab finding for the pipe_buffer arrays: the biggest alloc_pipe_info one."""
-    matching = [f for f in report["findings"]
+    matching = [f for f in merged(report["findings"])
                 if f["layer"] == "kernel_slab" and "alloc_pipe_info" in functions(f, "kernel")]
     assert matching, f"no kernel_slab finding from alloc_pipe_info:\n{describe(report['findings'])}"
     return max(matching, key=lambda f: f["live_bytes"])
@@ -99,8 +117,8 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert result.returncode == 0, result.stderr
     assert f"held={held} " in result.stdout  # the command ran, its stdout passed through
 
-    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "50")
-    findings = report["findings"]
+    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")
+    findings = merged(report["findings"])
     assert findings and {f["layer"] for f in findings} == {"kernel_slab"}
     top = findings[0]
     assert top["live_bytes"] == max(f["live_bytes"] for f in findings)
@@ -116,6 +134,62 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert read_meta(recording)["status"] == "complete"
 
 
+@pytest.mark.xfail(strict=True, reason="product bug: a stack's identity is its raw BPF stack ids, and the "
+                                       "kernel stack gains a __traceiter_kmalloc frame (dropped from the chain) "
+                                       "once a second probe is on the tracepoint: one chain, two findings")
+def test_a_second_probe_does_not_split_a_finding(tmp_path, leaks_json):
+    """Another program attaches to kmem:kmalloc while kernel_leak is half-way through
+    taking its pipes (as a concurrent recording would): still one finding per chain."""
+    from bcc import BPF
+    other = BPF(text=b"int noop(void *ctx) { return 0; }")
+    recording = tmp_path / "second-probe.memprof"
+    cmd = [sys.executable, "-m", "memprof", "record", "-q", "-o", str(recording), "--",
+           KERNEL_LEAK, "-n", "257", "-c", "20000", "-w", "300"]
+    memprof = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        pid = int(memprof.stdout.readline().strip().removeprefix("pid="))
+        held_at_attach = _wait_for_held_pipes(pid, 40)
+        if held_at_attach is None or held_at_attach >= 200:
+            pytest.skip(f"could not attach the second probe half-way (held pipes: {held_at_attach})")
+        other.attach_raw_tracepoint(tp=b"kmalloc", fn_name=b"noop")
+        out, err = memprof.communicate(timeout=60)
+    finally:
+        other.cleanup()
+        if memprof.poll() is None:
+            os.killpg(memprof.pid, signal.SIGKILL)
+            memprof.wait()
+    assert memprof.returncode == 0, err
+    assert f"held=257 pid={pid}" in out
+
+    findings = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")["findings"]
+    arrays = [f for f in findings if functions(f, "kernel")[:2] == ["__kmalloc_noprof", "alloc_pipe_info"]]
+    assert [f["live_count"] for f in arrays] == [257], describe(arrays)
+
+
+def _wait_for_held_pipes(pid: int, count: int, timeout_s: float = 20) -> int | None:
+    """Wait until `pid` holds at least `count` pipes (two fds each; churn's own pipe is
+    open for a moment only); return how many it holds, None if it exited first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            return None
+        pipes = sum(_fd_target(pid, fd).startswith("pipe:") for fd in fds)
+        if pipes >= 2 * count + 2:
+            return (pipes - 2) // 2
+        time.sleep(0.002)
+    return None
+
+
+def _fd_target(pid: int, fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:  # closed since the listing
+        return ""
+
+
 # ---- 2. the control: churn, no leak ----
 
 def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leaks_json):
@@ -129,7 +203,10 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     20,000 of them would be megabytes. One exception, per process and not per socket: on
     kernels with pidfs (6.9+) the first socketpair registers the process's own struct pid
     with pidfs (pidfs_register_pid, for the peer credentials), a single small allocation
-    that lives as long as the pid, so until after the exit.
+    that lives as long as the pid, so until after the exit. And the slab caches' own growth:
+    a socket or pipe allocation that finds its cache full takes a new slab (allocate_slab:
+    the slab's pages, its object-extension array), which the cache keeps or frees on its
+    own schedule. Those stay within the byte thresholds but are not checked by name.
     """
     recording = tmp_path / "churn.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
@@ -144,7 +221,7 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     named = [f for f in findings if any("pipe" in fn or "sock" in fn for fn in functions(f))]
     own_pid = [f for f in named if "pidfs_register_pid" in functions(f, "kernel")]
     assert sum(f["live_count"] for f in own_pid) <= 1, describe(own_pid)
-    named = [f for f in named if f not in own_pid]
+    named = [f for f in named if f not in own_pid and "allocate_slab" not in functions(f, "kernel")]
     assert not named, f"pipe/socket allocations reported as leaks:\n{describe(named)}"
 
 
@@ -171,7 +248,7 @@ def test_leak_in_a_child_process(tmp_path, run_memprof, leaks_json, command, hel
     meta = read_meta(recording)
     assert len({p["pid"] for p in meta["processes"]}) >= 2  # the child was followed
 
-    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "50")
+    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")
     top = pipe_info_finding(report)
     assert top["live_count"] == held, describe(report["findings"])
     assert top["live_bytes"] == held * PIPE_BUFFER_ARRAY_BYTES
@@ -201,8 +278,8 @@ def test_attach_with_pid(tmp_path, run_memprof, leaks_json):
 
     meta = read_meta(recording)
     assert meta["pid"] == target.pid and meta["command"] is None and meta["status"] == "complete"
-    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "50")
-    top = report["findings"][0]
+    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")
+    top = merged(report["findings"])[0]
     assert "alloc_pipe_info" in functions(top, "kernel"), describe(report["findings"])
     assert top["live_count"] == 29, describe(report["findings"])
     assert top["live_bytes"] == 29 * PIPE_BUFFER_ARRAY_BYTES
@@ -240,7 +317,7 @@ def test_sigkill_leaves_a_readable_recording(tmp_path, leaks_json):
 
     meta = read_meta(recording)
     assert meta["status"] == "recording" and meta["end_ns"] is None
-    report = leaks_json(recording, "--min-age", "0")
+    report = leaks_json(recording, "--min-age", "0", "--top", "1000")
     assert report["findings"]
     top = pipe_info_finding(report)
     assert top["live_count"] == 37, describe(report["findings"])
