@@ -201,31 +201,42 @@ static __always_inline int emit_free(u64 addr, u8 kind, u32 size)
  * twice at once on a CPU: bcc issue #2997) — and that is how RCU callbacks free inodes,
  * dentries and sockets: in a softirq on the way out of an interrupt that hit the target's
  * own kfree. Each free tracepoint therefore has two programs, attached main first (probes
- * of one tracepoint run in attach order). The main one records and remembers, per CPU, the
- * address it recorded last; the backup one runs right after it for the same event and
- * records only an address the main one did not — which happens only when the kernel
- * skipped the main one, i.e. for a nested free. */
-BPF_PERCPU_ARRAY(last_freed, u64, MP_N_FREE_TPS);
+ * of one tracepoint run in attach order), and the backup runs right after the main one for
+ * every event. Per CPU, the main one counts the events it handled and notes the last one's
+ * address; the backup remembers the count it last saw. When the count moved and names this
+ * address, the main one handled the event; otherwise the kernel skipped the main one —
+ * a nested free — and the backup records it. (Comparing addresses alone is not enough:
+ * slab reuse is LIFO, so a nested free is often of the very address the main one recorded
+ * last.) */
+struct free_seq {
+    u64 main_done;   /* events the main program finished, this CPU */
+    u64 main_addr;   /* the address of the last one */
+    u64 backup_seen; /* main_done when the backup last stood aside */
+};
+BPF_PERCPU_ARRAY(free_seqs, struct free_seq, MP_N_FREE_TPS);
 
 static __always_inline int on_free(u32 tp, u64 addr, u8 kind, u32 size)
 {
-    if (!emit_free(addr, kind, size))
-        return 0;
-    u64 *last = last_freed.lookup(&tp);
-    if (last)
-        *last = addr;
+    emit_free(addr, kind, size);
+    struct free_seq *seq = free_seqs.lookup(&tp);
+    if (seq) {
+        seq->main_addr = addr;
+        seq->main_done++;
+    }
     return 0;
 }
 
 static __always_inline int on_nested_free(u32 tp, u64 addr, u8 kind, u32 size)
 {
-    u64 *last = last_freed.lookup(&tp);
-    if (!last || *last == addr || !addr || !maybe_ours(addr))
+    struct free_seq *seq = free_seqs.lookup(&tp);
+    if (!seq)
         return 0;
-    /* Not the main program's latest: it was skipped. (Not updating `last` keeps the
-     * outer event, whose main program is still running, from being recorded twice.) */
-    count(MP_CNT_NESTED_FREES + tp);
-    emit_free(addr, kind, size);
+    if (seq->main_done != seq->backup_seen && seq->main_addr == addr) {
+        seq->backup_seen = seq->main_done; /* the main program handled this very event */
+        return 0;
+    }
+    if (emit_free(addr, kind, size))
+        count(MP_CNT_NESTED_FREES + tp);
     return 0;
 }
 

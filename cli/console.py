@@ -1,11 +1,15 @@
 """The one owner of the consoles: reports on stdout, diagnostics on stderr."""
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.markup import escape
 
-out = Console(soft_wrap=False)
-err = Console(stderr=True, soft_wrap=False)
+# Off a terminal (a pipe, a file, CI logs) nothing is wrapped: a long path or an error stays
+# on one line, and tables get room instead of rich's default 80 columns.
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def error(message: str, hint: str | None = None) -> None:

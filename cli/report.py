@@ -41,7 +41,8 @@ def leaks(path, min_age, layers, top, fmt):
     outlived the process (kernel caches). For an attached process that did not exit, the end
     is the end of the recording.
     """
-    from memprof.analysis.leaks import chain_frames, end_of_target, find_leaks
+    from memprof.analysis.chains import canonical_stacks
+    from memprof.analysis.leaks import chain_frames, end_of_target, exit_times, find_leaks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
     from memprof.cli import console
@@ -53,7 +54,8 @@ def leaks(path, min_age, layers, top, fmt):
     events = timeline(rec)
     end_ns = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
     result = find_leaks(pair_lifetimes(events), end_ns=end_of_target(events, rec.meta.pid, end_ns),
-                        recording_end_ns=end_ns, min_age_ns=min_age, layers=layers or None, top=top)
+                        recording_end_ns=end_ns, min_age_ns=min_age, layers=layers or None, top=top,
+                        end_by_pid=exit_times(events), canonical_stack=canonical_stacks(rec.stacks))
     skipped = skipped_frees_by_layer(rec.meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
     chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings])

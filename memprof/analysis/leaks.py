@@ -12,7 +12,7 @@ outlived the process (kernel caches, pipes kept by another process, driver memor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -71,41 +71,68 @@ class LeakResult:
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = 500_000_000,
-               layers: Iterable[str] | None = None, top: int | None = None) -> LeakResult:
-    """Group the allocations held at `end_ns` (module docstring) by (layer, stack_id,
+               layers: Iterable[str] | None = None, top: int | None = None,
+               end_by_pid: Mapping[int, int] | None = None,
+               canonical_stack: Mapping[int, int] | None = None) -> LeakResult:
+    """Group the allocations held at the end (module docstring) by (layer, chain,
     released_at_exit); sorted by live_bytes, then live_count (both descending), then stack_id;
-    at most `top` findings. `layers` keeps only those layers."""
+    at most `top` findings. `layers` keeps only those layers.
+
+    Each allocation is judged at the end of the process that made it — `end_by_pid[pid]`,
+    when that process began to exit while recorded — else at `end_ns`. A child that leaks
+    and exits before the root is judged at its own exit, before its teardown frees.
+    `canonical_stack` maps stack ids with identical frames to one id (see
+    `chains.canonical_stacks`), so one chain is one finding."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
     wanted = None if layers is None else {label_of(layer) for layer in layers}
-    held = _held(lifetimes.allocations, end_ns, min_age_ns, wanted)
+    allocations = _with_canonical_stacks(lifetimes.allocations, canonical_stack)
+    ends = _end_per_allocation(allocations, end_ns, end_by_pid)
+    held = _held(allocations, ends, min_age_ns, wanted)
     groups = _sorted_groups(held)
     if top is not None:
         groups = groups.head(top)
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    missed_by_chain = _missed_by_chain(lifetimes.allocations)
-    return LeakResult(findings=[_finding(row, end_ns, missed_by_chain) for row in groups.itertuples(index=False)],
+    missed_by_chain = _missed_by_chain(allocations)
+    return LeakResult(findings=[_finding(row, missed_by_chain) for row in groups.itertuples(index=False)],
                       end_ns=int(end_ns), min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns),
                       missed_frees=missed)
 
 
-def _held(allocations: pd.DataFrame, end_ns: int, min_age_ns: int, layers: set[str] | None) -> pd.DataFrame:
-    """The allocations held at end_ns, as (layer, stack_id, released_at_exit, size_bytes, alloc_ts_ns)."""
+def _with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int] | None) -> pd.DataFrame:
+    if not canonical:
+        return allocations
+    ids = allocations["stack_id"]
+    mapped = ids.map(canonical)  # NaN where the id has no alias (or is null)
+    return allocations.assign(stack_id=mapped.fillna(ids).astype("Int64"))
+
+
+def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
+    """The time each allocation is judged at, ns."""
+    if not end_by_pid:
+        return np.full(len(allocations), end_ns, dtype=np.int64)
+    own = allocations["pid"].map(end_by_pid)
+    return own.fillna(end_ns).to_numpy(dtype=np.int64)
+
+
+def _held(allocations: pd.DataFrame, ends: np.ndarray, min_age_ns: int, layers: set[str] | None) -> pd.DataFrame:
+    """The allocations held at their end, as (layer, stack_id, released_at_exit, size_bytes,
+    alloc_ts_ns, judged_ns)."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
-    mask = (alloc_ts <= end_ns) & (end_ts > end_ns) & (end_ns - alloc_ts >= min_age_ns)
+    mask = (alloc_ts <= ends) & (end_ts > ends) & (ends - alloc_ts >= min_age_ns)
     layer = labels(allocations["layer"])
     if layers is not None:
         mask &= np.isin(layer, list(layers))
     held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns"]]
-    return held.assign(layer=layer[mask], released_at_exit=end_ts[mask] != _NEVER)
+    return held.assign(layer=layer[mask], released_at_exit=end_ts[mask] != _NEVER, judged_ns=ends[mask])
 
 
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:
     groups = held.groupby(["layer", "stack_id", "released_at_exit"], dropna=False, sort=False).agg(
         live_bytes=("size_bytes", "sum"), live_count=("alloc_ts_ns", "size"),
-        first_ns=("alloc_ts_ns", "min"), last_ns=("alloc_ts_ns", "max"),
+        first_ns=("alloc_ts_ns", "min"), last_ns=("alloc_ts_ns", "max"), judged_ns=("judged_ns", "max"),
     ).reset_index()
     return groups.sort_values(["live_bytes", "live_count", "stack_id", "layer", "released_at_exit"],
                               ascending=[False, False, True, True, True], na_position="last", kind="stable")
@@ -120,8 +147,8 @@ def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], 
     return {(layer, None if pd.isna(sid) else int(sid)): int(n) for (layer, sid), n in counts.items()}
 
 
-def _finding(row, end_ns: int, missed_by_chain: dict) -> LeakFinding:
-    span_s = (end_ns - int(row.first_ns)) / 1e9
+def _finding(row, missed_by_chain: dict) -> LeakFinding:
+    span_s = (int(row.judged_ns) - int(row.first_ns)) / 1e9
     live_bytes = int(row.live_bytes)
     stack_id = None if pd.isna(row.stack_id) else int(row.stack_id)
     return LeakFinding(
@@ -133,13 +160,18 @@ def _finding(row, end_ns: int, missed_by_chain: dict) -> LeakFinding:
     )
 
 
+def exit_times(events: pd.DataFrame) -> dict[int, int]:
+    """pid -> when it began to exit: the earliest `mark`/"exit" event of each process."""
+    marks = events.loc[(events["action"] == Action.MARK.value) & (events["category"] == Mark.EXIT.value), ["pid", "ts_ns"]]
+    return {int(pid): int(ts) for pid, ts in marks.groupby("pid")["ts_ns"].min().items()}
+
+
 def end_of_target(events: pd.DataFrame, root_pid: int | None, recording_end_ns: int) -> int:
     """When the root process began to exit: the earliest `mark`/"exit" event of `root_pid`,
-    or `recording_end_ns` when it did not exit while recorded (attached, or still running).
-    Never later than `recording_end_ns`."""
-    rows = events[events["pid"].to_numpy() == root_pid] if root_pid is not None else events.iloc[:0]
-    exits = rows.loc[(rows["action"] == Action.MARK.value) & (rows["category"] == Mark.EXIT.value), "ts_ns"]
-    return min(int(exits.min()), int(recording_end_ns)) if len(exits) else int(recording_end_ns)
+    or `recording_end_ns` when it did not exit while recorded (attached, or still running)."""
+    if root_pid is None:
+        return int(recording_end_ns)
+    return min(exit_times(events).get(int(root_pid), int(recording_end_ns)), int(recording_end_ns))
 
 
 def chain_frames(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable) -> dict[int, list[dict]]:

