@@ -11,6 +11,8 @@
 #define MP_SLAB_FREE    2   /* kfree / kmem_cache_free */
 #define MP_PAGE_ALLOC   3   /* mm_page_alloc: addr = struct page *, size = PAGE_SIZE << order */
 #define MP_PAGE_FREE    4   /* mm_page_free / mm_page_free_batched */
+#define MP_USER_ALLOC   5   /* a user-space allocator returned a block (layer says which) */
+#define MP_USER_FREE    6   /* a user-space allocator was asked to free a block */
 #define MP_PROC_FORK    8   /* a tracked process forked: pid = child tgid, tid = parent tgid */
 #define MP_PROC_EXEC    9   /* a tracked process exec'd */
 #define MP_PROC_EXIT   10   /* a tracked thread group died (last thread exited) */
@@ -31,19 +33,34 @@
 #define MP_TP_PAGE_FREE_BATCHED  3
 #define MP_N_FREE_TPS            4
 
+/* Layers (the `layer` byte), as memprof/sources/records.py names them. */
+#define MP_LAYER_KERNEL_SLAB  0
+#define MP_LAYER_KERNEL_PAGE  1
+#define MP_LAYER_TORCH_CPU    2
+#define MP_LAYER_CUDA_DRIVER  3
+#define MP_LAYER_NATIVE       4
+
+/* Flags (the `flags` byte). */
+#define MP_FLAG_STACK_SAMPLED 0x01  /* this event took its own stacks (others reuse their site's) */
+#define MP_FLAG_HOST          0x02  /* CUDA: pinned host memory, not device memory */
+#define MP_FLAG_ASYNC         0x04  /* CUDA: stream-ordered (cuMemAllocAsync) */
+#define MP_FLAG_MANAGED       0x08  /* CUDA: unified memory */
+#define MP_FLAG_PHYSICAL      0x10  /* CUDA: a physical allocation (cuMemCreate), mapped separately */
+
 struct mp_event {
     __u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
-    __u64 addr;         /* object address, or struct page address for pages */
-    __u64 call_site;    /* allocation's direct caller (_RET_IP_), 0 where unknown */
+    __u64 addr;         /* object address; struct page address for pages; CUDA handle for cuMemCreate */
+    __u64 call_site;    /* kernel allocations' direct caller (_RET_IP_), 0 where unknown */
+    __u64 size;         /* bytes handed out (pages: PAGE_SIZE << order); 0 on frees that do not know */
     __u32 pid;          /* tgid */
     __u32 tid;
-    __u32 size;         /* bytes handed out (pages: PAGE_SIZE << order) */
-    __u32 requested;    /* bytes asked for (0 when unknown) */
     __s32 kstack_id;    /* id in `stacks`, negative when none */
     __s32 ustack_id;
+    __u32 requested;    /* bytes asked for (0 when unknown); exit marks: why (see records.py) */
     __u8  kind;         /* MP_* above */
-    __u8  sampled;      /* 1 when the stacks were captured for this very event */
-    __u8  pad[6];
+    __u8  layer;        /* MP_LAYER_* */
+    __u8  flags;        /* MP_FLAG_* */
+    __s8  device;       /* CUDA device index, -1 when unknown or not a device */
 };
 
 #endif

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-KNOWN_SOURCES = ("kmem",)
+DEFAULT_SOURCES = ("kmem", "torch", "cuda")
+KNOWN_SOURCES = ("kmem", "torch", "cuda", "native")
 
 
 def _duration(ctx, param, value):
@@ -23,11 +24,24 @@ def _duration(ctx, param, value):
 
 
 def _sources(ctx, param, value):
-    names = tuple(s.strip() for s in value.split(",") if s.strip())
-    unknown = [s for s in names if s not in KNOWN_SOURCES]
-    if unknown or not names:
+    """'kmem,torch' replaces the defaults; '+native' (or 'kmem,+native') adds to them."""
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    added = [n[1:] for n in names if n.startswith("+")]
+    chosen = [n for n in names if not n.startswith("+")]
+    result = list(chosen or DEFAULT_SOURCES) + added
+    unknown = [s for s in result if s not in KNOWN_SOURCES]
+    if unknown or not result:
         raise click.BadParameter(f"unknown source {', '.join(unknown) or '(none)'}; available: {', '.join(KNOWN_SOURCES)}")
-    return names
+    return tuple(dict.fromkeys(result))
+
+
+def _size(value: str) -> int:
+    from memprof.errors import UsageError
+    from memprof.units import parse_size
+    try:
+        return parse_size(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
 
 
 def _power_of_two(ctx, param, value):
@@ -40,16 +54,25 @@ def _power_of_two(ctx, param, value):
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Recording path (default ./memprof-NAME-PID.memprof).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
 @click.option("-d", "--duration", callback=_duration, help="Stop after this long (e.g. 60, 90s, 500ms, 5m).")
-@click.option("--sources", default="kmem", show_default=True, callback=_sources, help="Comma-separated capture sources.")
+@click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,
+              help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
+                   "driver), native (libc heap; costly, off by default). A list replaces the default; "
+                   "+NAME adds to it (--sources +native).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing recording at --output.")
 @click.option("--stack-every", default=64, show_default=True, callback=_power_of_two,
               help="Take a full stack for one slab allocation in N (1 = every one); the others share their call site's latest stack.")
 @click.option("--page-stack-every", default=8, show_default=True, callback=_power_of_two,
               help="The same for page allocations.")
 @click.option("--user-pages", is_flag=True, help="Also record user and page-cache pages (movable) in kernel_page.")
+@click.option("--native-sample-bytes", default="0", show_default=True, callback=lambda c, p, v: _size(v),
+              help="native: take each libc allocation with probability min(1, size/N) and weight it by "
+                   "N/size (unbiased totals at a fraction of the cost); 0 takes every one. Units allowed: 64KiB.")
+@click.option("--allocator-prefix", default="", metavar="PREFIX",
+              help="native: probe PREFIXmalloc, PREFIXfree, … (e.g. je_ for a jemalloc built with a prefix).")
 @click.option("-q", "--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_pages, quiet, command):
+def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_pages, native_sample_bytes,
+           allocator_prefix, quiet, command):
     """Record a command, or attach to a running process, until it exits.
 
     \b
@@ -64,15 +87,18 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     from memprof.cli import console
     from memprof.cli.status import StatusLine
     from memprof.record.session import RecordRequest, Session
+    from memprof.sources.ebpf import EbpfOptions
     from memprof.sources.kmem import KmemOptions
 
     if pid is not None and command:
         raise click.UsageError("give either --pid or a command, not both")
     if pid is None and not command:
         raise click.UsageError("nothing to record: give a command after --, or --pid")
+    kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     request = RecordRequest(
-        command=list(command) or None, pid=pid, output=output, duration_s=duration, sources=sources, force=force,
-        kmem=KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages),
+        command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force,
+        ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
+                         allocator_prefix=allocator_prefix),
     )
     status = StatusLine(console.err, enabled=not quiet)
     try:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from memprof.analysis.lifetimes import Lifetimes, label_of, labels
 from memprof.errors import UsageError
-from memprof.model.schema import Action, Mark
+from memprof.model.schema import Action, Layer, Mark
 
 _NEVER = np.iinfo(np.int64).max
 _FRAME_KEYS = ("kind", "function", "module", "file", "line")
@@ -89,7 +89,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     wanted = None if layers is None else {label_of(layer) for layer in layers}
     allocations = _with_canonical_stacks(lifetimes.allocations, canonical_stack)
     ends = _end_per_allocation(allocations, end_ns, end_by_pid)
-    held = _held(allocations, ends, min_age_ns, wanted)
+    exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
+    held = _held(allocations, ends, exited, min_age_ns, wanted)
     groups = _sorted_groups(held)
     if top is not None:
         groups = groups.head(top)
@@ -116,7 +117,14 @@ def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapp
     return own.fillna(end_ns).to_numpy(dtype=np.int64)
 
 
-def _held(allocations: pd.DataFrame, ends: np.ndarray, min_age_ns: int, layers: set[str] | None) -> pd.DataFrame:
+# Memory of the process itself: when the process exits the kernel takes it back whole,
+# and no free is ever called. Live at an exit that was recorded = released at exit.
+_PROCESS_LAYERS = [Layer.TORCH_CPU.value, Layer.NATIVE_HEAP.value, Layer.CUDA_DRIVER.value,
+                   Layer.CUDA_SEGMENT.value, Layer.CUDA_BLOCK.value]
+
+
+def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns: int,
+          layers: set[str] | None) -> pd.DataFrame:
     """The allocations held at their end, as (layer, stack_id, released_at_exit, size_bytes,
     alloc_ts_ns, judged_ns)."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
@@ -126,7 +134,8 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, min_age_ns: int, layers: 
     if layers is not None:
         mask &= np.isin(layer, list(layers))
     held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns"]]
-    return held.assign(layer=layer[mask], released_at_exit=end_ts[mask] != _NEVER, judged_ns=ends[mask])
+    released = (end_ts[mask] != _NEVER) | (exited[mask] & np.isin(layer[mask], _PROCESS_LAYERS))
+    return held.assign(layer=layer[mask], released_at_exit=released, judged_ns=ends[mask])
 
 
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:

@@ -66,6 +66,9 @@ EVENTS_SCHEMA = pa.schema([
     ("alloc_id", pa.int64()),
     ("step", pa.int32()),
     ("category", _category),
+    # Sampled events stand for this many (1 / the probability they were taken with); null
+    # means 1. Totals weight each allocation by it, so sampled estimates stay unbiased.
+    ("weight", pa.float64()),
 ])
 EVENT_COLUMNS = EVENTS_SCHEMA.names
 

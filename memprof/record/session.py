@@ -17,7 +17,7 @@ from memprof.model import ClockAnchor, RecordingMeta
 from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
 from memprof.record.target import GatedChild, RunAs, resolve_executable
-from memprof.sources.kmem import KmemOptions, KmemSource
+from memprof.sources.ebpf import EbpfOptions, EbpfSource
 from memprof.sources.procs import descendants, pid_alive, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
@@ -40,9 +40,8 @@ class RecordRequest:
     pid: int | None = None
     output: Path | None = None
     duration_s: float | None = None
-    sources: tuple[str, ...] = ("kmem",)
     force: bool = False
-    kmem: KmemOptions = field(default_factory=KmemOptions)
+    ebpf: EbpfOptions = field(default_factory=EbpfOptions)
 
 
 @dataclass
@@ -82,7 +81,7 @@ class Session:
     def __init__(self, request: RequestT, on_status: Callable[[Status], None] | None = None):
         self.request = request
         self.on_status = on_status or (lambda s: None)
-        self.source = KmemSource(request.kmem)
+        self.source = EbpfSource(request.ebpf)
         # Live bytes feed only the status line: without one, save the recorder's CPU
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
@@ -103,6 +102,7 @@ class Session:
         require_recording_privileges()
         if req.command is not None:
             path = resolve_executable(req.command)
+            self.source.command_path = path  # its Python environment tells where torch lives
             self._check_output_free()
             return self._record_command(path)
         self._check_pid(req.pid)

@@ -10,15 +10,16 @@ EVENT_DTYPE = np.dtype([
     ("ts_ns", "<u8"),
     ("addr", "<u8"),
     ("call_site", "<u8"),
+    ("size", "<u8"),
     ("pid", "<u4"),
     ("tid", "<u4"),
-    ("size", "<u4"),
-    ("requested", "<u4"),
     ("kstack_id", "<i4"),
     ("ustack_id", "<i4"),
+    ("requested", "<u4"),
     ("kind", "u1"),
-    ("sampled", "u1"),
-    ("pad", "V6"),
+    ("layer", "u1"),
+    ("flags", "u1"),
+    ("device", "i1"),
 ])
 assert EVENT_DTYPE.itemsize == 56
 
@@ -26,13 +27,24 @@ SLAB_ALLOC = 1
 SLAB_FREE = 2
 PAGE_ALLOC = 3
 PAGE_FREE = 4
+USER_ALLOC = 5
+USER_FREE = 6
 PROC_FORK = 8
 PROC_EXEC = 9
 PROC_EXIT = 10
 EXIT_MARK = 11
 
-ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC)
-MEMORY_KINDS = (SLAB_ALLOC, SLAB_FREE, PAGE_ALLOC, PAGE_FREE)
+ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
+FREE_KINDS = (SLAB_FREE, PAGE_FREE, USER_FREE)
+
+# The `layer` byte, indexing these names (MP_LAYER_* in memprof.h).
+LAYER_CODES = ("kernel_slab", "kernel_page", "torch_cpu", "cuda_driver", "native_heap")
+
+FLAG_STACK_SAMPLED = 0x01
+FLAG_HOST = 0x02
+FLAG_ASYNC = 0x04
+FLAG_MANAGED = 0x08
+FLAG_PHYSICAL = 0x10
 LIFECYCLE_KINDS = (PROC_FORK, PROC_EXEC, PROC_EXIT)
 
 # Counter slots of the per-CPU `counters` array.

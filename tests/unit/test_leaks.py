@@ -15,8 +15,9 @@ from tests.factories import churn, concat_events, ev, events_frame, leak, mark, 
 S = 1_000_000_000  # one second in ns
 
 
-def leaks_of(rows, *, end_ns, recording_end_ns=None, **kwargs) -> LeakResult:
-    lifetimes = pair_lifetimes(events_frame(rows))
+def leaks_of(rows, *, end_ns, recording_end_ns=None, layer="kernel_slab", **kwargs) -> LeakResult:
+    """Kernel layers by default: there, what the teardown does not free outlives the process."""
+    lifetimes = pair_lifetimes(events_frame(rows, layer=layer))
     return find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end_ns or end_ns, **kwargs)
 
 
@@ -30,7 +31,7 @@ def test_held_at_end_needs_min_age():
         (int(9.6 * S), "alloc", 0xB0, 10, 2),  # 0.4 s old at the end: in flight, not leaked
         (int(9.5 * S), "alloc", 0xC0, 1, 3),  # exactly min_age old: held
     ], end_ns=10 * S)
-    assert summary(result) == [("native_heap", 1, 100, 1, False), ("native_heap", 3, 1, 1, False)]
+    assert summary(result) == [("kernel_slab", 1, 100, 1, False), ("kernel_slab", 3, 1, 1, False)]
     assert result.min_age_ns == 500_000_000 and result.end_ns == 10 * S
 
 
@@ -41,13 +42,13 @@ def test_freed_at_or_before_end_is_not_held_and_later_allocations_are_excluded()
         (3 * S, "alloc", 0xC0, 100, 3),
         (11 * S, "alloc", 0xD0, 100, 4),  # after the end
     ], end_ns=10 * S, recording_end_ns=12 * S)
-    assert summary(result) == [("native_heap", 3, 100, 1, False)]
+    assert summary(result) == [("kernel_slab", 3, 100, 1, False)]
 
 
 def test_missed_free_before_end_is_not_a_leak_and_is_reported():
     result = leaks_of([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 2)], end_ns=10 * S)
-    assert summary(result) == [("native_heap", 2, 50, 1, False)]
-    assert result.missed_frees == {"native_heap": 1}
+    assert summary(result) == [("kernel_slab", 2, 50, 1, False)]
+    assert result.missed_frees == {"kernel_slab": 1}
     assert result.unconfirmed_frees == {}
 
 
@@ -59,8 +60,8 @@ def test_released_at_exit_split():
         ev(4 * S, "alloc", 0xD0, 10, 8, layer="kernel_slab"),
     ], end_ns=10 * S, recording_end_ns=12 * S)
     assert summary(result) == [
-        ("native_heap", 7, 200, 2, True),
-        ("native_heap", 7, 100, 1, False),
+        ("kernel_slab", 7, 200, 2, True),
+        ("kernel_slab", 7, 100, 1, False),
         ("kernel_slab", 8, 10, 1, False),
     ]
 
@@ -74,10 +75,10 @@ def test_grouping_sorting_top_and_null_stacks():
     result = leaks_of(rows, end_ns=10 * S)
     assert summary(result) == [
         ("kernel_page", 1, 1000, 1, False),
-        ("native_heap", None, 60, 3, False),
-        ("native_heap", 1, 30, 3, False),
-        ("native_heap", 2, 30, 2, False),
-        ("native_heap", 3, 30, 1, False),
+        ("kernel_slab", None, 60, 3, False),
+        ("kernel_slab", 1, 30, 3, False),
+        ("kernel_slab", 2, 30, 2, False),
+        ("kernel_slab", 3, 30, 1, False),
     ]
     assert summary(leaks_of(rows, end_ns=10 * S, top=2)) == summary(result)[:2]
     assert [f.layer for f in leaks_of(rows, end_ns=10 * S, layers=["kernel_page"]).findings] == ["kernel_page"]
@@ -86,7 +87,7 @@ def test_grouping_sorting_top_and_null_stacks():
 def test_first_last_and_growth():
     result = leaks_of([(2 * S, "alloc", 0xA0, 1000, 1), (6 * S, "alloc", 0xB0, 1000, 1)], end_ns=12 * S)
     (finding,) = result.findings
-    assert finding == LeakFinding(layer="native_heap", stack_id=1, live_bytes=2000, live_count=2,
+    assert finding == LeakFinding(layer="kernel_slab", stack_id=1, live_bytes=2000, live_count=2,
                                   first_ns=2 * S, last_ns=6 * S, growth_bytes_per_s=200.0, released_at_exit=False)
     zero_span = leaks_of([(2 * S, "alloc", 0xA0, 1000, 1)], end_ns=2 * S, min_age_ns=0)
     assert zero_span.findings[0].growth_bytes_per_s == 0.0
@@ -159,7 +160,7 @@ def test_json_keys_and_types():
     first, second = doc["findings"]
     assert set(first) == {"layer", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
                           "released_at_exit", "confirmed", "chain_missed_frees", "stack"}
-    assert (first["layer"], first["live_bytes"], first["live_count"]) == ("native_heap", 23 * 4096, 23)
+    assert (first["layer"], first["live_bytes"], first["live_count"]) == ("kernel_slab", 23 * 4096, 23)
     assert type(first["growth_bytes_per_s"]) is float and type(first["released_at_exit"]) is bool
     assert all(type(first[k]) is int for k in ("live_bytes", "live_count", "first_ns", "last_ns"))
     assert first["stack"][0] == {"kind": "kernel", "function": "alloc_pipe_info+0x3f", "module": "vmlinux",
@@ -199,7 +200,7 @@ def test_table_cuts_long_chains():
 def test_table_warns_about_loss_in_plain_words():
     result, chains = _result_with_chain()
     result.unconfirmed_frees["kernel_slab"] = 12
-    result.missed_frees["native_heap"] = 2
+    result.missed_frees["kernel_slab"] = 2
     text = render(result, chains, lost_events=5, notes=["stacks sampled 1 in 4 [see meta]"])
     assert "5 events were lost while recording" in text
     assert "12 frees were skipped by the kernel while recording (kernel_slab); up to 12 of the allocations " \
@@ -212,6 +213,16 @@ def test_table_when_nothing_leaked():
     result = leaks_of([(1 * S, "alloc", 0xA0, 1, 1), (2 * S, "free", 0xA0)], end_ns=10 * S)
     text = render(result, {})
     assert "No leaks: nothing older than 500ms was live at the end." in text
+
+
+def test_process_memory_live_at_its_exit_is_released_by_it():
+    """User-space layers get no free when a process exits: the kernel takes the memory back
+    whole. Live at a recorded exit = released at exit; without an exit, still live."""
+    rows = [(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xB0, 50, 2)]
+    exited = leaks_of(rows, end_ns=10 * S, recording_end_ns=11 * S, layer="torch_cpu")
+    assert summary(exited) == [("torch_cpu", 1, 100, 1, True), ("torch_cpu", 2, 50, 1, True)]
+    attached = leaks_of(rows, end_ns=10 * S, recording_end_ns=10 * S, layer="native_heap")
+    assert [f.released_at_exit for f in attached.findings] == [False, False]
 
 
 def test_a_chain_with_frees_gone_unseen_is_unconfirmed():

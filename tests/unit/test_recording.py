@@ -91,7 +91,7 @@ def test_event_dtypes_match_the_contract_also_when_empty(tmp_path):
         assert dtypes == {
             "ts_ns": "int64", "seq": "int64", "layer": "category", "action": "category", "addr": "uint64",
             "size_bytes": "Int64", "requested_bytes": "Int64", "device": "category", "pid": "int32",
-            "tid": "int32", "stack_id": "Int64", "alloc_id": "Int64", "step": "Int32", "category": "category",
+            "tid": "int32", "stack_id": "Int64", "alloc_id": "Int64", "step": "Int32", "category": "category", "weight": "float64",
         }
     assert len(empty) == 0
     assert list(full["layer"].cat.categories[:2]) == ["cuda_block", "cuda_segment"]  # every known layer

@@ -5,7 +5,7 @@ from pathlib import Path
 from memprof.sources import records as R
 
 HEADER = (Path(__file__).resolve().parents[2] / "bpf" / "memprof.h").read_text()
-_SIZES = {"__u64": 8, "__s64": 8, "__u32": 4, "__s32": 4, "__u16": 2, "__u8": 1}
+_SIZES = {"__u64": 8, "__s64": 8, "__u32": 4, "__s32": 4, "__u16": 2, "__u8": 1, "__s8": 1}
 
 
 def _c_fields():

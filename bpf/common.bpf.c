@@ -1,0 +1,164 @@
+/* Maps and helpers shared by every memprof probe family: one ring buffer, one stack map,
+ * the process filter, the address filter, counters. The first part of the program text
+ * (memprof/sources/ebpf.py joins the parts: bcc rewrites map calls such as
+ * `events.ringbuf_reserve()` only in the text it is given, not in #included files).
+ *
+ * Constants (-D, from memprof/sources/ebpf.py):
+ *   RINGBUF_PAGES         ring buffer size in pages (power of two)
+ *   STACK_ENTRIES         buckets in the stack map
+ *   TRACKED_WORDS         u64 words of the tgid bitmap (pid_max / 64 + 1)
+ *   ADDR_BITS_LOG2        log2 of the bits in the allocated-address filter
+ */
+#include <uapi/linux/ptrace.h>
+#include "memprof.h"
+
+/* Where an allocation comes from, cheaply: the kernel call site, plus the user stack
+ * pointer at syscall entry — enough to keep two user paths into one kernel call site apart
+ * without unwinding. */
+struct site_key {
+    u64 call_site;
+    u64 user_sp;
+    u32 tgid;
+    u32 layer;
+};
+
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_STACK_TRACE(stacks, STACK_ENTRIES);
+BPF_ARRAY(tracked, u64, TRACKED_WORDS);
+BPF_ARRAY(addr_filter, u64, (1 << ADDR_BITS_LOG2) / 64);
+BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
+BPF_HASH(site_stacks, struct site_key, u64, 16384);
+
+static __always_inline void count(u32 slot)
+{
+    u64 *c = counters.lookup(&slot);
+    if (c)
+        (*c)++;
+}
+
+/* Bit for a tgid in the tracked bitmap; array lookups are inlined by the verifier. */
+static __always_inline u64 *tracked_word(u32 tgid, u64 *bit)
+{
+    u32 idx = tgid >> 6;
+    *bit = 1ULL << (tgid & 63);
+    return tracked.lookup(&idx);
+}
+
+static __always_inline int is_tracked(u32 tgid)
+{
+    u64 bit;
+    u64 *w = tracked_word(tgid, &bit);
+    return w && (*w & bit);
+}
+
+static __always_inline void set_tracked(u32 tgid, int on)
+{
+    u64 bit;
+    u64 *w = tracked_word(tgid, &bit);
+    if (!w)
+        return;
+    if (on)
+        __sync_fetch_and_or(w, bit);
+    else
+        __sync_fetch_and_and(w, ~bit);
+}
+
+/* The address filter remembers every address the target was handed (multiplicative hash
+ * into a bitmap, never cleared: collisions only let extra frees through, which user space
+ * drops as unmatched). Frees happen in any context — RCU callbacks, kworkers — so they cannot
+ * be filtered by process; this keeps unrelated frees out of the ring buffer. */
+static __always_inline u64 *addr_word(u64 addr, u64 *bit)
+{
+    u64 h = (addr * 0x9E3779B97F4A7C15ULL) >> (64 - ADDR_BITS_LOG2);
+    u32 idx = h >> 6;
+    *bit = 1ULL << (h & 63);
+    return addr_filter.lookup(&idx);
+}
+
+static __always_inline void remember_addr(u64 addr)
+{
+    u64 bit;
+    u64 *w = addr_word(addr, &bit);
+    if (w && !(*w & bit))
+        __sync_fetch_and_or(w, bit);
+}
+
+static __always_inline int maybe_ours(u64 addr)
+{
+    u64 bit;
+    u64 *w = addr_word(addr, &bit);
+    return w && (*w & bit);
+}
+
+static __always_inline struct mp_event *reserve(u8 kind)
+{
+    struct mp_event *e = events.ringbuf_reserve(sizeof(struct mp_event));
+    if (!e) {
+        count(MP_CNT_RINGBUF_FULL);
+        return 0;
+    }
+    u64 id = bpf_get_current_pid_tgid();
+    e->ts_ns = bpf_ktime_get_ns();
+    e->pid = id >> 32;
+    e->tid = (u32)id;
+    e->kind = kind;
+    e->layer = 0;
+    e->flags = 0;
+    e->device = -1;
+    e->call_site = 0;
+    e->size = 0;
+    e->requested = 0;
+    e->kstack_id = -1;
+    e->ustack_id = -1;
+    return e;
+}
+
+/* Wake-ups are left to user space, which polls on a timer: a wake-up per record would
+ * cost an irq_work per event. */
+static __always_inline void submit(struct mp_event *e)
+{
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+/* Stacks are expensive (an unwind per event); take them for one allocation in
+ * (MASK + 1), and for the first allocation of each call site; the others inherit the latest
+ * stacks taken at their call site in the same process. */
+/* The task's user stack pointer at kernel entry: one kernel read, no unwinding, no user
+ * memory access. A loop reaching one syscall through one call path does so at one stack
+ * depth, two paths (a helper and its caller) at two — with or without frame pointers. */
+static __always_inline u64 task_user_sp(void)
+{
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 sp = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
+    return sp;
+}
+
+static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask)
+{
+    struct site_key key = {.call_site = e->call_site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
+    u32 slot = MP_CNT_SAMPLE_TICK;
+    u64 *tick = counters.lookup(&slot);
+    int sample = 1;
+    if (tick) {
+        sample = (*tick & mask) == 0;
+        (*tick)++;
+    }
+    if (!sample) {
+        u64 *cached = site_stacks.lookup(&key);
+        if (cached) {
+            e->kstack_id = (s32)(*cached >> 32);
+            e->ustack_id = (s32)(u32)*cached;
+            return;
+        }
+    }
+    e->kstack_id = stacks.get_stackid(ctx, 0);
+    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e->flags |= MP_FLAG_STACK_SAMPLED;
+    if (e->kstack_id < 0)
+        count(MP_CNT_STACK_FAIL);
+    u64 packed = ((u64)(u32)e->kstack_id << 32) | (u32)e->ustack_id;
+    if (site_stacks.update(&key, &packed) < 0)
+        count(MP_CNT_SITE_FULL);
+}
+

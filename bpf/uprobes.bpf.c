@@ -1,0 +1,187 @@
+/* memprof user-space allocator probes: uprobes (entry) and uretprobes (return) on the
+ * PyTorch CPU allocator, the CUDA driver and the libc heap. A part of the program text;
+ * uses the maps and helpers of common.bpf.c.
+ *
+ * Constants:
+ *   NATIVE_SAMPLE_BYTES  0 = every libc allocation; N = each taken with probability
+ *                        min(1, size/N) (user space weights a sampled one by max(1, N/size))
+ *
+ * An allocation is seen twice: at entry (its size, where the result will be written) and
+ * at return (the address). The entry parks what it knows per thread *and layer*: layers nest
+ * (c10::alloc_cpu calls posix_memalign, cuMemAllocHost calls malloc), and each must find its
+ * own parked call at its return. A nested call of the same layer (glibc's malloc calling
+ * mmap) is not recorded: the outer one is. */
+
+struct parked {
+    u64 size;
+    u64 out_ptr;      /* where the callee writes the address (CUDA, posix_memalign); 0: return value */
+    u64 pitch_ptr;    /* cuMemAllocPitch: size = *pitch_ptr * size */
+    u64 old_ptr;      /* realloc: the block being replaced */
+    u8 flags;
+    s8 device;
+    u8 status_rc;     /* 1: the return value is a status (0 = success), the address is at out_ptr */
+    u8 free_only;     /* realloc not sampled: record the old block's free, not the new block */
+    u32 pad;
+};
+
+BPF_HASH(parked_calls, u64, struct parked, 16384);
+
+/* Thread id and layer in one key: pid_tgid's tid and tgid fit in 22 bits each. */
+static __always_inline u64 park_key(u8 layer)
+{
+    return bpf_get_current_pid_tgid() ^ ((u64)layer << 59);
+}
+
+static __always_inline struct parked *park(u8 layer, u64 size, u64 out_ptr, u8 status_rc, u8 flags, s8 device)
+{
+    if (!is_tracked(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    u64 key = park_key(layer);
+    if (parked_calls.lookup(&key))
+        return 0; /* nested inside an allocator call of the same layer */
+    struct parked p = {.size = size, .out_ptr = out_ptr, .flags = flags, .device = device, .status_rc = status_rc};
+    parked_calls.update(&key, &p);
+    return parked_calls.lookup(&key);
+}
+
+/* libc: take a native allocation with probability min(1, size / NATIVE_SAMPLE_BYTES). */
+static __always_inline int native_sampled(u64 size)
+{
+#if NATIVE_SAMPLE_BYTES > 0
+    if (size < NATIVE_SAMPLE_BYTES)
+        return ((u64)bpf_get_prandom_u32() * NATIVE_SAMPLE_BYTES) < (size << 32);
+#endif
+    return 1;
+}
+
+static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, struct parked *p, u64 addr, u64 size)
+{
+    struct mp_event *e = reserve(MP_USER_ALLOC);
+    if (!e)
+        return;
+    e->addr = addr;
+    e->size = size;
+    e->layer = layer;
+    e->flags = p->flags | MP_FLAG_STACK_SAMPLED;
+    e->device = p->device;
+    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    remember_addr(addr ^ layer);
+    submit(e);
+}
+
+static __always_inline void emit_user_free(u8 layer, u64 addr, u8 flags)
+{
+    if (!addr || !maybe_ours(addr ^ layer))
+        return;
+    struct mp_event *e = reserve(MP_USER_FREE);
+    if (!e)
+        return;
+    e->addr = addr;
+    e->layer = layer;
+    e->flags = flags;
+    submit(e);
+}
+
+static __always_inline int on_free_call(u8 layer, u64 addr, u8 flags)
+{
+    if (is_tracked(bpf_get_current_pid_tgid() >> 32))
+        emit_user_free(layer, addr, flags);
+    return 0;
+}
+
+static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
+{
+    u64 key = park_key(layer);
+    struct parked *pp = parked_calls.lookup(&key);
+    if (!pp)
+        return 0;
+    struct parked p = *pp;
+    parked_calls.delete(&key);
+    u64 rc = PT_REGS_RC(ctx);
+    u64 addr = rc, size = p.size;
+    if (p.status_rc) {
+        if (rc != 0)
+            return 0; /* failed: nothing allocated */
+        addr = 0;
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)p.out_ptr);
+    }
+    if (p.pitch_ptr) {
+        u64 pitch = 0;
+        bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p.pitch_ptr);
+        size = pitch * p.size;
+    }
+    if (!addr || addr == (u64)-1) /* NULL, or MAP_FAILED: nothing changed */
+        return 0;
+    if (p.old_ptr)
+        emit_user_free(layer, p.old_ptr, 0); /* realloc: the old block is gone (or is the new one) */
+    if (!p.free_only)
+        emit_user_alloc(ctx, layer, &p, addr, size);
+    return 0;
+}
+
+int mp_torch_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_TORCH_CPU); }
+int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVER); }
+int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
+
+/* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
+int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
+int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
+
+/* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ---- */
+#define CUDA_PARK(size, flags, device) \
+    park(MP_LAYER_CUDA_DRIVER, (size), PT_REGS_PARM1(ctx), 1, (flags), (device))
+
+int mp_cu_mem_alloc(struct pt_regs *ctx)          /* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
+{ CUDA_PARK(PT_REGS_PARM2(ctx), 0, -1); return 0; }
+int mp_cu_mem_alloc_async(struct pt_regs *ctx)    /* cuMemAllocAsync(dptr*, bytesize, stream) */
+{ CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_ASYNC, -1); return 0; }
+int mp_cu_mem_alloc_managed(struct pt_regs *ctx)  /* cuMemAllocManaged(dptr*, bytesize, flags) */
+{ CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_MANAGED, -1); return 0; }
+int mp_cu_mem_alloc_host(struct pt_regs *ctx)     /* cuMemAllocHost_v2(void **pp, bytesize) */
+{ CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_HOST, -1); return 0; }
+int mp_cu_mem_host_alloc(struct pt_regs *ctx)     /* cuMemHostAlloc(void **pp, bytesize, flags) */
+{ CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_HOST, -1); return 0; }
+int mp_cu_mem_alloc_pitch(struct pt_regs *ctx)    /* cuMemAllocPitch_v2(dptr*, size_t *pPitch, width, height, elem) */
+{
+    struct parked *p = CUDA_PARK(PT_REGS_PARM4(ctx), 0, -1);
+    if (p)
+        p->pitch_ptr = PT_REGS_PARM2(ctx);
+    return 0;
+}
+int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, const CUmemAllocationProp *prop, flags) */
+{
+    /* prop->location.id: CUmemAllocationProp { type, requestedHandleTypes, location {type, id}, … } */
+    s32 device = -1;
+    bpf_probe_read_user(&device, sizeof(device), (void *)(PT_REGS_PARM3(ctx) + 12));
+    CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_PHYSICAL, (s8)device);
+    return 0;
+}
+/* cuMemFree_v2(dptr), cuMemFreeAsync(dptr, stream), cuMemRelease(handle); cuMemFreeHost(p) */
+int mp_cu_mem_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), 0); }
+int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), MP_FLAG_HOST); }
+
+/* ---- libc heap ---- */
+static __always_inline int native_park(u64 size, u64 out_ptr, u8 status_rc)
+{
+    if (native_sampled(size))
+        park(MP_LAYER_NATIVE, size, out_ptr, status_rc, 0, -1);
+    return 0;
+}
+int mp_malloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx), 0, 0); }
+int mp_calloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0, 0); }
+int mp_valloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx), 0, 0); }
+int mp_memalign(struct pt_regs *ctx) { return native_park(PT_REGS_PARM2(ctx), 0, 0); }   /* memalign/aligned_alloc(align, size) */
+int mp_posix_memalign(struct pt_regs *ctx) { return native_park(PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx), 1); }
+int mp_mmap(struct pt_regs *ctx) { return native_park(PT_REGS_PARM2(ctx), 0, 0); }       /* mmap(addr, len, …) */
+int mp_realloc(struct pt_regs *ctx)                                                      /* realloc(ptr, size) */
+{
+    /* Parked even when not sampled, so that the old block's free is seen. */
+    u64 size = PT_REGS_PARM2(ctx);
+    struct parked *p = park(MP_LAYER_NATIVE, size, 0, 0, 0, -1);
+    if (p) {
+        p->old_ptr = PT_REGS_PARM1(ctx);
+        p->free_only = !native_sampled(size);
+    }
+    return 0;
+}
+int mp_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }

@@ -1,0 +1,62 @@
+"""train: the PyTorch CPU training loop of torch_leak.py without the leak (nothing outlives
+its step), for overhead benchmarks and as the no-leak baseline.
+
+usage: train.py [--steps N] [--start-wait MS] [--hold MS]
+prints "pid=N", then "loop_s=<seconds of the loop only>" and "steps=N"
+"""
+import argparse
+import os
+import time
+
+import torch
+from torch import nn
+
+BATCH, IN, HIDDEN, CLASSES = 64, 512, 512, 10
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(IN, HIDDEN)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(HIDDEN, CLASSES)
+
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    hidden = model.fc1(x)
+    logits = model.fc2(model.relu(hidden))
+    loss = nn.functional.cross_entropy(logits, y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--start-wait", type=int, default=300, metavar="MS")
+    parser.add_argument("--hold", type=int, default=800, metavar="MS")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    print(f"pid={os.getpid()}", flush=True)
+    time.sleep(args.start_wait / 1000)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        x = torch.randn(BATCH, IN)
+        y = torch.randint(0, CLASSES, (BATCH,))
+        train_step(model, optimizer, x, y)
+    loop_s = time.perf_counter() - t0
+
+    print(f"loop_s={loop_s:.6f}")
+    print(f"steps={args.steps}", flush=True)
+    time.sleep(args.hold / 1000)
+
+
+if __name__ == "__main__":
+    main()

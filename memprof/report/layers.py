@@ -1,0 +1,143 @@
+"""Renderers of the per-layer summary (memprof.analysis.layers): JSON and the terminal. Render only."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from memprof.units import format_bytes, format_duration_ns
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memprof.analysis.layers import ChainBytes, LayerStats, LayerSummary, MetricStats
+
+CHAIN_FRAMES = 3
+_FRAME_KEYS = ("kind", "function", "module", "file", "line")
+# Frames inside an allocator, skipped when a chain is shown in one line so that it names the
+# code that asked for memory: libc's malloc family, C++ operator new, the kernel's slab and
+# page allocators, c10's CPU allocator, the CUDA driver/runtime allocators, CPython's own.
+_ALLOCATOR = re.compile(r"""^(?:
+    (?:__libc_|_int_|__)?(?:malloc|calloc|realloc|reallocarray|memalign|posix_memalign|aligned_alloc|valloc|pvalloc)\w*
+  | operator\ new.* | _Zn[wa]\w*
+  | _*kmalloc\w* | _*kmem_cache_alloc\w* | _*slab_alloc\w* | _*kvmalloc\w* | _*vmalloc\w*
+  | _*alloc_pages\w* | _*folio_alloc\w* | __get_free_pages | get_page_from_freelist | rmqueue\w*
+  | c10::alloc_cpu | c10::(?:\w+::)*\w*Allocator\w*::.+
+  | cuMem\w+ | cudaMalloc\w*
+  | _?PyMem_\w+ | _?PyObject_(?:Malloc|Calloc|Realloc)\w* | pymalloc_\w+
+)$""", re.VERBOSE)
+_OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")  # kernel symbols come as "kmalloc_trace+0x2f"
+
+
+def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path) -> dict:
+    """JSON-ready dict: recording, layers (each with top_chains and their stacks, innermost
+    frame first) and metrics. Times are CLOCK_MONOTONIC ns, sizes bytes."""
+    return {
+        "recording": str(recording_path),
+        "layers": [_layer_json(stats, chains) for stats in summary.layers],
+        "metrics": [_metric_json(m) for m in summary.metrics],
+    }
+
+
+def _layer_json(stats: LayerStats, chains: dict[int, list[dict]]) -> dict[str, Any]:
+    return {
+        "layer": stats.layer,
+        "peak_bytes": int(stats.peak_bytes),
+        "peak_ns": int(stats.peak_ns),
+        "final_bytes": int(stats.final_bytes),
+        "alloc_count": int(stats.alloc_count),
+        "top_chains": [{
+            "stack_id": chain.stack_id,
+            "live_bytes": int(chain.live_bytes),
+            "live_count": int(chain.live_count),
+            "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _frames(chain, chains)],
+        } for chain in stats.top_chains],
+    }
+
+
+def _metric_json(metric: MetricStats) -> dict[str, Any]:
+    return {"metric": metric.metric, "device": metric.device, "peak": float(metric.peak),
+            "peak_ns": int(metric.peak_ns), "final": float(metric.final)}
+
+
+def render_layers_table(summary: LayerSummary, chains: dict[int, list[dict]], console: Console, *,
+                        start_ns: int) -> None:
+    """Print one table per layer (peak, when, final, allocations), each followed by the chains
+    that held the most at its peak, then one table of the sampled metrics. Times are shown
+    relative to `start_ns` (recording start)."""
+    out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
+    if not summary.layers:
+        out("No allocations recorded.")
+    for stats in summary.layers:
+        console.print(_layer_table(stats, start_ns))
+        for line in _chain_lines(stats.top_chains, chains):
+            out(line, no_wrap=True, overflow="ellipsis")
+        out("")
+    if summary.metrics:
+        console.print(_metrics_table(summary.metrics, start_ns))
+
+
+def _layer_table(stats: LayerStats, start_ns: int) -> Table:
+    table = Table(title=f"[bold]{escape(stats.layer)}[/]", title_justify="left", highlight=False)
+    for name in ("peak", "at", "final", "allocations"):
+        table.add_column(name, justify="right")
+    table.add_row(format_bytes(stats.peak_bytes), _relative(stats.peak_ns, start_ns),
+                  format_bytes(stats.final_bytes), f"{stats.alloc_count:,}")
+    return table
+
+
+def _chain_lines(top: list[ChainBytes], chains: dict[int, list[dict]]) -> list[str]:
+    if not top:
+        return []
+    lines = ["  held most at the peak:"]
+    for index, chain in enumerate(top, 1):
+        count = f"{chain.live_count:,} allocation{'s' if chain.live_count != 1 else ''}"
+        lines.append(f"  {index}. {format_bytes(chain.live_bytes)} in {count}  {_one_line(_frames(chain, chains))}")
+    return lines
+
+
+def _one_line(frames: list[dict]) -> str:
+    """The innermost CHAIN_FRAMES callers outside the allocators, 'fn ← fn ← fn'; escaped.
+    A chain made only of allocator frames shows its innermost ones."""
+    if not frames:
+        return "(no stack recorded)"
+    names = [_function(frame) for frame in frames]
+    callers = [name for name, frame in zip(names, frames) if not _in_allocator(name, frame)] or names
+    shown = " ← ".join(escape(name) for name in callers[:CHAIN_FRAMES])
+    return shown + (" ← …" if len(callers) > CHAIN_FRAMES else "")
+
+
+def _function(frame: dict) -> str:
+    return _OFFSET.sub("", frame.get("function") or "??")
+
+
+def _in_allocator(name: str, frame: dict) -> bool:
+    """Native or kernel frame of an allocator (C++ arguments ignored); Python frames never are."""
+    return frame.get("kind") != "python" and bool(_ALLOCATOR.match(name.split("(", 1)[0].strip()))
+
+
+def _metrics_table(metrics: list[MetricStats], start_ns: int) -> Table:
+    table = Table(title="[bold]samples[/]", title_justify="left", highlight=False)
+    for name, justify in (("metric", "left"), ("device", "left"), ("peak", "right"), ("at", "right"),
+                          ("final", "right")):
+        table.add_column(name, justify=justify)
+    for m in metrics:
+        table.add_row(escape(m.metric), escape(m.device), _value(m.metric, m.peak),
+                      _relative(m.peak_ns, start_ns), _value(m.metric, m.final))
+    return table
+
+
+def _value(metric: str, value: float) -> str:
+    """Bytes in binary units for `*_bytes` metrics; other metrics as plain numbers."""
+    return format_bytes(value) if metric.endswith("_bytes") else f"{value:g}"
+
+
+def _frames(chain: ChainBytes, chains: dict[int, list[dict]]) -> list[dict]:
+    return [] if chain.stack_id is None else chains.get(chain.stack_id, [])
+
+
+def _relative(ns: int, start_ns: int) -> str:
+    delta = ns - start_ns
+    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))

@@ -1,0 +1,406 @@
+"""The eBPF source: one BPF object (bpf/memprof.bpf.c) with the kernel probe family (kmem
+tracepoints) and the user-space allocator families (uprobes on libc10, libcuda, libc),
+sharing one ring buffer, one stack map and one process filter. Records are decoded in bulk
+into event-table columns; stacks are interned and symbolized at each flush."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+
+from memprof.errors import SourceUnavailableError
+from memprof.model import Action, Layer, SourceStats
+from memprof.model.schema import Mark
+from memprof.sources import kmem as K
+from memprof.sources import records as R
+from memprof.sources import uprobes as U
+from memprof.sources.bpfinfo import prog_stats
+from memprof.sources.procs import ProcessTable
+from memprof.sources.ringbuf import RingBufferConsumer
+from memprof.sources.stacks import StackInterner
+from memprof.sources.symbolize import KernelSymbols
+
+DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
+ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
+
+
+@dataclass
+class EbpfOptions:
+    """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
+    to processes that map libc10 / libcuda. `native_sample_bytes` 0 = every libc allocation."""
+
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
+    native_sample_bytes: int = 0
+    allocator_prefix: str = ""
+    ringbuf_bytes: int = 128 << 20
+    stack_entries: int = 32768
+    addr_filter_bits_log2: int = 26
+
+
+@dataclass
+class EventBatch:
+    """Decoded memory events as columns of the events table (no `seq`: the session adds it)."""
+
+    columns: dict
+    rows: int
+
+
+def bpf_source_dir() -> str:
+    return str(resources.files("memprof.bpf"))
+
+
+def program_text(src_dir: str, *, kmem: bool) -> str:
+    """The BPF program: its parts joined in order (see bpf/common.bpf.c for why)."""
+    parts = ["common.bpf.c", *(["kmem.bpf.c"] if kmem else []), "uprobes.bpf.c", "memprof.bpf.c"]
+    texts = []
+    for name in parts:
+        with open(os.path.join(src_dir, name)) as f:
+            texts.append(f"#line 1 \"{name}\"\n" + f.read())
+    return "\n".join(texts)
+
+
+class EbpfSource:
+    """Compile, attach, poll and account for every eBPF probe family.
+    Use: start(pids) → poll()… (periodic() about once a second) → stop()."""
+
+    name = "ebpf"
+
+    def __init__(self, options: EbpfOptions | None = None, command_path: str | None = None):
+        self.options = options or EbpfOptions()
+        self.command_path = command_path
+        self.processes = ProcessTable()
+        self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
+                                 detail={"families": list(self.options.families)})
+        self.exit_marks: dict[int, tuple[int, int]] = {}  # tgid -> (ts_ns, why)
+        self._bpf = None
+        self._ring: RingBufferConsumer | None = None
+        self._stacks: StackInterner | None = None
+        self._attached: list[tuple[str, str]] = []
+        self._link_fds: list[int] = []
+        self._probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
+        self._finalize_probes: set[str] = set()
+
+    def enabled(self, family: str) -> bool:
+        return family in self.options.families
+
+    # ---- start ----
+    def start(self, pids: list[int]) -> None:
+        """Compile, attach, and begin following `pids` and their future descendants."""
+        self._bpf = self._compile()
+        if self.enabled("kmem"):
+            self._attach_tracepoints()
+        self._attach_known_libraries()
+        self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
+        # kallsyms is read at the first flush, not here: the command waits for start() to return.
+        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load)
+        for pid in pids:
+            self.track(pid)
+
+    def track(self, pid: int) -> None:
+        table = self._bpf["tracked"]
+        key = ctypes.c_int(pid >> 6)
+        table[key] = ctypes.c_ulonglong(table[key].value | (1 << (pid & 63)))
+        self.processes.add(pid, None, None)
+        self._refresh_processes(only_stale=True)
+
+    def _compile(self):
+        try:
+            from bcc import BPF
+        except ImportError as e:
+            raise SourceUnavailableError("bcc is not importable", "install python3-bpfcc (make setup), and run memprof from a Python that sees it") from e
+        if self.enabled("kmem") and K.tracefs_root() is None:
+            raise SourceUnavailableError("tracefs is not mounted (no kmem tracepoints found)", "mount -t tracefs nodev /sys/kernel/tracing")
+        src_dir = bpf_source_dir()
+        text = program_text(src_dir, kmem=self.enabled("kmem"))
+        cflags = [f"-I{src_dir}", *self._cflags()]
+        with _captured_stderr() as diagnostics:
+            try:
+                return BPF(text=text, cflags=cflags)
+            except Exception as e:  # bcc raises bare Exception on compile failure
+                failure = e
+        first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))
+        raise SourceUnavailableError(f"could not compile the eBPF probes: {first_error}",
+                                     "run `memprof doctor`: bcc needs kernel headers at /lib/modules/$(uname -r)/build")
+
+    def _cflags(self) -> list[str]:
+        o = self.options
+        pid_max = int(open("/proc/sys/kernel/pid_max").read())
+        flags = [
+            f"-DRINGBUF_PAGES={o.ringbuf_bytes // mmap.PAGESIZE}",
+            f"-DSTACK_ENTRIES={o.stack_entries}",
+            f"-DTRACKED_WORDS={pid_max // 64 + 1}",
+            f"-DADDR_BITS_LOG2={o.addr_filter_bits_log2}",
+            f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
+        ]
+        if K.tracepoint_has_field("sched", "sched_process_exit", "group_dead"):
+            flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
+        if self.enabled("kmem"):
+            flags += K.kmem_cflags(o.kmem)
+        return flags
+
+    def _attach_tracepoints(self) -> None:
+        # bcc's attach_raw_tracepoint allows one program per tracepoint; the free
+        # tracepoints take two (main + backup), so attach through libbcc directly.
+        from bcc.libbcc import lib
+        for tp, fn in K.plan_attach():
+            prog = self._bpf.load_func(fn, self._bpf.RAW_TRACEPOINT)
+            fd = lib.bpf_attach_raw_tracepoint(prog.fd, tp.encode())
+            if fd < 0:
+                raise SourceUnavailableError(f"could not attach to tracepoint kmem:{tp} (error {-fd})", "run `memprof doctor`")
+            self._attached.append((tp, fn))
+            self._link_fds.append(fd)
+        self.stats.detail["tracepoints"] = sorted({tp for tp, _ in self._attached})
+
+    # ---- user-space allocators ----
+    def _families(self) -> dict[str, U.Family]:
+        fams = {name: fam for name, fam in U.FAMILIES.items() if self.enabled(name)}
+        if self.enabled("native"):
+            fams["native"] = U.native_family(self.options.allocator_prefix)
+        return fams
+
+    def _attach_known_libraries(self) -> None:
+        """Probe the libraries we can find before the command starts."""
+        known = U.find_known_libraries(self.command_path)
+        if self.enabled("native"):
+            known["native"] = U.libc_paths()
+        for name, paths in known.items():
+            if self.enabled(name):
+                for path in paths:
+                    self._probe_library(path, name)
+
+    def _probe_library(self, path: str, family_name: str) -> None:
+        """Uprobes of one family on one library file (once). Missing optional symbols are
+        skipped; a library lacking a required one is noted in meta.json."""
+        key = (os.path.realpath(path), family_name)
+        if key in self._probed:
+            return
+        self._probed.add(key)
+        family = self._families()[family_name]
+        attached, missing = [], []
+        for probe in family.probes:
+            try:
+                self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, fn_name=probe.program)
+                if probe.return_program:
+                    self._bpf.attach_uretprobe(name=key[0], sym=probe.symbol, fn_name=probe.return_program)
+                attached.append(probe.symbol)
+            except Exception:
+                missing.append(probe.symbol)
+        libs = self.stats.detail.setdefault("uprobes", {})
+        libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": len(attached),
+                        "missing": [m for m in missing if not _optional(family, m)]}
+
+    def _probe_new_mappings(self, maps) -> None:
+        for m in maps:
+            if not m.path or not m.path.startswith("/"):
+                continue
+            family = U.family_of_mapping(m.path)
+            if family and self.enabled(family):
+                self._probe_library(m.path, family)
+            elif self.enabled("native") and U.is_native_library(m.path, self.options.allocator_prefix):
+                self._probe_library(m.path, "native")
+        for path in {m.path for m in maps if m.path and _is_python(m.path)}:
+            self._probe_finalize(path)
+
+    def _probe_finalize(self, path: str) -> None:
+        """Python targets: a uprobe on Py_FinalizeEx marks the start of interpreter teardown."""
+        if path in self._finalize_probes:
+            return
+        self._finalize_probes.add(path)
+        try:
+            self._bpf.attach_uprobe(name=path, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
+        except Exception:
+            pass  # no such symbol in this file (e.g. python linked against libpython)
+
+    # ---- polling ----
+    def poll(self) -> EventBatch | None:
+        """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
+        recs = self._ring.drain()
+        if recs.size == 0:
+            return None
+        self.stats.events += int(recs.size)
+        self._apply_lifecycle(recs)
+        return self._decode_memory(recs)
+
+    def _apply_lifecycle(self, recs: np.ndarray) -> None:
+        kinds = recs["kind"]
+        for r in recs[kinds >= R.PROC_FORK]:  # rare: one Python step each is fine
+            kind, pid, ts = int(r["kind"]), int(r["pid"]), int(r["ts_ns"])
+            if kind == R.PROC_FORK:
+                self.processes.add(pid, int(r["tid"]), ts)
+            elif kind == R.PROC_EXEC:
+                self.processes.exec_(pid)
+            elif kind == R.PROC_EXIT:
+                self.processes.exit_(pid, ts)
+            elif kind == R.EXIT_MARK and pid not in self.exit_marks:
+                self.exit_marks[pid] = (ts, int(r["requested"]))
+        if (kinds == R.PROC_EXEC).any() or (kinds == R.PROC_FORK).any():
+            self._refresh_processes(only_stale=True)
+
+    def _decode_memory(self, recs: np.ndarray) -> EventBatch:
+        """Columns of the events table, built with array operations only."""
+        kinds = recs["kind"]
+        mem = recs[(kinds <= R.USER_FREE) | (kinds == R.EXIT_MARK)]
+        k, layer, flags = mem["kind"], mem["layer"], mem["flags"]
+        is_alloc = np.isin(k, R.ALLOC_KINDS)
+        is_mark = k == R.EXIT_MARK
+        size = mem["size"].astype(np.int64)
+        requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
+        stack_ids = np.zeros(mem.size, dtype=np.int64)
+        stack_ids[is_alloc] = self._stacks.intern(
+            mem["kstack_id"][is_alloc], mem["ustack_id"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc])
+        is_device = (layer == R.LAYER_CODES.index(Layer.CUDA_DRIVER.value)) & ((flags & R.FLAG_HOST) == 0) & ~is_mark
+        columns = {
+            "ts_ns": mem["ts_ns"].astype(np.int64),
+            "layer": _categorical(np.where(is_mark, -1, _LAYER_INDEX[layer]).astype(np.int8), LAYER_NAMES),
+            "action": _categorical(_KIND_ACTION[k], ACTION_NAMES),
+            "addr": mem["addr"],
+            "size_bytes": _masked(size, (~is_alloc & (size == 0)) | is_mark),
+            "requested_bytes": _masked(requested, ~is_alloc),
+            "device": _categorical(is_device.astype(np.int8), DEVICE_NAMES),
+            "pid": mem["pid"].astype(np.int32),
+            "tid": mem["tid"].astype(np.int32),
+            "stack_id": _masked(stack_ids, ~is_alloc),
+            "category": _categorical(np.where(is_mark, 0, -1).astype(np.int8), [Mark.EXIT.value]),
+            "weight": self._weights(is_alloc, layer, size),
+        }
+        return EventBatch(columns, int(mem.size))
+
+    def _weights(self, is_alloc: np.ndarray, layer: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Sampled libc allocations stand for max(1, N/size) allocations; others: null (1)."""
+        n = self.options.native_sample_bytes
+        weight = np.full(size.size, np.nan)
+        if n > 0:
+            native = is_alloc & (layer == R.LAYER_CODES.index(Layer.NATIVE_HEAP.value))
+            weight[native] = np.maximum(1.0, n / np.maximum(size[native], 1))
+        return weight
+
+    def _read_stack(self, bpf_stack_id: int) -> list[int]:
+        return list(self._bpf["stacks"].walk(bpf_stack_id))
+
+    def _refresh_processes(self, only_stale: bool) -> None:
+        for info in self.processes.refresh(only_stale=only_stale):
+            self._probe_new_mappings(info.maps)
+        if not only_stale:
+            for pid in self.processes.live():
+                self._probe_new_mappings(self.processes.maps_of(pid))
+
+    def periodic(self) -> None:
+        """About once a second: keep maps of live processes current, probe new libraries."""
+        self._refresh_processes(only_stale=False)
+
+    def drain_stack_tables(self) -> tuple[dict, dict]:
+        return self._stacks.drain_tables()
+
+    # ---- accounting ----
+    def update_stats(self) -> SourceStats:
+        counters = self._bpf["counters"]
+        total = lambda slot: int(sum(counters[ctypes.c_int(slot)]))  # noqa: E731
+        self.stats.lost = total(R.CNT_RINGBUF_FULL)
+        self.stats.detail.update(
+            stack_failures=total(R.CNT_STACK_FAIL), site_cache_full=total(R.CNT_SITE_FULL),
+            page_stack_sample_every=self.options.kmem.page_stack_every,
+            user_pages=self.options.kmem.include_user_pages,
+            native_sample_bytes=self.options.native_sample_bytes)
+        self.stats.missed = self._missed(counters)
+        return self.stats
+
+    def _missed(self, counters) -> dict[str, int]:
+        """Per tracepoint: events the kernel skipped (recursion) less those a backup recovered."""
+        missed, counted = {}, set()
+        for tp, fn in self._attached:
+            if fn in counted or fn.endswith("_nested"):  # shared (kmalloc/_node) or a backup
+                continue
+            counted.add(fn)
+            try:
+                prog = prog_stats(self._bpf.load_func(fn, self._bpf.RAW_TRACEPOINT).fd)  # cached by bcc
+            except Exception:
+                continue
+            skipped = prog.recursion_misses
+            if prog.run_cnt:  # only with sysctl kernel.bpf_stats_enabled=1 (bench/)
+                self.stats.detail.setdefault("prog_ns_per_run", {})[fn] = round(prog.run_time_ns / prog.run_cnt, 1)
+            if tp in R.FREE_TRACEPOINTS:
+                caught = int(sum(counters[ctypes.c_int(R.CNT_NESTED_FREES + R.FREE_TRACEPOINTS.index(tp))]))
+                self.stats.detail.setdefault("nested_frees_recovered", {})[tp] = caught
+                skipped = max(0, skipped - caught)
+            missed[tp] = missed.get(tp, 0) + skipped
+        return missed
+
+    def exits(self) -> list[dict]:
+        return [{"pid": pid, "ts_ns": ts, "reason": _exit_reason(why)} for pid, (ts, why) in sorted(self.exit_marks.items())]
+
+    def live_tgids(self) -> list[int]:
+        return self.processes.live()
+
+    def stop(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        for fd in self._link_fds:
+            os.close(fd)  # detaches the raw tracepoint program
+        self._link_fds = []
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+
+def _optional(family: U.Family, symbol: str) -> bool:
+    return next((p.optional for p in family.probes if p.symbol == symbol), True)
+
+
+def _exit_reason(why: int) -> str:
+    if why == R.EXIT_WHY_FINALIZE:
+        return "python finalize"
+    return f"signal {why}" if why else "exit_group"
+
+
+def _is_python(path: str) -> bool:
+    base = os.path.basename(path)
+    return base.startswith("libpython3") or (base.startswith("python3") and "." not in base.replace("python3.", "", 1))
+
+
+LAYER_NAMES = [layer.value for layer in Layer]
+ACTION_NAMES = [action.value for action in Action]
+DEVICE_NAMES = ["cpu", "cuda"]
+# The record's layer byte -> index in LAYER_NAMES; its kind -> index in ACTION_NAMES.
+_LAYER_INDEX = np.full(256, -1, dtype=np.int8)
+for _code, _name in enumerate(R.LAYER_CODES):
+    _LAYER_INDEX[_code] = LAYER_NAMES.index(_name)
+_KIND_ACTION = np.full(256, ACTION_NAMES.index(Action.FREE.value), dtype=np.int8)
+_KIND_ACTION[list(R.ALLOC_KINDS)] = ACTION_NAMES.index(Action.ALLOC.value)
+_KIND_ACTION[R.EXIT_MARK] = ACTION_NAMES.index(Action.MARK.value)
+
+
+def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
+    """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
+    return pd.arrays.IntegerArray(values.astype(np.int64), null_mask.astype(bool))
+
+
+class _captured_stderr:
+    """Clang, inside bcc, writes diagnostics to fd 2 (header warnings on every compile);
+    keep them off the user's terminal and show them only when compilation fails."""
+
+    def __enter__(self):
+        import tempfile
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        return False
+
+    def text(self) -> str:
+        self._file.seek(0)
+        return self._file.read().decode(errors="replace")

@@ -1,0 +1,129 @@
+"""Which user-space allocator functions to probe, in which libraries, and where to find
+those libraries — before the target maps them where the path is known (the command's
+Python environment, LD_LIBRARY_PATH, the loader's cache), and as soon as they appear in a
+process's mappings otherwise."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from dataclasses import dataclass
+
+from memprof.model import Layer
+
+ENTRY, RETURN = "entry", "return"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One function to probe: `program` runs at entry; functions that allocate also get
+    `return_program` at return (where the address is known)."""
+
+    symbol: str
+    program: str
+    return_program: str | None = None
+    optional: bool = True  # missing from this build of the library: skip it
+
+
+@dataclass(frozen=True)
+class Family:
+    """Probes on one library, recorded into one layer."""
+
+    name: str          # the --sources name
+    layer: Layer
+    library: str       # basename prefix as it appears in /proc/PID/maps
+    probes: tuple[Probe, ...]
+    default_on: bool
+
+
+TORCH = Family("torch", Layer.TORCH_CPU, "libc10.so", (
+    Probe("_ZN3c109alloc_cpuEm", "mp_c10_alloc_cpu", "mp_torch_return", optional=False),
+    Probe("_ZN3c108free_cpuEPv", "mp_c10_free_cpu", optional=False),
+), default_on=True)
+
+CUDA = Family("cuda", Layer.CUDA_DRIVER, "libcuda.so", (
+    Probe("cuMemAlloc_v2", "mp_cu_mem_alloc", "mp_cuda_return"),
+    Probe("cuMemAllocPitch_v2", "mp_cu_mem_alloc_pitch", "mp_cuda_return"),
+    Probe("cuMemAllocManaged", "mp_cu_mem_alloc_managed", "mp_cuda_return"),
+    Probe("cuMemAllocAsync", "mp_cu_mem_alloc_async", "mp_cuda_return"),
+    Probe("cuMemAllocHost_v2", "mp_cu_mem_alloc_host", "mp_cuda_return"),
+    Probe("cuMemHostAlloc", "mp_cu_mem_host_alloc", "mp_cuda_return"),
+    Probe("cuMemCreate", "mp_cu_mem_create", "mp_cuda_return"),
+    Probe("cuMemFree_v2", "mp_cu_mem_free"),
+    Probe("cuMemFreeAsync", "mp_cu_mem_free"),
+    Probe("cuMemFreeHost", "mp_cu_mem_free_host"),
+    Probe("cuMemRelease", "mp_cu_mem_free"),
+), default_on=True)
+
+_NATIVE_PROBES = (
+    ("malloc", "mp_malloc", True), ("calloc", "mp_calloc", True), ("realloc", "mp_realloc", True),
+    ("posix_memalign", "mp_posix_memalign", True), ("aligned_alloc", "mp_memalign", True),
+    ("memalign", "mp_memalign", True), ("valloc", "mp_valloc", True), ("mmap", "mp_mmap", True),
+    ("free", "mp_free", False), ("munmap", "mp_free", False),
+)
+
+
+def native_family(prefix: str = "", library: str = "libc.so") -> Family:
+    """The libc heap, or an allocator exporting the same names with `prefix` (je_, tc_)."""
+    probes = tuple(Probe(prefix + name, prog, "mp_native_return" if returns else None, optional=name not in ("malloc", "free"))
+                   for name, prog, returns in _NATIVE_PROBES)
+    return Family("native", Layer.NATIVE_HEAP, library, probes, default_on=False)
+
+
+FAMILIES = {"torch": TORCH, "cuda": CUDA}
+
+
+def find_known_libraries(command_path: str | None, environ=os.environ) -> dict[str, list[str]]:
+    """Library paths we can probe before the target starts: family name -> paths.
+
+    The command's Python environment (its torch), LD_LIBRARY_PATH, and the loader's cache
+    (libcuda.so.1 of the installed driver). Libraries found later in the target's mappings
+    are probed then."""
+    found: dict[str, list[str]] = {"torch": [], "cuda": []}
+    for site in _python_site_dirs(command_path):
+        found["torch"] += glob.glob(os.path.join(site, "torch", "lib", "libc10.so"))
+    for directory in filter(None, environ.get("LD_LIBRARY_PATH", "").split(":")):
+        found["cuda"] += [p for p in glob.glob(os.path.join(directory, "libcuda.so*")) if os.path.isfile(p)]
+    found["cuda"] += _ldconfig("libcuda.so.1")
+    return {k: sorted({os.path.realpath(p) for p in v}) for k, v in found.items()}
+
+
+def family_of_mapping(path: str) -> str | None:
+    base = os.path.basename(path)
+    for name, family in FAMILIES.items():
+        if base.startswith(family.library):
+            return name
+    return None
+
+
+def _python_site_dirs(command_path: str | None) -> list[str]:
+    """site-packages of the command's interpreter, when the command is a Python (~20 ms)."""
+    if not command_path or not os.path.basename(command_path).startswith("python"):
+        return []
+    code = "import site,sys;print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]+sys.path))"
+    try:
+        out = subprocess.run([command_path, "-S", "-c", code], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in out.splitlines() if line.endswith(("site-packages", "dist-packages"))]
+
+
+def _ldconfig(name: str) -> list[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split("=>")[-1].strip() for line in out.splitlines() if line.strip().startswith(name)]
+
+
+def libc_paths() -> list[str]:
+    """The C library of this machine (where the loader's cache names it)."""
+    return sorted({os.path.realpath(p) for p in _ldconfig("libc.so.6")})
+
+
+def is_native_library(path: str, prefix: str = "") -> bool:
+    """libc itself; with an allocator prefix (je_, tc_), any library named for it too."""
+    base = os.path.basename(path)
+    if base.startswith("libc.so"):
+        return not prefix
+    return bool(prefix) and any(name in base for name in ("jemalloc", "tcmalloc", "mimalloc"))
