@@ -64,3 +64,30 @@ def leaks(path, min_age, layers, top, fmt):
         return
     render_leaks_table(result, chains, console.out, start_ns=rec.meta.start_ns,
                        lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
+
+
+@report.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer, at its peak.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+def layers(path, top, fmt):
+    """Per layer: peak and final live bytes, allocations, and the chains holding most at the
+    peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""
+    from memprof.analysis.chains import canonical_stacks
+    from memprof.analysis.layers import layer_summary
+    from memprof.analysis.leaks import chain_frames
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.cli import console
+    from memprof.recording import find_latest_recording, open_recording
+    from memprof.report.layers import layers_to_json, render_layers_table
+    from memprof.timeline import timeline
+
+    rec = open_recording(path if path else find_latest_recording("."))
+    summary = layer_summary(pair_lifetimes(timeline(rec)), rec.samples, top=top,
+                            canonical_stack=canonical_stacks(rec.stacks))
+    ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
+    chains = chain_frames(rec.stacks, rec.frames, ids)
+    if fmt == "json":
+        click.echo(json.dumps(layers_to_json(summary, chains, rec.path), indent=2))
+        return
+    render_layers_table(summary, chains, console.out, start_ns=rec.meta.start_ns)

@@ -60,6 +60,7 @@ def typed_events(columns: dict) -> pd.DataFrame:
         "alloc_id": pd.array(get("alloc_id"), dtype="Int64"),
         "step": pd.array(get("step"), dtype="Int32"),
         "category": pd.Categorical(get("category")),
+        "weight": np.asarray([np.nan if w is None else w for w in get("weight")], dtype=float),
     })
 
 

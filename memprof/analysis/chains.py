@@ -3,6 +3,8 @@ under. Two raw stacks can read the same once symbolized (a tracing frame that co
 when another tracer attaches, return addresses within one line), and must count as one."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import pandas as pd
 
 
@@ -15,3 +17,12 @@ def canonical_stacks(stacks: pd.DataFrame) -> dict[int, int]:
     sequences = ordered.groupby("stack_id", sort=True)["frame_id"].agg(tuple)
     first = sequences.groupby(sequences).transform(lambda ids: ids.index.min())
     return {int(sid): int(canon) for sid, canon in first.items() if sid != canon}
+
+
+def with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int] | None) -> pd.DataFrame:
+    """`allocations` with each stack_id replaced by its canonical id."""
+    if not canonical:
+        return allocations
+    ids = allocations["stack_id"]
+    mapped = ids.map(canonical)  # NaN where the id has no alias (or is null)
+    return allocations.assign(stack_id=mapped.fillna(ids).astype("Int64"))

@@ -17,11 +17,12 @@ carry a weight (N) and its bytes and count will be multiplied by it here; not ye
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.model.schema import LAYERS
 
@@ -72,16 +73,13 @@ class LayerSummary:
     metrics: list[MetricStats]
 
 
-def layer_summary(lifetimes: Lifetimes, samples: pd.DataFrame | None, *, stacks: pd.DataFrame | None = None,
-                  frames: pd.DataFrame | None = None, top: int = 3) -> LayerSummary:
+def layer_summary(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
+                  canonical_stack: Mapping[int, int] | None = None, top: int = 3) -> LayerSummary:
     """Summarize every layer that has allocations, and every series in `samples` (columns
     ts_ns, metric, device, value; None or empty: no metrics). At most `top` chains per layer.
-
-    `stacks` and `frames` are accepted so callers pass the recording's tables as with the
-    other analyses; chains are identified by stack_id alone, so they are not read.
-    """
-    del stacks, frames  # not needed: see docstring
-    allocations = lifetimes.allocations
+    `canonical_stack` merges stack ids with identical frames (chains.canonical_stacks).
+    Sampled allocations count by their weight (bytes and counts are estimates then)."""
+    allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     codes, names = category_codes(allocations["layer"])
     columns = _Columns.of(allocations)
     layers = []
@@ -98,14 +96,18 @@ class _Columns(NamedTuple):
     size: np.ndarray
     has_stack: np.ndarray
     stack: np.ndarray  # 0 where has_stack is False
+    weight: np.ndarray  # allocations each one stands for (sampled sources); 1.0 otherwise
 
     @classmethod
     def of(cls, allocations: pd.DataFrame) -> "_Columns":
         stack = allocations["stack_id"]
+        weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else np.ones(len(allocations))
+        size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
         return cls(alloc_ts=allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
                    end_ts=allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
-                   size=allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0),
-                   has_stack=stack.notna().to_numpy(), stack=stack.to_numpy(dtype=np.int64, na_value=0))
+                   size=np.rint(size * weight).astype(np.int64),  # estimated bytes it stands for
+                   has_stack=stack.notna().to_numpy(), stack=stack.to_numpy(dtype=np.int64, na_value=0),
+                   weight=weight)
 
     def subset(self, mask: np.ndarray) -> "_Columns":
         return _Columns(*(values[mask] for values in self))
@@ -123,7 +125,7 @@ def _layer_stats(layer: str, cols: _Columns, top: int) -> LayerStats:
     peak_at = int(np.argmax(live))  # first maximum: the earliest time the peak was reached
     peak_ns = int(times[peak_at])
     return LayerStats(layer=layer, peak_bytes=int(live[peak_at]), peak_ns=peak_ns, final_bytes=int(live[-1]),
-                      alloc_count=len(cols.alloc_ts), top_chains=_chains_at(cols, peak_ns, top))
+                      alloc_count=int(round(cols.weight.sum())), top_chains=_chains_at(cols, peak_ns, top))
 
 
 def live_curve(alloc_ts: np.ndarray, end_ts: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,13 +148,13 @@ def _chains_at(cols: _Columns, ts_ns: int, top: int) -> list[ChainBytes]:
     if top <= 0 or not live.any():
         return []
     frame = pd.DataFrame({"stack_id": np.where(cols.has_stack, cols.stack, -1)[live],
-                          "has_stack": cols.has_stack[live], "size": cols.size[live]})
+                          "has_stack": cols.has_stack[live], "size": cols.size[live], "weight": cols.weight[live]})
     groups = frame.groupby(["has_stack", "stack_id"], sort=False).agg(
-        live_bytes=("size", "sum"), live_count=("size", "size")).reset_index()
+        live_bytes=("size", "sum"), live_count=("weight", "sum")).reset_index()
     groups = groups.sort_values(["live_bytes", "live_count", "has_stack", "stack_id"],
                                 ascending=[False, False, False, True], kind="stable").head(top)
     return [ChainBytes(stack_id=int(row.stack_id) if row.has_stack else None, live_bytes=int(row.live_bytes),
-                       live_count=int(row.live_count)) for row in groups.itertuples(index=False)]
+                       live_count=int(round(row.live_count))) for row in groups.itertuples(index=False)]
 
 
 def metric_stats(samples: pd.DataFrame | None) -> list[MetricStats]:

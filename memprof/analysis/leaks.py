@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, label_of, labels
 from memprof.errors import UsageError
 from memprof.model.schema import Action, Layer, Mark
@@ -87,7 +88,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
     wanted = None if layers is None else {label_of(layer) for layer in layers}
-    allocations = _with_canonical_stacks(lifetimes.allocations, canonical_stack)
+    allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     ends = _end_per_allocation(allocations, end_ns, end_by_pid)
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     held = _held(allocations, ends, exited, min_age_ns, wanted)
@@ -99,14 +100,6 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     return LeakResult(findings=[_finding(row, missed_by_chain) for row in groups.itertuples(index=False)],
                       end_ns=int(end_ns), min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns),
                       missed_frees=missed)
-
-
-def _with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int] | None) -> pd.DataFrame:
-    if not canonical:
-        return allocations
-    ids = allocations["stack_id"]
-    mapped = ids.map(canonical)  # NaN where the id has no alias (or is null)
-    return allocations.assign(stack_id=mapped.fillna(ids).astype("Int64"))
 
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
@@ -133,14 +126,16 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_a
     layer = labels(allocations["layer"])
     if layers is not None:
         mask &= np.isin(layer, list(layers))
-    held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns"]]
+    held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
+    # A sampled allocation stands for `weight` of them: estimates of bytes and counts stay unbiased.
+    held = held.assign(size_bytes=held["size_bytes"].astype(float) * held["weight"])
     released = (end_ts[mask] != _NEVER) | (exited[mask] & np.isin(layer[mask], _PROCESS_LAYERS))
     return held.assign(layer=layer[mask], released_at_exit=released, judged_ns=ends[mask])
 
 
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:
     groups = held.groupby(["layer", "stack_id", "released_at_exit"], dropna=False, sort=False).agg(
-        live_bytes=("size_bytes", "sum"), live_count=("alloc_ts_ns", "size"),
+        live_bytes=("size_bytes", "sum"), live_count=("weight", "sum"),
         first_ns=("alloc_ts_ns", "min"), last_ns=("alloc_ts_ns", "max"), judged_ns=("judged_ns", "max"),
     ).reset_index()
     return groups.sort_values(["live_bytes", "live_count", "stack_id", "layer", "released_at_exit"],
@@ -158,12 +153,12 @@ def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], 
 
 def _finding(row, missed_by_chain: dict) -> LeakFinding:
     span_s = (int(row.judged_ns) - int(row.first_ns)) / 1e9
-    live_bytes = int(row.live_bytes)
+    live_bytes = int(round(row.live_bytes))
     stack_id = None if pd.isna(row.stack_id) else int(row.stack_id)
     return LeakFinding(
         chain_missed_frees=missed_by_chain.get((row.layer, stack_id), 0),
         layer=row.layer, stack_id=stack_id,
-        live_bytes=live_bytes, live_count=int(row.live_count), first_ns=int(row.first_ns),
+        live_bytes=live_bytes, live_count=int(round(row.live_count)), first_ns=int(row.first_ns),
         last_ns=int(row.last_ns), growth_bytes_per_s=live_bytes / span_s if span_s > 0 else 0.0,
         released_at_exit=bool(row.released_at_exit),
     )

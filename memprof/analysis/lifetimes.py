@@ -39,7 +39,7 @@ _KIND_OF_ACTION = {Action.ALLOC.value: _ALLOC, Action.FREE.value: _FREE,
 _CARRIED = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
             "requested_bytes", "ts_ns"]
 ALLOCATION_COLUMNS = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
-                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind"]
+                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight"]
 
 
 @dataclass
@@ -149,11 +149,15 @@ def _judge(key: np.ndarray, kind: np.ndarray, ts: np.ndarray):
 
 def _allocations_frame(events: pd.DataFrame, positions: np.ndarray, end_ts: np.ndarray,
                        end_kind: np.ndarray) -> pd.DataFrame:
-    frame = events[_CARRIED].iloc[positions].reset_index(drop=True)
+    carried = _CARRIED + (["weight"] if "weight" in events else [])
+    frame = events[carried].iloc[positions].reset_index(drop=True)
     frame = frame.rename(columns={"ts_ns": "alloc_ts_ns"})
     live = end_kind == _LIVE
     frame["end_ts_ns"] = pd.arrays.IntegerArray(np.where(live, 0, end_ts), live)
     frame["end_kind"] = pd.Categorical.from_codes(end_kind, categories=list(END_KINDS))
+    # How many allocations each one stands for (sampled sources), 1.0 where not sampled.
+    weight = frame["weight"] if "weight" in frame else pd.Series(np.nan, index=frame.index)
+    frame["weight"] = weight.astype(float).fillna(1.0)
     return frame[ALLOCATION_COLUMNS]
 
 

@@ -16,6 +16,7 @@ from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
+from memprof.record.sampling import SamplerThread
 from memprof.record.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.ebpf import EbpfOptions, EbpfSource
 from memprof.sources.procs import descendants, pid_alive, read_comm
@@ -82,6 +83,7 @@ class Session:
         self.request = request
         self.on_status = on_status or (lambda s: None)
         self.source = EbpfSource(request.ebpf)
+        self.sampler = SamplerThread()
         # Live bytes feed only the status line: without one, save the recorder's CPU
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
@@ -156,6 +158,8 @@ class Session:
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:
+        self.sampler.pids = (root,)
+        self.sampler.start()
         start = time.monotonic()
         deadline = start + self.request.duration_s if self.request.duration_s else None
         next_flush = next_status = start
@@ -227,6 +231,10 @@ class Session:
 
     def _prepare_flush(self) -> None:
         self.source.periodic()
+        self.sampler.pids = tuple(self.source.live_tgids())
+        samples = self.sampler.take_rows()
+        if samples["ts_ns"]:
+            self.writer.append("samples", samples)
         stacks, frames = self.source.drain_stack_tables()
         if stacks["stack_id"]:
             self.writer.append("stacks", stacks)
@@ -234,6 +242,7 @@ class Session:
             self.writer.append("frames", frames)
         meta = self.writer.meta
         meta.sources[self.source.name] = self.source.update_stats()
+        meta.sources["samplers"] = self.sampler.stats()
         meta.clock_anchors.append(anchor())
         meta.processes = self.source.processes.summary()
         meta.exits = self.source.exits()
@@ -257,6 +266,7 @@ class Session:
         try:
             if self._flushing is not None:
                 self._collect_flush()
+            self.sampler.stop()
             self._ingest()
             self._prepare_flush()
         finally:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from memprof.analysis.chains import canonical_stacks
 from memprof.analysis.layers import ChainBytes, LayerStats, MetricStats, layer_summary, live_curve
 from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -139,7 +140,7 @@ CHAINS = {
 
 def rendered() -> tuple[str, dict]:
     stacks, frames = stacks_frames(CHAINS)
-    result = summary_of(HEAP + SLAB, SAMPLES, stacks=stacks, frames=frames)
+    result = summary_of(HEAP + SLAB, SAMPLES, canonical_stack=canonical_stacks(stacks))
     chains = chain_frames(stacks, frames, [c.stack_id for layer in result.layers for c in layer.top_chains])
     console = Console(width=100, record=True, color_system=None)
     render_layers_table(result, chains, console, start_ns=0)
@@ -177,3 +178,11 @@ def test_json_has_every_number_and_stacks():
     assert heap["top_chains"][2]["stack"] == []
     assert data["metrics"][-1] == {"metric": "rss_bytes", "device": "cpu", "peak": 30.0 * MiB,
                                    "peak_ns": 2 * S, "final": 20.0 * MiB}
+
+
+def test_sampled_allocations_count_by_their_weight():
+    """Two allocations sampled with weight 4 stand for eight: an unbiased estimate."""
+    rows = [ev(1 * S, "alloc", 0x10, 1000, 1, weight=4.0), ev(2 * S, "alloc", 0x20, 1000, 1, weight=4.0)]
+    (heap,) = summary_of(rows).layers
+    assert (heap.peak_bytes, heap.alloc_count) == (8000, 8)
+    assert (heap.top_chains[0].live_bytes, heap.top_chains[0].live_count) == (8000, 8)
