@@ -21,6 +21,7 @@ class SamplerThread:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memprof-samplers", daemon=True)
         self.ticks = 0
+        self._final_status: dict | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -41,10 +42,12 @@ class SamplerThread:
         return rows
 
     def stats(self) -> SourceStats:
-        return SourceStats(events=self.ticks, timestamp_precision_ns=1, detail=self.samplers.status())
+        status = self._final_status or self.samplers.status()
+        return SourceStats(events=self.ticks, timestamp_precision_ns=1, detail=status)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+        self._final_status = self.samplers.status()  # before close(): it would say "closed"
         self.samplers.close()
