@@ -26,12 +26,14 @@ def _duration(ctx, param, value):
 def _sources(ctx, param, value):
     """'kmem,torch' replaces the defaults; '+native' (or 'kmem,+native') adds to them."""
     names = [s.strip() for s in value.split(",") if s.strip()]
+    if not names or any(n in ("", "+") for n in names):
+        raise click.BadParameter(f"name at least one source: {', '.join(KNOWN_SOURCES)} (or +NAME to add one)")
     added = [n[1:] for n in names if n.startswith("+")]
     chosen = [n for n in names if not n.startswith("+")]
     result = list(chosen or DEFAULT_SOURCES) + added
     unknown = [s for s in result if s not in KNOWN_SOURCES]
-    if unknown or not result:
-        raise click.BadParameter(f"unknown source {', '.join(unknown) or '(none)'}; available: {', '.join(KNOWN_SOURCES)}")
+    if unknown:
+        raise click.BadParameter(f"unknown source {', '.join(unknown)}; available: {', '.join(KNOWN_SOURCES)}")
     return tuple(dict.fromkeys(result))
 
 

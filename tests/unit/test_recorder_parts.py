@@ -115,3 +115,22 @@ def test_format_bytes():
     assert format_bytes(0) == "0 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(-(3 << 20)) == "-3.0 MiB"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("kmem,torch,cuda", ("kmem", "torch", "cuda")),
+    ("+native", ("kmem", "torch", "cuda", "native")),
+    ("kmem,+native", ("kmem", "native")),
+    ("cuda", ("cuda",)),
+])
+def test_sources_option(text, expected):
+    from cli.record import _sources
+    assert _sources(None, None, text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", ",", "+", "bogus", "kmem,+gpu"])
+def test_bad_sources_are_usage_errors(bad):
+    import click
+    from cli.record import _sources
+    with pytest.raises(click.BadParameter):
+        _sources(None, None, bad)

@@ -1,0 +1,144 @@
+"""Overhead of `memprof record` on examples/train.py (a PyTorch CPU training loop), against memray.
+
+Runs, alternately and REPEATS times each: the loop alone, under `memprof record -q` (default
+sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda), and
+under `memray run` in its default mode (Python allocators off, no native stacks). Reports the
+median of the loop's own time (train.py prints `loop_s=`), as a ratio to the unprofiled
+median measured in the same run (machines here are noisy), and, apart, the median time
+outside the loop (whole command wall − loop: interpreter and torch import, the profiler's
+start-up, and its finalization after the target exits). The bar is 1.10× for memprof's loop.
+
+    sudo .venv/bin/python bench/train_overhead.py [--steps S] [--repeats R] [--runs baseline,memprof,memray]
+
+memray is installed into this Python's environment (pip install memray) when missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "train.py"
+MEMPROF = [sys.executable, "-m", "memprof"]
+MEMRAY = [sys.executable, "-m", "memray"]
+RUNS = ("baseline", "memprof", "memray")
+BAR = 1.10
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """(loop seconds printed by the workload, wall seconds of the whole command)."""
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    found = re.search(r"loop_s=([0-9.]+)", done.stdout)
+    if done.returncode != 0 or not found:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"exit {done.returncode}: {' | '.join(tail)}")
+    return float(found.group(1)), wall
+
+
+def ensure_memray() -> str | None:
+    """None when memray imports (installing it with pip if needed), else why not."""
+    probe = [sys.executable, "-c", "import memray"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return None
+    print("memray missing: pip install memray", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "memray"], check=False)
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return None
+    return "memray is not installed and pip could not install it"
+
+
+def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
+    return {
+        "baseline": [sys.executable, *workload],
+        "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
+        "memray": [*MEMRAY, "run", "-q", "-f", "-o", str(tmp / f"train-{i}.memray.bin"), *workload],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from {','.join(RUNS)}; "
+                    "baseline is always run (ratios need it)")
+    args = ap.parse_args()
+    wanted = ["baseline"] + [r for r in args.runs.split(",") if r in RUNS and r != "baseline"]
+    skipped: dict[str, str] = {}
+    if "memray" in wanted and (why := ensure_memray()):
+        skipped["memray"] = why
+    workload = [str(TRAIN), "--steps", str(args.steps), "--start-wait", "0", "--hold", "0"]
+    tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
+    meta = None
+    try:
+        for i in range(args.repeats):
+            for name, cmd in commands(workload, tmp, i).items():
+                if name not in wanted or name in skipped:
+                    continue
+                try:
+                    results[name].append(run(cmd))
+                except RuntimeError as error:
+                    skipped[name] = str(error)  # report why, keep measuring the others
+                    continue
+                if name == "memprof":
+                    meta = read_meta(tmp / f"train-{i}.memprof")
+                shutil.rmtree(tmp / f"train-{i}.memprof", ignore_errors=True)
+                (tmp / f"train-{i}.memray.bin").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(results, skipped, meta, args)
+
+
+def read_meta(recording: Path) -> dict | None:
+    try:
+        return json.loads((recording / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def report(results, skipped, meta, args) -> None:
+    if not results["baseline"]:
+        print(f"baseline failed: {skipped.get('baseline')}")
+        return
+    base_loop = statistics.median(r[0] for r in results["baseline"])
+    base_out = statistics.median(r[1] - r[0] for r in results["baseline"])
+    print(f"examples/train.py --steps {args.steps}, median of {args.repeats} alternating runs")
+    print(f"{'run':<10}{'loop s':>9}{'loop x':>8}{'start-up s':>12}{'+s':>8}")
+    for name, rows in results.items():
+        if not rows:
+            continue
+        loop = statistics.median(r[0] for r in rows)
+        outside = statistics.median(r[1] - r[0] for r in rows)
+        print(f"{name:<10}{loop:>9.3f}{loop / base_loop:>8.2f}{outside:>12.3f}{outside - base_out:>+8.3f}")
+    print("start-up s: whole command wall − loop (imports, profiler start-up and finalization); "
+          "+s: more than unprofiled")
+    if results.get("memprof"):
+        ratio = statistics.median(r[0] for r in results["memprof"]) / base_loop
+        print(f"memprof loop {ratio:.2f}x, bar {BAR:.2f}x: {'within' if ratio <= BAR else 'OVER'}")
+    for name, why in skipped.items():
+        print(f"{name}: not measured ({len(results.get(name, []))} runs done): {why}")
+    if meta:
+        print("memprof last run, per source: " + sources_line(meta))
+
+
+def sources_line(meta: dict) -> str:
+    parts = []
+    for name, info in (meta.get("sources") or {}).items():
+        if isinstance(info, dict):
+            parts.append(f"{name} events={info['events']:,} lost={info.get('lost', '?')}"
+                         if isinstance(info.get("events"), int) else f"{name} enabled={info.get('enabled')}")
+    return "; ".join(parts) or "(no per-source entries in meta.json)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""`memprof record` with the user-space allocator layers (uprobes on the CUDA driver, the
+PyTorch CPU allocator and the libc heap) and the RSS sampler, then `memprof report leaks` and
+`memprof report layers`: known answers (counts, bytes, frames, devices), real eBPF, real
+processes.
+
+The workloads:
+  cuda_app + libcuda.so.1 (examples/cuda_standin/): NOT the CUDA driver, and no GPU is used.
+      libcuda.so.1 here is a stand-in C library with the driver's signatures (cuMemAlloc_v2,
+      cuMemFree_v2, cuMemAllocHost_v2, cuMemFreeHost, … as in NVIDIA's cuda.h), which
+      cuda_app loads the way the CUDA runtime does, with dlopen("libcuda.so.1") and dlsym,
+      found through LD_LIBRARY_PATH=examples/bin/cuda_standin. It keeps 23 device buffers of
+      1 MiB (keep_device_buffer) among 100 allocated and freed again, and 5 pinned host
+      buffers of 256 KiB (keep_host_buffer) among 7 allocated and freed again. The real
+      driver, on a GPU, is checked by scripts/gpu_check.sh, not here.
+  native_leak: 2039 malloc'd blocks of 4096 bytes from leak_block(), among 200,000
+      malloc/free pairs of random sizes.
+  torch_leak.py / train.py: a PyTorch CPU training loop that keeps each step's 131072-byte
+      activation, and the same loop without the leak.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+BIN = EXAMPLES / "bin"
+CUDA_APP = BIN / "cuda_app"
+CUDA_STANDIN_DIR = BIN / "cuda_standin"
+CUDA_STANDIN = CUDA_STANDIN_DIR / "libcuda.so.1"
+NATIVE_LEAK = BIN / "native_leak"
+TORCH_LEAK = EXAMPLES / "torch_leak.py"
+TRAIN = EXAMPLES / "train.py"
+USER_PROGRAMS = (CUDA_APP, CUDA_STANDIN, NATIVE_LEAK)
+
+KIB, MIB = 1024, 1024 * 1024
+# cuda_app (examples/cuda_standin/cuda_app.c)
+KEEP_DEVICE, CHURN_DEVICE, DEVICE_BYTES = 23, 100, MIB
+KEEP_HOST, CHURN_HOST, HOST_BYTES = 5, 7, 256 * KIB
+# native_leak (examples/native_leak.c)
+LEAKS, LEAK_BYTES = 2039, 4096
+# torch_leak.py: one 64 x 512 float32 activation kept per step; at exit fc1's weight
+# (512 x 512 float32) and bias (512 float32) and their .grad are held too, by the kept
+# activations' autograd graph (its AccumulateGrad nodes hold the parameters).
+STEP_BYTES = 64 * 512 * 4  # 131072
+FC1_PARAMS_AND_GRADS = 2 * (512 * 512 * 4) + 2 * (512 * 4)  # 2 * 1048576 + 2 * 2048
+# torch_leak.py's docstring, measured through c10::alloc_cpu/free_cpu: 40 steps make 684
+# allocations in both scripts, 200 of them of 131072 bytes.
+TRAIN_STEPS, TRAIN_ALLOCS, TRAIN_STEP_SIZED_ALLOCS = 40, 684, 200
+
+
+# ---- helpers ----
+
+def functions(finding: dict, kind: str | None = None) -> list[str]:
+    return [f["function"] or "" for f in finding["stack"] if kind is None or f["kind"] == kind]
+
+
+def describe(findings: list[dict], limit: int = 8) -> str:
+    """Findings in one line each, for assertion messages."""
+    return "\n".join(f"  {f['layer']} count={f['live_count']} bytes={f['live_bytes']} "
+                     f"released_at_exit={f['released_at_exit']} {functions(f)[:12]}" for f in findings[:limit])
+
+
+def read_meta(recording: Path) -> dict:
+    return json.loads((recording / "meta.json").read_text())
+
+
+def uprobe_libraries(recording: Path) -> dict:
+    return read_meta(recording)["sources"]["ebpf"]["detail"].get("uprobes") or {}
+
+
+def record(run_memprof, recording: Path, *command, args=(), env=None, timeout=60) -> subprocess.CompletedProcess:
+    """`memprof record -q -o RECORDING ARGS -- COMMAND`, which must exit 0."""
+    kw = {"env": env} if env is not None else {}
+    result = run_memprof("record", "-q", "-o", recording, *args, "--", *command,
+                         cwd=recording.parent, timeout=timeout, **kw)
+    assert result.returncode == 0, f"record exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert read_meta(recording)["status"] == "complete"
+    return result
+
+
+def layers_json(run_memprof, recording: Path, *args) -> dict:
+    """Per layer name, the JSON of `memprof report layers RECORDING --format json` (must exit 0)."""
+    result = run_memprof("report", "layers", recording, "--format", "json", *args, cwd=recording.parent)
+    assert result.returncode == 0, f"report layers exited {result.returncode}: {result.stderr}"
+    return {layer["layer"]: layer for layer in json.loads(result.stdout)["layers"]}
+
+
+def events_of(recording: Path, layer: str):
+    from memprof.recording import open_recording
+    events = open_recording(recording).events
+    return events[events["layer"] == layer]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def user_examples(examples_bin) -> None:
+    """native_leak, cuda_app and the driver stand-in, built with `make -C examples` when one
+    is missing (conftest's examples_bin checks only the kernel workloads)."""
+    if all(p.is_file() for p in USER_PROGRAMS):
+        return
+    try:
+        made = subprocess.run(["make", "-C", str(EXAMPLES)], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot build the example workloads (make -C examples): {e}")
+    if made.returncode != 0 or not all(p.is_file() for p in USER_PROGRAMS):
+        pytest.skip(f"cannot build the example workloads (make -C examples, exit {made.returncode}): "
+                    f"{(made.stderr or made.stdout).strip()[-500:]}")
+
+
+def _torch_package_dir() -> Path | None:
+    """Where this interpreter would import torch from (found without importing it: seconds)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+needs_torch = pytest.mark.skipif(_torch_package_dir() is None, reason=f"torch is not importable by {sys.executable}")
+
+
+# ---- 1. the CUDA driver, through the stand-in ----
+
+@pytest.fixture(scope="module")
+def cuda_recording(tmp_path_factory, run_memprof) -> Path:
+    """cuda_app recorded with the default sources, the stand-in found via LD_LIBRARY_PATH."""
+    recording = tmp_path_factory.mktemp("cuda") / "cuda.memprof"
+    env = os.environ | {"LD_LIBRARY_PATH": str(CUDA_STANDIN_DIR)}
+    result = record(run_memprof, recording, CUDA_APP, env=env)
+    # The control: the stand-in was loaded and did what cuda_app asked of it.
+    assert f"kept_device={KEEP_DEVICE} kept_host={KEEP_HOST}" in result.stdout, result.stdout
+    assert (f"device_allocs={KEEP_DEVICE + CHURN_DEVICE} device_frees={CHURN_DEVICE} "
+            f"device_live_bytes={KEEP_DEVICE * DEVICE_BYTES}") in result.stdout, result.stdout
+    return recording
+
+
+def test_cuda_standin_known_leak(cuda_recording, leaks_json):
+    """Exactly two findings, one per keeping function; the churned buffers, all freed
+    again, are in none."""
+    probed = uprobe_libraries(cuda_recording)
+    assert {Path(lib).resolve(): (d["family"], d["layer"]) for lib, d in probed.items()} \
+        == {CUDA_STANDIN.resolve(): ("cuda", "cuda_driver")}, probed
+
+    report = leaks_json(cuda_recording, "--layer", "cuda_driver", "--top", "1000")
+    findings = report["findings"]
+    context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
+    assert len(findings) == 2 and {f["layer"] for f in findings} == {"cuda_driver"}, context
+    device = [f for f in findings if "keep_device_buffer" in functions(f, "native")]
+    host = [f for f in findings if "keep_host_buffer" in functions(f, "native")]
+    assert len(device) == 1 and len(host) == 1, context
+    (device,), (host,) = device, host
+    assert (device["live_count"], device["live_bytes"]) == (KEEP_DEVICE, KEEP_DEVICE * DEVICE_BYTES), context
+    assert (host["live_count"], host["live_bytes"]) == (KEEP_HOST, KEEP_HOST * HOST_BYTES), context
+    assert device["released_at_exit"] is True and host["released_at_exit"] is True, context
+    assert not any("churn" in fn for f in findings for fn in functions(f)), context
+
+
+def test_cuda_standin_allocs_and_frees_pair(cuda_recording, run_memprof):
+    """Every one of the 135 allocations (123 device + 12 host) is counted, and each of the 107
+    frees met its allocation: what remains is the kept 23 MiB + 5 x 256 KiB, which is also the
+    peak (the last allocation is a kept one, and at most one churned buffer is live at a time)."""
+    layer = layers_json(run_memprof, cuda_recording)["cuda_driver"]
+    kept = KEEP_DEVICE * DEVICE_BYTES + KEEP_HOST * HOST_BYTES
+    assert layer["alloc_count"] == KEEP_DEVICE + CHURN_DEVICE + KEEP_HOST + CHURN_HOST, layer
+    assert layer["final_bytes"] == kept, layer
+    assert layer["peak_bytes"] == kept, layer
+
+
+def test_cuda_standin_device_and_pinned_host_are_separated(cuda_recording):
+    """cuMemAlloc_v2 allocates device memory ("cuda"); cuMemAllocHost_v2 pinned host memory ("cpu")."""
+    allocs = events_of(cuda_recording, "cuda_driver")
+    allocs = allocs[allocs["action"] == "alloc"]
+    by_size = {int(size): sorted(set(map(str, group["device"]))) for size, group in allocs.groupby("size_bytes")}
+    counts = allocs["size_bytes"].value_counts().to_dict()
+    assert by_size == {DEVICE_BYTES: ["cuda"], HOST_BYTES: ["cpu"]}, (by_size, counts)
+    assert counts == {DEVICE_BYTES: KEEP_DEVICE + CHURN_DEVICE, HOST_BYTES: KEEP_HOST + CHURN_HOST}, counts
+
+
+# ---- 2. the libc heap ----
+
+def test_native_leak_exact(tmp_path, run_memprof, leaks_json):
+    recording = tmp_path / "native.memprof"
+    result = record(run_memprof, recording, NATIVE_LEAK, "-n", LEAKS, args=("--sources", "+native"))
+    assert f"leaked={LEAKS} bytes={LEAKS * LEAK_BYTES}" in result.stdout, result.stdout
+    assert read_meta(recording)["sources"]["ebpf"]["detail"]["families"] == ["kmem", "torch", "cuda", "native"]
+
+    report = leaks_json(recording, "--layer", "native_heap", "--top", "1000")
+    findings = sorted(report["findings"], key=lambda f: -f["live_bytes"])
+    context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
+    assert findings and {f["layer"] for f in findings} == {"native_heap"}, context
+    top = findings[0]
+    assert top["live_count"] == LEAKS, context
+    assert top["live_bytes"] == LEAKS * LEAK_BYTES, context
+    assert "leak_block" in functions(top, "native"), context
+    assert top["released_at_exit"] is True, context
+    assert not any("churn_block" in functions(f) for f in findings), context
+
+
+def test_native_leak_sampled_estimate(tmp_path, run_memprof, leaks_json):
+    """--native-sample-bytes 8192: each 4096-byte block is taken with probability
+    4096/8192 = 1/2 and weighted 2, so the estimate is 2 x Binomial(2039, 1/2) blocks:
+    standard deviation 2 x sqrt(2039 / 4) = sqrt(2039) ~ 45 blocks, 2.2% of 2039. The 10%
+    tolerance is 4.5 standard deviations: a false failure about once in 150,000 runs."""
+    recording = tmp_path / "sampled.memprof"
+    result = record(run_memprof, recording, NATIVE_LEAK, "-n", LEAKS,
+                    args=("--sources", "+native", "--native-sample-bytes", "8192"))
+    assert f"leaked={LEAKS} " in result.stdout, result.stdout
+    assert read_meta(recording)["sources"]["ebpf"]["detail"]["native_sample_bytes"] == 8192
+
+    report = leaks_json(recording, "--layer", "native_heap", "--top", "1000")
+    context = describe(sorted(report["findings"], key=lambda f: -f["live_bytes"]))
+    leaking = [f for f in report["findings"] if "leak_block" in functions(f, "native")]
+    assert len(leaking) == 1, context
+    (finding,) = leaking
+    assert abs(finding["live_bytes"] - LEAKS * LEAK_BYTES) <= 0.10 * LEAKS * LEAK_BYTES, context
+    assert abs(finding["live_count"] - LEAKS) <= 0.10 * LEAKS, context
+
+
+# ---- 3. the PyTorch CPU allocator ----
+
+@pytest.fixture(scope="module")
+def torch_leak_recording(tmp_path_factory, run_memprof):
+    """torch_leak.py --steps N recorded with the default sources, once per N in this module."""
+    made: dict[int, Path] = {}
+
+    def make(steps: int) -> Path:
+        if steps not in made:
+            recording = tmp_path_factory.mktemp(f"torch{steps}") / "torch_leak.memprof"
+            result = record(run_memprof, recording, sys.executable, TORCH_LEAK, "--steps", steps)
+            assert f"history_bytes={steps * STEP_BYTES}" in result.stdout, result.stdout  # the control
+            made[steps] = recording
+        return made[steps]
+    return make
+
+
+def torch_cpu_totals(leaks_json, recording: Path) -> tuple[int, int, list[dict]]:
+    report = leaks_json(recording, "--layer", "torch_cpu", "--top", "1000")
+    findings = report["findings"]
+    assert {f["layer"] for f in findings} <= {"torch_cpu"}
+    assert all(f["released_at_exit"] is True for f in findings), describe(findings)
+    return sum(f["live_bytes"] for f in findings), sum(f["live_count"] for f in findings), findings
+
+
+@needs_torch
+def test_torch_leak_known_bytes(torch_leak_recording, leaks_json):
+    """40 kept activations of 131072 bytes, plus fc1's weight and bias and their grads (see
+    FC1_PARAMS_AND_GRADS), each one allocation of c10's CPU allocator."""
+    recording = torch_leak_recording(40)
+    probed = uprobe_libraries(recording)
+    libc10 = (_torch_package_dir() / "lib" / "libc10.so").resolve()
+    assert {Path(lib).resolve(): (d["family"], d["layer"]) for lib, d in probed.items()} \
+        == {libc10: ("torch", "torch_cpu")}, probed
+
+    live_bytes, live_count, findings = torch_cpu_totals(leaks_json, recording)
+    assert live_bytes == 40 * STEP_BYTES + FC1_PARAMS_AND_GRADS, describe(findings)
+    assert live_count == 40 + 4, describe(findings)
+
+
+@needs_torch
+def test_torch_leak_grows_by_the_known_amount_per_step(torch_leak_recording, leaks_json):
+    """40 steps hold exactly 20 x 131072 bytes (20 allocations) more than 20 steps."""
+    bytes40, count40, findings40 = torch_cpu_totals(leaks_json, torch_leak_recording(40))
+    bytes20, count20, findings20 = torch_cpu_totals(leaks_json, torch_leak_recording(20))
+    context = f"40 steps:\n{describe(findings40)}\n20 steps:\n{describe(findings20)}"
+    assert bytes20 == 20 * STEP_BYTES + FC1_PARAMS_AND_GRADS, context
+    assert (bytes40 - bytes20, count40 - count20) == (20 * STEP_BYTES, 20), context
+
+
+@needs_torch
+def test_torch_train_without_leak_has_no_torch_finding(tmp_path, run_memprof, leaks_json):
+    recording = tmp_path / "train.memprof"
+    result = record(run_memprof, recording, sys.executable, TRAIN, "--steps", TRAIN_STEPS)
+    assert f"steps={TRAIN_STEPS}" in result.stdout, result.stdout
+    findings = leaks_json(recording, "--layer", "torch_cpu", "--top", "1000")["findings"]
+    assert findings == [], describe(findings)
+
+    # The control: the allocator was probed all along, and every allocation met its free.
+    events = events_of(recording, "torch_cpu")
+    allocs = events[events["action"] == "alloc"]
+    frees = events[events["action"] == "free"]
+    assert len(allocs) == TRAIN_ALLOCS and len(frees) == TRAIN_ALLOCS, events["action"].value_counts().to_dict()
+    assert int((allocs["size_bytes"] == STEP_BYTES).sum()) == TRAIN_STEP_SIZED_ALLOCS
+    layer = layers_json(run_memprof, recording)["torch_cpu"]
+    assert (layer["alloc_count"], layer["final_bytes"]) == (TRAIN_ALLOCS, 0), layer
+
+
+# ---- 4. RSS samples ----
+
+@pytest.fixture(scope="module")
+def rss_recording(tmp_path_factory, run_memprof) -> Path:
+    """A Python process that allocates and touches 64 MiB (bytearray zero-fills), then holds it 1 s."""
+    recording = tmp_path_factory.mktemp("rss") / "rss.memprof"
+    script = "import time; b = bytearray(64 << 20); print('held', len(b), flush=True); time.sleep(1)"
+    result = record(run_memprof, recording, sys.executable, "-c", script)
+    assert f"held {64 * MIB}" in result.stdout, result.stdout
+    return recording
+
+
+def test_rss_samples_see_64_mib_at_10_hz(rss_recording):
+    from memprof.recording import open_recording
+    rec = open_recording(rss_recording)
+    rss = rec.samples[rec.samples["metric"] == "rss_bytes"].sort_values("ts_ns")
+    assert len(rss) >= 2, rec.samples
+    values, times = rss["value"].to_numpy(), rss["ts_ns"].to_numpy()
+    grew = values.max() - values[0]
+    assert grew >= 60 * MIB, f"RSS grew by {grew / MIB:.1f} MiB: {(values / MIB).round(1).tolist()}"
+
+    (root_exit,) = [e["ts_ns"] for e in rec.meta.exits if e["pid"] == rec.meta.pid]  # began to exit
+    workload_s = (root_exit - times[0]) / 1e9
+    assert workload_s >= 1.0, workload_s
+    during = int(((times >= times[0]) & (times <= root_exit)).sum())
+    assert during >= 8 * workload_s, f"{during} RSS samples in {workload_s:.2f} s: {(times - times[0]) / 1e6}"
+
+
+def test_nvml_sampler_off_with_its_reason(rss_recording):
+    """No GPU here: meta.json says NVML was off, and why — the reason the sampler gives on
+    this machine (e.g. pynvml not installed, or no NVIDIA driver)."""
+    from memprof.sources.samplers import NvmlSampler
+    probe = NvmlSampler()
+    try:
+        available, reason = probe.available()
+    finally:
+        probe.close()
+    nvml = read_meta(rss_recording)["sources"]["samplers"]["detail"]["nvml"]
+    if available:
+        pytest.skip(f"NVML is available here ({reason}); this test is for machines without a GPU")
+    assert nvml["enabled"] is False, nvml
+    assert nvml.get("reason") == reason, nvml
+
+
+# ---- 5. --sources ----
+
+def test_sources_unknown_name_exits_2(tmp_path, run_memprof):
+    result = run_memprof("record", "--sources", "bogus", "--", "true", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "unknown source bogus" in " ".join(result.stderr.split()), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_torch
+def test_sources_kmem_only_does_not_probe_torch(tmp_path, run_memprof):
+    recording = tmp_path / "kmem-only.memprof"
+    result = record(run_memprof, recording, sys.executable, TORCH_LEAK, "--steps", 2, args=("--sources", "kmem"))
+    assert f"history_bytes={2 * STEP_BYTES}" in result.stdout, result.stdout  # the leak did happen
+    detail = read_meta(recording)["sources"]["ebpf"]["detail"]
+    assert detail["families"] == ["kmem"], detail
+    assert not detail.get("uprobes"), detail
+
+    from memprof.recording import open_recording
+    layers = open_recording(recording).events["layer"].astype(str)
+    assert int((layers == "torch_cpu").sum()) == 0
+    assert int((layers == "kernel_slab").sum()) > 0  # the control: kmem recorded
