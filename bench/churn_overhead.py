@@ -65,7 +65,7 @@ def main() -> None:
         results["baseline"].append(run(workload, workload))
         rec = tmp / f"churn-{i}.memprof"
         results["memprof"].append(run(MEMPROF + ["record", "-q", "-o", str(rec), "--", *workload], workload))
-        meta = json.loads((rec / "meta.json").read_text())["sources"]["kmem"]
+        meta = json.loads((rec / "meta.json").read_text())["sources"]["ebpf"]
         shutil.rmtree(rec)
         if MEMLEAK and not args.no_memleak:
             results["memleak"].append(memleak_run(workload))
