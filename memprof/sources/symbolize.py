@@ -16,9 +16,6 @@ scope here: the frames table keeps them nullable (DESIGN.md §3).
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from memprof.errors import NoPrivilegeError
+from memprof.sources.elfsyms import ElfSymbols, demangle, first_of_each_start  # noqa: F401 (demangle: re-exported)
 
 UNKNOWN = "[unknown]"
 
@@ -61,13 +59,6 @@ def _as_addrs(addrs) -> np.ndarray:
     return np.asarray(addrs, dtype=np.uint64).reshape(-1)
 
 
-def _first_of_each_start(starts: np.ndarray) -> np.ndarray:
-    """Mask keeping the first entry of each run of equal `starts` (already sorted)."""
-    keep = np.ones(len(starts), dtype=bool)
-    keep[1:] = starts[1:] != starts[:-1]
-    return keep
-
-
 # --- Kernel ---
 
 
@@ -82,7 +73,7 @@ class KernelSymbols:
     def __init__(self, starts: np.ndarray, names: np.ndarray, modules: np.ndarray):
         order = np.argsort(starts, kind="stable")
         starts, names, modules = starts[order], names[order], modules[order]
-        keep = _first_of_each_start(starts)
+        keep = first_of_each_start(starts)
         self.starts: np.ndarray = starts[keep]    # uint64, ascending, unique
         self.names: np.ndarray = names[keep]      # object (str)
         self.modules: np.ndarray = modules[keep]  # object (str), "vmlinux" for the core kernel
@@ -188,175 +179,6 @@ def snapshot_maps(pid: int) -> str | None:
     except OSError:
         # ESRCH mid-read: the process exited while the kernel walked its mappings.
         return None
-
-
-# --- C++ demangling ---
-
-
-@functools.cache
-def _cxa_demangle():
-    """`(__cxa_demangle, free)` from libstdc++ and libc, or None where libstdc++ is missing."""
-    name = ctypes.util.find_library("stdc++")
-    try:
-        lib = ctypes.CDLL(name or "libstdc++.so.6")
-        fn = lib.__cxa_demangle
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    fn.restype = ctypes.c_void_p  # not c_char_p: we must free() the buffer ourselves
-    free = ctypes.CDLL(None).free
-    free.argtypes = [ctypes.c_void_p]
-    return fn, free
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def demangle(name: str) -> str:
-    """Itanium C++ name → readable name ("_ZN3c109alloc_cpuEm" → "c10::alloc_cpu(unsigned long)").
-
-    Anything that is not a mangled name, or cannot be demangled here, comes back unchanged.
-    """
-    if not name.startswith("_Z"):
-        return name
-    funcs = _cxa_demangle()
-    if funcs is None:
-        return name
-    fn, free = funcs
-    status = ctypes.c_int(-1)
-    buf = fn(name.encode(), None, None, ctypes.byref(status))
-    if status.value != 0 or not buf:
-        return name
-    try:
-        return ctypes.string_at(buf).decode("utf-8", "replace")
-    finally:
-        free(buf)
-
-
-# --- ELF symbol tables ---
-
-
-_STT_FUNC, _STT_GNU_IFUNC = 2, 10
-# Among aliases at one address (malloc / __libc_malloc) prefer global, then weak, then local.
-_BINDING_RANK = np.array([2, 0, 1] + [3] * 13, dtype=np.uint8)  # STB_LOCAL=0, GLOBAL=1, WEAK=2
-
-
-def _sym_dtype(elfclass: int, little: bool) -> np.dtype:
-    """Elf32_Sym / Elf64_Sym as a numpy record (field order differs between the two)."""
-    e = "<" if little else ">"
-    if elfclass == 64:
-        fields = [("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
-                  ("value", e + "u8"), ("size", e + "u8")]
-    else:
-        fields = [("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
-                  ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")]
-    return np.dtype(fields)
-
-
-def _symbol_table(elf) -> tuple[np.ndarray, bytes]:
-    """(symbol records, string table) of `.symtab`, else `.dynsym`, else empty."""
-    section = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
-    if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
-        return np.zeros(0, _sym_dtype(64, True)), b""
-    dtype = _sym_dtype(elf.elfclass, elf.little_endian)
-    data = section.data()
-    syms = np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
-    return syms, elf.get_section(section["sh_link"]).data()
-
-
-def _alias_rank(syms: np.ndarray, strtab: bytes) -> np.ndarray:
-    """Sort key among symbols at one address, lowest wins: global, then weak, then local;
-    fewer leading underscores (malloc over __libc_malloc); a symbol with a size."""
-    if len(syms) == 0:
-        return np.zeros(0, dtype=np.int64)
-    chars = np.frombuffer(strtab, dtype=np.uint8)
-    offsets = syms["name"].astype(np.int64)
-    under1 = chars[np.minimum(offsets, len(chars) - 1)] == ord("_")
-    under2 = under1 & (chars[np.minimum(offsets + 1, len(chars) - 1)] == ord("_"))
-    binding = _BINDING_RANK[syms["info"] >> 4].astype(np.int64)
-    return binding * 8 + (under1.astype(np.int64) + under2) * 2 + (syms["size"] == 0)
-
-
-def _sizes_within_sections(elf, syms: np.ndarray) -> np.ndarray:
-    """Symbol sizes, where a size of 0 (assembly: `_init`, `_fini`, `_start`) becomes "up to the
-    end of its section": else the last such symbol would claim every address after it."""
-    sizes = syms["size"].astype(np.uint64)
-    ends = np.array([sec["sh_addr"] + sec["sh_size"] for sec in elf.iter_sections()] or [0],
-                    dtype=np.uint64)
-    # Special indices (SHN_ABS and other reserved values >= 0xff00) name no section: keep 0.
-    bounded = (sizes == 0) & (syms["shndx"] < len(ends))
-    shndx = np.where(bounded, syms["shndx"], 0)
-    end = ends[shndx]
-    return np.where(bounded & (end > syms["value"]), end - syms["value"], sizes)
-
-
-class ElfSymbols:
-    """Function symbols and PT_LOAD segments of one ELF file, as sorted numpy arrays.
-
-    Symbols come from `.symtab`, else `.dynsym` (stripped libraries). They are read with numpy
-    straight from the section bytes rather than one pyelftools object per symbol: libtorch has
-    hundreds of thousands. Names stay undecoded until an address resolves to them.
-    """
-
-    def __init__(self, path: str):
-        from elftools.elf.elffile import ELFFile  # import here: only symbolization needs it
-
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            self._read_segments(elf)
-            self._read_symbols(elf)
-
-    def _read_segments(self, elf) -> None:
-        loads = sorted((s["p_offset"], s["p_filesz"], s["p_vaddr"])
-                       for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"])
-        table = np.array(loads, dtype=np.uint64).reshape(-1, 3)
-        self.seg_offset, self.seg_filesz, self.seg_vaddr = table[:, 0], table[:, 1], table[:, 2]
-
-    def _read_symbols(self, elf) -> None:
-        syms, self._strtab = _symbol_table(elf)
-        kind = syms["info"] & 0xF
-        syms = syms[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
-                    & (syms["shndx"] != 0)]  # SHN_UNDEF: imports, whose value may be a PLT stub
-        syms = syms[np.lexsort((_alias_rank(syms, self._strtab), syms["value"]))]
-        syms = syms[_first_of_each_start(syms["value"])]
-        self.values = syms["value"].astype(np.uint64)
-        self.sizes = _sizes_within_sections(elf, syms)
-        self.name_offsets = syms["name"].astype(np.int64)
-
-    def vaddrs(self, file_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """File offsets → virtual addresses via the PT_LOAD segment holding each offset.
-
-        Returns (vaddrs, ok); ok is False where no segment's file bytes hold the offset.
-        """
-        if len(self.seg_offset) == 0:
-            return file_offsets, np.zeros(len(file_offsets), dtype=bool)
-        seg = np.searchsorted(self.seg_offset, file_offsets, side="right") - 1
-        ok = seg >= 0
-        seg = np.where(ok, seg, 0)
-        ok &= file_offsets < self.seg_offset[seg] + self.seg_filesz[seg]
-        return file_offsets - self.seg_offset[seg] + self.seg_vaddr[seg], ok
-
-    def lookup(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Nearest symbol at or below each address, and inside it when its size is known.
-
-        Returns (symbol index, bytes from the symbol's start, ok).
-        """
-        if len(self.values) == 0:
-            none = np.zeros(len(vaddrs), dtype=np.int64)
-            return none, none.astype(np.uint64), none.astype(bool)
-        idx = np.searchsorted(self.values, vaddrs, side="right") - 1
-        ok = idx >= 0
-        idx = np.where(ok, idx, 0)
-        offsets = vaddrs - self.values[idx]
-        size = self.sizes[idx]
-        return idx, offsets, ok & ((size == 0) | (offsets < size))
-
-    def name(self, i: int) -> str:
-        """Demangled name of symbol i."""
-        start = int(self.name_offsets[i])
-        end = self._strtab.find(b"\0", start)
-        return demangle(self._strtab[start:end if end >= 0 else None].decode("utf-8", "replace"))
-
-
-# --- User space ---
 
 
 def _file_identity(path: str) -> tuple | None:
