@@ -45,6 +45,9 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]]) -> dict[s
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
         "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _chain(finding, chains)],
+        # False: the chain has no Python frames (the eBPF sources record kernel and native
+        # frames only), not that no Python code was involved.
+        "python_frames": any(frame.get("kind") == "python" for frame in _chain(finding, chains)),
     }
 
 
@@ -110,6 +113,8 @@ def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns
     lines += [f"    {_frame(frame)}" for frame in chain[:MAX_FRAMES]]
     if len(chain) > MAX_FRAMES:
         lines.append(f"    … {_count(len(chain) - MAX_FRAMES, 'more frame', 'more frames')}")
+    if not any(frame.get("kind") == "python" for frame in chain):
+        lines.append("    [dim](no Python frames: this source records kernel and native frames only)[/]")
     return lines
 
 

@@ -159,7 +159,7 @@ def test_json_keys_and_types():
     assert (doc["min_age_ns"], doc["end_ns"]) == (500_000_000, 10 * S)
     first, second = doc["findings"]
     assert set(first) == {"layer", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
-                          "released_at_exit", "confirmed", "chain_missed_frees", "stack"}
+                          "released_at_exit", "confirmed", "chain_missed_frees", "python_frames", "stack"}
     assert (first["layer"], first["live_bytes"], first["live_count"]) == ("kernel_slab", 23 * 4096, 23)
     assert type(first["growth_bytes_per_s"]) is float and type(first["released_at_exit"]) is bool
     assert all(type(first[k]) is int for k in ("live_bytes", "live_count", "first_ns", "last_ns"))
@@ -236,3 +236,10 @@ def test_a_chain_with_frees_gone_unseen_is_unconfirmed():
     by_stack = {f.stack_id: f for f in result.findings}
     assert by_stack[7].live_count == 1 and by_stack[7].chain_missed_frees == 1 and not by_stack[7].confirmed
     assert by_stack[8].confirmed
+
+
+def test_chains_say_when_they_have_no_python_frames():
+    result, chains = _result_with_chain()
+    doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=0)
+    assert [f["python_frames"] for f in doc["findings"]] == [True, False]
+    assert "no Python frames" in render(result, chains)
