@@ -242,4 +242,6 @@ def test_chains_say_when_they_have_no_python_frames():
     result, chains = _result_with_chain()
     doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=0)
     assert [f["python_frames"] for f in doc["findings"]] == [True, False]
-    assert "no Python frames" in render(result, chains)
+    assert "no Python frames" not in render(result, chains)
+    native_only = {1: [frame for frame in chains[1] if frame["kind"] != "python"]}
+    assert "(no Python frames: this source records kernel and native frames only)" in render(result, native_only)
