@@ -20,25 +20,13 @@ the storage plus each kept tensor's own objects (TensorImpl, autograd node).
 usage: torch_leak.py [--steps N] [--start-wait MS] [--hold MS]
 prints "pid=N", then "loop_s=<seconds of the loop only>", "steps=N" and "history_bytes=B"
 """
-import argparse
-import os
-import time
-
-import torch
 from torch import nn
 
-BATCH, IN, HIDDEN, CLASSES = 64, 512, 512, 10
+from train import BATCH, HIDDEN, main  # the same loop: only train_step differs
+
 LEAK_BYTES_PER_STEP = BATCH * HIDDEN * 4  # 131072
 
 history = []  # every step's hidden activations, never cleared: the leak
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(IN, HIDDEN)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(HIDDEN, CLASSES)
 
 
 def train_step(model, optimizer, x, y):
@@ -52,33 +40,9 @@ def train_step(model, optimizer, x, y):
     return loss.item()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--start-wait", type=int, default=300, metavar="MS")
-    parser.add_argument("--hold", type=int, default=800, metavar="MS")
-    args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = Model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    print(f"pid={os.getpid()}", flush=True)
-    time.sleep(args.start_wait / 1000)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        x = torch.randn(BATCH, IN)
-        y = torch.randint(0, CLASSES, (BATCH,))
-        train_step(model, optimizer, x, y)
-    loop_s = time.perf_counter() - t0
-
-    held = sum(t.untyped_storage().nbytes() for t in history)
-    print(f"loop_s={loop_s:.6f}")
-    print(f"steps={args.steps}")
-    print(f"history_bytes={held}", flush=True)
-    time.sleep(args.hold / 1000)
+def report_history():
+    print(f"history_bytes={sum(t.untyped_storage().nbytes() for t in history)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(train_step, report_history, __doc__)

@@ -6,6 +6,7 @@ prints "pid=N", then "loop_s=<seconds of the loop only>" and "steps=N"
 """
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -32,8 +33,10 @@ def train_step(model, optimizer, x, y):
     return loss.item()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(step=train_step, report=lambda: None, description=__doc__):
+    """Run the loop with `step` (torch_leak.py passes its leaking one); `report()` prints
+    extra result lines after loop_s and steps."""
+    parser = argparse.ArgumentParser(description=description.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--start-wait", type=int, default=300, metavar="MS")
     parser.add_argument("--hold", type=int, default=800, metavar="MS")
@@ -50,11 +53,13 @@ def main():
     for _ in range(args.steps):
         x = torch.randn(BATCH, IN)
         y = torch.randint(0, CLASSES, (BATCH,))
-        train_step(model, optimizer, x, y)
+        step(model, optimizer, x, y)
     loop_s = time.perf_counter() - t0
 
     print(f"loop_s={loop_s:.6f}")
-    print(f"steps={args.steps}", flush=True)
+    print(f"steps={args.steps}")
+    report()
+    sys.stdout.flush()
     time.sleep(args.hold / 1000)
 
 
