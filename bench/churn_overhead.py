@@ -21,19 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import run  # bench/common.py
+
 ROOT = Path(__file__).resolve().parent.parent
 CHURN = ROOT / "examples" / "bin" / "kernel_churn"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMLEAK = shutil.which("memleak-bpfcc")
-
-
-def run(cmd: list[str], workload: list[str]) -> tuple[float, float]:
-    """(loop seconds printed by the workload, wall seconds of the whole command)."""
-    t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    wall = time.monotonic() - t0
-    loop = float(re.search(r"loop_s=([0-9.]+)", out).group(1))
-    return loop, wall
 
 
 def memleak_run(workload: list[str]) -> tuple[float, float]:
@@ -46,7 +39,7 @@ def memleak_run(workload: list[str]) -> tuple[float, float]:
         if "Attaching" not in line:
             raise RuntimeError(f"memleak did not start: {line!r}")
         time.sleep(1.0)  # it prints before attaching the last probes
-        return run(workload, workload)
+        return run(workload)
     finally:
         tracer.terminate()
         tracer.wait()
@@ -62,9 +55,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
     results: dict[str, list[tuple[float, float]]] = {"baseline": [], "memprof": [], "memleak": []}
     for i in range(args.repeats):
-        results["baseline"].append(run(workload, workload))
+        results["baseline"].append(run(workload))
         rec = tmp / f"churn-{i}.memprof"
-        results["memprof"].append(run(MEMPROF + ["record", "-q", "-o", str(rec), "--", *workload], workload))
+        results["memprof"].append(run(MEMPROF + ["record", "-q", "-o", str(rec), "--", *workload]))
         meta = json.loads((rec / "meta.json").read_text())["sources"]["ebpf"]
         shutil.rmtree(rec)
         if MEMLEAK and not args.no_memleak:

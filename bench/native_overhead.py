@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import loop_seconds, read_meta, run, sources_line  # bench/common.py
+
 ROOT = Path(__file__).resolve().parent.parent
 CHURN = ROOT / "examples" / "bin" / "native_churn"
 MEMPROF = [sys.executable, "-m", "memprof"]
@@ -38,20 +40,8 @@ SAMPLE_BYTES = 65536
 PROBE_ATTACH_S = 0.5  # after memleak's "Attaching" line: 13 uprobes/uretprobes on libc
 
 
-def run(cmd: list[str]) -> tuple[float, float]:
-    """(loop seconds printed by the workload, wall seconds of the whole command)."""
-    t0 = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    return _loop_s(done.returncode, done.stdout, done.stderr), wall
 
 
-def _loop_s(returncode: int, stdout: str, stderr: str) -> float:
-    found = re.search(r"loop_s=([0-9.]+)", stdout)
-    if returncode != 0 or not found:
-        tail = (stderr or stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"exit {returncode}: {' | '.join(tail)}")
-    return float(found.group(1))
 
 
 class LateAttach(RuntimeError):
@@ -81,7 +71,7 @@ def memleak_run(churn: int, wait_ms: int) -> tuple[float, float]:
         late = time.monotonic() - loop_starts
         out, err = target.communicate(timeout=600)
         wall = time.monotonic() - t0
-        loop = _loop_s(target.returncode, first + out, err)
+        loop = loop_seconds(target.returncode, first + out, err)
         if late > 0:
             raise LateAttach(f"memleak attached {late:.2f}s after the loop began (raise --memleak-wait-ms)")
         return loop, wall
@@ -146,11 +136,6 @@ def main() -> None:
     report(results, skipped, late, metas, args)
 
 
-def read_meta(recording: Path) -> dict:
-    try:
-        return json.loads((recording / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def report(results, skipped, late, metas, args) -> None:
@@ -180,13 +165,6 @@ def report(results, skipped, late, metas, args) -> None:
         print(f"memprof {name}, last run, per source: {sources_line(meta)}")
 
 
-def sources_line(meta: dict) -> str:
-    parts = []
-    for name, info in (meta.get("sources") or {}).items():
-        if isinstance(info, dict):
-            parts.append(f"{name} events={info['events']:,} lost={info.get('lost', '?')}"
-                         if isinstance(info.get("events"), int) else f"{name} enabled={info.get('enabled')}")
-    return "; ".join(parts) or "(no per-source entries in meta.json)"
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import loop_seconds, read_meta, run, sources_line  # bench/common.py
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
@@ -33,16 +35,6 @@ RUNS = ("baseline", "memprof", "memray")
 BAR = 1.10
 
 
-def run(cmd: list[str]) -> tuple[float, float]:
-    """(loop seconds printed by the workload, wall seconds of the whole command)."""
-    t0 = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    found = re.search(r"loop_s=([0-9.]+)", done.stdout)
-    if done.returncode != 0 or not found:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"exit {done.returncode}: {' | '.join(tail)}")
-    return float(found.group(1)), wall
 
 
 def ensure_memray() -> str | None:
@@ -99,11 +91,6 @@ def main() -> None:
     report(results, skipped, meta, args)
 
 
-def read_meta(recording: Path) -> dict | None:
-    try:
-        return json.loads((recording / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def report(results, skipped, meta, args) -> None:
@@ -131,13 +118,6 @@ def report(results, skipped, meta, args) -> None:
         print("memprof last run, per source: " + sources_line(meta))
 
 
-def sources_line(meta: dict) -> str:
-    parts = []
-    for name, info in (meta.get("sources") or {}).items():
-        if isinstance(info, dict):
-            parts.append(f"{name} events={info['events']:,} lost={info.get('lost', '?')}"
-                         if isinstance(info.get("events"), int) else f"{name} enabled={info.get('enabled')}")
-    return "; ".join(parts) or "(no per-source entries in meta.json)"
 
 
 if __name__ == "__main__":

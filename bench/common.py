@@ -1,0 +1,43 @@
+"""Pieces every benchmark here shares: timing a workload that prints its own loop time
+(`loop_s=`), reading a recording's meta.json, and summarizing its per-source stats."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+
+def loop_seconds(returncode: int, stdout: str, stderr: str) -> float:
+    """The `loop_s=` a workload printed; RuntimeError with its last lines if it failed."""
+    found = re.search(r"loop_s=([0-9.]+)", stdout)
+    if returncode != 0 or not found:
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"exit {returncode}: {' | '.join(tail)}")
+    return float(found.group(1))
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """(loop seconds printed by the workload, wall seconds of the whole command)."""
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    return loop_seconds(done.returncode, done.stdout, done.stderr), wall
+
+
+def read_meta(recording: Path) -> dict:
+    """A recording's meta.json, or {} when it cannot be read."""
+    try:
+        return json.loads((recording / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def sources_line(meta: dict) -> str:
+    parts = []
+    for name, info in (meta.get("sources") or {}).items():
+        if isinstance(info, dict):
+            parts.append(f"{name} events={info['events']:,} lost={info.get('lost', '?')}"
+                         if isinstance(info.get("events"), int) else f"{name} enabled={info.get('enabled')}")
+    return "; ".join(parts) or "(no per-source entries in meta.json)"
