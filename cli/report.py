@@ -76,6 +76,7 @@ def layers(path, top, fmt):
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.layers import layer_summary
     from memprof.analysis.leaks import chain_frames
+    from memprof.analysis.loss import recording_notes
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.cli import console
     from memprof.recording import find_latest_recording, open_recording
@@ -87,7 +88,8 @@ def layers(path, top, fmt):
                             canonical_stack=canonical_stacks(rec.stacks))
     ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
     chains = chain_frames(rec.stacks, rec.frames, ids)
+    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
     if fmt == "json":
-        click.echo(json.dumps(layers_to_json(summary, chains, rec.path), indent=2))
+        click.echo(json.dumps(layers_to_json(summary, chains, rec.path, **loss), indent=2))
         return
-    render_layers_table(summary, chains, console.out, start_ns=rec.meta.start_ns)
+    render_layers_table(summary, chains, console.out, start_ns=rec.meta.start_ns, **loss)

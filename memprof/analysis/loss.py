@@ -30,7 +30,7 @@ def recording_notes(meta: RecordingMeta) -> list[str]:
     for name, stats in meta.sources.items():
         failures = int(stats.detail.get("stack_failures", 0) or 0)
         if failures:
-            notes.append(f"{name}: {failures} stacks could not be captured (stack map full); those allocations "
+            notes.append(f"{name}: {failures} stacks could not be captured (stack map full, or a bucket taken by another stack); those allocations "
                          "are shown with their call site only")
         if stats.detail.get("site_cache_full"):
             notes.append(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Iterable, TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -31,11 +31,14 @@ _ALLOCATOR = re.compile(r"""^(?:
 _OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")  # kernel symbols come as "kmalloc_trace+0x2f"
 
 
-def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path) -> dict:
-    """JSON-ready dict: recording, layers (each with top_chains and their stacks, innermost
-    frame first) and metrics. Times are CLOCK_MONOTONIC ns, sizes bytes."""
+def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path, *,
+                   lost_events: int = 0, notes: Iterable[str] = ()) -> dict:
+    """JSON-ready dict: recording, lost_events, notes, layers (each with top_chains and their
+    stacks, innermost frame first) and metrics. Times are CLOCK_MONOTONIC ns, sizes bytes."""
     return {
         "recording": str(recording_path),
+        "lost_events": int(lost_events),
+        "notes": [str(n) for n in notes],
         "layers": [_layer_json(stats, chains) for stats in summary.layers],
         "metrics": [_metric_json(m) for m in summary.metrics],
     }
@@ -63,11 +66,16 @@ def _metric_json(metric: MetricStats) -> dict[str, Any]:
 
 
 def render_layers_table(summary: LayerSummary, chains: dict[int, list[dict]], console: Console, *,
-                        start_ns: int) -> None:
+                        start_ns: int, lost_events: int = 0, notes: Iterable[str] = ()) -> None:
     """Print one table per layer (peak, when, final, allocations), each followed by the chains
     that held the most at its peak, then one table of the sampled metrics. Times are shown
     relative to `start_ns` (recording start)."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
+    if lost_events:
+        out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): the curves below "
+            "miss them, so peaks and finals may be off by those allocations.[/]")
+    for note in notes:
+        out(f"[dim]note: {escape(str(note))}[/]")
     if not summary.layers:
         out("No allocations recorded.")
     for stats in summary.layers:

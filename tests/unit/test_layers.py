@@ -186,3 +186,13 @@ def test_sampled_allocations_count_by_their_weight():
     (heap,) = summary_of(rows).layers
     assert (heap.peak_bytes, heap.alloc_count) == (8000, 8)
     assert (heap.top_chains[0].live_bytes, heap.top_chains[0].live_count) == (8000, 8)
+
+
+def test_loss_is_shown_in_the_layers_report():
+    result = summary_of(HEAP)
+    console = Console(width=120, record=True, color_system=None)
+    render_layers_table(result, {}, console, start_ns=0, lost_events=47, notes=["kmem: a note"])
+    text = console.export_text()
+    assert "47 events were lost while recording" in text and "note: kmem: a note" in text
+    doc = layers_to_json(result, {}, "run.memprof", lost_events=47, notes=["kmem: a note"])
+    assert (doc["lost_events"], doc["notes"]) == (47, ["kmem: a note"])
