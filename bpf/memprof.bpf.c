@@ -60,6 +60,16 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     return 0;
 }
 
+/* A library mapped executable (dlopen, lazy loading as torch does for libcuda): user space
+ * re-reads the process's maps at its next poll and probes allocators that just appeared. */
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if ((args->prot & 0x4 /* PROT_EXEC */) && (long)args->fd >= 0 && is_tracked(tgid))
+        lifecycle(MP_MAP_EXEC, tgid, 0);
+    return 0;
+}
+
 /* The moment a process begins to exit, before the kernel's teardown frees what it held. */
 static __always_inline void exit_mark(u32 why)
 {

@@ -17,6 +17,7 @@
 #define MP_PROC_EXEC    9   /* a tracked process exec'd */
 #define MP_PROC_EXIT   10   /* a tracked thread group died (last thread exited) */
 #define MP_EXIT_MARK   11   /* a tracked process began to exit: exit_group, fatal signal, Py_Finalize */
+#define MP_MAP_EXEC    12   /* a tracked process maps a file executable (a library loaded late) */
 
 /* Counter slots (per-CPU array `counters`). */
 #define MP_CNT_RINGBUF_FULL   0  /* records dropped: the ring buffer refused a reservation */

@@ -239,7 +239,9 @@ class EbpfSource:
                 self.processes.exit_(pid, ts)
             elif kind == R.EXIT_MARK and pid not in self.exit_marks:
                 self.exit_marks[pid] = (ts, int(r["requested"]))
-        if (kinds == R.PROC_EXEC).any() or (kinds == R.PROC_FORK).any():
+            elif kind == R.MAP_EXEC:
+                self.processes.mark_stale(pid)
+        if np.isin(kinds, (R.PROC_EXEC, R.PROC_FORK, R.MAP_EXEC)).any():
             self._refresh_processes(only_stale=True)
 
     def _decode_memory(self, recs: np.ndarray) -> EventBatch:
@@ -286,9 +288,6 @@ class EbpfSource:
     def _refresh_processes(self, only_stale: bool) -> None:
         for info in self.processes.refresh(only_stale=only_stale):
             self._probe_new_mappings(info.maps)
-        if not only_stale:
-            for pid in self.processes.live():
-                self._probe_new_mappings(self.processes.maps_of(pid))
 
     def periodic(self) -> None:
         """About once a second: keep maps of live processes current, probe new libraries."""

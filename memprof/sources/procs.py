@@ -99,10 +99,17 @@ class ProcessTable:
     def live(self) -> list[int]:
         return [p for p, i in self.procs.items() if i.exit_ns is None]
 
+    def mark_stale(self, pid: int) -> None:
+        """Its mappings changed (a file mapped executable): re-read them at the next refresh."""
+        info = self.procs.get(pid)
+        if info is not None:
+            info.stale = True
+
     def refresh(self, only_stale: bool = False) -> list[ProcessInfo]:
-        """Re-read maps of live processes; returns those whose executable is newly known."""
-        changed = []
-        for info in self.procs.values():
+        """Re-read the maps of live processes (only the stale ones with `only_stale`);
+        returns the processes whose maps were read."""
+        refreshed = []
+        for info in list(self.procs.values()):
             if info.exit_ns is not None or (only_stale and not info.stale):
                 continue
             text = snapshot_maps(info.pid)
@@ -113,8 +120,8 @@ class ProcessTable:
             exe = read_exe(info.pid)
             if exe and exe != info.exe:
                 info.exe, info.comm = exe, read_comm(info.pid)
-                changed.append(info)
-        return changed
+            refreshed.append(info)
+        return refreshed
 
     def maps_of(self, pid: int) -> list[Mapping]:
         info = self.procs.get(pid)

@@ -162,6 +162,20 @@ def test_cuda_standin_known_leak(cuda_recording, leaks_json):
     assert not any("churn" in fn for f in findings for fn in functions(f)), context
 
 
+def test_a_library_loaded_late_is_probed_when_it_appears(tmp_path, run_memprof, leaks_json):
+    """The stand-in is found by none of the paths memprof searches before the start (its
+    directory is set for the command only, by env): memprof sees the library mapped
+    executable when cuda_app dlopens it and probes it before the first allocation 100 ms later."""
+    recording = tmp_path / "late.memprof"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    command = ["env", f"LD_LIBRARY_PATH={CUDA_STANDIN_DIR}", str(CUDA_APP), "100"]
+    result = run_memprof("record", "-q", "-o", recording, "--", *command, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    findings = leaks_json(recording, "--layer", "cuda_driver")["findings"]
+    assert sorted((f["live_count"], f["live_bytes"]) for f in findings) == \
+        [(KEEP_HOST, KEEP_HOST * HOST_BYTES), (KEEP_DEVICE, KEEP_DEVICE * DEVICE_BYTES)], describe(findings)
+
+
 def test_cuda_standin_allocs_and_frees_pair(cuda_recording, run_memprof):
     """Every one of the 135 allocations (123 device + 12 host) is counted, and each of the 107
     frees met its allocation: what remains is the kept 23 MiB + 5 x 256 KiB, which is also the
