@@ -134,8 +134,18 @@ class Session:
             self.source.stop()
             raise
         with _BlockedSignals():
-            self.child.release()
+            try:
+                self.child.release()
+            except TargetError:
+                self._abandon("the command could not be executed: nothing of it ran")
+                raise
             return self._loop(root=self.child.pid)
+
+    def _abandon(self, why: str) -> None:
+        """Finalize a recording that never began (so no half-written one is left behind)."""
+        self.source.stop()
+        self.writer.meta.notes.append(why)
+        self.writer.finalize(time.monotonic_ns())
 
     def _record_pid(self, pid: int) -> RecordResult:
         self.source.start(descendants(pid))
