@@ -1,0 +1,64 @@
+"""Ring-buffer records → events-table columns (EbpfSource._decode_memory), no kernel needed."""
+import numpy as np
+import pandas as pd
+
+from memprof.sources import records as R
+from memprof.sources.ebpf import EbpfOptions, EbpfSource
+
+
+class _Interner:
+    """Stands in for StackInterner: stack id = kernel stack id + 100 (ids are checked below)."""
+
+    def intern(self, kstack, ustack, pid, call_site):
+        return kstack.astype(np.int64) + 100
+
+
+def _records(*rows):
+    recs = np.zeros(len(rows), dtype=R.EVENT_DTYPE)
+    for i, row in enumerate(rows):
+        for name, value in row.items():
+            recs[i][name] = value
+    return recs
+
+
+def _decode(recs, native_sample_bytes=0):
+    source = EbpfSource(EbpfOptions(native_sample_bytes=native_sample_bytes))
+    source._stacks = _Interner()
+    return source._decode_memory(recs).columns
+
+
+CUDA, NATIVE, SLAB = R.LAYER_CODES.index("cuda_driver"), R.LAYER_CODES.index("native_heap"), R.LAYER_CODES.index("kernel_slab")
+
+
+def test_layers_actions_devices_and_sizes():
+    cols = _decode(_records(
+        dict(ts_ns=1, kind=R.SLAB_ALLOC, layer=SLAB, addr=0x10, size=64, requested=50, kstack_id=1, pid=7, tid=8),
+        dict(ts_ns=2, kind=R.SLAB_FREE, layer=SLAB, addr=0x10, pid=9, tid=9),
+        dict(ts_ns=3, kind=R.USER_ALLOC, layer=CUDA, addr=0x7f0000000000, size=5 << 32, kstack_id=2),
+        dict(ts_ns=4, kind=R.USER_ALLOC, layer=CUDA, flags=R.FLAG_HOST, addr=0x20, size=4096, kstack_id=3),
+        dict(ts_ns=5, kind=R.EXIT_MARK, pid=7, requested=0),
+    ))
+    assert [None if pd.isna(x) else x for x in cols["layer"]] == \
+        ["kernel_slab", "kernel_slab", "cuda_driver", "cuda_driver", None]  # a mark has no layer
+    assert list(cols["action"]) == ["alloc", "free", "alloc", "alloc", "mark"]
+    assert list(cols["device"]) == ["cpu", "cpu", "cuda", "cpu", "cpu"]  # pinned host memory is cpu
+    assert list(cols["size_bytes"].to_numpy(dtype=object, na_value=None)) == [64, None, 5 << 32, 4096, None]
+    assert list(cols["requested_bytes"].to_numpy(dtype=object, na_value=None)) == [50, None, 5 << 32, 4096, None]
+    assert list(cols["stack_id"].to_numpy(dtype=object, na_value=None)) == [101, None, 102, 103, None]
+    assert [None if pd.isna(x) else x for x in cols["category"]] == [None, None, None, None, "exit"]
+    assert cols["pid"].tolist()[:2] == [7, 9]
+
+
+def test_sampled_native_allocations_carry_their_weight():
+    cols = _decode(_records(
+        dict(ts_ns=1, kind=R.USER_ALLOC, layer=NATIVE, addr=0x10, size=1024),
+        dict(ts_ns=2, kind=R.USER_ALLOC, layer=NATIVE, addr=0x20, size=1 << 20),
+        dict(ts_ns=3, kind=R.USER_FREE, layer=NATIVE, addr=0x10),
+    ), native_sample_bytes=8192)
+    weight = cols["weight"]
+    assert weight[0] == 8.0 and weight[1] == 1.0 and np.isnan(weight[2])
+
+
+def test_lifecycle_records_are_not_events():
+    cols = _decode(_records(dict(ts_ns=1, kind=R.PROC_FORK, pid=5, tid=4), dict(ts_ns=2, kind=R.MAP_EXEC, pid=5)))
+    assert len(cols["ts_ns"]) == 0
