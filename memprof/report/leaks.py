@@ -113,9 +113,16 @@ def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns
     lines += [f"    {_frame(frame)}" for frame in chain[:MAX_FRAMES]]
     if len(chain) > MAX_FRAMES:
         lines.append(f"    … {_count(len(chain) - MAX_FRAMES, 'more frame', 'more frames')}")
-    if not any(frame.get("kind") == "python" for frame in chain):
+    if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
         lines.append("    [dim](no Python frames: this source records kernel and native frames only)[/]")
     return lines
+
+
+def _through_interpreter(chain: list[dict]) -> bool:
+    """The chain ran through a Python interpreter (its native frames are in python3.X or
+    libpython3.X), or is one of torch's (stopped inside libtorch, which Python drives)."""
+    modules = (str(frame.get("module") or "") for frame in chain if frame.get("kind") == "native")
+    return any(m.startswith(("python", "libpython", "libtorch", "libc10")) for m in modules)
 
 
 def _frame(frame: dict) -> str:

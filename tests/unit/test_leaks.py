@@ -244,4 +244,7 @@ def test_chains_say_when_they_have_no_python_frames():
     assert [f["python_frames"] for f in doc["findings"]] == [True, False]
     assert "no Python frames" not in render(result, chains)
     native_only = {1: [frame for frame in chains[1] if frame["kind"] != "python"]}
-    assert "(no Python frames: this source records kernel and native frames only)" in render(result, native_only)
+    assert "no Python frames" not in render(result, native_only)  # libfoo.so: not an interpreter
+    interpreted = {1: native_only[1] + [{"kind": "native", "function": "_PyEval_EvalFrameDefault",
+                                         "module": "python3.11", "file": None, "line": None}]}
+    assert "(no Python frames: this source records kernel and native frames only)" in render(result, interpreted)
