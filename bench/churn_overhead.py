@@ -10,9 +10,7 @@ ratios to the unprofiled median measured in the same run (machines here are nois
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -21,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import run  # bench/common.py
+from common import read_meta, run  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 CHURN = ROOT / "examples" / "bin" / "kernel_churn"
@@ -58,7 +56,7 @@ def main() -> None:
         results["baseline"].append(run(workload))
         rec = tmp / f"churn-{i}.memprof"
         results["memprof"].append(run(MEMPROF + ["record", "-q", "-o", str(rec), "--", *workload]))
-        meta = json.loads((rec / "meta.json").read_text())["sources"]["ebpf"]
+        meta = read_meta(rec).get("sources", {}).get("ebpf", {})
         shutil.rmtree(rec)
         if MEMLEAK and not args.no_memleak:
             results["memleak"].append(memleak_run(workload))

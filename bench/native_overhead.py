@@ -18,7 +18,6 @@ Its wall time includes that wait, so compare its loop time only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil

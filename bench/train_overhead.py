@@ -15,17 +15,14 @@ memray is installed into this Python's environment (pip install memray) when mis
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import loop_seconds, read_meta, run, sources_line  # bench/common.py
+from common import read_meta, run, sources_line  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"

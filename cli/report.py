@@ -20,6 +20,18 @@ def _min_age(ctx, param, value):
     return int(seconds * 1e9)
 
 
+def _analysed(path: str | None):
+    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report."""
+    from memprof.analysis.chains import canonical_stacks
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.recording import find_latest_recording, open_recording
+    from memprof.timeline import timeline
+
+    rec = open_recording(path if path else find_latest_recording("."))
+    events = timeline(rec)
+    return rec, events, pair_lifetimes(events), canonical_stacks(rec.stacks)
+
+
 @click.group()
 def report():
     """Analyse a recording (default: the newest in the current directory)."""
@@ -41,21 +53,16 @@ def leaks(path, min_age, layers, top, fmt):
     outlived the process (kernel caches). For an attached process that did not exit, the end
     is the end of the recording.
     """
-    from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.leaks import chain_frames, end_of_target, exit_times, find_leaks
-    from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
     from memprof.cli import console
-    from memprof.recording import find_latest_recording, open_recording
     from memprof.report.leaks import leaks_to_json, render_leaks_table
-    from memprof.timeline import timeline
 
-    rec = open_recording(path if path else find_latest_recording("."))
-    events = timeline(rec)
+    rec, events, lifetimes, canonical = _analysed(path)
     end_ns = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
-    result = find_leaks(pair_lifetimes(events), end_ns=end_of_target(events, rec.meta.pid, end_ns),
+    result = find_leaks(lifetimes, end_ns=end_of_target(events, rec.meta.pid, end_ns),
                         recording_end_ns=end_ns, min_age_ns=min_age, layers=layers or None, top=top,
-                        end_by_pid=exit_times(events), canonical_stack=canonical_stacks(rec.stacks))
+                        end_by_pid=exit_times(events), canonical_stack=canonical)
     skipped = skipped_frees_by_layer(rec.meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
     chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings])
@@ -73,19 +80,14 @@ def leaks(path, min_age, layers, top, fmt):
 def layers(path, top, fmt):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the
     peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""
-    from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.layers import layer_summary
     from memprof.analysis.leaks import chain_frames
     from memprof.analysis.loss import recording_notes
-    from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.cli import console
-    from memprof.recording import find_latest_recording, open_recording
     from memprof.report.layers import layers_to_json, render_layers_table
-    from memprof.timeline import timeline
 
-    rec = open_recording(path if path else find_latest_recording("."))
-    summary = layer_summary(pair_lifetimes(timeline(rec)), rec.samples, top=top,
-                            canonical_stack=canonical_stacks(rec.stacks))
+    rec, _, lifetimes, canonical = _analysed(path)
+    summary = layer_summary(lifetimes, rec.samples, top=top, canonical_stack=canonical)
     ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
     chains = chain_frames(rec.stacks, rec.frames, ids)
     loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))

@@ -79,7 +79,7 @@ def anchor() -> ClockAnchor:
 class Session:
     """Runs one recording. `on_status` is called about four times a second."""
 
-    def __init__(self, request: RequestT, on_status: Callable[[Status], None] | None = None):
+    def __init__(self, request: RecordRequest, on_status: Callable[[Status], None] | None = None):
         self.request = request
         self.on_status = on_status or (lambda s: None)
         self.source = EbpfSource(request.ebpf)
@@ -205,14 +205,21 @@ class Session:
         return not [p for p in self.source.live_tgids() if pid_alive(p)]
 
     def _wait_signal(self, timeout_s: float) -> None:
-        info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
-        if info is None or info.si_signo == signal.SIGCHLD:
-            return
-        if info.si_signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signo = self._take_signal(timeout_s)
+        if signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._interrupted = True
             self._stop_requested = True
+
+    def _take_signal(self, timeout_s: float) -> int | None:
+        """Wait up to `timeout_s` for a signal; pass it on to the command (unless the
+        terminal sent it, which reached the command already). Returns it; None for SIGCHLD
+        or a timeout."""
+        info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
+        if info is None or info.si_signo == signal.SIGCHLD:
+            return None
         if self.child is not None and info.si_code != _SI_KERNEL:
-            self.child.signal(info.si_signo)  # a terminal's signal reached the child already
+            self.child.signal(info.si_signo)
+        return info.si_signo
 
     def _ingest(self) -> None:
         batch = self.source.poll()
@@ -299,13 +306,9 @@ class Session:
             return None
         with _BlockedSignals():
             while self.child.poll() is None:
-                info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), 0.2)
-                if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != _SI_KERNEL:
-                    self.child.signal(info.si_signo)
+                self._take_signal(0.2)
         return self.child.status
 
-
-RequestT = RecordRequest
 
 
 class _BlockedSignals:

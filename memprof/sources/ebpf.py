@@ -85,6 +85,7 @@ class EbpfSource:
         self._link_fds: list[int] = []
         self._probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
         self._finalize_probes: set[str] = set()
+        self._family_map: dict[str, U.Family] | None = None
 
     def enabled(self, family: str) -> bool:
         return family in self.options.families
@@ -159,10 +160,13 @@ class EbpfSource:
 
     # ---- user-space allocators ----
     def _families(self) -> dict[str, U.Family]:
-        fams = {name: fam for name, fam in U.FAMILIES.items() if self.enabled(name)}
-        if self.enabled("native"):
-            fams["native"] = U.native_family(self.options.allocator_prefix)
-        return fams
+        """The enabled user-space families by name (built once: native depends on options)."""
+        if self._family_map is None:
+            fams = {name: fam for name, fam in U.FAMILIES.items() if self.enabled(name)}
+            if self.enabled("native"):
+                fams["native"] = U.native_family(self.options.allocator_prefix)
+            self._family_map = fams
+        return self._family_map
 
     def _attach_known_libraries(self) -> None:
         """Probe the libraries we can find before the command starts."""
@@ -182,18 +186,19 @@ class EbpfSource:
             return
         self._probed.add(key)
         family = self._families()[family_name]
-        attached, missing = [], []
+        attached, missing_required = 0, []
         for probe in family.probes:
             try:
                 self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, fn_name=probe.program)
                 if probe.return_program:
                     self._bpf.attach_uretprobe(name=key[0], sym=probe.symbol, fn_name=probe.return_program)
-                attached.append(probe.symbol)
-            except Exception:
-                missing.append(probe.symbol)
+                attached += 1
+            except Exception:  # bcc raises bare Exception for a symbol the file lacks
+                if not probe.optional:
+                    missing_required.append(probe.symbol)
         libs = self.stats.detail.setdefault("uprobes", {})
-        libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": len(attached),
-                        "missing": [m for m in missing if not _optional(family, m)]}
+        libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
+                        "missing": missing_required}
 
     def _probe_new_mappings(self, maps) -> None:
         for m in maps:
@@ -346,10 +351,6 @@ class EbpfSource:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
-
-
-def _optional(family: U.Family, symbol: str) -> bool:
-    return next((p.optional for p in family.probes if p.symbol == symbol), True)
 
 
 def _exit_reason(why: int) -> str:

@@ -36,7 +36,6 @@ EXIT_MARK = 11
 MAP_EXEC = 12
 
 ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
-FREE_KINDS = (SLAB_FREE, PAGE_FREE, USER_FREE)
 
 # The `layer` byte, indexing these names (MP_LAYER_* in memprof.h).
 LAYER_CODES = ("kernel_slab", "kernel_page", "torch_cpu", "cuda_driver", "native_heap")
@@ -46,7 +45,6 @@ FLAG_HOST = 0x02
 FLAG_ASYNC = 0x04
 FLAG_MANAGED = 0x08
 FLAG_PHYSICAL = 0x10
-LIFECYCLE_KINDS = (PROC_FORK, PROC_EXEC, PROC_EXIT)
 
 # Counter slots of the per-CPU `counters` array.
 CNT_RINGBUF_FULL = 0

@@ -46,9 +46,6 @@ class RingBufferConsumer:
     def producer_pos(self) -> int:
         return struct.unpack_from("<Q", self._producer, 0)[0]
 
-    def pending_bytes(self) -> int:
-        return self.producer_pos - self.consumer_pos
-
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Committed records since the last drain, oldest first (at most `max_records`)."""
         cons = self.consumer_pos

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from memprof.errors import NoPrivilegeError
-from memprof.sources.elfsyms import ElfSymbols, demangle, first_of_each_start  # noqa: F401 (demangle: re-exported)
+from memprof.sources.elfsyms import ElfSymbols, first_of_each_start
 
 UNKNOWN = "[unknown]"
 

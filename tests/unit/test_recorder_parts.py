@@ -12,7 +12,6 @@ from memprof.record.privileges import CAP_BPF, CAP_PERFMON, effective_capabiliti
 from memprof.record.session import default_output
 from memprof.record.target import resolve_executable
 from memprof.sources.stacks import StackInterner
-from memprof.sources.symbolize import KernelSymbols
 from memprof.units import format_bytes, parse_duration, parse_size
 
 

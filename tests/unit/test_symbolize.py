@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memprof.sources.elfsyms import demangle
 from memprof.sources.symbolize import (
-    UNKNOWN, KernelSymbols, Mapping, UserSymbolizer, demangle, parse_maps, snapshot_maps,
+    UNKNOWN, KernelSymbols, Mapping, UserSymbolizer, parse_maps, snapshot_maps,
 )
 
 KALLSYMS = """\
