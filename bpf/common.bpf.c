@@ -110,6 +110,7 @@ static __always_inline struct mp_event *reserve(u8 kind)
     e->requested = 0;
     e->kstack_id = -1;
     e->ustack_id = -1;
+    e->py_stack = 0;
     return e;
 }
 
@@ -134,8 +135,13 @@ static __always_inline u64 task_user_sp(void)
     return sp;
 }
 
+static __always_inline u64 py_stack_id(void);
+
+/* Native stacks are sampled; the Python stack is read for every event (it is what a reused
+ * native stack cannot tell apart: one C call path runs every Python function). */
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask)
 {
+    e->py_stack = py_stack_id();
     struct site_key key = {.call_site = e->call_site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
     u32 slot = MP_CNT_SAMPLE_TICK;
     u64 *tick = counters.lookup(&slot);

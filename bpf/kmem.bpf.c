@@ -25,6 +25,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     fill_stacks(ctx, e, STACK_SAMPLE_MASK);
     remember_addr(ptr);
     submit(e);
+    py_learn_after_tp(ctx);
     return 0;
 }
 
@@ -163,6 +164,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK);
     remember_addr(page);
     submit(e);
+    py_learn_after_tp(ctx);
     return 0;
 }
 

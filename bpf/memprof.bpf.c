@@ -35,8 +35,11 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (is_tracked(tgid))
+    if (is_tracked(tgid)) {
+        /* The old image's interpreter is gone: no frames until user space finds the new one. */
+        py_procs.delete(&tgid);
         lifecycle(MP_PROC_EXEC, tgid, args->old_pid);
+    }
     return 0;
 }
 
@@ -54,6 +57,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (pid != tgid)
         set_tracked(pid, 0);
     if (group_dead) {
+        py_procs.delete(&tgid);
         lifecycle(MP_PROC_EXIT, tgid, pid);
         set_tracked(tgid, 0);
     }

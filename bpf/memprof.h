@@ -1,6 +1,6 @@
 /* Record layouts shared by memprof's BPF programs and memprof/sources/records.py.
  *
- * Every record leaving the kernel is one fixed-size `struct mp_event` (56 bytes; 64 with the
+ * Every record leaving the kernel is one fixed-size `struct mp_event` (64 bytes; 72 with the
  * ring buffer's 8-byte header), so user space decodes a batch as one strided numpy view.
  * Change a field here and in records.py together; test_records_layout checks they agree. */
 #ifndef MEMPROF_H
@@ -25,7 +25,10 @@
 #define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
 #define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */
 #define MP_CNT_NESTED_FREES   4  /* + MP_TP_*: frees recorded by a backup program (the main one was skipped) */
-#define MP_N_COUNTERS         8
+#define MP_CNT_PY_NO_THREAD   8  /* a Python process's thread had no PyThreadState we could find */
+#define MP_CNT_PY_BAD_CODE    9  /* a frame chain led to something that is not a code object: dropped */
+#define MP_CNT_PY_MAP_FULL   10  /* py_stacks or py_codes had no room: the event has no Python frames */
+#define MP_N_COUNTERS        12
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */
 #define MP_TP_KFREE              0
@@ -62,6 +65,7 @@ struct mp_event {
     __u8  layer;        /* MP_LAYER_* */
     __u8  flags;        /* MP_FLAG_* */
     __s8  device;       /* CUDA device index, -1 when unknown or not a device */
+    __u64 py_stack;     /* key in `py_stacks` (bpf/python.bpf.c) of the thread's Python frames; 0: none */
 };
 
 #endif

@@ -65,8 +65,10 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, struc
     e->flags = p->flags | MP_FLAG_STACK_SAMPLED;
     e->device = p->device;
     e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e->py_stack = py_stack_id();
     remember_addr(addr ^ layer);
     submit(e);
+    py_learn_after_up(ctx);
 }
 
 static __always_inline void emit_user_free(u8 layer, u64 addr, u8 flags)

@@ -5,10 +5,14 @@ import click
 
 
 @click.command()
-def doctor():
+@click.option("--python", "pythons", multiple=True, metavar="PATH",
+              type=click.Path(exists=True, dir_okay=False),
+              help="Also check that Python frames can be read from this interpreter (repeatable).")
+def doctor(pythons):
     """Check every requirement of recording, and say how to fix what is missing.
 
-    Exits 0 when recording can work, 4 when a required source cannot.
+    Exits 0 when recording can work, 4 when a required source cannot. An interpreter whose
+    Python frames cannot be read is a warning: recording works, without those frames.
     """
     from rich.markup import escape
     from rich.table import Table
@@ -17,12 +21,12 @@ def doctor():
     from memprof.doctor import recording_possible, run_checks
     from memprof.errors import ExitCode
 
-    checks = run_checks()
+    checks = run_checks(pythons)
     table = Table(title="memprof doctor", show_lines=False)
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")
     for c in checks:
-        status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]absent[/]")
+        status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else f"[yellow]{escape(c.absent)}[/]")
         table.add_row(escape(c.name), status, escape(c.detail), "" if c.ok else escape(c.fix))
     console.out.print(table)
     if recording_possible(checks):

@@ -32,6 +32,13 @@ def _analysed(path: str | None):
     return rec, events, pair_lifetimes(events), canonical_stacks(rec.stacks)
 
 
+def _native_frames_option(fn):
+    return click.option(
+        "--native-frames", "native_frames", default="merged", show_default=True, type=click.Choice(("merged", "all")),
+        help="merged: the interpreter's eval-loop frames are replaced by the Python frames they ran; "
+             "all: keep every native frame too.")(fn)
+
+
 @click.group()
 def report():
     """Analyse a recording (default: the newest in the current directory)."""
@@ -44,7 +51,8 @@ def report():
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
-def leaks(path, min_age, layers, top, fmt):
+@_native_frames_option
+def leaks(path, min_age, layers, top, fmt, native_frames):
     """Allocation chains still live when the target began to exit, biggest first.
 
     For a command, "the end" is the moment its root process began to exit (exit_group, a
@@ -65,7 +73,7 @@ def leaks(path, min_age, layers, top, fmt):
                         end_by_pid=exit_times(events), canonical_stack=canonical)
     skipped = skipped_frees_by_layer(rec.meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
-    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings])
+    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings], native_frames)
     if fmt == "json":
         click.echo(json.dumps(leaks_to_json(result, chains, rec.path, rec.meta.lost_events), indent=2))
         return
@@ -77,7 +85,8 @@ def leaks(path, min_age, layers, top, fmt):
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer, at its peak.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
-def layers(path, top, fmt):
+@_native_frames_option
+def layers(path, top, fmt, native_frames):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the
     peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""
     from memprof.analysis.layers import layer_summary
@@ -89,7 +98,7 @@ def layers(path, top, fmt):
     rec, _, lifetimes, canonical = _analysed(path)
     summary = layer_summary(lifetimes, rec.samples, top=top, canonical_stack=canonical)
     ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
-    chains = chain_frames(rec.stacks, rec.frames, ids)
+    chains = chain_frames(rec.stacks, rec.frames, ids, native_frames)
     loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
     if fmt == "json":
         click.echo(json.dumps(layers_to_json(summary, chains, rec.path, **loss), indent=2))

@@ -4,7 +4,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import sys
 from dataclasses import dataclass
+from typing import Sequence
 
 from memprof.record.privileges import can_record
 
@@ -16,9 +18,12 @@ class Check:
     detail: str
     fix: str = ""
     required: bool = True  # recording cannot work without it
+    absent: str = "absent"  # the status word of an optional check that failed
 
 
-def run_checks() -> list[Check]:
+def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
+    """Every check, in display order; `pythons`: interpreter paths to check for Python frames
+    besides the one running memprof."""
     from memprof.sources import kmem
     checks = [
         Check("privileges", can_record(), "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
@@ -36,7 +41,7 @@ def run_checks() -> list[Check]:
         _module_check("torch", "pip install torch (for PyTorch targets and the CPU allocator layer)"),
         _nvml_check(),
     ]
-    return checks
+    return checks + python_checks(pythons)
 
 
 def recording_possible(checks: list[Check]) -> bool:
@@ -84,3 +89,30 @@ def _nvml_check() -> Check:
         if os.path.exists(lib):
             return Check("CUDA/NVML", True, lib, required=False)
     return Check("CUDA/NVML", False, "no NVIDIA driver (GPU layers unavailable)", "install the NVIDIA driver on a GPU machine", required=False)
+
+
+def python_checks(pythons: Sequence[str] = ()) -> list[Check]:
+    """"Python frames" (optional) for the interpreter running memprof, then each of `pythons`:
+    whether memprof can read the frames of processes running it."""
+    from memprof.sources.pyinterp import runtime_file
+    checks = [_python_check(sys.executable, _own_runtime_file())]
+    return checks + [_python_check(p, runtime_file(os.path.realpath(p))) for p in pythons]
+
+
+def _own_runtime_file() -> str:
+    """The file defining this process's _PyRuntime, as the recorder would find it: from our maps."""
+    from memprof.sources.pyinterp import python_file_in_maps, runtime_file
+    from memprof.sources.symbolize import parse_maps, snapshot_maps
+    found = python_file_in_maps(parse_maps(snapshot_maps(os.getpid()) or ""))
+    return found or runtime_file(os.path.realpath(sys.executable))
+
+
+def _python_check(given: str, inspected: str) -> Check:
+    from memprof.sources.pyinterp import PythonLayoutError, inspect_python
+    shown = inspected if os.path.realpath(given) == inspected else f"{given} → {inspected}"
+    try:
+        binary = inspect_python(inspected)
+    except PythonLayoutError as e:
+        detail = e.message if inspected in e.message else f"{shown}: {e.message}"
+        return Check("Python frames", False, detail, e.hint or "", required=False, absent="unsupported")
+    return Check("Python frames", True, f"CPython {binary.version_text()} ({shown}): frames supported", required=False)

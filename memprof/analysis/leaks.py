@@ -20,7 +20,7 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, label_of, labels
 from memprof.errors import UsageError
-from memprof.model.schema import Action, Layer, Mark
+from memprof.model.schema import EVAL_LOOP_FUNCTIONS, Action, FrameKind, Layer, Mark
 
 _NEVER = np.iinfo(np.int64).max
 _FRAME_KEYS = ("kind", "function", "module", "file", "line")
@@ -178,16 +178,29 @@ def end_of_target(events: pd.DataFrame, root_pid: int | None, recording_end_ns: 
     return min(exit_times(events).get(int(root_pid), int(recording_end_ns)), int(recording_end_ns))
 
 
-def chain_frames(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable) -> dict[int, list[dict]]:
+def chain_frames(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable,
+                 native_frames: str = "merged") -> dict[int, list[dict]]:
     """Frames of each stack, innermost (depth 0) first, as dicts with keys kind, function,
     module, file, line (None where unknown). Null ids are skipped; an id with no stack rows
-    maps to []."""
+    maps to []. `native_frames`: "merged" drops the interpreter's eval-loop frames from chains
+    that hold the Python frames they ran (the chain reads as its author wrote it); "all"
+    keeps every native frame."""
+    if native_frames not in ("merged", "all"):
+        raise ValueError(f"native_frames must be 'merged' or 'all', not {native_frames!r}")
     ids = sorted({int(i) for i in stack_ids if i is not None and not pd.isna(i)})
     chains: dict[int, list[dict]] = {i: [] for i in ids}
     rows = stacks[stacks["stack_id"].isin(ids)].merge(frames, on="frame_id", how="left")
     for row in rows.sort_values(["stack_id", "depth"]).itertuples(index=False):
         chains[int(row.stack_id)].append({key: _value(getattr(row, key)) for key in _FRAME_KEYS})
+    if native_frames == "merged":
+        chains = {i: _without_eval_loop(chain) for i, chain in chains.items()}
     return chains
+
+
+def _without_eval_loop(chain: list[dict]) -> list[dict]:
+    if not any(frame["kind"] == FrameKind.PYTHON.value for frame in chain):
+        return chain
+    return [f for f in chain if not (f["kind"] == FrameKind.NATIVE.value and f["function"] in EVAL_LOOP_FUNCTIONS)]
 
 
 def _value(value):

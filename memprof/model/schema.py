@@ -38,6 +38,12 @@ class FrameKind(str, enum.Enum):
     PYTHON = "python"
 
 
+# CPython's evaluation loop: the native frames that run Python frames. A stored chain keeps
+# them, each just after the Python frames it was running; reports drop them where the chain
+# has those Python frames (`--native-frames all` keeps them).
+EVAL_LOOP_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx", "_PyEval_EvalFrame"})
+
+
 class Mark(str, enum.Enum):
     """Labels of `mark` events, stored in the `category` column."""
 

@@ -110,12 +110,29 @@ def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns
                      "went unseen (its address was handed out again), so some of these may already be free")
     if not chain:
         return lines + ["    (no stack recorded)"]
-    lines += [f"    {_frame(frame)}" for frame in chain[:MAX_FRAMES]]
-    if len(chain) > MAX_FRAMES:
-        lines.append(f"    … {_count(len(chain) - MAX_FRAMES, 'more frame', 'more frames')}")
+    shown, hidden = _visible(chain)
+    for frame in shown:
+        lines.append(f"    … {_count(hidden, 'more frame', 'more frames')}" if frame is None else f"    {_frame(frame)}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
-        lines.append("    [dim](no Python frames: this source records kernel and native frames only)[/]")
+        lines.append("    [dim](no Python frames: the interpreter's layout was not confirmed, or the thread "
+                     "had no Python state; see `memprof doctor`)[/]")
     return lines
+
+
+def _visible(chain: list[dict]) -> tuple[list[dict | None], int]:
+    """At most MAX_FRAMES frames; a long chain keeps its innermost frames and its Python
+    frames (what the user acts on) and shows None where the frames between were left out."""
+    if len(chain) <= MAX_FRAMES:
+        return list(chain), 0
+    head = MAX_FRAMES
+    tail: list[int] = []
+    for i in (i for i, frame in enumerate(chain) if frame.get("kind") == "python"):
+        if i >= head and len(tail) < MAX_FRAMES // 2:
+            tail.append(i)
+            head -= 1  # one innermost frame less for each Python frame kept from further out
+    tail = [i for i in tail if i >= head]
+    hidden = len(chain) - head - len(tail)
+    return chain[:head] + ([None] if hidden else []) + [chain[i] for i in tail], hidden
 
 
 def _through_interpreter(chain: list[dict]) -> bool:

@@ -21,6 +21,7 @@ from memprof.sources import records as R
 from memprof.sources import uprobes as U
 from memprof.sources.bpfinfo import prog_stats
 from memprof.sources.procs import ProcessTable
+from memprof.sources.python import PythonFrames, PythonOptions, python_cflags
 from memprof.sources.ringbuf import RingBufferConsumer
 from memprof.sources.stacks import StackInterner
 from memprof.sources.symbolize import KernelSymbols
@@ -41,6 +42,7 @@ class EbpfOptions:
     ringbuf_bytes: int = 128 << 20
     stack_entries: int = 32768
     addr_filter_bits_log2: int = 26
+    python: PythonOptions = field(default_factory=PythonOptions)
 
 
 @dataclass
@@ -57,7 +59,7 @@ def bpf_source_dir() -> str:
 
 def program_text(src_dir: str, *, kmem: bool) -> str:
     """The BPF program: its parts joined in order (see bpf/common.bpf.c for why)."""
-    parts = ["common.bpf.c", *(["kmem.bpf.c"] if kmem else []), "uprobes.bpf.c", "memprof.bpf.c"]
+    parts = ["common.bpf.c", "python.bpf.c", *(["kmem.bpf.c"] if kmem else []), "uprobes.bpf.c", "memprof.bpf.c"]
     texts = []
     for name in parts:
         with open(os.path.join(src_dir, name)) as f:
@@ -86,6 +88,7 @@ class EbpfSource:
         self._probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
         self._finalize_probes: set[str] = set()
         self._family_map: dict[str, U.Family] | None = None
+        self._python: PythonFrames | None = None
 
     def enabled(self, family: str) -> bool:
         return family in self.options.families
@@ -99,7 +102,10 @@ class EbpfSource:
         self._attach_known_libraries()
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
         # kallsyms is read at the first flush, not here: the command waits for start() to return.
-        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load)
+        self._python = PythonFrames(self._bpf, self.options.python)
+        self._python.install()
+        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
+                                     python_frames=self._python.frames)
         for pid in pids:
             self.track(pid)
 
@@ -143,6 +149,7 @@ class EbpfSource:
             flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
         if self.enabled("kmem"):
             flags += K.kmem_cflags(o.kmem)
+        flags += python_cflags(o.python)
         return flags
 
     def _attach_tracepoints(self) -> None:
@@ -240,8 +247,10 @@ class EbpfSource:
                 self.processes.add(pid, int(r["tid"]), ts)
             elif kind == R.PROC_EXEC:
                 self.processes.exec_(pid)
+                self._python.forget(pid)
             elif kind == R.PROC_EXIT:
                 self.processes.exit_(pid, ts)
+                self._python.forget(pid)
             elif kind == R.EXIT_MARK and pid not in self.exit_marks:
                 self.exit_marks[pid] = (ts, int(r["requested"]))
             elif kind == R.MAP_EXEC:
@@ -260,7 +269,8 @@ class EbpfSource:
         requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
         stack_ids = np.zeros(mem.size, dtype=np.int64)
         stack_ids[is_alloc] = self._stacks.intern(
-            mem["kstack_id"][is_alloc], mem["ustack_id"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc])
+            mem["kstack_id"][is_alloc], mem["ustack_id"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc],
+            mem["py_stack"][is_alloc])
         is_device = (layer == R.LAYER_CODES.index(Layer.CUDA_DRIVER.value)) & ((flags & R.FLAG_HOST) == 0) & ~is_mark
         columns = {
             "ts_ns": mem["ts_ns"].astype(np.int64),
@@ -293,6 +303,7 @@ class EbpfSource:
     def _refresh_processes(self, only_stale: bool) -> None:
         for info in self.processes.refresh(only_stale=only_stale):
             self._probe_new_mappings(info.maps)
+            self._python.register(info.pid, info.maps)
 
     def periodic(self) -> None:
         """About once a second: keep maps of live processes current, probe new libraries."""
@@ -312,6 +323,14 @@ class EbpfSource:
             user_pages=self.options.kmem.include_user_pages,
             native_sample_bytes=self.options.native_sample_bytes)
         self.stats.missed = self._missed(counters)
+        if self._python is not None:
+            self.stats.detail["python"] = {
+                "enabled": self.options.python.enabled,
+                "interpreters": self._python.notes,
+                "threads_not_found": total(R.CNT_PY_NO_THREAD),
+                "chains_dropped_bad_code": total(R.CNT_PY_BAD_CODE),
+                "map_full": total(R.CNT_PY_MAP_FULL),
+                **self._python.stats}
         return self.stats
 
     def _missed(self, counters) -> dict[str, int]:

@@ -20,8 +20,9 @@ EVENT_DTYPE = np.dtype([
     ("layer", "u1"),
     ("flags", "u1"),
     ("device", "i1"),
+    ("py_stack", "<u8"),
 ])
-assert EVENT_DTYPE.itemsize == 56
+assert EVENT_DTYPE.itemsize == 64
 
 SLAB_ALLOC = 1
 SLAB_FREE = 2
@@ -52,6 +53,9 @@ CNT_STACK_FAIL = 1
 CNT_SAMPLE_TICK = 2
 CNT_SITE_FULL = 3
 CNT_NESTED_FREES = 4  # + the free tracepoint's index in FREE_TRACEPOINTS
+CNT_PY_NO_THREAD = 8
+CNT_PY_BAD_CODE = 9
+CNT_PY_MAP_FULL = 10
 FREE_TRACEPOINTS = ("kfree", "kmem_cache_free", "mm_page_free", "mm_page_free_batched")
 
 # Why an exit mark was emitted (stored in `requested`): 0 exit_group, 1..63 a fatal

@@ -1,9 +1,12 @@
 """Interning of BPF stack ids into the recording's `stacks` and `frames` tables.
 
-An event's chain is identified by (kernel stack id, user stack id, process, call site): user
-addresses mean something only within one process's mappings, and the call site stands in
-for the kernel stack when that one could not be captured. Chains are symbolized in batches
-at each flush — kernel frames from kallsyms, user frames from the process's latest maps."""
+An event's chain is identified by (kernel stack id, user stack id, process, call site, Python
+stack): user addresses mean something only within one process's mappings, and the call site
+stands in for the kernel stack when that one could not be captured. Chains are symbolized in
+batches at each flush — kernel frames from kallsyms, user frames from the process's latest
+maps, Python frames from the code objects BPF copied (memprof/sources/python.py) — and
+stored innermost first: kernel frames, then native frames with the Python frames each
+eval-loop call was running placed just before it, then any Python frames left over."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memprof.model import FrameKind
+from memprof.sources.python import EVAL_FUNCTIONS, PyFrame, merge_chain
 from memprof.sources.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
 # Frames of the tracing machinery itself sit on top of every kernel stack a BPF program
@@ -26,6 +30,11 @@ class _Pending:
     ustack_id: int
     pid: int
     call_site: int
+    py_stack: int = 0
+
+
+def _no_python(py_stack: int) -> list[PyFrame]:
+    return []
 
 
 @dataclass
@@ -33,15 +42,18 @@ class StackInterner:
     """Gives each distinct chain a stable int64 `stack_id` and emits table rows once.
 
     `read_stack(bpf_stack_id) -> list[int]` reads raw addresses (innermost first) from the
-    kernel's stack map; `maps_of(pid)` returns the latest known mappings of a process."""
+    kernel's stack map; `maps_of(pid)` returns the latest known mappings of a process;
+    `python_frames(py_stack) -> list[PyFrame]` the Python frames of an interned Python stack."""
 
     read_stack: Callable[[int], list[int]]
     maps_of: Callable[[int], Sequence[Mapping]]
     load_kernel_symbols: Callable[[], KernelSymbols]
+    python_frames: Callable[[int], list[PyFrame]] = _no_python
     user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
+    _frame_rows: dict = field(default_factory=dict)  # frame id -> (kind, function, module, file, line)
     _new_frames: list = field(default_factory=list)
     _kernel_symbols: KernelSymbols | None = None
 
@@ -51,20 +63,25 @@ class StackInterner:
             self._kernel_symbols = self.load_kernel_symbols()
         return self._kernel_symbols
 
-    def intern(self, kstack: np.ndarray, ustack: np.ndarray, pid: np.ndarray, call_site: np.ndarray) -> np.ndarray:
+    def intern(self, kstack: np.ndarray, ustack: np.ndarray, pid: np.ndarray, call_site: np.ndarray,
+               py_stack: np.ndarray | None = None) -> np.ndarray:
         """Stack ids (int64) for arrays of raw ids; one Python step per *distinct* chain."""
         if kstack.size == 0:
             return np.empty(0, dtype=np.int64)
-        # One 64-bit mix of the four parts finds the distinct rows in one np.unique (two
-        # chains would merge only on a 64-bit collision, odds about n²/2⁶⁴).
+        if py_stack is None:
+            py_stack = np.zeros(kstack.size, dtype=np.uint64)
+        # One 64-bit mix of the parts finds the distinct rows in one np.unique (two chains
+        # would merge only on a 64-bit collision, odds about n²/2⁶⁴).
         with np.errstate(over="ignore"):
             mix = (call_site.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
                    ^ (kstack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0xC2B2AE3D27D4EB4F)
                    ^ (ustack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0x165667B19E3779F9)
-                   ^ pid.astype(np.uint64) * np.uint64(0x27D4EB2F165667C5))
+                   ^ pid.astype(np.uint64) * np.uint64(0x27D4EB2F165667C5)
+                   ^ (py_stack.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(0x2545F4914F6CDD1D)))
         _, first, inverse = np.unique(mix, return_index=True, return_inverse=True)
         ids = np.fromiter(
-            (self._id_for((int(kstack[i]), int(ustack[i]), int(pid[i]), int(call_site[i]))) for i in first),
+            (self._id_for((int(kstack[i]), int(ustack[i]), int(pid[i]), int(call_site[i]), int(py_stack[i])))
+             for i in first),
             dtype=np.int64, count=first.size)
         return ids[inverse]
 
@@ -73,7 +90,7 @@ class StackInterner:
         if stack_id is None:
             stack_id = len(self._ids)
             self._ids[key] = stack_id
-            self._pending.append(_Pending(stack_id, int(key[0]), int(key[1]), int(key[2]), int(key[3])))
+            self._pending.append(_Pending(stack_id, *key))
         return stack_id
 
     def drain_tables(self) -> tuple[dict, dict]:
@@ -90,10 +107,25 @@ class StackInterner:
         return stack_rows, frames
 
     def _chain(self, p: _Pending) -> list[int]:
-        """Frame ids innermost first: kernel frames, then the user frames of the task."""
+        """Frame ids innermost first: kernel frames, then the task's native and Python frames."""
         kernel = self._kernel_frames(p)
         user = self._user_frames(p)
+        python = self._python_frames(p)
+        if python:
+            user = merge_chain(user, python, lambda fid: self._frame_rows[fid][1] in EVAL_FUNCTIONS)
+            user = [f if isinstance(f, int) else self._python_frame_id(f) for f in user]
         return kernel + user
+
+    def _python_frames(self, p: _Pending) -> list[PyFrame]:
+        if not p.py_stack:
+            return []
+        try:
+            return self.python_frames(p.py_stack)
+        except (KeyError, OSError):
+            return []
+
+    def _python_frame_id(self, f: PyFrame) -> int:
+        return self._frame_id(FrameKind.PYTHON.value, f.function, None, f.file, f.line)
 
     def _kernel_frames(self, p: _Pending) -> list[int]:
         addrs = self._safe_read(p.kstack_id)
@@ -123,13 +155,15 @@ class StackInterner:
         except (KeyError, OSError):
             return []
 
-    def _frame_id(self, kind: str, function: str, module: str) -> int:
-        key = (kind, function, module)
+    def _frame_id(self, kind: str, function: str, module: str | None, file: str | None = None,
+                  line: int | None = None) -> int:
+        key = (kind, function, module, file, line)
         frame_id = self._frame_ids.get(key)
         if frame_id is None:
             frame_id = len(self._frame_ids)
             self._frame_ids[key] = frame_id
-            self._new_frames.append((frame_id, kind, function, module, None, None))
+            self._frame_rows[frame_id] = key
+            self._new_frames.append((frame_id, kind, function, module, file, line))
         return frame_id
 
 

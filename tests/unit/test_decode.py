@@ -9,7 +9,7 @@ from memprof.sources.ebpf import EbpfOptions, EbpfSource
 class _Interner:
     """Stands in for StackInterner: stack id = kernel stack id + 100 (ids are checked below)."""
 
-    def intern(self, kstack, ustack, pid, call_site):
+    def intern(self, kstack, ustack, pid, call_site, py_stack=None):
         return kstack.astype(np.int64) + 100
 
 

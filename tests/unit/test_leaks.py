@@ -197,6 +197,17 @@ def test_table_cuts_long_chains():
     assert "… 8 more frames" in text
 
 
+def test_table_keeps_the_python_frames_of_a_long_chain():
+    chain = [("kernel", f"kframe{i}", "vmlinux", None, None) for i in range(15)]
+    chain += [("python", f"pyfunc{i}", None, "train.py", 10 + i) for i in range(3)]
+    stacks, frames = stacks_frames({1: chain})
+    result, _ = _result_with_chain()
+    text = render(result, chain_frames(stacks, frames, [f.stack_id for f in result.findings]))
+    assert "kframe8" in text and "kframe9" not in text  # 12 frames: 9 innermost + 3 Python
+    assert "… 6 more frames" in text
+    assert all(f"pyfunc{i} (train.py:{10 + i})" in text for i in range(3))
+
+
 def test_table_warns_about_loss_in_plain_words():
     result, chains = _result_with_chain()
     result.unconfirmed_frees["kernel_slab"] = 12
@@ -247,4 +258,4 @@ def test_chains_say_when_they_have_no_python_frames():
     assert "no Python frames" not in render(result, native_only)  # libfoo.so: not an interpreter
     interpreted = {1: native_only[1] + [{"kind": "native", "function": "_PyEval_EvalFrameDefault",
                                          "module": "python3.11", "file": None, "line": None}]}
-    assert "(no Python frames: this source records kernel and native frames only)" in render(result, interpreted)
+    assert "(no Python frames: the interpreter's layout was not confirmed" in " ".join(render(result, interpreted).split())

@@ -13,7 +13,7 @@ from memprof.sources.ringbuf import RingBufferConsumer
 
 PAGE = mmap.PAGESIZE
 SIZE = 4 * PAGE
-STRIDE = 64  # 8-byte header + 56-byte record
+STRIDE = 8 + EVENT_DTYPE.itemsize  # 8-byte header + the record (8-aligned)
 BUSY = 1 << 31
 
 

@@ -1,0 +1,322 @@
+/* Python frames of the allocating thread, read from the target's CPython at the event.
+ * A part of the program text (after common.bpf.c; kmem.bpf.c and uprobes.bpf.c call
+ * py_stack_id()).
+ *
+ * User space (memprof/sources/python.py) finds each tracked process's interpreter, confirms
+ * its struct layout (memprof/sources/pyinterp.py) and writes a `struct py_conf` into
+ * `py_procs`. A process without one gets no Python frames — never frames read with offsets
+ * that were not confirmed.
+ *
+ * Per event: the thread's own PyThreadState (found by pthread_self(), which on x86-64 glibc
+ * is the thread pointer, task->thread.fsbase, and which CPython stores as
+ * tstate->thread_id; cached per thread), then its frame chain, innermost first: one user
+ * read per frame, no strings. A frame is (code object, instruction index); the chain is
+ * interned by a 64-bit hash into `py_stacks`, and the event carries the hash. A code object
+ * is read once per process, the first time a new chain holds it (in a program of its own,
+ * entered by tail call after the event is submitted): its type is checked against
+ * PyCode_Type (anything else is not named, and counted), and its name, file, first line and
+ * line table are copied into `py_codes`, so that user space can name frames and compute
+ * lines even after the process has exited.
+ *
+ * Constants: PY_MAX_FRAMES (power of two), PY_STACK_ENTRIES, PY_CODE_ENTRIES,
+ * TASK_FSBASE_OFF (offset of thread.fsbase in task_struct, from BTF).
+ */
+
+#define PY_MAX_THREADS   256        /* thread-state list entries walked to find a thread */
+#define PY_NAME_BYTES    128
+#define PY_FILE_BYTES    256        /* the tail of long paths is kept: it names the file */
+#define PY_LINES_BYTES   4096       /* line table bytes copied; longer tables are cut */
+#define PY_ENTRY_BIT     0x80000000u /* lasti word: first frame of a C-level eval call */
+#define PY_LASTI_NONE    0x7fffffffu /* lasti word: instruction unknown */
+#define PY_OWNED_BY_CSTACK 3        /* 3.12+: a shim frame the eval loop pushes at entry */
+
+/* Offsets of one interpreter (see memprof/sources/pyoffsets_table.py); -1: no such field. */
+struct py_conf {
+    u64 interp_head;     /* address of _PyRuntime.interpreters.head in the process */
+    u64 code_type;       /* address of PyCode_Type in the process */
+    s32 interp_tstate_head, tstate_next, tstate_thread_id, tstate_frame, cframe_current_frame;
+    s32 frame_previous, frame_code, frame_instr, frame_owner, frame_is_entry;
+    s32 code_filename, code_name, code_qualname, code_firstlineno, code_linetable, code_adaptive;
+    s32 unicode_length, unicode_state, unicode_ascii_data, unicode_compact_data;
+    s32 bytes_size, bytes_data;
+    s32 minor;           /* 10..13 */
+    s32 frame_read;      /* bytes of a frame to read: covers every frame field used */
+};
+
+struct py_stack {
+    u32 tgid;
+    u32 depth;                    /* frames, innermost first */
+    u64 code[PY_MAX_FRAMES];      /* code object addresses */
+    u32 lasti[PY_MAX_FRAMES];     /* instruction index (code units) | PY_ENTRY_BIT */
+};
+
+struct py_code_key {
+    u64 code;
+    u32 tgid;
+    u32 pad;
+};
+
+struct py_code {
+    u64 name_ptr, file_ptr, lines_ptr; /* identify the code object behind an address: a freed
+                                        * code object's address is reused by another */
+    s32 firstlineno;
+    u32 minor;                   /* the interpreter's minor version: the line table's format */
+    u32 lines_len;               /* the table's full length; > PY_LINES_BYTES: cut */
+    u32 name_len, file_len;      /* characters */
+    u8 name_state, file_state;   /* PyASCIIObject.state's low byte: kind, compact, ascii */
+    u16 pad;
+    u32 file_skip;               /* bytes of the file name left out at its start */
+    u8 name[PY_NAME_BYTES];
+    u8 file[PY_FILE_BYTES];
+    u8 lines[PY_LINES_BYTES];
+};
+
+struct py_scratch {
+    struct py_stack stack;
+    u8 frame[256];
+    struct py_code code;
+    u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
+};
+
+BPF_HASH(py_procs, u32, struct py_conf, 4096);
+BPF_HASH(py_threads, u32, u64, 16384);      /* tid -> PyThreadState address */
+BPF_HASH(py_stacks, u64, struct py_stack, PY_STACK_ENTRIES);
+BPF_HASH(py_codes, struct py_code_key, struct py_code, PY_CODE_ENTRIES);
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+/* The code-learning programs, entered by tail call (one array per calling program type: the
+ * kernel ties a program array to one type). Learning 64 code objects is too many branches for
+ * the verifier inside an allocation program; in its own program it fits. */
+BPF_PROG_ARRAY(py_learn_tp, 1);
+BPF_PROG_ARRAY(py_learn_up, 1);
+
+/* After the event is submitted: learn a new stack's code objects (py_learn_after_*() do not
+ * return when the tail call is made). */
+static __always_inline int py_learning_due(void)
+{
+    u32 zero = 0;
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    return s && s->learn;
+}
+
+static __always_inline void py_learn_after_tp(void *ctx)
+{
+    if (py_learning_due())
+        py_learn_tp.call(ctx, 0);
+}
+
+static __always_inline void py_learn_after_up(void *ctx)
+{
+    if (py_learning_due())
+        py_learn_up.call(ctx, 0);
+}
+
+static __always_inline u64 read_user_u64(u64 addr)
+{
+    u64 v = 0;
+    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    return v;
+}
+
+static __always_inline u64 thread_pointer(void)
+{
+    u64 fsbase = 0;
+    void *task = (void *)bpf_get_current_task();
+    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), task + TASK_FSBASE_OFF);
+    return fsbase;
+}
+
+/* The calling thread's own PyThreadState: not the GIL holder's (PyTorch releases the GIL
+ * inside ops, ctypes around foreign calls). 0 when the thread has none. */
+static __always_inline u64 py_thread_state(struct py_conf *c, u32 tid)
+{
+    u64 self = thread_pointer();
+    u64 *cached = py_threads.lookup(&tid);
+    if (cached && read_user_u64(*cached + c->tstate_thread_id) == self)
+        return *cached;
+    u64 interp = read_user_u64(c->interp_head);
+    u64 t = interp ? read_user_u64(interp + c->interp_tstate_head) : 0;
+    for (int i = 0; i < PY_MAX_THREADS && t; i++) {
+        if (read_user_u64(t + c->tstate_thread_id) == self) {
+            py_threads.update(&tid, &t);
+            return t;
+        }
+        t = read_user_u64(t + c->tstate_next);
+    }
+    count(MP_CNT_PY_NO_THREAD);
+    return 0;
+}
+
+static __always_inline u64 py_top_frame(struct py_conf *c, u64 tstate)
+{
+    u64 f = read_user_u64(tstate + c->tstate_frame);
+    if (c->cframe_current_frame >= 0 && f) /* 3.11, 3.12: tstate->cframe->current_frame */
+        f = read_user_u64(f + c->cframe_current_frame);
+    return f;
+}
+
+static __always_inline u64 frame_field_u64(struct py_scratch *s, s32 off)
+{
+    return *(u64 *)(s->frame + (off & 0xf8));
+}
+
+/* Copy a str object's characters (its raw code units: 1, 2 or 4 bytes each, see `state`) into
+ * `dst` of `cap` bytes; when they do not fit, `tail` keeps the end rather than the start. */
+static __always_inline void py_read_str(struct py_conf *c, u64 str, u8 *dst, const u32 cap, int tail,
+                                        u32 *len_out, u8 *state_out, u32 *skip_out)
+{
+    u64 len = read_user_u64(str + c->unicode_length);
+    u32 state = 0;
+    bpf_probe_read_user(&state, sizeof(state), (void *)(str + c->unicode_state));
+    u32 kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    *len_out = len;
+    *state_out = state;
+    if (!str || !compact || (kind != 1 && kind != 2 && kind != 4))
+        return; /* a legacy (non-compact) string: user space says the name is unknown */
+    u64 data = str + (ascii ? c->unicode_ascii_data : c->unicode_compact_data);
+    u64 bytes = len * kind, skip = 0;
+    if (bytes > cap) {
+        if (tail)
+            skip = (bytes - cap) / kind * kind;
+        bytes = cap;
+    }
+    *skip_out = skip;
+    if (bytes > 0 && bytes <= cap)
+        bpf_probe_read_user(dst, bytes, (void *)(data + skip));
+}
+
+/* First sight of a code object in this process: check it is one, copy what names it. */
+static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s, u32 tgid, u64 code)
+{
+    struct py_code_key key = {.code = code, .tgid = tgid};
+    s32 firstlineno = 0;
+    bpf_probe_read_user(&firstlineno, sizeof(firstlineno), (void *)(code + c->code_firstlineno));
+    u64 name = read_user_u64(code + (c->code_qualname >= 0 ? c->code_qualname : c->code_name));
+    u64 file = read_user_u64(code + c->code_filename);
+    u64 table = read_user_u64(code + c->code_linetable);
+    struct py_code *known = py_codes.lookup(&key);
+    if (known && known->name_ptr == name && known->file_ptr == file && known->lines_ptr == table &&
+        known->firstlineno == firstlineno)
+        return 0;
+    if (read_user_u64(code + 8) != c->code_type) {
+        count(MP_CNT_PY_BAD_CODE);
+        return -1;
+    }
+    struct py_code *pc = &s->code;
+    pc->firstlineno = firstlineno;
+    pc->minor = c->minor;
+    pc->name_ptr = name;
+    pc->file_ptr = file;
+    pc->lines_ptr = table;
+    u32 unused = 0;
+    pc->name_len = pc->file_len = pc->file_skip = 0;
+    pc->name_state = pc->file_state = 0;
+    py_read_str(c, name, pc->name, PY_NAME_BYTES, 0, &pc->name_len, &pc->name_state, &unused);
+    py_read_str(c, file, pc->file, PY_FILE_BYTES, 1, &pc->file_len, &pc->file_state, &pc->file_skip);
+    u64 n = table ? read_user_u64(table + c->bytes_size) : 0;
+    pc->lines_len = n;
+    if (n > PY_LINES_BYTES)
+        n = PY_LINES_BYTES;
+    if (n > 0 && n <= PY_LINES_BYTES)
+        bpf_probe_read_user(pc->lines, n, (void *)(table + c->bytes_data));
+    if (py_codes.update(&key, pc) < 0)
+        count(MP_CNT_PY_MAP_FULL);
+    return 0;
+}
+
+/* A frame's instruction index in code units, with PY_ENTRY_BIT where it is the first frame
+ * of its eval call; PY_LASTI_NONE when the frame has not started. */
+static __always_inline u32 py_lasti(struct py_conf *c, struct py_scratch *s, u64 code)
+{
+    u32 lasti = PY_LASTI_NONE;
+    if (c->minor == 10) {
+        s32 l = *(s32 *)(s->frame + (c->frame_instr & 0xfc));
+        if (l >= 0)
+            lasti = l;
+        return lasti | PY_ENTRY_BIT; /* 3.10: every Python call is its own eval call */
+    }
+    u64 instr = frame_field_u64(s, c->frame_instr);
+    u64 first = code + c->code_adaptive;
+    if (instr >= first && instr - first < (1ULL << 31))
+        lasti = (instr - first) / 2;
+    if (c->frame_is_entry >= 0 && s->frame[c->frame_is_entry & 0xff])
+        lasti |= PY_ENTRY_BIT;
+    return lasti;
+}
+
+/* The id (hash) of the calling thread's Python stack, 0 when it has none we can read. */
+static __always_inline u64 py_stack_id(void)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    struct py_conf *c = py_procs.lookup(&tgid);
+    if (!c)
+        return 0;
+    u32 zero = 0;
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+    u64 tstate = py_thread_state(c, (u32)pid_tgid);
+    if (!tstate)
+        return 0;
+    u64 frame = py_top_frame(c, tstate);
+    u64 hash = 0xcbf29ce484222325ULL ^ tgid;
+    u32 read = c->frame_read & 0xff;
+    if (read == 0)
+        return 0;
+    /* The depth lives in the map value, not in a register: the verifier then does not
+     * follow every (iteration, depth) pair apart, which it would for a precise register. */
+    s->stack.depth = 0;
+    for (int i = 0; i < PY_MAX_FRAMES && frame; i++) {
+        if (bpf_probe_read_user(s->frame, read, (void *)frame) < 0)
+            break;
+        u64 previous = frame_field_u64(s, c->frame_previous);
+        u32 d = s->stack.depth;
+        if (c->frame_owner >= 0 && s->frame[c->frame_owner & 0xff] == PY_OWNED_BY_CSTACK) {
+            /* 3.12+: the frame below this shim was the first of its eval call */
+            if (d > 0)
+                s->stack.lasti[(d - 1) & (PY_MAX_FRAMES - 1)] |= PY_ENTRY_BIT;
+            frame = previous;
+            continue;
+        }
+        u64 code = frame_field_u64(s, c->frame_code);
+        u32 lasti = py_lasti(c, s, code);
+        s->stack.code[d & (PY_MAX_FRAMES - 1)] = code;
+        s->stack.lasti[d & (PY_MAX_FRAMES - 1)] = lasti;
+        s->stack.depth = d + 1;
+        hash = (hash ^ code) * 0x100000001b3ULL;
+        hash = (hash ^ lasti) * 0x100000001b3ULL;
+        frame = previous;
+    }
+    u32 depth = s->stack.depth;
+    if (depth == 0)
+        return 0;
+    if (py_stacks.lookup(&hash))
+        return hash;
+    s->stack.tgid = tgid;
+    if (py_stacks.update(&hash, &s->stack) < 0) {
+        count(MP_CNT_PY_MAP_FULL);
+        return 0;
+    }
+    s->learn = 1;
+    return hash;
+}
+
+/* Learn the code objects of the stack py_stack_id() just interned. */
+static __always_inline int py_learn_codes(void)
+{
+    u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    struct py_conf *c = py_procs.lookup(&tgid);
+    if (!s || !c || !s->learn)
+        return 0;
+    s->learn = 0;
+    for (int i = 0; i < PY_MAX_FRAMES; i++) {
+        if (i >= s->stack.depth)
+            break;
+        py_learn_code(c, s, tgid, s->stack.code[i & (PY_MAX_FRAMES - 1)]);
+    }
+    return 0;
+}
+
+int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(); }
+int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(); }

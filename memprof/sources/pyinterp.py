@@ -1,0 +1,404 @@
+"""Which CPython a file is, and whether memprof may read its frames.
+
+BPF walks CPython's thread states and frames with the struct offsets of
+`pyoffsets_table.OFFSETS`, one entry per minor version, generated from that version's own
+headers. An offset that is wrong for the interpreter at hand does not fail: BPF reads the wrong
+words and reports nonsense frames. So an entry is handed to BPF only once it is *confirmed* for
+the file that defines `_PyRuntime`:
+
+1. the file defines `_PyRuntime` and `PyCode_Type` (`.dynsym`, else `.symtab`);
+2. its version comes from the file itself — `Py_Version` (3.11+), or for 3.10, which has none,
+   the minor from the file name and the patch from the PY_VERSION string in `.rodata` — and the
+   minor is one the table knows;
+3. `_PyRuntime`'s symbol size is the table's `sizeof(_PyRuntimeState)` and `PyCode_Type`'s
+   `tp_basicsize` is its `sizeof(PyCodeObject)` (3.10; from 3.11 on, where code objects are
+   variable-size, its `offsetof(PyCodeObject, co_code_adaptive)`): a debug, free-threaded or
+   patched build differs;
+4. 3.13+: `_PyRuntime` starts with `_Py_DebugOffsets`, the offsets CPython publishes for
+   out-of-process readers; every one the table also has must agree.
+
+Anything else raises PythonLayoutError with the reason, and the process gets no Python frames.
+Only x86-64 is handled: the table was generated for it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+from memprof.errors import SourceUnavailableError
+from memprof.sources.pyoffsets_table import OFFSETS
+from memprof.sources.symbolize import Mapping
+
+_SUPPORTED = f"3.{min(OFFSETS)[1]}–3.{max(OFFSETS)[1]}"
+_LIBPYTHON = re.compile(r"libpython3\.(\d+)[a-z]*\.so(\.[\d.]+)?$")
+_EXECUTABLE = re.compile(r"python3\.(\d+)[a-z]*$")
+_PAGE = 4096
+_TP_BASICSIZE = 32  # PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, then tp_basicsize
+_DEBUG_COOKIE = b"xdebugpy"
+
+
+class PythonLayoutError(SourceUnavailableError):
+    """A file whose CPython struct layout memprof cannot confirm: no Python frames for it."""
+
+
+@dataclass(frozen=True)
+class PythonBinary:
+    """A CPython runtime file whose struct offsets are confirmed.
+
+    `path` defines `_PyRuntime` (a python3.X executable or a libpython3.X.so*). The addresses are
+    link-time virtual addresses (st_value): add the load bias of a mapping (`load_bias`) for
+    run-time ones. `offsets` is the table entry (bytes, -1 for a field this version lacks);
+    it is shared by every caller of `inspect_python`: do not modify it.
+    """
+
+    path: str
+    version: tuple[int, int, int]
+    runtime_vaddr: int
+    code_type_vaddr: int
+    offsets: dict[str, int]
+
+    def version_text(self) -> str:
+        """The version as text: "3.11.2"."""
+        return ".".join(map(str, self.version))
+
+
+def inspect_python(path: str) -> PythonBinary:
+    """Confirm the table's offsets for the CPython runtime file at `path` (see module docstring).
+
+    Results, refusals included, are cached per (path, mtime, size). Raises PythonLayoutError.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PythonLayoutError(f"cannot read {path}: {e.strerror}", "check the path") from e
+    result = _inspect_cached(path, st.st_mtime_ns, st.st_size)
+    if isinstance(result, PythonLayoutError):
+        raise PythonLayoutError(result.message, result.hint)  # a fresh one: no stale traceback
+    return result
+
+
+@functools.lru_cache(maxsize=64)
+def _inspect_cached(path: str, mtime_ns: int, size: int) -> PythonBinary | PythonLayoutError:
+    """inspect_python's work, returning its refusal rather than raising (so that it is cached)."""
+    from elftools.common.exceptions import ELFError
+    try:
+        with open(path, "rb") as f:
+            return _Inspection(path, f).run()
+    except PythonLayoutError as e:
+        return e
+    except OSError as e:
+        return PythonLayoutError(f"cannot read {path}: {e.strerror}", "check the path")
+    except (ELFError, struct.error) as e:  # a truncated or malformed ELF file
+        return PythonLayoutError(f"cannot parse {path} as ELF: {e}", _HINT_FILE)
+
+
+def python_file_in_maps(maps: Sequence[Mapping]) -> str | None:
+    """The mapped file of a process that should hold its CPython runtime, by name only.
+
+    A libpython3.X.so* wins over a python3.X executable (a shared build's executable defines
+    no `_PyRuntime`). Deleted files are skipped: what is at the path now is another file.
+    Whether the file really is a supported CPython is for `inspect_python` to say.
+    """
+    files = [m.path for m in maps if m.path.startswith("/") and not m.deleted]
+    for pattern in (_LIBPYTHON, _EXECUTABLE):
+        for path in files:
+            if pattern.match(os.path.basename(path)):
+                return path
+    return None
+
+
+def load_bias(path: str, maps: Sequence[Mapping]) -> int | None:
+    """Run-time address minus link-time address (bytes) for `path` in a process, or None.
+
+    Taken from the lowest mapping of `path`: the loader maps the first PT_LOAD segment there,
+    from the page holding its first file byte. The segment is the one whose file bytes, from
+    that page on, hold the mapping's offset; of several (segments sharing a page), the lowest.
+    None when `path` is not mapped (deleted mappings do not count) or no segment fits.
+    """
+    mine = [m for m in maps if m.path == path and not m.deleted]
+    if not mine:
+        return None
+    first = min(mine, key=lambda m: m.start)
+    for offset, filesz, vaddr in _load_segments(path):
+        if offset - offset % _PAGE <= first.offset < offset + max(filesz, 1):
+            return first.start - (vaddr + (first.offset - offset))
+    return None
+
+
+def runtime_file(path: str) -> str:
+    """The file that defines `_PyRuntime` for the interpreter executable at `path`.
+
+    `path` itself when it defines it (a static build, or a libpython); for a shared build, the
+    libpython3.X.so* it links, found through its RUNPATH/RPATH ($ORIGIN expanded) and the usual
+    library directories. `path` when neither is found (inspect_python then says why).
+    """
+    from elftools.common.exceptions import ELFError
+    try:
+        with open(path, "rb") as f:
+            needed, dirs = _libpython_needed(path, f)
+    except (OSError, ELFError):
+        return path
+    for name in needed:
+        for d in dirs:
+            candidate = os.path.join(d, name)
+            if os.path.isfile(candidate):
+                return os.path.realpath(candidate)
+    return path
+
+
+# --- reading the file ---
+
+
+class _Inspection:
+    """The checks of inspect_python on one open file, in order (see the module docstring)."""
+
+    def __init__(self, path: str, f):
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+        self.path, self.f = path, f
+        try:
+            self.elf = ELFFile(f)
+        except ELFError as e:
+            raise PythonLayoutError(f"{path} is not an ELF file ({e})", _HINT_FILE) from e
+        if self.elf.header["e_machine"] != "EM_X86_64" or self.elf.elfclass != 64:
+            raise PythonLayoutError(f"{path} is not an x86-64 ELF file: memprof reads x86-64 CPython only",
+                                    "the offsets table holds x86-64 layouts; other machines get no Python frames")
+
+    def run(self) -> PythonBinary:
+        runtime = self.symbol("_PyRuntime")
+        if runtime is None:
+            raise PythonLayoutError(f"{self.path} is not a CPython runtime (no _PyRuntime symbol)", _HINT_FILE)
+        version = self.version()
+        offsets = OFFSETS[version[:2]]
+        code_type = self.symbol("PyCode_Type")
+        if code_type is None:
+            raise PythonLayoutError(f"{self.path} is not a CPython runtime (no PyCode_Type symbol)", _HINT_FILE)
+        label = f"CPython {version[0]}.{version[1]}"
+        _expect(f"_PyRuntime is {runtime['st_size']} bytes, {label}'s layout has {offsets['sizeof_runtime']}",
+                runtime["st_size"] == offsets["sizeof_runtime"])
+        basicsize, expected = self.u64(code_type["st_value"] + _TP_BASICSIZE), _code_basicsize(offsets)
+        _expect(f"code objects are {basicsize} bytes, {label}'s layout has {expected}", basicsize == expected)
+        if version[:2] >= (3, 13):
+            _check_debug_offsets(self.read(runtime["st_value"], _debug_struct(version).size), version, offsets)
+        return PythonBinary(self.path, version, runtime["st_value"], code_type["st_value"], offsets)
+
+    def symbol(self, name: str):
+        """The defined symbol `name` of .dynsym, else .symtab; None if neither defines it."""
+        for table in (".dynsym", ".symtab"):
+            section = self.elf.get_section_by_name(table)
+            found = section.get_symbol_by_name(name) if section is not None else None
+            for sym in found or ():
+                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
+                    return sym
+        return None
+
+    def version(self) -> tuple[int, int, int]:
+        """(3, minor, patch), with a minor the table knows; raises PythonLayoutError otherwise."""
+        py_version = self.symbol("Py_Version")  # PY_VERSION_HEX, since 3.11
+        if py_version is not None:
+            hexversion = self.u64(py_version["st_value"])
+            version = (hexversion >> 24, hexversion >> 16 & 0xFF, hexversion >> 8 & 0xFF)
+        else:
+            version = self._version_without_py_version()
+        if version[0] != 3 or version[:2] not in OFFSETS:
+            raise PythonLayoutError(f"CPython {version[0]}.{version[1]} is not supported (memprof reads frames of {_SUPPORTED})",
+                                    f"run the target under CPython {_SUPPORTED} for Python frames")
+        return version
+
+    def _version_without_py_version(self) -> tuple[int, int, int]:
+        """Before 3.11: minor from the file name, patch from PY_VERSION in .rodata."""
+        name = os.path.basename(self.path)
+        match = _LIBPYTHON.match(name) or _EXECUTABLE.match(name)
+        if match is None:
+            raise PythonLayoutError(f"{self.path} has no Py_Version (so it is older than 3.11), and its name "
+                                    "does not say which 3.X it is", "pass the python3.X or libpython3.X.so file")
+        minor = int(match.group(1))
+        if (3, minor) not in OFFSETS:
+            return 3, minor, 0  # refused by the caller; the patch does not matter
+        if minor >= 11:
+            raise PythonLayoutError(f"{self.path} is named for CPython 3.{minor} but has no Py_Version symbol", _HINT_BUILD)
+        return 3, minor, self._patch_from_rodata(minor)
+
+    def _patch_from_rodata(self, minor: int) -> int:
+        # The linker merges string tails, so PY_VERSION may be the end of a longer string such as
+        # the install prefix "/root/.pyenv/versions/3.10.13": match a string's end, not a whole one.
+        section = self.elf.get_section_by_name(".rodata")
+        data = section.data() if section is not None else b""
+        found = {int(m.group(1)) for m in re.finditer(rb"(?<![\d.])3\.%d\.(\d+)(?:(?:a|b|rc)\d+)?\+?\x00" % minor, data)}
+        if len(found) != 1:
+            what = "no" if not found else "more than one"
+            raise PythonLayoutError(f"{self.path} is named for CPython 3.{minor} but has {what} 3.{minor}.N "
+                                    "version string in .rodata", _HINT_BUILD)
+        return found.pop()
+
+    def read(self, vaddr: int, size: int) -> bytes:
+        """`size` bytes of the file at link-time address `vaddr` (from a PT_LOAD's file bytes)."""
+        for offset, filesz, seg_vaddr in _segments(self.elf):
+            if seg_vaddr <= vaddr and vaddr + size <= seg_vaddr + filesz:
+                self.f.seek(offset + vaddr - seg_vaddr)
+                data = self.f.read(size)
+                if len(data) == size:
+                    return data
+        raise PythonLayoutError(f"{self.path}: address {vaddr:#x} is not in the file's bytes", _HINT_BUILD)
+
+    def u64(self, vaddr: int) -> int:
+        return struct.unpack("<Q", self.read(vaddr, 8))[0]
+
+
+_HINT_FILE = "point memprof at the python3.X executable or the libpython3.X.so it loads"
+_HINT_BUILD = ("the process is recorded without Python frames; they need a stock (non-debug, "
+               f"non-free-threaded) CPython {_SUPPORTED} build")
+
+
+def _code_basicsize(offsets: dict[str, int]) -> int:
+    """PyCode_Type.tp_basicsize of a build with this layout: sizeof(PyCodeObject) up to 3.10;
+    from 3.11 on, code is a variable-size object and tp_basicsize is
+    offsetof(PyCodeObject, co_code_adaptive) (Objects/codeobject.c), short of sizeof by padding."""
+    return offsets["code_adaptive"] if offsets["code_adaptive"] >= 0 else offsets["sizeof_code"]
+
+
+def _expect(reason: str, ok: bool) -> None:
+    if not ok:
+        raise PythonLayoutError(f"{reason}: a patched or differently configured build", _HINT_BUILD)
+
+
+def _segments(elf) -> list[tuple[int, int, int]]:
+    """(p_offset, p_filesz, p_vaddr) of each PT_LOAD, lowest address first."""
+    return sorted(((s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments()
+                   if s["p_type"] == "PT_LOAD"), key=lambda seg: seg[2])
+
+
+def _load_segments(path: str) -> list[tuple[int, int, int]]:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    try:
+        with open(path, "rb") as f:
+            return _segments(ELFFile(f))
+    except (OSError, ELFError):
+        return []
+
+
+_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
+             "/lib", "/usr/lib", "/usr/local/lib")
+
+
+def _libpython_needed(path: str, f) -> tuple[list[str], list[str]]:
+    """(libpython DT_NEEDED names, directories to look in) of an executable; ([], []) if it
+    defines `_PyRuntime` itself or links no libpython."""
+    from elftools.elf.elffile import ELFFile
+    elf = ELFFile(f)
+    dynamic = elf.get_section_by_name(".dynamic")
+    dynsym = elf.get_section_by_name(".dynsym")
+    defined = dynsym is not None and any(s["st_shndx"] != "SHN_UNDEF" for s in dynsym.get_symbol_by_name("_PyRuntime") or ())
+    if dynamic is None or defined:
+        return [], []
+    tags = list(dynamic.iter_tags())
+    needed = [t.needed for t in tags if t.entry.d_tag == "DT_NEEDED" and _LIBPYTHON.match(t.needed)]
+    paths = [p for t in tags if t.entry.d_tag in ("DT_RUNPATH", "DT_RPATH")
+             for p in (t.runpath if t.entry.d_tag == "DT_RUNPATH" else t.rpath).split(":") if p]
+    origin = os.path.dirname(os.path.realpath(path))
+    dirs = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for p in paths]
+    env = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return needed, dirs + env + list(_LIB_DIRS)
+
+
+# --- 3.13+: _Py_DebugOffsets ---
+
+# struct _Py_DebugOffsets of CPython 3.13 (Include/internal/pycore_runtime.h): char cookie[8],
+# then uint64_t fields in this order. It is stable within a minor version only (3.14 reorders it).
+_DEBUG_FIELDS_313 = (
+    "version", "free_threaded",
+    "runtime_state.size", "runtime_state.finalizing", "runtime_state.interpreters_head",
+    "interpreter_state.size", "interpreter_state.id", "interpreter_state.next",
+    "interpreter_state.threads_head", "interpreter_state.gc", "interpreter_state.imports_modules",
+    "interpreter_state.sysdict", "interpreter_state.builtins", "interpreter_state.ceval_gil",
+    "interpreter_state.gil_runtime_state", "interpreter_state.gil_runtime_state_enabled",
+    "interpreter_state.gil_runtime_state_locked", "interpreter_state.gil_runtime_state_holder",
+    "thread_state.size", "thread_state.prev", "thread_state.next", "thread_state.interp",
+    "thread_state.current_frame", "thread_state.thread_id", "thread_state.native_thread_id",
+    "thread_state.datastack_chunk", "thread_state.status",
+    "interpreter_frame.size", "interpreter_frame.previous", "interpreter_frame.executable",
+    "interpreter_frame.instr_ptr", "interpreter_frame.localsplus", "interpreter_frame.owner",
+    "code_object.size", "code_object.filename", "code_object.name", "code_object.qualname",
+    "code_object.linetable", "code_object.firstlineno", "code_object.argcount",
+    "code_object.localsplusnames", "code_object.localspluskinds", "code_object.co_code_adaptive",
+    "pyobject.size", "pyobject.ob_type",
+    "type_object.size", "type_object.tp_name", "type_object.tp_repr", "type_object.tp_flags",
+    "tuple_object.size", "tuple_object.ob_item", "tuple_object.ob_size",
+    "list_object.size", "list_object.ob_item", "list_object.ob_size",
+    "dict_object.size", "dict_object.ma_keys", "dict_object.ma_values",
+    "float_object.size", "float_object.ob_fval",
+    "long_object.size", "long_object.lv_tag", "long_object.ob_digit",
+    "bytes_object.size", "bytes_object.ob_size", "bytes_object.ob_sval",
+    "unicode_object.size", "unicode_object.state", "unicode_object.length",
+    "unicode_object.asciiobject_size",
+    "gc.size", "gc.collecting",
+)
+_DEBUG_FIELDS = {(3, 13): _DEBUG_FIELDS_313}
+
+# Table key → the _Py_DebugOffsets field publishing the same offset or size.
+_PUBLISHED = {
+    "sizeof_runtime": "runtime_state.size",
+    "runtime_interp_head": "runtime_state.interpreters_head",
+    "interp_tstate_head": "interpreter_state.threads_head",
+    "sizeof_thread": "thread_state.size",
+    "tstate_next": "thread_state.next",
+    "tstate_thread_id": "thread_state.thread_id",
+    "tstate_frame": "thread_state.current_frame",
+    "frame_previous": "interpreter_frame.previous",
+    "frame_code": "interpreter_frame.executable",
+    "frame_instr": "interpreter_frame.instr_ptr",
+    "frame_owner": "interpreter_frame.owner",
+    "sizeof_code": "code_object.size",
+    "code_filename": "code_object.filename",
+    "code_name": "code_object.name",
+    "code_qualname": "code_object.qualname",
+    "code_linetable": "code_object.linetable",
+    "code_firstlineno": "code_object.firstlineno",
+    "code_adaptive": "code_object.co_code_adaptive",
+    "object_type": "pyobject.ob_type",
+    "bytes_size": "bytes_object.ob_size",
+    "bytes_data": "bytes_object.ob_sval",
+    "unicode_state": "unicode_object.state",
+    "unicode_length": "unicode_object.length",
+    "unicode_ascii_data": "unicode_object.asciiobject_size",  # ASCII data follows the header
+}
+
+
+def _debug_struct(version: tuple[int, ...]) -> struct.Struct:
+    """The layout of `_Py_DebugOffsets` for `version`'s minor; PythonLayoutError if unknown."""
+    fields = _DEBUG_FIELDS.get(tuple(version[:2]))
+    if fields is None:
+        raise PythonLayoutError(f"memprof does not know CPython {version[0]}.{version[1]}'s _Py_DebugOffsets", _HINT_BUILD)
+    return struct.Struct("<8s%dQ" % len(fields))
+
+
+def parse_debug_offsets(raw: bytes, version: tuple[int, ...]) -> dict[str, int]:
+    """`_Py_DebugOffsets` of CPython `version` (its minor's field list) from the first bytes
+    of `_PyRuntime`.
+
+    Keys are "struct.field" as in the header ("thread_state.current_frame"), plus "version" and
+    "free_threaded". Raises PythonLayoutError when the cookie is missing or the minor unknown.
+    """
+    cookie, *values = _debug_struct(version).unpack_from(raw)
+    if cookie != _DEBUG_COOKIE:
+        raise PythonLayoutError(f"_PyRuntime does not start with _Py_DebugOffsets (cookie {cookie!r})", _HINT_BUILD)
+    return dict(zip(_DEBUG_FIELDS[tuple(version[:2])], values))
+
+
+def _check_debug_offsets(raw: bytes, version: tuple[int, int, int], offsets: dict[str, int]) -> None:
+    """Every offset the table shares with the file's own `_Py_DebugOffsets` must agree."""
+    published = parse_debug_offsets(raw, version)
+    if published["version"] >> 8 != (version[0] << 16 | version[1] << 8 | version[2]):
+        raise PythonLayoutError(f"_Py_DebugOffsets is for version {published['version']:#x}, "
+                                f"Py_Version says {'.'.join(map(str, version))}", _HINT_BUILD)
+    if published["free_threaded"]:
+        raise PythonLayoutError("a free-threaded (PEP 703) build: its object layout differs", _HINT_BUILD)
+    for key, field in _PUBLISHED.items():
+        if offsets[key] >= 0 and published[field] != offsets[key]:
+            raise PythonLayoutError(f"_Py_DebugOffsets {field} is {published[field]}, the table's {key} is "
+                                    f"{offsets[key]}: a patched or differently configured build", _HINT_BUILD)
