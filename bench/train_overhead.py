@@ -1,14 +1,22 @@
 """Overhead of `memprof record` on examples/train.py (a PyTorch CPU training loop), against memray.
 
 Runs, alternately and REPEATS times each: the loop alone, under `memprof record -q` (default
-sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda), and
-under `memray run` in its default mode (Python allocators off, no native stacks). Reports the
+sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda; Python
+frames read in BPF at every event), under `memprof record -q --no-python-frames`
+(memprof-nopy), and under `memray run` in its default mode (Python allocators off, no native
+stacks). Reports the
 median of the loop's own time (train.py prints `loop_s=`), as a ratio to the unprofiled
 median measured in the same run (machines here are noisy), and, apart, the median time
 outside the loop (whole command wall − loop: interpreter and torch import, the profiler's
 start-up, and its finalization after the target exits). The bar is 1.10× for memprof's loop.
 
-    sudo .venv/bin/python bench/train_overhead.py [--steps S] [--repeats R] [--runs baseline,memprof,memray]
+    sudo .venv/bin/python bench/train_overhead.py [--steps S] [--repeats R] [--runs baseline,memprof,memprof-nopy,memray]
+                                                  [--bpf-stats]
+
+--bpf-stats turns on kernel.bpf_stats_enabled for the run (it costs ~20 ns per program run
+itself, so ratios from such a run are slightly high) and prints each memprof run's mean ns
+per run of its torch probes: the difference between memprof and memprof-nopy is what reading
+the Python frames adds per event.
 
 memray is installed into this Python's environment (pip install memray) when missing.
 """
@@ -28,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "memprof", "memray")
+RUNS = ("baseline", "memprof", "memprof-nopy", "memray")
+TORCH_PROGRAMS = ("mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 
 
@@ -50,6 +59,8 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
     return {
         "baseline": [sys.executable, *workload],
         "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
+        "memprof-nopy": [*MEMPROF, "record", "-q", "--no-python-frames", "-o", str(tmp / f"train-{i}.memprof-nopy"),
+                         "--", sys.executable, *workload],
         "memray": [*MEMRAY, "run", "-q", "-f", "-o", str(tmp / f"train-{i}.memray.bin"), *workload],
     }
 
@@ -60,7 +71,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from {','.join(RUNS)}; "
                     "baseline is always run (ratios need it)")
+    ap.add_argument("--bpf-stats", action="store_true", help="count BPF program run time (kernel.bpf_stats_enabled)")
     args = ap.parse_args()
+    if args.bpf_stats:
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
     wanted = ["baseline"] + [r for r in args.runs.split(",") if r in RUNS and r != "baseline"]
     skipped: dict[str, str] = {}
     if "memray" in wanted and (why := ensure_memray()):
@@ -68,7 +82,7 @@ def main() -> None:
     workload = [str(TRAIN), "--steps", str(args.steps), "--start-wait", "0", "--hold", "0"]
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
-    meta = None
+    metas: dict[str, dict] = {}
     try:
         for i in range(args.repeats):
             for name, cmd in commands(workload, tmp, i).items():
@@ -79,40 +93,53 @@ def main() -> None:
                 except RuntimeError as error:
                     skipped[name] = str(error)  # report why, keep measuring the others
                     continue
-                if name == "memprof":
-                    meta = read_meta(tmp / f"train-{i}.memprof")
-                shutil.rmtree(tmp / f"train-{i}.memprof", ignore_errors=True)
+                if name.startswith("memprof"):
+                    metas[name] = read_meta(tmp / f"train-{i}.{name}")
+                    shutil.rmtree(tmp / f"train-{i}.{name}", ignore_errors=True)
                 (tmp / f"train-{i}.memray.bin").unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report(results, skipped, meta, args)
+        if args.bpf_stats:
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
+    report(results, skipped, metas, args)
 
 
 
 
-def report(results, skipped, meta, args) -> None:
+def report(results, skipped, metas, args) -> None:
     if not results["baseline"]:
         print(f"baseline failed: {skipped.get('baseline')}")
         return
     base_loop = statistics.median(r[0] for r in results["baseline"])
     base_out = statistics.median(r[1] - r[0] for r in results["baseline"])
     print(f"examples/train.py --steps {args.steps}, median of {args.repeats} alternating runs")
-    print(f"{'run':<10}{'loop s':>9}{'loop x':>8}{'start-up s':>12}{'+s':>8}")
+    print(f"{'run':<14}{'loop s':>9}{'loop x':>8}{'start-up s':>12}{'+s':>8}")
     for name, rows in results.items():
         if not rows:
             continue
         loop = statistics.median(r[0] for r in rows)
         outside = statistics.median(r[1] - r[0] for r in rows)
-        print(f"{name:<10}{loop:>9.3f}{loop / base_loop:>8.2f}{outside:>12.3f}{outside - base_out:>+8.3f}")
+        print(f"{name:<14}{loop:>9.3f}{loop / base_loop:>8.2f}{outside:>12.3f}{outside - base_out:>+8.3f}")
     print("start-up s: whole command wall − loop (imports, profiler start-up and finalization); "
           "+s: more than unprofiled")
-    if results.get("memprof"):
-        ratio = statistics.median(r[0] for r in results["memprof"]) / base_loop
-        print(f"memprof loop {ratio:.2f}x, bar {BAR:.2f}x: {'within' if ratio <= BAR else 'OVER'}")
+    for name in ("memprof", "memprof-nopy"):
+        if results.get(name):
+            ratio = statistics.median(r[0] for r in results[name]) / base_loop
+            print(f"{name} loop {ratio:.2f}x, bar {BAR:.2f}x: {'within' if ratio <= BAR else 'OVER'}")
     for name, why in skipped.items():
         print(f"{name}: not measured ({len(results.get(name, []))} runs done): {why}")
-    if meta:
-        print("memprof last run, per source: " + sources_line(meta))
+    for name, meta in metas.items():
+        print(f"{name} last run, per source: " + sources_line(meta))
+        detail = meta["sources"]["ebpf"]["detail"]
+        costs = detail.get("prog_ns_per_run") or {}
+        runs = detail.get("prog_runs") or {}
+        if costs:
+            print(f"  {name} ns per run (runs): " + ", ".join(
+                f"{p} {costs[p]:.0f} ({runs.get(p, 0)})" for p in TORCH_PROGRAMS if p in costs))
+        python = detail.get("python") or {}
+        if python.get("enabled"):
+            print(f"  {name} Python frames: {python.get('frames', 0)} resolved, "
+                  f"{python.get('events_without_thread_state', 0)} events from threads without a thread state")
 
 
 

@@ -137,20 +137,44 @@ static __always_inline u64 task_user_sp(void)
 
 static __always_inline u64 py_stack_id(void);
 
+/* Take a sample tick: 1 when this allocation takes its own stacks (one in mask + 1). */
+static __always_inline int stack_sample_due(u64 mask)
+{
+    u32 slot = MP_CNT_SAMPLE_TICK;
+    u64 *tick = counters.lookup(&slot);
+    if (!tick)
+        return 1;
+    (*tick)++;
+    return ((*tick - 1) & mask) == 0;
+}
+
+/* User-space allocators: the user stack, sampled the same way, per site = the allocator's
+ * return address (the caller's next instruction) + the caller's stack pointer. */
+static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask)
+{
+    e->py_stack = py_stack_id();
+    struct site_key key = {.call_site = PT_REGS_IP(ctx), .user_sp = PT_REGS_SP(ctx), .tgid = e->pid, .layer = e->layer};
+    if (!stack_sample_due(mask)) {
+        u64 *cached = site_stacks.lookup(&key);
+        if (cached) {
+            e->ustack_id = (s32)(u32)*cached;
+            return;
+        }
+    }
+    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e->flags |= MP_FLAG_STACK_SAMPLED;
+    u64 packed = (u64)(u32)e->ustack_id;
+    if (site_stacks.update(&key, &packed) < 0)
+        count(MP_CNT_SITE_FULL);
+}
+
 /* Native stacks are sampled; the Python stack is read for every event (it is what a reused
  * native stack cannot tell apart: one C call path runs every Python function). */
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask)
 {
     e->py_stack = py_stack_id();
     struct site_key key = {.call_site = e->call_site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
-    u32 slot = MP_CNT_SAMPLE_TICK;
-    u64 *tick = counters.lookup(&slot);
-    int sample = 1;
-    if (tick) {
-        sample = (*tick & mask) == 0;
-        (*tick)++;
-    }
-    if (!sample) {
+    if (!stack_sample_due(mask)) {
         u64 *cached = site_stacks.lookup(&key);
         if (cached) {
             e->kstack_id = (s32)(*cached >> 32);

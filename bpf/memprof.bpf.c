@@ -38,6 +38,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     if (is_tracked(tgid)) {
         /* The old image's interpreter is gone: no frames until user space finds the new one. */
         py_procs.delete(&tgid);
+        py_threads.task_storage_delete(bpf_get_current_task_btf());
         lifecycle(MP_PROC_EXEC, tgid, args->old_pid);
     }
     return 0;

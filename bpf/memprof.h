@@ -28,6 +28,7 @@
 #define MP_CNT_PY_NO_THREAD   8  /* a Python process's thread had no PyThreadState we could find */
 #define MP_CNT_PY_BAD_CODE    9  /* a frame chain led to something that is not a code object: dropped */
 #define MP_CNT_PY_MAP_FULL   10  /* py_stacks or py_codes had no room: the event has no Python frames */
+#define MP_CNT_PY_RELEARNED  11  /* a code object's address now holds another one: user space drops its cache */
 #define MP_N_COUNTERS        12
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */

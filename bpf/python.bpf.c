@@ -79,7 +79,13 @@ struct py_scratch {
 };
 
 BPF_HASH(py_procs, u32, struct py_conf, 4096);
-BPF_HASH(py_threads, u32, u64, 16384);      /* tid -> PyThreadState address */
+/* Per thread: its PyThreadState, found under this thread pointer (the thread's own storage:
+ * freed with the thread, cleared at exec). */
+struct py_thread {
+    u64 tstate;
+    u64 fsbase;
+};
+BPF_TASK_STORAGE(py_threads, struct py_thread);
 BPF_HASH(py_stacks, u64, struct py_stack, PY_STACK_ENTRIES);
 BPF_HASH(py_codes, struct py_code_key, struct py_code, PY_CODE_ENTRIES);
 BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
@@ -127,17 +133,21 @@ static __always_inline u64 thread_pointer(void)
 
 /* The calling thread's own PyThreadState: not the GIL holder's (PyTorch releases the GIL
  * inside ops, ctypes around foreign calls). 0 when the thread has none. */
-static __always_inline u64 py_thread_state(struct py_conf *c, u32 tid)
+static __always_inline u64 py_thread_state(struct py_conf *c)
 {
     u64 self = thread_pointer();
-    u64 *cached = py_threads.lookup(&tid);
-    if (cached && read_user_u64(*cached + c->tstate_thread_id) == self)
-        return *cached;
+    struct py_thread *cached = py_threads.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                           BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (cached && cached->tstate && cached->fsbase == self)
+        return cached->tstate;
     u64 interp = read_user_u64(c->interp_head);
     u64 t = interp ? read_user_u64(interp + c->interp_tstate_head) : 0;
     for (int i = 0; i < PY_MAX_THREADS && t; i++) {
         if (read_user_u64(t + c->tstate_thread_id) == self) {
-            py_threads.update(&tid, &t);
+            if (cached) {
+                cached->tstate = t;
+                cached->fsbase = self;
+            }
             return t;
         }
         t = read_user_u64(t + c->tstate_next);
@@ -201,6 +211,8 @@ static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s
         count(MP_CNT_PY_BAD_CODE);
         return -1;
     }
+    if (known)
+        count(MP_CNT_PY_RELEARNED);
     struct py_code *pc = &s->code;
     pc->firstlineno = firstlineno;
     pc->minor = c->minor;
@@ -255,7 +267,7 @@ static __always_inline u64 py_stack_id(void)
     struct py_scratch *s = py_scratch.lookup(&zero);
     if (!s)
         return 0;
-    u64 tstate = py_thread_state(c, (u32)pid_tgid);
+    u64 tstate = py_thread_state(c);
     if (!tstate)
         return 0;
     u64 frame = py_top_frame(c, tstate);

@@ -3,6 +3,8 @@
  * uses the maps and helpers of common.bpf.c.
  *
  * Constants:
+ *   USER_STACK_SAMPLE_MASK  allocations take their own user stack when (tick & MASK) == 0; the
+ *                        others reuse their site's (fill_user_stack in common.bpf.c)
  *   NATIVE_SAMPLE_BYTES  0 = every libc allocation; N = each taken with probability
  *                        min(1, size/N) (user space weights a sampled one by max(1, N/size))
  *
@@ -17,31 +19,51 @@ struct parked {
     u64 out_ptr;      /* where the callee writes the address (CUDA, posix_memalign); 0: return value */
     u64 pitch_ptr;    /* cuMemAllocPitch: size = *pitch_ptr * size */
     u64 old_ptr;      /* realloc: the block being replaced */
+    u64 sp;           /* the stack pointer at entry: tells a nested call from a stale slot */
     u8 flags;
     s8 device;
     u8 status_rc;     /* 1: the return value is a status (0 = success), the address is at out_ptr */
     u8 free_only;     /* realloc not sampled: record the old block's free, not the new block */
-    u32 pad;
+    u8 busy;          /* a call of this layer is in progress on this thread */
+    u8 pad[3];
 };
 
-BPF_HASH(parked_calls, u64, struct parked, 16384);
+/* One slot per layer, in the thread's own storage (no hash lookups; freed with the thread). */
+struct parked_calls {
+    struct parked layer[8];
+};
+BPF_TASK_STORAGE(parked_calls, struct parked_calls);
 
-/* Thread id and layer in one key: pid_tgid's tid and tgid fit in 22 bits each. */
-static __always_inline u64 park_key(u8 layer)
+static __always_inline struct parked *parked_slot(u8 layer, u64 flags)
 {
-    return bpf_get_current_pid_tgid() ^ ((u64)layer << 59);
+    struct parked_calls *calls = parked_calls.task_storage_get(bpf_get_current_task_btf(), 0, flags);
+    return calls ? &calls->layer[layer & 7] : 0;
 }
 
-static __always_inline struct parked *park(u8 layer, u64 size, u64 out_ptr, u8 status_rc, u8 flags, s8 device)
+static __always_inline struct parked *park(struct pt_regs *ctx, u8 layer, u64 size, u64 out_ptr, u8 status_rc,
+                                           u8 flags, s8 device)
 {
     if (!is_tracked(bpf_get_current_pid_tgid() >> 32))
         return 0;
-    u64 key = park_key(layer);
-    if (parked_calls.lookup(&key))
-        return 0; /* nested inside an allocator call of the same layer */
-    struct parked p = {.size = size, .out_ptr = out_ptr, .flags = flags, .device = device, .status_rc = status_rc};
-    parked_calls.update(&key, &p);
-    return parked_calls.lookup(&key);
+    struct parked *p = parked_slot(layer, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!p)
+        return 0;
+    u64 sp = PT_REGS_SP(ctx);
+    /* Busy with a deeper stack pointer: we are nested inside that call. Busy with a shallower
+     * one: that call never returned normally (an exception unwound through it) — reuse. */
+    if (p->busy && sp < p->sp)
+        return 0;
+    p->size = size;
+    p->out_ptr = out_ptr;
+    p->pitch_ptr = 0;
+    p->old_ptr = 0;
+    p->sp = sp;
+    p->flags = flags;
+    p->device = device;
+    p->status_rc = status_rc;
+    p->free_only = 0;
+    p->busy = 1;
+    return p;
 }
 
 /* libc: take a native allocation with probability min(1, size / NATIVE_SAMPLE_BYTES). */
@@ -62,10 +84,9 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, struc
     e->addr = addr;
     e->size = size;
     e->layer = layer;
-    e->flags = p->flags | MP_FLAG_STACK_SAMPLED;
+    e->flags = p->flags;
     e->device = p->device;
-    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
-    e->py_stack = py_stack_id();
+    fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK);
     remember_addr(addr ^ layer);
     submit(e);
     py_learn_after_up(ctx);
@@ -93,12 +114,11 @@ static __always_inline int on_free_call(u8 layer, u64 addr, u8 flags)
 
 static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
 {
-    u64 key = park_key(layer);
-    struct parked *pp = parked_calls.lookup(&key);
-    if (!pp)
+    struct parked *pp = parked_slot(layer, 0);
+    if (!pp || !pp->busy)
         return 0;
     struct parked p = *pp;
-    parked_calls.delete(&key);
+    pp->busy = 0;
     u64 rc = PT_REGS_RC(ctx);
     u64 addr = rc, size = p.size;
     if (p.status_rc) {
@@ -126,12 +146,12 @@ int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVE
 int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
 
 /* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
-int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
+int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
 int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
 
 /* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ---- */
 #define CUDA_PARK(size, flags, device) \
-    park(MP_LAYER_CUDA_DRIVER, (size), PT_REGS_PARM1(ctx), 1, (flags), (device))
+    park(ctx, MP_LAYER_CUDA_DRIVER, (size), PT_REGS_PARM1(ctx), 1, (flags), (device))
 
 int mp_cu_mem_alloc(struct pt_regs *ctx)          /* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), 0, -1); return 0; }
@@ -163,23 +183,23 @@ int mp_cu_mem_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIV
 int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), MP_FLAG_HOST); }
 
 /* ---- libc heap ---- */
-static __always_inline int native_park(u64 size, u64 out_ptr, u8 status_rc)
+static __always_inline int native_park(struct pt_regs *ctx, u64 size, u64 out_ptr, u8 status_rc)
 {
     if (native_sampled(size))
-        park(MP_LAYER_NATIVE, size, out_ptr, status_rc, 0, -1);
+        park(ctx, MP_LAYER_NATIVE, size, out_ptr, status_rc, 0, -1);
     return 0;
 }
-int mp_malloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx), 0, 0); }
-int mp_calloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0, 0); }
-int mp_valloc(struct pt_regs *ctx) { return native_park(PT_REGS_PARM1(ctx), 0, 0); }
-int mp_memalign(struct pt_regs *ctx) { return native_park(PT_REGS_PARM2(ctx), 0, 0); }   /* memalign/aligned_alloc(align, size) */
-int mp_posix_memalign(struct pt_regs *ctx) { return native_park(PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx), 1); }
-int mp_mmap(struct pt_regs *ctx) { return native_park(PT_REGS_PARM2(ctx), 0, 0); }       /* mmap(addr, len, …) */
+int mp_malloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
+int mp_calloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0, 0); }
+int mp_valloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
+int mp_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }   /* memalign/aligned_alloc(align, size) */
+int mp_posix_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx), 1); }
+int mp_mmap(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }       /* mmap(addr, len, …) */
 int mp_realloc(struct pt_regs *ctx)                                                      /* realloc(ptr, size) */
 {
     /* Parked even when not sampled, so that the old block's free is seen. */
     u64 size = PT_REGS_PARM2(ctx);
-    struct parked *p = park(MP_LAYER_NATIVE, size, 0, 0, 0, -1);
+    struct parked *p = park(ctx, MP_LAYER_NATIVE, size, 0, 0, 0, -1);
     if (p) {
         p->old_ptr = PT_REGS_PARM1(ctx);
         p->free_only = !native_sampled(size);

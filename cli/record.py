@@ -65,16 +65,23 @@ def _power_of_two(ctx, param, value):
               help="Take a full stack for one slab allocation in N (1 = every one); the others share their call site's latest stack.")
 @click.option("--page-stack-every", default=8, show_default=True, callback=_power_of_two,
               help="The same for page allocations.")
+@click.option("--user-stack-every", default=16, show_default=True, callback=_power_of_two,
+              help="The same for user-space allocators (torch, cuda, native): one in N unwinds its native "
+                   "stack, the others share their call site's (Python frames are read for every one).")
 @click.option("--user-pages", is_flag=True, help="Also record user and page-cache pages (movable) in kernel_page.")
 @click.option("--native-sample-bytes", default="0", show_default=True, callback=lambda c, p, v: _size(v),
               help="native: take each libc allocation with probability min(1, size/N) and weight it by "
                    "N/size (unbiased totals at a fraction of the cost); 0 takes every one. Units allowed: 64KiB.")
 @click.option("--allocator-prefix", default="", metavar="PREFIX",
               help="native: probe PREFIXmalloc, PREFIXfree, … (e.g. je_ for a jemalloc built with a prefix).")
+@click.option("--python-frames/--no-python-frames", default=True, show_default=True,
+              help="Read the allocating thread's Python frames (CPython 3.10-3.13) at each event, so "
+                   "chains read Python → native → kernel.")
 @click.option("-q", "--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_pages, native_sample_bytes,
-           allocator_prefix, quiet, command):
+def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
+           native_sample_bytes,
+           allocator_prefix, python_frames, quiet, command):
     """Record a command, or attach to a running process, until it exits.
 
     \b
@@ -91,6 +98,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     from memprof.record.session import RecordRequest, Session
     from memprof.sources.ebpf import EbpfOptions
     from memprof.sources.kmem import KmemOptions
+    from memprof.sources.python import PythonOptions
 
     if pid is not None and command:
         raise click.UsageError("give either --pid or a command, not both")
@@ -100,7 +108,8 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     request = RecordRequest(
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force,
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
-                         allocator_prefix=allocator_prefix),
+                         user_stack_every=user_stack_every,
+                         allocator_prefix=allocator_prefix, python=PythonOptions(enabled=python_frames)),
     )
     status = StatusLine(console.err, enabled=not quiet)
     try:

@@ -38,6 +38,7 @@ class EbpfOptions:
     families: tuple[str, ...] = DEFAULT_FAMILIES
     kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
     native_sample_bytes: int = 0
+    user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
     allocator_prefix: str = ""
     ringbuf_bytes: int = 128 << 20
     stack_entries: int = 32768
@@ -144,6 +145,7 @@ class EbpfSource:
             f"-DTRACKED_WORDS={pid_max // 64 + 1}",
             f"-DADDR_BITS_LOG2={o.addr_filter_bits_log2}",
             f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
+            f"-DUSER_STACK_SAMPLE_MASK={o.user_stack_every - 1}",
         ]
         if K.tracepoint_has_field("sched", "sched_process_exit", "group_dead"):
             flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
@@ -310,6 +312,7 @@ class EbpfSource:
         self._refresh_processes(only_stale=False)
 
     def drain_stack_tables(self) -> tuple[dict, dict]:
+        self._python.refresh()
         return self._stacks.drain_tables()
 
     # ---- accounting ----
@@ -321,17 +324,35 @@ class EbpfSource:
             stack_failures=total(R.CNT_STACK_FAIL), site_cache_full=total(R.CNT_SITE_FULL),
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
-            native_sample_bytes=self.options.native_sample_bytes)
+            native_sample_bytes=self.options.native_sample_bytes,
+            user_stack_sample_every=self.options.user_stack_every)
         self.stats.missed = self._missed(counters)
+        costs = self._program_costs()
+        if costs:
+            self.stats.detail["prog_ns_per_run"], self.stats.detail["prog_runs"] = costs
         if self._python is not None:
             self.stats.detail["python"] = {
                 "enabled": self.options.python.enabled,
                 "interpreters": self._python.notes,
-                "threads_not_found": total(R.CNT_PY_NO_THREAD),
-                "chains_dropped_bad_code": total(R.CNT_PY_BAD_CODE),
+                "events_without_thread_state": total(R.CNT_PY_NO_THREAD),
+                "not_code_objects": total(R.CNT_PY_BAD_CODE),
                 "map_full": total(R.CNT_PY_MAP_FULL),
                 **self._python.stats}
         return self.stats
+
+    def _program_costs(self) -> tuple[dict, dict] | None:
+        """Mean ns per run and runs of every loaded program — counted by the kernel only with
+        sysctl kernel.bpf_stats_enabled=1 (bench/ turns it on); None otherwise."""
+        ns, runs = {}, {}
+        for name, fn in sorted(self._bpf.funcs.items()):
+            name = name.decode() if isinstance(name, bytes) else name
+            try:
+                prog = prog_stats(fn.fd)
+            except Exception:
+                continue
+            if prog.run_cnt:
+                ns[name], runs[name] = round(prog.run_time_ns / prog.run_cnt, 1), prog.run_cnt
+        return (ns, runs) if ns else None
 
     def _missed(self, counters) -> dict[str, int]:
         """Per tracepoint: events the kernel skipped (recursion) less those a backup recovered."""
@@ -345,8 +366,6 @@ class EbpfSource:
             except Exception:
                 continue
             skipped = prog.recursion_misses
-            if prog.run_cnt:  # only with sysctl kernel.bpf_stats_enabled=1 (bench/)
-                self.stats.detail.setdefault("prog_ns_per_run", {})[fn] = round(prog.run_time_ns / prog.run_cnt, 1)
             if tp in R.FREE_TRACEPOINTS:
                 caught = int(sum(counters[ctypes.c_int(R.CNT_NESTED_FREES + R.FREE_TRACEPOINTS.index(tp))]))
                 self.stats.detail.setdefault("nested_frees_recovered", {})[tp] = caught

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS as EVAL_FUNCTIONS  # noqa: F401 (re-export)
 from memprof.sources import pylines
+from memprof.sources.records import CNT_PY_RELEARNED
 from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps
 from memprof.sources.symbolize import Mapping
 
@@ -72,7 +73,10 @@ class PythonFrames:
     notes: dict = field(default_factory=dict)       # interpreter path -> what meta.json says
     _registered: dict = field(default_factory=dict)  # tgid -> interpreter path (or None)
     _codes: dict = field(default_factory=dict)       # (tgid, code address) -> _Code | None
-    stats: dict = field(default_factory=lambda: {"frames": 0, "frames_without_line": 0, "unnamed_code": 0})
+    _stacks: dict = field(default_factory=dict)      # py_stack hash -> [PyFrame]
+    _frames: dict = field(default_factory=dict)      # (tgid, code address, lasti word) -> PyFrame
+    _relearned: int = 0
+    stats: dict = field(default_factory=lambda: {"frames": 0, "distinct_frames_without_line": 0, "distinct_frames_unnamed": 0})
 
     def install(self) -> None:
         """Put the code-learning programs where the allocation programs tail-call them."""
@@ -105,6 +109,9 @@ class PythonFrames:
 
     def forget(self, pid: int) -> None:
         """The process exec'd or exited: its old interpreter is gone (a new one may register)."""
+        for cache in (self._codes, self._frames):
+            for key in [k for k in cache if k[0] == pid]:
+                del cache[key]
         if self._registered.pop(pid, None) is not None:
             try:
                 del self.bpf["py_procs"][ctypes.c_uint32(pid)]
@@ -130,52 +137,70 @@ class PythonFrames:
         return conf
 
     # ---- stacks ----
+    def refresh(self) -> None:
+        """Before resolving a batch: when BPF re-learned a code object's address (a freed code
+        object's address now holds another), what was decoded before may be stale — drop it."""
+        relearned = int(sum(self.bpf["counters"][ctypes.c_int(CNT_PY_RELEARNED)]))
+        if relearned != self._relearned:
+            self._relearned = relearned
+            self._codes.clear()
+            self._stacks.clear()
+            self._frames.clear()
+
     def frames(self, py_stack: int) -> list[PyFrame]:
         """The frames of an interned stack, innermost first ([] when it is not in the map)."""
         if not py_stack:
             return []
+        if py_stack not in self._stacks:
+            self._stacks[py_stack] = self._read_stack(py_stack)
+        return self._stacks[py_stack]
+
+    def _read_stack(self, py_stack: int) -> list[PyFrame]:
         try:
             leaf = self.bpf["py_stacks"][ctypes.c_uint64(py_stack)]
         except KeyError:
             return []
         tgid, depth = int(leaf.tgid), min(int(leaf.depth), self.options.max_frames)
-        out = []
-        for i in range(depth):
-            code = self._code(tgid, int(leaf.code[i]))
-            word = int(leaf.lasti[i])
-            out.append(self._frame(tgid, code, word))
-        return out
+        codes, words = leaf.code[:depth], leaf.lasti[:depth]
+        self.stats["frames"] += depth
+        return [self._frame_at(tgid, code, word) for code, word in zip(codes, words)]
 
-    def _frame(self, tgid: int, code: _Code | None, word: int) -> PyFrame:
+    def _frame_at(self, tgid: int, code: int, word: int) -> PyFrame:
+        """One frame, decoded once per (process, code object, instruction): outer frames
+        repeat across most stacks."""
+        key = (tgid, code, word)
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = self._frames[key] = self._frame(self._code(tgid, code), word)
+        return frame
+
+    def _frame(self, code: _Code | None, word: int) -> PyFrame:
         entry = bool(word & ENTRY_BIT)
         lasti = word & ~ENTRY_BIT
-        self.stats["frames"] += 1
         if code is None:
-            self.stats["unnamed_code"] += 1
+            self.stats["distinct_frames_unnamed"] += 1
             return PyFrame("<unknown code>", "", None, entry)
         line = None
         if lasti != LASTI_NONE:
             line = pylines.line_at(code.lines, lasti)
         if line is None:
-            self.stats["frames_without_line"] += 1
+            self.stats["distinct_frames_without_line"] += 1
         return PyFrame(code.name, code.file, line, entry)
 
     def _code(self, tgid: int, address: int) -> _Code | None:
-        """The code object BPF last learned at `address`. Read again each time (a freed code
-        object's address can hold another, which BPF then re-learns); decoded once per object."""
-        table = self.bpf["py_codes"]
-        k = table.Key()
-        k.code, k.tgid = address, tgid
-        try:
-            leaf = table[k]
-        except KeyError:
-            return None
-        key = (tgid, address, int(leaf.name_ptr), int(leaf.file_ptr), int(leaf.lines_ptr), int(leaf.firstlineno))
+        """The code object BPF learned at `address` in process `tgid` (None: not learned)."""
+        key = (tgid, address)
         if key not in self._codes:
-            self._codes[key] = self._decode_code(tgid, leaf)
+            table = self.bpf["py_codes"]
+            k = table.Key()
+            k.code, k.tgid = address, tgid
+            try:
+                self._codes[key] = self._decode_code(table[k])
+            except KeyError:
+                self._codes[key] = None
         return self._codes[key]
 
-    def _decode_code(self, tgid: int, leaf) -> _Code:
+    def _decode_code(self, leaf) -> _Code:
         version = (3, int(leaf.minor))
         raw = bytes(bytearray(leaf.lines))[:min(int(leaf.lines_len), len(leaf.lines))]
         lines = decode_lines(version, raw, int(leaf.firstlineno), cut=int(leaf.lines_len) > len(raw))
@@ -223,11 +248,12 @@ def decode_str(raw: bytes, length: int, state: int, skip_bytes: int) -> str:
     return text
 
 
-def merge_chain(native: list, python: list[PyFrame], is_eval) -> list:
+def merge_chain(native: list, python: list, is_eval, entry=lambda frame: frame.entry) -> list:
     """Interleave Python frames into a native chain (both innermost first), as py-spy's
     --native does: each native eval-loop frame (`is_eval(frame)`) is preceded by the Python
     frames it was running — up to and including the next entry frame — and Python frames left
     over (the native stack ended early: no frame pointers) go after the native ones.
+    `entry(python_frame)` says whether a Python frame was the first of its eval call.
     The eval frames themselves stay in the result; reports hide them by default."""
     out, i = [], 0
     for frame in native:
@@ -235,7 +261,7 @@ def merge_chain(native: list, python: list[PyFrame], is_eval) -> list:
             while i < len(python):
                 out.append(python[i])
                 i += 1
-                if python[i - 1].entry:
+                if entry(python[i - 1]):
                     break
         out.append(frame)
     out.extend(python[i:])

@@ -54,6 +54,7 @@ class StackInterner:
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
     _frame_rows: dict = field(default_factory=dict)  # frame id -> (kind, function, module, file, line)
+    _batch: dict = field(default_factory=dict)  # symbolized parts of chains, within one drain_tables()
     _new_frames: list = field(default_factory=list)
     _kernel_symbols: KernelSymbols | None = None
 
@@ -96,6 +97,9 @@ class StackInterner:
     def drain_tables(self) -> tuple[dict, dict]:
         """Symbolize chains interned since the last call: (stacks columns, frames columns)."""
         stack_rows: dict[str, list] = {"stack_id": [], "depth": [], "frame_id": []}
+        # Parts shared by many chains (one native stack under many Python stacks) are
+        # symbolized once per batch: maps can change between batches, not within one.
+        self._batch = {}
         for p in self._pending:
             for depth, frame_id in enumerate(self._chain(p)):
                 stack_rows["stack_id"].append(p.stack_id)
@@ -108,13 +112,24 @@ class StackInterner:
 
     def _chain(self, p: _Pending) -> list[int]:
         """Frame ids innermost first: kernel frames, then the task's native and Python frames."""
-        kernel = self._kernel_frames(p)
-        user = self._user_frames(p)
-        python = self._python_frames(p)
-        if python:
-            user = merge_chain(user, python, lambda fid: self._frame_rows[fid][1] in EVAL_FUNCTIONS)
-            user = [f if isinstance(f, int) else self._python_frame_id(f) for f in user]
+        kernel = self._batched(("k", p.kstack_id, p.call_site), lambda: self._kernel_frames(p))
+        user = self._batched(("u", p.pid, p.ustack_id, p.py_stack), lambda: self._user_and_python_frames(p))
         return kernel + user
+
+    def _user_and_python_frames(self, p: _Pending) -> list[int]:
+        native = self._batched(("n", p.pid, p.ustack_id), lambda: self._user_frames(p))
+        python = [(self._python_frame_id(f), f.entry) for f in self._python_frames(p)]
+        if not python:
+            return native
+        merged = merge_chain(native, python, lambda fid: self._frame_rows[fid][1] in EVAL_FUNCTIONS,
+                             entry=lambda item: item[1])
+        return [f if isinstance(f, int) else f[0] for f in merged]
+
+    def _batched(self, key: tuple, compute: Callable[[], list]) -> list:
+        found = self._batch.get(key)
+        if found is None:
+            found = self._batch[key] = compute()
+        return found
 
     def _python_frames(self, p: _Pending) -> list[PyFrame]:
         if not p.py_stack:
@@ -125,7 +140,7 @@ class StackInterner:
             return []
 
     def _python_frame_id(self, f: PyFrame) -> int:
-        return self._frame_id(FrameKind.PYTHON.value, f.function, None, f.file, f.line)
+        return self._frame_id(_PYTHON, f.function, None, f.file, f.line)
 
     def _kernel_frames(self, p: _Pending) -> list[int]:
         addrs = self._safe_read(p.kstack_id)
@@ -165,6 +180,9 @@ class StackInterner:
             self._frame_rows[frame_id] = key
             self._new_frames.append((frame_id, kind, function, module, file, line))
         return frame_id
+
+
+_PYTHON = FrameKind.PYTHON.value
 
 
 def _callers(addrs: list[int]) -> np.ndarray:
