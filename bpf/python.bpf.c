@@ -25,7 +25,7 @@
 #define PY_MAX_THREADS   256        /* thread-state list entries walked to find a thread */
 #define PY_NAME_BYTES    128
 #define PY_FILE_BYTES    256        /* the tail of long paths is kept: it names the file */
-#define PY_LINES_BYTES   4096       /* line table bytes copied; longer tables are cut */
+#define PY_LINES_BYTES   2048       /* line table bytes copied; longer tables are cut */
 #define PY_ENTRY_BIT     0x80000000u /* lasti word: first frame of a C-level eval call */
 #define PY_LASTI_NONE    0x7fffffffu /* lasti word: instruction unknown */
 #define PY_OWNED_BY_CSTACK 3        /* 3.12+: a shim frame the eval loop pushes at entry */
@@ -86,8 +86,12 @@ struct py_thread {
     u64 fsbase;
 };
 BPF_TASK_STORAGE(py_threads, struct py_thread);
-BPF_HASH(py_stacks, u64, struct py_stack, PY_STACK_ENTRIES);
-BPF_HASH(py_codes, struct py_code_key, struct py_code, PY_CODE_ENTRIES);
+/* Both least-recently-used: user space decodes a stack or code object the first time it
+ * meets it and keeps it, so what these maps evict is what it has already read (unless more
+ * than their size is new within one flush). Preallocated, so that an insert never allocates
+ * kernel memory inside the target's own allocation events. */
+BPF_TABLE("lru_hash", u64, struct py_stack, py_stacks, PY_STACK_ENTRIES);
+BPF_TABLE("lru_hash", struct py_code_key, struct py_code, py_codes, PY_CODE_ENTRIES);
 BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
 /* The code-learning programs, entered by tail call (one array per calling program type: the
  * kernel ties a program array to one type). Learning 64 code objects is too many branches for

@@ -37,6 +37,25 @@ def recording_notes(meta: RecordingMeta) -> list[str]:
                          "more allocations than usual took a fresh stack")
         if stats.stack_sample_every > 1:
             notes.append(f"{name}: one slab allocation in {stats.stack_sample_every} (pages: one in "
-                         f"{stats.detail.get('page_stack_sample_every', 1)}) took its own stack; the others share the "
-                         "latest stack taken at the same call site and user stack depth (record --stack-every 1 for all)")
+                         f"{stats.detail.get('page_stack_sample_every', 1)}, user-space allocators: one in "
+                         f"{stats.detail.get('user_stack_sample_every', 1)}) took its own native stack; the others "
+                         "share the latest one taken at the same call site and stack depth (record --stack-every 1, "
+                         "--user-stack-every 1 for all); Python frames are read for every allocation")
+        notes += _python_notes(name, stats.detail.get("python") or {})
+    return notes
+
+
+def _python_notes(name: str, python: dict) -> list[str]:
+    """What the user should know about Python frames: interpreters without them, and loss."""
+    notes = []
+    if python and not python.get("enabled", True):
+        notes.append(f"{name}: Python frames were off (record --no-python-frames)")
+    for path, note in sorted((python.get("interpreters") or {}).items()):
+        if not note.get("frames"):
+            notes.append(f"{name}: no Python frames for {path}: {note.get('why')}")
+    if python.get("stacks_evicted"):
+        notes.append(f"{name}: {python['stacks_evicted']} Python stacks were evicted before they were read "
+                     "(more new stacks than the map holds within one flush): their events have no Python frames")
+    if python.get("map_full"):
+        notes.append(f"{name}: {python['map_full']} events lost their Python frames (the Python stack or code map was full)")
     return notes

@@ -127,7 +127,7 @@ class Session:
         self.source.start([])
         self.child = GatedChild(self.request.command, path, self.run_as)
         try:
-            self.source.track(self.child.pid)
+            self.source.track(self.child.pid, before_exec=True)
             self._open_writer(self.request.command[0], self.child.pid)
         except BaseException:
             self.child.abort()

@@ -105,12 +105,17 @@ class EbpfSource:
         # kallsyms is read at the first flush, not here: the command waits for start() to return.
         self._python = PythonFrames(self._bpf, self.options.python)
         self._python.install()
+        self._python.prewarm(self.command_path)
         self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
                                      python_frames=self._python.frames)
         for pid in pids:
             self.track(pid)
 
-    def track(self, pid: int) -> None:
+    def track(self, pid: int, before_exec: bool = False) -> None:
+        """Follow `pid` (and its future children). `before_exec`: it is memprof's own gated
+        child, still running memprof's interpreter: its Python frames wait for its exec."""
+        if before_exec:
+            self._python.defer(pid)
         table = self._bpf["tracked"]
         key = ctypes.c_int(pid >> 6)
         table[key] = ctypes.c_ulonglong(table[key].value | (1 << (pid & 63)))

@@ -135,7 +135,17 @@ def runtime_file(path: str) -> str:
     `path` itself when it defines it (a static build, or a libpython); for a shared build, the
     libpython3.X.so* it links, found through its RUNPATH/RPATH ($ORIGIN expanded) and the usual
     library directories. `path` when neither is found (inspect_python then says why).
+    Cached per (path, mtime, size): the recorder asks at every exec of a Python process.
     """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    return _runtime_file_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _runtime_file_cached(path: str, mtime_ns: int, size: int) -> str:
     from elftools.common.exceptions import ELFError
     try:
         with open(path, "rb") as f:

@@ -8,13 +8,15 @@ at first sight, so they resolve even after the process has exited."""
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS as EVAL_FUNCTIONS  # noqa: F401 (re-export)
 from memprof.sources import pylines
 from memprof.sources.records import CNT_PY_RELEARNED
-from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps
+from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
 from memprof.sources.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
@@ -29,8 +31,8 @@ class PythonOptions:
 
     enabled: bool = True
     max_frames: int = 64
-    stack_entries: int = 16384
-    code_entries: int = 8192
+    stack_entries: int = 32768   # x 776 bytes, preallocated
+    code_entries: int = 8192     # x 2.5 KiB, preallocated
 
 
 def python_cflags(options: PythonOptions) -> list[str]:
@@ -76,7 +78,8 @@ class PythonFrames:
     _stacks: dict = field(default_factory=dict)      # py_stack hash -> [PyFrame]
     _frames: dict = field(default_factory=dict)      # (tgid, code address, lasti word) -> PyFrame
     _relearned: int = 0
-    stats: dict = field(default_factory=lambda: {"frames": 0, "distinct_frames_without_line": 0, "distinct_frames_unnamed": 0})
+    stats: dict = field(default_factory=lambda: {"frames": 0, "distinct_frames_without_line": 0, "distinct_frames_unnamed": 0,
+                                                   "stacks_evicted": 0})
 
     def install(self) -> None:
         """Put the code-learning programs where the allocation programs tail-call them."""
@@ -88,31 +91,53 @@ class PythonFrames:
 
     # ---- processes ----
     def register(self, pid: int, maps: Sequence[Mapping]) -> None:
-        """Tell BPF where `pid`'s interpreter is, once its runtime is mapped and confirmed."""
+        """Tell BPF where `pid`'s interpreter is, once its runtime is mapped and confirmed.
+        Called again as the process maps more files: a shared build's executable is mapped
+        at exec, its libpython a moment later."""
         if not self.options.enabled or pid in self._registered:
             return
         path = python_file_in_maps(maps)
         if path is None:
             return
+        runtime = runtime_file(path)
+        if runtime != path and not any(m.path == runtime for m in maps):
+            return  # a shared build whose libpython is not mapped yet
         try:
-            binary = inspect_python(path)
+            binary = inspect_python(runtime)
         except PythonLayoutError as e:
             self._registered[pid] = None
-            self.notes[path] = {"frames": False, "why": e.message}
+            self.notes[runtime] = {"frames": False, "why": e.message}
             return
-        bias = load_bias(path, maps)
+        bias = load_bias(runtime, maps)
         if bias is None:
             return
         self.bpf["py_procs"][ctypes.c_uint32(pid)] = self._conf(binary, bias)
-        self._registered[pid] = path
-        self.notes[path] = {"frames": True, "version": binary.version_text()}
+        self._registered[pid] = runtime
+        self.notes[runtime] = {"frames": True, "version": binary.version_text()}
+
+    def prewarm(self, executable: str | None) -> None:
+        """Inspect the interpreter a command will run before it starts (parsing an ELF takes
+        0.1-0.3 s; done at exec time, it would cost the target its first Python frames).
+        `executable`: the command's file; a script's #! interpreter is followed."""
+        if not self.options.enabled or not executable:
+            return
+        for path in (executable, _shebang_interpreter(executable)):
+            if path and os.path.basename(path).startswith("python"):
+                try:
+                    inspect_python(runtime_file(os.path.realpath(path)))
+                except PythonLayoutError:
+                    pass  # said again, with the reason, when the process maps it
+
+    def defer(self, pid: int) -> None:
+        """Give `pid` no Python frames until it execs (memprof's own child before its exec)."""
+        self._registered[pid] = None
 
     def forget(self, pid: int) -> None:
         """The process exec'd or exited: its old interpreter is gone (a new one may register)."""
         for cache in (self._codes, self._frames):
             for key in [k for k in cache if k[0] == pid]:
                 del cache[key]
-        if self._registered.pop(pid, None) is not None:
+        if self._registered.pop(pid, None):  # a path: it had a py_conf in BPF
             try:
                 del self.bpf["py_procs"][ctypes.c_uint32(pid)]
             except KeyError:
@@ -158,7 +183,8 @@ class PythonFrames:
     def _read_stack(self, py_stack: int) -> list[PyFrame]:
         try:
             leaf = self.bpf["py_stacks"][ctypes.c_uint64(py_stack)]
-        except KeyError:
+        except KeyError:  # evicted before this flush read it: more new stacks than the map holds
+            self.stats["stacks_evicted"] += 1
             return []
         tgid, depth = int(leaf.tgid), min(int(leaf.depth), self.options.max_frames)
         codes, words = leaf.code[:depth], leaf.lasti[:depth]
@@ -207,6 +233,21 @@ class PythonFrames:
         name = decode_str(bytes(bytearray(leaf.name)), int(leaf.name_len), int(leaf.name_state), 0)
         file = decode_str(bytes(bytearray(leaf.file)), int(leaf.file_len), int(leaf.file_state), int(leaf.file_skip))
         return _Code(name or "<unknown>", file, int(leaf.firstlineno), lines, int(leaf.lines_len) > len(leaf.lines))
+
+
+def _shebang_interpreter(path: str) -> str | None:
+    """The interpreter named on a script's #! line (`#!/usr/bin/env python3` → found on PATH)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+        return shutil.which(words[1])
+    return words[0] if words else None
 
 
 def decode_lines(version: tuple[int, int], raw: bytes, firstlineno: int, cut: bool) -> list:

@@ -278,6 +278,24 @@ def test_torch_leak_known_bytes(torch_leak_recording, leaks_json):
 
 
 @needs_torch
+def test_torch_leak_chain_reaches_the_training_loop(torch_leak_recording, leaks_json):
+    """The kept activations' chain reads allocator → libtorch → the Python line that made them
+    (torch_leak.py's `hidden = model.fc1(x)` in train_step) → the loop in train.py's main."""
+    _, _, findings = torch_cpu_totals(leaks_json, torch_leak_recording(40))
+    kept = [f for f in findings if (f["live_bytes"], f["live_count"]) == (40 * STEP_BYTES, 40)]
+    assert len(kept) == 1, describe(findings)
+    source = TORCH_LEAK.read_text().splitlines()
+    fc1_line = next(i for i, text in enumerate(source, start=1) if text.strip() == "hidden = model.fc1(x)")
+    python = [(f["function"], Path(f["file"]).name, f["line"]) for f in kept[0]["stack"] if f["kind"] == "python"]
+    assert ("train_step", "torch_leak.py", fc1_line) in python, python
+    assert python[-2:][0][:2] == ("main", "train.py") and python[-1][:2] == ("<module>", "torch_leak.py"), python
+    native = [f["function"] for f in kept[0]["stack"] if f["kind"] == "native"]
+    assert native and "DefaultCPUAllocator::allocate" in native[0], native
+    kinds = [f["kind"] for f in kept[0]["stack"]]
+    assert kinds.index("python") > max(i for i, k in enumerate(kinds) if k == "native"), kinds
+
+
+@needs_torch
 def test_attach_to_a_running_torch_process(tmp_path, run_memprof, leaks_json):
     """`record --pid` on a Python process that has loaded torch already: libc10's probes are
     placed from its mappings. The target waits 4 s (memprof starts in ~1 s) before its loop,

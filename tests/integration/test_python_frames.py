@@ -1,0 +1,181 @@
+"""Python frames read from BPF: real eBPF, real interpreters, known functions at known lines.
+
+examples/py_frames.py makes each allocation three Python calls deep (X_inner ← X_middle ←
+X_outer) from lines marked `# line: NAME`, and keeps it until exit, so `report leaks` lists
+it with its chain. Every chain must name the three functions, innermost first, with the
+example's file and the marked lines, after the kernel and native frames.
+
+Interpreters: the venv's (Debian's CPython 3.11, with torch), and pyenv's 3.10, 3.12 and 3.13
+where this machine has them (the machine image carries pyenv; each is skipped with the
+reason when missing). CPython 3.9, which memprof does not support, must give native frames
+only and say why in meta.json.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "py_frames.py"
+NATIVE_BYTES, TENSOR_BYTES, THREAD_A_BYTES, THREAD_B_BYTES = 777_777, 3_333_333, 111_111, 222_222
+THREAD_ROUNDS = 300
+
+
+def marked_lines() -> dict[str, int]:
+    """`# line: NAME` markers of the example: NAME -> line number."""
+    lines = {}
+    for number, text in enumerate(EXAMPLE.read_text().splitlines(), start=1):
+        if m := re.search(r"# line: (\w+)", text):
+            lines[m.group(1)] = number
+    return lines
+
+
+LINES = marked_lines()
+
+
+def pyenv_python(minor: int) -> str:
+    found = sorted(glob.glob(f"/root/.pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+    if not found:
+        pytest.skip(f"CPython 3.{minor} is not installed here (looked for pyenv's /root/.pyenv/versions/3.{minor}.*)")
+    return found[-1]
+
+
+def record_example(run_memprof, tmp_path: Path, python: str, *args: str) -> Path:
+    recording = tmp_path / "frames.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--sources", "+native", "--",
+                         python, EXAMPLE, *args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
+    return recording
+
+
+def findings(leaks_json, recording: Path) -> list[dict]:
+    return leaks_json(recording, "--top", "100000", "--min-age", "0")["findings"]
+
+
+def python_frames(finding: dict) -> list[tuple[str, str, int]]:
+    return [(f["function"], f["file"], f["line"]) for f in finding["stack"] if f["kind"] == "python"]
+
+
+def expected(prefix: str) -> list[tuple[str, str, int]]:
+    return [(f"{prefix}_{part}", str(EXAMPLE), LINES[f"{prefix}_{part}"]) for part in ("inner", "middle", "outer")]
+
+
+def chains_of(found: list[dict], prefix: str) -> list[dict]:
+    """Findings whose chain holds the function PREFIX_inner."""
+    return [f for f in found if any(fn == f"{prefix}_inner" for fn, _, _ in python_frames(f))]
+
+
+def assert_reads_top_down(finding: dict, prefix: str) -> None:
+    """Three Python frames innermost first, at the marked lines, after every kernel and native frame."""
+    frames = python_frames(finding)
+    assert frames[:3] == expected(prefix), json.dumps(finding["stack"], indent=1)
+    kinds = [f["kind"] for f in finding["stack"]]
+    first_python = kinds.index("python")
+    assert "python" not in {k for k in kinds[:first_python]}
+    assert all(k == "python" for k in kinds[first_python:first_python + 3])
+    assert kinds.index("kernel") < first_python if "kernel" in kinds else True
+
+
+def describe(found: list[dict]) -> str:
+    return "\n".join(f"{f['layer']} {f['live_count']}x {f['live_bytes']} {python_frames(f)[:4]}" for f in found[:20])
+
+
+# ---- the venv's interpreter (Debian CPython 3.11), with torch and threads ----
+
+@pytest.fixture(scope="module")
+def venv_recording(tmp_path_factory, run_memprof) -> Path:
+    pytest.importorskip("torch")
+    return record_example(run_memprof, tmp_path_factory.mktemp("venv"), sys.executable,
+                          "--torch", "--threads", str(THREAD_ROUNDS))
+
+
+def test_libc_block_names_its_three_python_callers(venv_recording, leaks_json):
+    found = findings(leaks_json, venv_recording)
+    native = [f for f in chains_of(found, "native") if f["layer"] == "native_heap" and f["live_bytes"] == NATIVE_BYTES]
+    assert len(native) == 1, describe(found)
+    assert_reads_top_down(native[0], "native")
+
+
+def test_pipe_kernel_chain_reads_kernel_native_python(venv_recording, leaks_json):
+    found = findings(leaks_json, venv_recording)
+    pipe = [f for f in chains_of(found, "pipe") if f["layer"] == "kernel_slab"]
+    assert pipe, describe(found)
+    for finding in pipe:
+        assert_reads_top_down(finding, "pipe")
+    functions = {f["function"] for finding in pipe for f in finding["stack"] if f["kind"] == "kernel"}
+    assert any(fn.startswith("do_pipe2") for fn in functions), functions
+
+
+def test_torch_tensor_names_its_three_python_callers(venv_recording, leaks_json):
+    found = findings(leaks_json, venv_recording)
+    tensors = [f for f in chains_of(found, "tensor") if f["layer"] == "torch_cpu"]
+    assert [(f["live_bytes"], f["live_count"]) for f in tensors] == [(TENSOR_BYTES, 1)], describe(found)
+    assert_reads_top_down(tensors[0], "tensor")
+
+
+def test_two_threads_allocating_at_once_get_their_own_stacks(venv_recording, leaks_json):
+    """Threads A and B call malloc (ctypes drops the GIL around it) while a third spins in
+    Python: each block must carry its own thread's frames, never the other's or the GIL holder's."""
+    found = findings(leaks_json, venv_recording)
+    native = [f for f in found if f["layer"] == "native_heap"]
+    for prefix, size in (("thread_a", THREAD_A_BYTES), ("thread_b", THREAD_B_BYTES)):
+        mine = [f for f in native if f["live_bytes"] % size == 0 and f["live_bytes"] // size == f["live_count"]
+                and chains_of([f], prefix)]
+        assert sum(f["live_count"] for f in mine) == THREAD_ROUNDS, describe(native)
+        for finding in mine:
+            assert_reads_top_down(finding, prefix)
+    crossed = [f for f in chains_of(native, "thread_a") if chains_of([f], "thread_b") or chains_of([f], "spin")]
+    assert crossed == [], describe(crossed)
+
+
+def test_meta_names_the_interpreter_and_counts_frames(venv_recording):
+    python = json.loads((venv_recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]
+    notes = python["interpreters"]
+    assert any(n["frames"] and n["version"].startswith(f"3.{sys.version_info.minor}.") for n in notes.values()), notes
+    assert python["frames"] > 0 and python["not_code_objects"] == 0 and python["map_full"] == 0, python
+
+
+# ---- other CPython minor versions ----
+
+@pytest.mark.parametrize("minor", [10, 12, 13])
+def test_other_minor_versions_give_the_same_chains(minor, tmp_path, run_memprof, leaks_json):
+    python = pyenv_python(minor)
+    recording = record_example(run_memprof, tmp_path, python, "--threads", "50")
+    found = findings(leaks_json, recording)
+    native = [f for f in chains_of(found, "native") if f["layer"] == "native_heap" and f["live_bytes"] == NATIVE_BYTES]
+    assert len(native) == 1, describe(found)
+    assert_reads_top_down(native[0], "native")
+    pipe = [f for f in chains_of(found, "pipe") if f["layer"] == "kernel_slab"]
+    assert pipe, describe(found)
+    for finding in pipe:
+        assert_reads_top_down(finding, "pipe")
+    for prefix, size in (("thread_a", THREAD_A_BYTES), ("thread_b", THREAD_B_BYTES)):
+        mine = [f for f in chains_of(found, prefix) if f["layer"] == "native_heap"]
+        assert sum(f["live_count"] for f in mine if f["live_bytes"] == size * f["live_count"]) == 50, describe(found)
+    notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
+    assert any(n["frames"] and n["version"].startswith(f"3.{minor}.") for n in notes.values()), notes
+
+
+def test_an_unsupported_interpreter_gets_native_frames_and_a_note(tmp_path, run_memprof, leaks_json):
+    python = pyenv_python(9)
+    recording = record_example(run_memprof, tmp_path, python)
+    found = findings(leaks_json, recording)
+    assert not any(f["python_frames"] for f in found), describe([f for f in found if f["python_frames"]])
+    from memprof.recording import open_recording
+    rec = open_recording(recording)
+    block = rec.events[(rec.events["layer"] == "native_heap") & (rec.events["size_bytes"] == NATIVE_BYTES)]
+    assert len(block) == 1  # recorded, with a native chain and no Python frames
+    chain = rec.stacks[rec.stacks["stack_id"] == int(block["stack_id"].iloc[0])].merge(rec.frames, on="frame_id")
+    assert len(chain) and set(chain["kind"]) == {"native"}, chain
+    notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
+    refused = [n for path, n in notes.items() if "3.9" in path]
+    assert refused and refused[0]["frames"] is False and "3.9 is not supported" in refused[0]["why"], notes
+    table = run_memprof("report", "leaks", recording, cwd=tmp_path)
+    assert "no Python frames for" in table.stdout and "3.9 is not supported" in table.stdout, table.stdout
