@@ -245,9 +245,9 @@ def test_leak_in_a_child_process(tmp_path, run_memprof, leaks_json, command, hel
 
 def test_attach_with_pid(tmp_path, run_memprof, leaks_json):
     recording = tmp_path / "attached.memprof"
-    target = subprocess.Popen([KERNEL_LEAK, "-n", "29", "-w", "1500"], stdout=subprocess.PIPE, text=True)
+    target = subprocess.Popen([KERNEL_LEAK, "-n", "29", "-w", "3000"], stdout=subprocess.PIPE, text=True)
     try:
-        first = target.stdout.readline()  # printed before its 1.5 s wait
+        first = target.stdout.readline()  # printed before its 3 s wait (memprof starts in ~2 s)
         assert first.strip() == f"pid={target.pid}"
         started = time.monotonic()
         result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path)

@@ -314,6 +314,9 @@ def test_attach_to_a_running_torch_process(tmp_path, run_memprof, leaks_json):
     live_bytes, live_count, findings = torch_cpu_totals(leaks_json, recording)
     assert (live_bytes, live_count) == (40 * STEP_BYTES + 1048576 + 2048, 42), describe(findings)
     assert all(f["released_at_exit"] for f in findings), describe(findings)
+    # Python frames on attach too: nothing was injected, BPF read them from the interpreter.
+    kept = [f for f in findings if (f["live_bytes"], f["live_count"]) == (40 * STEP_BYTES, 40)]
+    assert len(kept) == 1 and "train_step" in functions(kept[0], "python"), describe(findings)
 
 
 @needs_torch
