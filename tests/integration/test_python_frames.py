@@ -144,6 +144,14 @@ def test_meta_names_the_interpreter_and_counts_frames(venv_recording):
 
 # ---- other CPython minor versions ----
 
+def test_another_minor_version_is_here_to_prove_the_offset_tables():
+    """The per-version offsets are proven on real interpreters other than the venv's: at least
+    one must be on the machine (the image's pyenv carries 3.10, 3.12 and 3.13), else this fails
+    rather than letting every other-version test skip quietly."""
+    others = [m for m in (10, 12, 13) if glob.glob(f"/root/.pyenv/versions/3.{m}.*/bin/python3.{m}")]
+    assert others, "no CPython 3.10, 3.12 or 3.13 under /root/.pyenv/versions: install one (pyenv install 3.12)"
+
+
 @pytest.mark.parametrize("minor", [10, 12, 13])
 def test_other_minor_versions_give_the_same_chains(minor, tmp_path, run_memprof, leaks_json):
     python = pyenv_python(minor)
