@@ -52,6 +52,20 @@ def _power_of_two(ctx, param, value):
     return value
 
 
+def _step_range(ctx, param, value):
+    """"A-B" (steps, 1-based, inclusive) → (A, B); None stays None."""
+    if value is None:
+        return None
+    first, sep, last = value.partition("-")
+    try:
+        a, b = int(first), int(last if sep else first)
+    except ValueError:
+        raise click.BadParameter(f"expected A-B (e.g. 10-12), got {value!r}") from None
+    if a < 1 or b < a:
+        raise click.BadParameter(f"expected 1 <= A <= B, got {value!r}")
+    return a, b
+
+
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Recording path (default ./memprof-NAME-PID.memprof).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
@@ -77,11 +91,16 @@ def _power_of_two(ctx, param, value):
 @click.option("--python-frames/--no-python-frames", default=True, show_default=True,
               help="Read the allocating thread's Python frames (CPython 3.10-3.13) at each event, so "
                    "chains read Python → native → kernel.")
+@click.option("--agent/--no-agent", default=True, show_default=True,
+              help="Start memprof's agent in the command's Python processes that import torch (through "
+                   "PYTHONPATH): training steps, memprof.mark(), CUDA caching-allocator history.")
+@click.option("--torch-profile-steps", callback=_step_range, metavar="A-B",
+              help="Run a torch.profiler window (memory, shapes, Python stacks) over steps A to B only.")
 @click.option("-q", "--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
-           allocator_prefix, python_frames, quiet, command):
+           allocator_prefix, python_frames, agent, torch_profile_steps, quiet, command):
     """Record a command, or attach to a running process, until it exits.
 
     \b
@@ -96,6 +115,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     from memprof.cli import console
     from memprof.cli.status import StatusLine
     from memprof.record.session import RecordRequest, Session
+    from memprof.sources.agent import AgentOptions
     from memprof.sources.ebpf import EbpfOptions
     from memprof.sources.kmem import KmemOptions
     from memprof.sources.python import PythonOptions
@@ -110,6 +130,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
                          user_stack_every=user_stack_every,
                          allocator_prefix=allocator_prefix, python=PythonOptions(enabled=python_frames)),
+        agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps),
     )
     status = StatusLine(console.err, enabled=not quiet)
     try:

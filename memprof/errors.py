@@ -58,3 +58,13 @@ class TargetError(MemprofError):
     """The process to record cannot be started or attached to."""
 
     exit_code = ExitCode.ERROR
+
+
+class BadInputError(BadRecordingError):
+    """A file given to `memprof import` (a CUDA memory snapshot) that is unreadable, not of a
+    format we know, or damaged. Exit status 5, as for a bad recording."""
+
+
+class UnsafeInputError(BadInputError):
+    """An input file that would run code when loaded (a pickle naming a global or object):
+    refused before anything in it runs."""

@@ -50,6 +50,9 @@ class Mark(str, enum.Enum):
     # The target's root process began to exit (exit_group, a fatal signal, or interpreter
     # finalization): the moment "held at the end" is judged at, before teardown frees.
     EXIT = "exit"
+    # A training step began (the agent: optimizer step, torch.profiler step, memprof.mark);
+    # the row's `step` is the new step's number. Other labels are the user's own marks.
+    STEP = "step"
 
 
 LAYERS = [layer.value for layer in Layer]

@@ -18,6 +18,7 @@ from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
 from memprof.record.sampling import SamplerThread
 from memprof.record.target import GatedChild, RunAs, resolve_executable
+from memprof.sources.agent import AgentOptions, AgentSource, epoch_us_converter
 from memprof.sources.ebpf import EbpfOptions, EbpfSource
 from memprof.sources.procs import descendants, pid_alive, read_comm
 
@@ -43,6 +44,7 @@ class RecordRequest:
     duration_s: float | None = None
     force: bool = False
     ebpf: EbpfOptions = field(default_factory=EbpfOptions)
+    agent: AgentOptions = field(default_factory=AgentOptions)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Session:
         self.live = LiveBytes() if on_status is not None else None
         self.writer = None
         self.child: GatedChild | None = None
+        self.agent: AgentSource | None = None
         self.run_as = RunAs.from_sudo()
         self._seq = 0
         self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-flush")
@@ -135,11 +138,39 @@ class Session:
             raise
         with _BlockedSignals():
             try:
-                self.child.release()
+                self.child.release(self._agent_env())
             except TargetError:
                 self._abandon("the command could not be executed: nothing of it ran")
                 raise
             return self._loop(root=self.child.pid)
+
+    def _agent_env(self) -> dict[str, str]:
+        """Variables that start memprof's agent in the command's Python processes (none
+        when the agent is off)."""
+        if not self.request.agent.enabled:
+            return {}
+        self.agent = AgentSource(self.writer.path, self.request.agent)
+        ids = (self.run_as.uid, self.run_as.gid) if self.run_as is not None else (None, None)
+        self.agent.prepare(*ids)
+        return self.agent.child_env()
+
+    def _ingest_agent(self) -> None:
+        """What the agents wrote since the last flush: marks, steps, CUDA history."""
+        if self.agent is None:
+            return
+        tables = self.agent.poll(epoch_us_converter(self.writer.meta.clock_anchors))
+        if tables is None:
+            return
+        events, stacks, frames = tables
+        rows = len(events["ts_ns"])
+        if rows:
+            events["seq"] = range(self._seq, self._seq + rows)
+            self._seq += rows
+            self.writer.append("events", events)
+        if stacks["stack_id"]:
+            self.writer.append("stacks", stacks)
+        if frames["frame_id"]:
+            self.writer.append("frames", frames)
 
     def _abandon(self, why: str) -> None:
         """Finalize a recording that never began (so no half-written one is left behind)."""
@@ -252,6 +283,7 @@ class Session:
         samples = self.sampler.take_rows()
         if samples["ts_ns"]:
             self.writer.append("samples", samples)
+        self._ingest_agent()
         stacks, frames = self.source.drain_stack_tables()
         if stacks["stack_id"]:
             self.writer.append("stacks", stacks)
@@ -260,6 +292,8 @@ class Session:
         meta = self.writer.meta
         meta.sources[self.source.name] = self.source.update_stats()
         meta.sources["samplers"] = self.sampler.stats()
+        if self.agent is not None:
+            meta.sources[self.agent.name] = self.agent.stats()
         meta.clock_anchors.append(anchor())
         meta.processes = self.source.processes.summary()
         meta.exits = self.source.exits()

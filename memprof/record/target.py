@@ -6,6 +6,7 @@ execs, so that not one of its allocations is missed."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pwd
 import shutil
@@ -58,15 +59,19 @@ class GatedChild:
         self._err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
+            os.close(self._gate_w)  # else reading the gate to its end would wait on ourselves
             _child(command, path, run_as, gate_r, err_w)
         os.close(gate_r)
         os.close(err_w)
         self.pid = pid
         self.status: int | None = None
 
-    def release(self) -> None:
-        """Let the child exec; raise TargetError if the exec failed."""
-        os.write(self._gate_w, b"g")
+    def release(self, extra_env: dict[str, str] | None = None) -> None:
+        """Let the child exec, with `extra_env` added to its environment (the agent's
+        variables: known only now, once the recording exists); raise TargetError if the exec
+        failed."""
+        payload = json.dumps(extra_env or {}).encode()
+        os.write(self._gate_w, b"g" + payload)
         os.close(self._gate_w)
         data = _read_all(self._err_r)
         os.close(self._err_r)
@@ -135,8 +140,10 @@ def _child(command, path, run_as, gate_r, err_w):  # pragma: no cover - runs in 
             os.setuid(run_as.uid)
             if run_as.home:
                 env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
-        if not os.read(gate_r, 1):
+        gate = _read_all(gate_r)
+        if not gate.startswith(b"g"):
             os._exit(1)  # parent gone before releasing us: never run the command
+        env.update(json.loads(gate[1:] or b"{}"))
         os.execve(path, command, env)
     except OSError as e:
         os.write(err_w, str(e.errno or errno.EIO).encode())

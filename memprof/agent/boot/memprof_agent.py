@@ -1,0 +1,292 @@
+"""memprof's agent inside a Python target: what only PyTorch knows, onto memprof's timeline.
+
+Started by sitecustomize.py (beside this file) once the process imports torch, or by hand
+for `record --pid` (`import memprof.agent; memprof.agent.install()`). Standalone on purpose:
+the target's interpreter may be another Python than memprof's, with only the standard
+library and torch.
+
+What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one writer per process,
+appended and flushed line by line, so a crash loses at most the line being written):
+  {"kind": "step", "ts_ns", "pid", "tid", "step", "source"}   a training step began
+  {"kind": "mark", "ts_ns", "pid", "tid", "step", "label"}    memprof.mark(label)
+  {"kind": "cuda_trace", "device", "entry"}                   one entry of the CUDA caching
+       allocator's history (torch.cuda.memory._record_memory_history), drained every
+       MEMPROF_AGENT_DRAIN_S seconds and at exit
+  {"kind": "allocator_settings", …}, {"kind": "info", …}
+and failures in <pid>.errors.jsonl. Times are time.monotonic_ns(): CLOCK_MONOTONIC, the
+clock of memprof's eBPF events. Nothing is written anywhere else; the target is never
+stopped by a failure here.
+
+Steps: the first of these sources that fires becomes the step clock of the process — an
+optimizer's step() (a global post-hook), torch.profiler's profile.step(), or memprof.mark()
+when nothing else counts steps; the others still leave mark events.
+"""
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+_lock = threading.Lock()
+_state = {"installed": False, "step": 0, "step_source": None, "file": None, "cuda_last": {}}
+
+
+def _dir():
+    return os.environ.get("MEMPROF_AGENT_DIR", "")
+
+
+def _options():
+    try:
+        return json.loads(os.environ.get("MEMPROF_AGENT_OPTIONS", "{}"))
+    except ValueError:
+        return {}
+
+
+# ---- writing ----
+
+def _write(record):
+    directory = _dir()
+    if not directory:
+        return
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    with _lock:
+        f = _state["file"]
+        if f is None or _state.get("file_pid") != os.getpid():  # first write, or a forked child
+            f = open(os.path.join(directory, "%d.jsonl" % os.getpid()), "a", buffering=1)
+            _state["file"], _state["file_pid"] = f, os.getpid()
+        f.write(line)
+
+
+def log_failure(where, error):
+    """Record a failure inside the agent (never raises): the target goes on."""
+    try:
+        directory = _dir()
+        if not directory:
+            return
+        record = {"ts_ns": time.monotonic_ns(), "pid": os.getpid(), "where": where,
+                  "error": "%s: %s" % (type(error).__name__, error),
+                  "traceback": traceback.format_exc(limit=8)}
+        with open(os.path.join(directory, "%d.errors.jsonl" % os.getpid()), "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except Exception:
+        pass
+
+
+def _guarded(where):
+    """Decorator: a failure in `where` is logged, never raised into the target."""
+    def wrap(fn):
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                log_failure(where, e)
+                return None
+        return run
+    return wrap
+
+
+# ---- steps and marks ----
+
+def _event(kind, **fields):
+    record = {"kind": kind, "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "tid": threading.get_native_id()}
+    record.update(fields)
+    _write(record)
+
+
+def _advance(source):
+    """A step boundary from `source`; only the process's first step source counts steps."""
+    if _state["step_source"] is None:
+        _state["step_source"] = source
+    if _state["step_source"] != source:
+        _event("mark", step=_state["step"], label=source)
+        return
+    _state["step"] += 1
+    _event("step", step=_state["step"], source=source)
+    _profile_window_at(_state["step"])
+
+
+def mark(label="mark"):
+    """A named moment on the timeline. Counts steps too when nothing else does."""
+    try:
+        if _state["step_source"] in (None, "mark"):
+            _state["step_source"] = "mark"
+            _state["step"] += 1
+            _event("step", step=_state["step"], source="mark", label=str(label))
+            _profile_window_at(_state["step"])
+        else:
+            _event("mark", step=_state["step"], label=str(label))
+    except Exception as e:
+        log_failure("mark", e)
+
+
+@_guarded("optimizer step hook")
+def _on_optimizer_step(optimizer, args, kwargs):
+    _advance("optimizer.step")
+
+
+# ---- torch.profiler window (--torch-profile-steps A-B) ----
+
+def _profile_window_at(step):
+    window = _options().get("profile_steps")
+    if not window:
+        return
+    first, last = window
+    try:
+        if step == first and _state.get("profiler") is None:
+            _start_profiler()
+        elif step == last + 1 and _state.get("profiler") is not None:
+            _stop_profiler()
+    except Exception as e:
+        log_failure("profiler window", e)
+
+
+def _start_profiler():
+    import torch
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities, profile_memory=True, with_stack=True, record_shapes=True)
+    _state["profiler"] = prof
+    _state["profiler_began"] = (time.monotonic_ns(), time.time_ns())
+    prof.__enter__()
+    _event("mark", step=_state["step"], label="profiler window start")
+
+
+def _stop_profiler():
+    prof = _state.pop("profiler")
+    prof.__exit__(None, None, None)
+    path = os.path.join(_dir(), "%d.profile.%d.json" % (os.getpid(), _state["step"]))
+    prof.export_chrome_trace(path)
+    _event("mark", step=_state["step"], label="profiler window end")
+    _event("profile", path=os.path.basename(path), began_monotonic_ns=_state["profiler_began"][0],
+           began_realtime_ns=_state["profiler_began"][1])
+
+
+# ---- CUDA caching allocator history ----
+
+def _start_cuda_history(torch):
+    if not torch.cuda.is_available():
+        return False
+    entries = int(_options().get("cuda_max_entries", 100000))
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=entries)
+    _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "cuda_history": True,
+            "max_entries": entries, "devices": torch.cuda.device_count()})
+    return True
+
+
+def drain_cuda(snapshot=None):
+    """Write the history entries newer than the last drain (per device). `snapshot` is for
+    tests: without a GPU, a stand-in snapshot dict (named so in the test) is passed in."""
+    try:
+        if snapshot is None:
+            import torch
+            snapshot = torch.cuda.memory._snapshot()
+        last = _state["cuda_last"]
+        settings = snapshot.get("allocator_settings")
+        if settings and not _state.get("settings_written"):
+            _write({"kind": "allocator_settings", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "settings": settings})
+            _state["settings_written"] = True
+        for device, trace in enumerate(snapshot.get("device_traces") or []):
+            seen = last.get(device, -1)
+            newest = seen
+            for entry in trace:
+                t = entry.get("time_us", 0)
+                if t > seen:
+                    _write({"kind": "cuda_trace", "device": device, "pid": os.getpid(), "entry": _plain(entry)})
+                    newest = max(newest, t)
+            last[device] = newest
+    except Exception as e:
+        log_failure("cuda drain", e)
+
+
+def _plain(entry):
+    """A history entry as JSON-safe data (frames as {filename, line, name})."""
+    out = {k: v for k, v in entry.items() if k != "frames" and isinstance(v, (int, float, str, bool, type(None)))}
+    out["frames"] = [{"filename": f.get("filename"), "line": f.get("line"), "name": f.get("name")}
+                     for f in (entry.get("frames") or [])]
+    return out
+
+
+def _drain_loop(period):
+    while True:
+        time.sleep(period)
+        drain_cuda()
+
+
+# ---- installation ----
+
+def install():
+    """Start recording what PyTorch knows (idempotent; never raises)."""
+    if _state["installed"] or not _dir():
+        return
+    _state["installed"] = True
+    try:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(_on_optimizer_step)
+        _patch_profiler_step(torch)
+        _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
+                "torch": torch.__version__, "python": sys.version.split()[0]})
+        _event("step", step=0, source="start")  # step 0: everything before the first step
+        if _start_cuda_history(torch):
+            period = float(_options().get("drain_s", 2.0))
+            threading.Thread(target=_drain_loop, args=(period,), name="memprof-agent-drain", daemon=True).start()
+            atexit.register(drain_cuda)
+        atexit.register(_at_exit)
+    except Exception as e:
+        log_failure("install", e)
+
+
+def _patch_profiler_step(torch):
+    profile = torch.profiler.profile
+    original = profile.step
+    if getattr(original, "_memprof", False):
+        return
+
+    def step(self, *args, **kwargs):
+        try:
+            _advance("profiler.step")
+        except Exception as e:
+            log_failure("profiler step", e)
+        return original(self, *args, **kwargs)
+
+    step._memprof = True
+    profile.step = step
+
+
+@_guarded("exit")
+def _at_exit():
+    if _state.get("profiler") is not None:
+        _stop_profiler()
+
+
+class _TorchWatcher:
+    """A sys.meta_path finder that starts the agent right after `torch` is imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or "torch" in sys.modules:
+            return None
+        sys.meta_path.remove(self)  # let the normal finders locate torch
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            install()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def watch_for_torch():
+    """Install the agent when this process imports torch (now, if it already has)."""
+    if "torch" in sys.modules:
+        install()
+    elif not any(isinstance(f, _TorchWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchWatcher())
