@@ -3,8 +3,10 @@
 Runs, alternately and REPEATS times each: the loop alone, under `memprof record -q` (default
 sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda; Python
 frames read in BPF at every event), under `memprof record -q --no-python-frames`
-(memprof-nopy), and under `memray run` in its default mode (Python allocators off, no native
-stacks). Reports the
+(memprof-nopy), under `memprof record -q --no-agent` (memprof-noagent: the agent's step marks
+cost = memprof / memprof-noagent), with a torch.profiler window over 2 of the 300 steps
+(memprof-window), and under `memray run` in its default mode (Python allocators off, no
+native stacks). Reports the
 median of the loop's own time (train.py prints `loop_s=`), as a ratio to the unprofiled
 median measured in the same run (machines here are noisy), and, apart, the median time
 outside the loop (whole command wall − loop: interpreter and torch import, the profiler's
@@ -36,9 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "memprof", "memprof-nopy", "memray")
+RUNS = ("baseline", "memprof", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
+AGENT_BAR = 1.03
 
 
 
@@ -61,6 +64,10 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
         "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
         "memprof-nopy": [*MEMPROF, "record", "-q", "--no-python-frames", "-o", str(tmp / f"train-{i}.memprof-nopy"),
                          "--", sys.executable, *workload],
+        "memprof-noagent": [*MEMPROF, "record", "-q", "--no-agent", "-o", str(tmp / f"train-{i}.memprof-noagent"),
+                            "--", sys.executable, *workload],
+        "memprof-window": [*MEMPROF, "record", "-q", "--torch-profile-steps", "101-102",
+                           "-o", str(tmp / f"train-{i}.memprof-window"), "--", sys.executable, *workload],
         "memray": [*MEMRAY, "run", "-q", "-f", "-o", str(tmp / f"train-{i}.memray.bin"), *workload],
     }
 
@@ -126,6 +133,11 @@ def report(results, skipped, metas, args) -> None:
         if results.get(name):
             ratio = statistics.median(r[0] for r in results[name]) / base_loop
             print(f"{name} loop {ratio:.2f}x, bar {BAR:.2f}x: {'within' if ratio <= BAR else 'OVER'}")
+    if results.get("memprof") and results.get("memprof-noagent"):
+        with_agent = statistics.median(r[0] for r in results["memprof"])
+        without = statistics.median(r[0] for r in results["memprof-noagent"])
+        print(f"agent (step marks) adds {with_agent / without:.3f}x to memprof's loop, bar {AGENT_BAR:.2f}x: "
+              f"{'within' if with_agent / without <= AGENT_BAR else 'OVER'}")
     for name, why in skipped.items():
         print(f"{name}: not measured ({len(results.get(name, []))} runs done): {why}")
     for name, meta in metas.items():

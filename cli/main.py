@@ -42,6 +42,7 @@ def cli():
       sudo memprof record -- python train.py    record a command (probes attach before it starts)
       sudo memprof record --pid 4242            attach to a running process and its children
       memprof report leaks                      what was still held at the end, and who allocated it
+      memprof import snap.pickle                a PyTorch CUDA memory snapshot as a recording (no root)
       memprof doctor                            check that recording can work on this machine
     """
 
@@ -56,11 +57,13 @@ def _save_traceback() -> str:
 
 def _register() -> None:
     from memprof.cli.doctor import doctor
+    from memprof.cli.import_ import import_
     from memprof.cli.record import record
     from memprof.cli.report import report
     cli.add_command(record)
     cli.add_command(report)
     cli.add_command(doctor)
+    cli.add_command(import_)
 
 
 _register()

@@ -22,8 +22,9 @@ from typing import Any
 from memprof.errors import BadInputError, UnsafeInputError
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_UNSAFE_HINT = ("a CUDA memory snapshot holds only plain data (dicts, lists, numbers, strings), so this file "
-                "was not written by torch.cuda.memory._dump_snapshot; do not open it with pickle either")
+_PROTO = pickle.PROTO
+_UNSAFE_HINT = ("nothing in it was run; torch.cuda.memory._dump_snapshot did not write this file, so do not "
+                "open it with pickle (or torch.load(weights_only=False)) either")
 _NOT_SNAPSHOT_HINT = "pass a file written by torch.cuda.memory._dump_snapshot(FILE)"
 # What a damaged or foreign pickle raises while it is read (the C unpickler's own errors,
 # and those of the constructors its opcodes call: int(), str.decode, list.append, …).
@@ -62,7 +63,7 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
     except UnsafeInputError:
         raise
     except _DAMAGE as e:
-        raise BadInputError(f"{source}: {_why(e)}", _NOT_SNAPSHOT_HINT) from None
+        raise BadInputError(f"{source}: {_why(e, data)}", _NOT_SNAPSHOT_HINT) from None
 
 
 def load_plain(path: Path | str) -> Any:
@@ -89,13 +90,16 @@ def _gunzipped(data: bytes, source: str) -> bytes:
         raise BadInputError(f"{source}: truncated or damaged gzip file ({e})", _NOT_SNAPSHOT_HINT) from None
 
 
-def _why(error: BaseException) -> str:
+def _why(error: BaseException, data: bytes) -> str:
     """One line saying what is wrong with the bytes, from the unpickler's error."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if isinstance(error, EOFError) or "truncated" in text:
-        return f"truncated pickle ({text})"
     if isinstance(error, pickle.UnpicklingError) and "load key" in text:
         return f"not a pickle ({text})"
+    if not data.startswith(_PROTO):
+        # Every pickle of protocol 2 or later (what torch writes) starts with PROTO.
+        return f"not a pickle, or a damaged one ({text})"
+    if isinstance(error, EOFError) or "truncated" in text:
+        return f"truncated pickle ({text})"
     if isinstance(error, (RecursionError, MemoryError)):
         return f"pickle too deep or too large to load ({type(error).__name__})"
     return f"damaged pickle ({type(error).__name__}: {text})"

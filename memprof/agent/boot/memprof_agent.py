@@ -5,15 +5,15 @@ for `record --pid` (`import memprof.agent; memprof.agent.install()`). Standalone
 the target's interpreter may be another Python than memprof's, with only the standard
 library and torch.
 
-What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one writer per process,
-appended and flushed line by line, so a crash loses at most the line being written):
+What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one file per process):
   {"kind": "step", "ts_ns", "pid", "tid", "step", "source"}   a training step began
   {"kind": "mark", "ts_ns", "pid", "tid", "step", "label"}    memprof.mark(label)
   {"kind": "cuda_trace", "device", "entry"}                   one entry of the CUDA caching
        allocator's history (torch.cuda.memory._record_memory_history), drained every
        MEMPROF_AGENT_DRAIN_S seconds and at exit
-  {"kind": "allocator_settings", …}, {"kind": "info", …}
-and failures in <pid>.errors.jsonl. Times are time.monotonic_ns(): CLOCK_MONOTONIC, the
+  {"kind": "allocator_settings", …}, {"kind": "info", …}, {"kind": "profile", …}
+and failures in <pid>.errors.jsonl. Lines are buffered in the process and written every
+FLUSH_S (0.5 s) and at exit, so a crash loses at most that much. Times are time.monotonic_ns(): CLOCK_MONOTONIC, the
 clock of memprof's eBPF events. Nothing is written anywhere else; the target is never
 stopped by a failure here.
 
@@ -38,25 +38,50 @@ def _dir():
 
 
 def _options():
-    try:
-        return json.loads(os.environ.get("MEMPROF_AGENT_OPTIONS", "{}"))
-    except ValueError:
-        return {}
+    """MEMPROF_AGENT_OPTIONS, parsed once."""
+    if "options" not in _state:
+        try:
+            _state["options"] = json.loads(os.environ.get("MEMPROF_AGENT_OPTIONS", "{}"))
+        except ValueError:
+            _state["options"] = {}
+    return _state["options"]
 
 
 # ---- writing ----
+# Lines are buffered and written every FLUSH_S by a daemon thread, and at exit: a write (a
+# syscall, and kernel allocations memprof itself records) per training step would cost the
+# target more than the step marks are worth. A crash loses at most FLUSH_S of marks.
+FLUSH_S = 0.5
+_pending = []
+
 
 def _write(record):
-    directory = _dir()
-    if not directory:
+    if not _dir():
         return
-    line = json.dumps(record, separators=(",", ":")) + "\n"
+    _pending.append(json.dumps(record, separators=(",", ":")))
+
+
+def flush():
+    """Write the buffered lines (called by the flusher thread and at exit)."""
+    if not _pending:
+        return
     with _lock:
+        lines, _pending[:] = list(_pending), []
         f = _state["file"]
         if f is None or _state.get("file_pid") != os.getpid():  # first write, or a forked child
-            f = open(os.path.join(directory, "%d.jsonl" % os.getpid()), "a", buffering=1)
+            f = open(os.path.join(_dir(), "%d.jsonl" % os.getpid()), "a")
             _state["file"], _state["file_pid"] = f, os.getpid()
-        f.write(line)
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+
+
+def _flush_loop():
+    while True:
+        time.sleep(FLUSH_S)
+        try:
+            flush()
+        except Exception as e:
+            log_failure("flush", e)
 
 
 def log_failure(where, error):
@@ -130,7 +155,7 @@ def _on_optimizer_step(optimizer, args, kwargs):
 
 def _profile_window_at(step):
     window = _options().get("profile_steps")
-    if not window:
+    if not window or step < window[0] or step > window[1] + 1:
         return
     first, last = window
     try:
@@ -230,11 +255,13 @@ def install():
         _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
                 "torch": torch.__version__, "python": sys.version.split()[0]})
         _event("step", step=0, source="start")  # step 0: everything before the first step
+        threading.Thread(target=_flush_loop, name="memprof-agent-flush", daemon=True).start()
+        atexit.register(flush)  # registered first: runs last, after the final CUDA drain
+        atexit.register(_at_exit)
         if _start_cuda_history(torch):
             period = float(_options().get("drain_s", 2.0))
             threading.Thread(target=_drain_loop, args=(period,), name="memprof-agent-drain", daemon=True).start()
             atexit.register(drain_cuda)
-        atexit.register(_at_exit)
     except Exception as e:
         log_failure("install", e)
 
