@@ -18,11 +18,15 @@ BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 
 
 def install() -> None:
-    """Load the agent into this process (idempotent). Never raises into the caller's code."""
+    """Let a later `memprof record --pid` reach this process's agent (idempotent, never
+    raises): the recorder finds this process ready and signals it (SIGUSR2; a handler the
+    program had for it still runs). Inside `memprof record -- CMD` it starts at once."""
     try:
         if BOOT not in sys.path:
             sys.path.append(BOOT)
         import memprof_agent
-        memprof_agent.watch_for_torch()
+        memprof_agent.enable_attach()
+        if os.environ.get("MEMPROF_AGENT_DIR"):
+            memprof_agent.watch_for_torch()
     except Exception:  # the target goes on
         pass

@@ -74,6 +74,17 @@ def default_output(name: str, pid: int, directory: Path = Path(".")) -> Path:
     return directory / f"memprof-{safe}-{pid}.memprof"
 
 
+def _runs_python(pid: int) -> bool:
+    from memprof.sources.pyinterp import python_file_in_maps
+    from memprof.errors import MemprofError
+    from memprof.sources.symbolize import parse_maps, snapshot_maps
+    try:
+        text = snapshot_maps(pid)
+    except (OSError, MemprofError):
+        return False
+    return text is not None and python_file_in_maps(parse_maps(text)) is not None
+
+
 def anchor() -> ClockAnchor:
     return ClockAnchor(monotonic_ns=time.monotonic_ns(), realtime_ns=time.time_ns())
 
@@ -154,6 +165,25 @@ class Session:
         self.agent.prepare(*ids)
         return self.agent.child_env()
 
+    def _attach_agents(self, pids: list[int]) -> None:
+        """`--pid`: reach the agents of processes that opted in (memprof.agent.install());
+        say which Python processes have none (their steps and CUDA history are not seen)."""
+        if not self.request.agent.enabled:
+            return
+        self.agent = AgentSource(self.writer.path, self.request.agent)
+        without = []
+        for pid in pids:
+            try:
+                if not self.agent.attach(pid) and _runs_python(pid):
+                    without.append(pid)
+            except OSError as e:
+                self.agent.note(f"could not reach the agent of pid {pid}: {e}")
+        if without:
+            self.writer.meta.notes.append(
+                f"no memprof agent in Python process(es) {', '.join(map(str, without))}: training steps and the "
+                "CUDA caching-allocator history are not recorded (eBPF layers are); to have them on attach, run "
+                "`import memprof.agent; memprof.agent.install()` in the program")
+
     def _ingest_agent(self) -> None:
         """What the agents wrote since the last flush: marks, steps, CUDA history."""
         if self.agent is None:
@@ -179,8 +209,10 @@ class Session:
         self.writer.finalize(time.monotonic_ns())
 
     def _record_pid(self, pid: int) -> RecordResult:
-        self.source.start(descendants(pid))
+        tree = descendants(pid)
+        self.source.start(tree)
         self._open_writer(read_comm(pid) or "pid", pid)
+        self._attach_agents(tree)
         with _BlockedSignals():
             return self._loop(root=pid)
 

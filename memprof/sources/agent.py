@@ -83,6 +83,29 @@ class AgentSource:
             "MEMPROF_AGENT_OPTIONS": json.dumps(options),
         }
 
+    def attach(self, pid: int) -> bool:
+        """`record --pid`: signal `pid`'s agent, if the process opted in beforehand
+        (`memprof.agent.install()` left its ready file), to record into this recording.
+        False when it has no agent."""
+        import signal
+        import tempfile
+        base = os.path.join(tempfile.gettempdir(), f"memprof-agent-{pid}")
+        if not os.path.exists(base + ".ready"):
+            return False
+        uid, gid = _owner(pid)
+        self.prepare(uid, gid)
+        request = base + ".request.json"
+        options = json.loads(self.child_env({})["MEMPROF_AGENT_OPTIONS"])
+        with open(request, "w") as f:
+            json.dump({"dir": str(self.folder), "options": options}, f)
+        os.chown(request, uid, gid)
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            return False
+        self._stats.detail.setdefault("attached", []).append(pid)
+        return True
+
     # ---- reading ----
     def poll(self, to_monotonic_ns) -> tuple[dict, dict, dict] | None:
         """Rows added since the last poll: (events, stacks, frames) columns, or None.
@@ -140,6 +163,9 @@ class AgentSource:
             if isinstance(record, dict):
                 yield record
 
+    def note(self, text: str) -> None:
+        self._stats.detail.setdefault("notes", []).append(text)
+
     def stats(self) -> SourceStats:
         """What the agents said: processes, failures (the first few, with where), settings."""
         self._stats.detail["processes"] = {str(pid): info for pid, info in sorted(self._processes.items())}
@@ -163,6 +189,18 @@ class AgentSource:
                     continue
                 found.append({"pid": e.get("pid"), "where": e.get("where"), "error": e.get("error")})
         return found
+
+
+def _owner(pid: int) -> tuple[int, int]:
+    """(uid, gid) a process runs as, from /proc (effective ids)."""
+    uid = gid = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                uid = int(line.split()[2])
+            elif line.startswith("Gid:"):
+                gid = int(line.split()[2])
+    return uid, gid
 
 
 def epoch_us_converter(anchors) -> "callable":

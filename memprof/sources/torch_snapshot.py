@@ -29,11 +29,12 @@ from memprof.errors import BadInputError
 from memprof.model import Action, Layer
 from memprof.sources.frame_interner import FrameInterner
 from memprof.sources.torch_trace import (
-    MAX_LABELS, Rows, ToNs, TraceConverter, _size, _u64, realtime_ns, trace_rows,
+    MAX_LABELS, LiveTraces, Rows, ToNs, TraceConverter, _size, _u64, agent_trace_tables, realtime_ns, trace_rows,
 )
 from memprof.units import format_bytes
 
-__all__ = ["SnapshotRows", "check_snapshot", "realtime_ns", "snapshot_rows", "trace_rows"]
+__all__ = ["LiveTraces", "SnapshotRows", "agent_trace_tables", "check_snapshot", "realtime_ns", "snapshot_rows",
+           "trace_rows"]
 
 _HINT = "pass a file written by torch.cuda.memory._dump_snapshot(FILE)"
 _ACTIVE = {"active_allocated": False, "active_pending_free": True, "active_awaiting_free": True}  # -> pending

@@ -26,6 +26,9 @@ FrameInterner. Times: `time_us` is epoch µs (CLOCK_REALTIME, the allocator's cl
 without `time_us` (older snapshots) keeps the time of the entry before it (`default_ns` for the
 first ones); `seq` keeps the order. A free with no alloc before it is an allocation made before
 the ring buffer began: pairing (memprof/analysis/lifetimes.py) counts it as unmatched.
+
+Entry points: `trace_rows` (one list of entries), `TraceConverter` (one device, across calls),
+`LiveTraces` / `agent_trace_tables` (history drained from running processes by the torch agent).
 """
 from __future__ import annotations
 
@@ -98,15 +101,22 @@ class TraceConverter:
         self.skipped: Counter = Counter()
         self.untimed = 0
         self.labels_dropped = 0
+        self.unreadable = 0
 
-    def rows(self, entries: list, where: str = "device_traces") -> Rows:
+    def rows(self, entries: list, where: str = "device_traces", *, strict: bool = True) -> Rows:
         """Rows for `entries` (trace entry dicts, oldest first). Raises BadInputError naming
-        `where`[i] for an entry that cannot be read."""
+        `where`[i] for an entry that cannot be read; with `strict` False (live drains) such an
+        entry is skipped and counted in `unreadable`."""
         if not isinstance(entries, list):
             raise BadInputError(f"{where} is a {type(entries).__name__}, not a list of trace entries", _HINT)
         rows, stacks = Rows(), {}
         for i, entry in enumerate(entries):
-            self._entry(entry, f"{where}[{i}]", rows, stacks)
+            try:
+                self._entry(entry, f"{where}[{i}]", rows, stacks)
+            except BadInputError:
+                if strict:
+                    raise
+                self.unreadable += 1
         return rows
 
     def _entry(self, entry: Any, where: str, rows: Rows, stacks: dict) -> None:
@@ -251,6 +261,56 @@ def trace_rows(entries: list, device: int, to_ns: ToNs, interner: FrameInterner,
     One-shot; for repeated drains keep a TraceConverter per device and call
     `converter.rows(entries).events(seq_start, pid, tid)`."""
     return TraceConverter(device, to_ns, interner).rows(entries).events(seq_start, pid, tid)
+
+
+# Stack and frame ids of live CUDA history start here, apart from the eBPF sources' StackInterner
+# (which counts from 0) in the same recording.
+LIVE_ID_BASE = 1 << 48
+_LIVE_ONLY_COLUMNS = ("alloc_id", "step", "weight")
+
+
+class LiveTraces:
+    """CUDA history drained from running processes, converted across drains. Keep one per
+    recording: its FrameInterner stores each chain once (ids from `first_id`), and its
+    TraceConverter per (pid, device) lets an unmap find the pieces mapped in earlier drains."""
+
+    def __init__(self, first_id: int = LIVE_ID_BASE):
+        self.interner = FrameInterner(first_stack_id=first_id, first_frame_id=first_id)
+        self.converters: dict[tuple[int, int], TraceConverter] = {}
+        self.labels: set[str] = set()
+
+    def tables(self, entries: list[tuple[int, int, dict]], to_ns: ToNs) -> tuple[dict, dict, dict]:
+        """(events, stacks, frames) columns for (device, pid, entry) triples in drain order.
+        Events carry every column but `seq` (tid 0); unreadable entries are skipped and
+        counted in `unreadable`. `to_ns` may change between drains (newer clock anchors)."""
+        groups: dict[tuple[int, int], list[dict]] = {}
+        for device, pid, entry in entries:
+            groups.setdefault((int(pid), int(device)), []).append(entry)
+        events: dict[str, list] = {key: [] for key in (*_ROW_KEYS, "pid", "tid", *_LIVE_ONLY_COLUMNS)}
+        for (pid, device), group in groups.items():
+            converter = self.converters.get((pid, device))
+            if converter is None:
+                converter = TraceConverter(device, to_ns, self.interner, labels=self.labels)
+                self.converters[(pid, device)] = converter
+            converter.to_ns = to_ns
+            columns = converter.rows(group, f"pid {pid} cuda:{device}", strict=False).events(pid=pid)
+            for key in events:
+                events[key].extend(columns.get(key) or [None] * len(columns["ts_ns"]))
+        stacks, frames = self.interner.drain_tables()
+        return events, stacks, frames
+
+    @property
+    def unreadable(self) -> int:
+        return sum(c.unreadable for c in self.converters.values())
+
+
+def agent_trace_tables(entries: list[tuple[int, int, dict]], to_ns: ToNs,
+                       state: LiveTraces | None = None) -> tuple[dict, dict, dict]:
+    """(events, stacks, frames) columns for CUDA history entries drained by the torch agent,
+    as (device, pid, entry) triples; see LiveTraces.tables. Pass the recording's one
+    `state` to every call: without it each call starts a fresh LiveTraces, whose stack ids
+    would repeat those of the previous call."""
+    return (state or LiveTraces()).tables(entries, to_ns)
 
 
 def _u64(entry: dict, key: str, where: str) -> int:

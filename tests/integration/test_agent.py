@@ -107,3 +107,54 @@ def test_a_profiler_window_covers_only_its_steps(tmp_path, run_memprof):
     assert list(window["step"].astype(int)) == [2, 4]  # started as step 2 began, stopped as step 4 began
     trace = json.loads((recording / "agent" / profiles[0]).read_text())
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])
+
+
+ATTACHABLE = """
+import sys, time
+import torch
+import memprof, memprof.agent
+memprof.agent.install()
+print("ready", flush=True)
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+time.sleep(float(sys.argv[1]))          # the recorder attaches meanwhile
+for i in range(7):
+    opt.zero_grad(); model(torch.randn(16, 8)).sum().backward(); opt.step()
+memprof.mark("attached run done")
+"""
+
+
+def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof):
+    import subprocess
+    script = tmp_path / "attachable.py"
+    script.write_text(ATTACHABLE)
+    target = subprocess.Popen([sys.executable, str(script), "4"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        recording = tmp_path / "attached.memprof"
+        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=90)
+        assert result.returncode == 0, result.stderr
+    finally:
+        target.kill() if target.poll() is None else None
+        target.wait()
+    _, m = marks(recording)
+    steps = m[m["category"] == "step"]
+    assert sorted(steps["step"].astype(int)) == list(range(0, 8)), steps  # 0 at attach, then 7 steps
+    assert len(m[m["category"] == "attached run done"]) == 1
+    assert agent_meta(recording)["detail"]["attached"] == [target.pid]
+
+
+def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run_memprof):
+    import subprocess
+    target = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2.5)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "up"
+        recording = tmp_path / "plain.memprof"
+        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=60)
+        assert result.returncode == 0, result.stderr
+    finally:
+        target.kill() if target.poll() is None else None
+        target.wait()
+    notes = json.loads((recording / "meta.json").read_text())["notes"]
+    assert any(f"no memprof agent in Python process(es) {target.pid}" in n for n in notes), notes

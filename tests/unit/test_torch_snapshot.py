@@ -323,3 +323,29 @@ def test_safe_loader_reads_plain_data_and_refuses_globals():
     assert loads_plain(pickle.dumps({"a": (1, 2.5, b"x", None, True, [])}, 4)) == {"a": (1, 2.5, b"x", None, True, [])}
     with pytest.raises(UnsafeInputError):
         loads_plain(pickle.dumps(Counter(a=1)))
+
+
+def test_live_traces_keep_ids_and_mapped_pieces_across_drains():
+    from memprof.model.schema import EVENT_COLUMNS
+    from memprof.sources.torch_snapshot import LiveTraces, agent_trace_tables
+    from memprof.sources.torch_trace import LIVE_ID_BASE
+    state = LiveTraces()
+    to_ns = lambda us: us * 1000 - 5  # noqa: E731 (monotonic = realtime - 5 ns)
+    first = agent_trace_tables([
+        (0, 11, {"action": "segment_map", "addr": 1 << 30, "size": 40, "time_us": 1, "frames": fx.LEAK_FRAMES}),
+        (1, 11, {"action": "alloc", "addr": 64, "size": 8, "time_us": 2, "frames": fx.LEAK_FRAMES}),
+        (0, 12, {"action": "alloc", "addr": 64, "size": 8, "time_us": 3.0, "frames": fx.LEAK_FRAMES}),
+        (0, 12, {"action": "alloc", "addr": "bad", "size": 8, "time_us": 3}),
+    ], to_ns, state)
+    events, stacks, frames = first
+    assert set(events) == set(EVENT_COLUMNS) - {"seq"}
+    assert len({len(v) for v in events.values()}) == 1 and len(events["ts_ns"]) == 3
+    assert events["pid"] == [11, 11, 12] and events["device"] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert events["ts_ns"] == [995, 1995, 2995] and events["tid"] == [0, 0, 0]
+    assert set(events["stack_id"]) == {LIVE_ID_BASE} and stacks["stack_id"] == [LIVE_ID_BASE] * 3
+    assert min(frames["frame_id"]) == LIVE_ID_BASE and state.unreadable == 1
+    events, stacks, frames = agent_trace_tables([
+        (0, 11, {"action": "segment_unmap", "addr": (1 << 30) + 20, "size": 20, "time_us": 9, "frames": fx.LEAK_FRAMES}),
+    ], to_ns, state)
+    assert [(a, s) for a, s in zip(events["action"], events["size_bytes"])] == [("free", 40), ("alloc", 20)]
+    assert stacks["stack_id"] == [] and frames["frame_id"] == []  # the chain was stored by the first drain

@@ -61,16 +61,23 @@ def _write(record):
     _pending.append(json.dumps(record, separators=(",", ":")))
 
 
+def _open_output():
+    """This process's file in the current agent folder (reopened after a fork or when a new
+    recording attached)."""
+    key = (os.getpid(), _dir())
+    if _state["file"] is None or _state.get("file_key") != key:
+        _state["file"] = open(os.path.join(_dir(), "%d.jsonl" % os.getpid()), "a")
+        _state["file_key"] = key
+    return _state["file"]
+
+
 def flush():
     """Write the buffered lines (called by the flusher thread and at exit)."""
     if not _pending:
         return
     with _lock:
         lines, _pending[:] = list(_pending), []
-        f = _state["file"]
-        if f is None or _state.get("file_pid") != os.getpid():  # first write, or a forked child
-            f = open(os.path.join(_dir(), "%d.jsonl" % os.getpid()), "a")
-            _state["file"], _state["file_pid"] = f, os.getpid()
+        f = _open_output()
         f.write("\n".join(lines) + "\n")
         f.flush()
 
@@ -309,6 +316,65 @@ class _TorchWatcher:
 
         loader.exec_module = exec_module
         return spec
+
+
+# ---- attaching (`memprof record --pid`) ----
+# A process opts in with `import memprof.agent; memprof.agent.install()` (no recording yet):
+# it leaves a ready file; a `record --pid` that finds it writes where to record into a request
+# file and sends ATTACH_SIGNAL; the handler points the agent at that recording.
+ATTACH_SIGNAL = "SIGUSR2"
+
+
+def _attach_paths(pid):
+    import tempfile
+    base = os.path.join(tempfile.gettempdir(), "memprof-agent-%d" % pid)
+    return base + ".ready", base + ".request.json"
+
+
+def enable_attach():
+    """Wait for a `memprof record --pid` (idempotent; never raises)."""
+    try:
+        import signal
+        ready, _ = _attach_paths(os.getpid())
+        previous = signal.getsignal(getattr(signal, ATTACH_SIGNAL))
+
+        def on_attach(signum, frame):
+            _attach_now()
+            if callable(previous):
+                previous(signum, frame)
+
+        if not getattr(previous, "_memprof", False):
+            on_attach._memprof = True
+            signal.signal(getattr(signal, ATTACH_SIGNAL), on_attach)
+        with open(ready, "w") as f:
+            f.write(sys.version.split()[0])
+        atexit.register(_remove_quietly, ready)
+    except Exception as e:
+        log_failure("enable attach", e)
+
+
+def _attach_now():
+    try:
+        _, request = _attach_paths(os.getpid())
+        with open(request) as f:
+            wanted = json.load(f)
+        _remove_quietly(request)
+        flush()  # what was buffered belongs to the previous recording
+        os.environ["MEMPROF_AGENT_DIR"] = wanted["dir"]
+        os.environ["MEMPROF_AGENT_OPTIONS"] = json.dumps(wanted.get("options") or {})
+        _state.pop("options", None)
+        if _state["installed"]:
+            _event("step", step=_state["step"], source="attach")  # the step in progress
+        watch_for_torch()
+    except Exception as e:
+        log_failure("attach", e)
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def watch_for_torch():
