@@ -1,4 +1,4 @@
-"""`memprof import`: PyTorch CUDA memory snapshots → a recording."""
+"""`memprof import`: PyTorch CUDA memory snapshots and torch.profiler traces → a recording."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +12,8 @@ import click
               help="Recording path (default ./STEM.memprof, after the first FILE).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing recording at --output.")
 def import_(files, output, force):
-    """Turn PyTorch CUDA memory snapshots into a recording that every report reads.
-    No privileges needed.
+    """Turn PyTorch CUDA memory snapshots (and torch.profiler Chrome traces) into a recording
+    that every report reads. No privileges needed.
 
     \b
       torch.cuda.memory._record_memory_history(max_entries=100000)   # in the job
@@ -26,7 +26,11 @@ def import_(files, output, force):
     loaded without running anything it names: a pickle that names a function or class (a
     snapshot never does) is refused with exit status 5, as is a file that is not a snapshot.
 
-    Trace entries become cuda_block and cuda_segment events with their Python frames;
+    A FILE whose content starts with `{` is a Chrome trace from torch.profiler's
+    export_chrome_trace (profile_memory=True; with_stack=True adds Python frames): its
+    [memory] events become torch_cpu and cuda_block events.
+
+    Snapshot trace entries become cuda_block and cuda_segment events with their Python frames;
     allocations still held at the snapshot whose alloc the trace no longer has are shown as
     allocated at its first time. Times are the snapshot's own (CLOCK_REALTIME). Several FILEs
     are appended into one recording; of one process's snapshots, import only the latest (it
@@ -39,6 +43,6 @@ def import_(files, output, force):
     for warning in result.warnings:
         console.warning(warning)
     devices = f" on {', '.join(result.devices)}" if result.devices else ""
-    snapshots = "snapshot" if result.files == 1 else "snapshots"
-    console.info(f"imported {result.events:,} events{devices} from {result.files} {snapshots} to {result.path}; "
+    files = "file" if result.files == 1 else "files"
+    console.info(f"imported {result.events:,} events{devices} from {result.files} {files} to {result.path}; "
                  f"see `memprof report leaks {result.path}`")

@@ -1,12 +1,16 @@
-"""`memprof import`: PyTorch CUDA memory snapshots → a recording every report reads.
+"""`memprof import`: PyTorch CUDA memory snapshots and torch.profiler Chrome traces → a
+recording every report reads.
 
-Each file is loaded without running anything it names (memprof/sources/safe_pickle.py),
-converted (memprof/sources/torch_snapshot.py), and only when every file has been read is the
-recording written, so a bad file leaves nothing behind. Times stay the snapshot's own: epoch
-ns (CLOCK_REALTIME), recorded as `meta.clock`; pid and tid are 0 (a snapshot has neither).
+A file whose content starts with `{` is a Chrome trace (JSON, memprof/sources/torch_profiler.py);
+any other is a snapshot pickle, loaded without running anything it names
+(memprof/sources/safe_pickle.py) and converted by memprof/sources/torch_snapshot.py. Both may
+be gzip-compressed. Only when every file has been read is the recording written, so a bad file
+leaves nothing behind. Times stay the files' own: epoch ns (CLOCK_REALTIME), recorded as
+`meta.clock`; a snapshot's rows have pid and tid 0 (it records neither).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,14 +19,15 @@ from memprof.errors import BadInputError
 from memprof.model import RecordingMeta, SourceStats
 from memprof.recording import RecordingWriter
 from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import load_plain
+from memprof.sources.safe_pickle import loads_plain, read_input
+from memprof.sources.torch_profiler import profiler_rows
 from memprof.sources.torch_snapshot import SnapshotRows, realtime_ns, snapshot_rows
 
-SOURCE = "torch_snapshot"
+SNAPSHOT, PROFILER = "torch_snapshot", "torch_profiler"
 CLOCK = "CLOCK_REALTIME"
-CLOCK_NOTE = ("imported from CUDA memory snapshots: times are the snapshot's own epoch clock (CLOCK_REALTIME "
-              "ns, to the microsecond), not CLOCK_MONOTONIC; pid and tid are 0 (a snapshot records neither)")
-_SUFFIXES = (".gz", ".pickle", ".pkl")
+CLOCK_NOTE = ("imported: times are the files' own epoch clock (CLOCK_REALTIME ns, to the microsecond), not "
+              "CLOCK_MONOTONIC; a CUDA snapshot's events have pid and tid 0 (it records neither)")
+_SUFFIXES = (".gz", ".pickle", ".pkl", ".json")
 
 
 @dataclass
@@ -46,34 +51,49 @@ def default_output(first: Path | str, directory: Path | str = ".") -> Path:
 
 
 def import_snapshots(paths: list[Path | str], output: Path | str | None = None, *, force: bool = False) -> ImportResult:
-    """Convert the snapshot files at `paths` (rows appended file after file) into a recording
+    """Convert the snapshot and trace files at `paths` (rows appended file after file) into a recording
     at `output` (default: `default_output(paths[0])`). Raises BadInputError (UnsafeInputError
     for a pickle that names code) naming the file, UsageError when `output` exists and not
     `force`."""
     if not paths:
-        raise BadInputError("no snapshot file given", "pass one or more files written by torch.cuda.memory._dump_snapshot")
+        raise BadInputError("no file given", "pass snapshots (torch.cuda.memory._dump_snapshot) or Chrome traces")
     interner, converted, seq = FrameInterner(), [], 0
     for path in map(Path, paths):
-        rows = _convert(path, interner, seq)
-        converted.append((path, rows))
+        source, rows = _convert(path, interner, seq)
+        converted.append((path, source, rows))
         seq += len(rows.events["ts_ns"])
     output = Path(output) if output is not None else default_output(paths[0])
     meta = _meta(converted)
     writer = RecordingWriter(output, meta, force=force)
-    for _, rows in converted:
+    for _, _, rows in converted:
         _append(writer, rows)
         writer.flush()
     writer.finalize()
-    devices = sorted({d for _, rows in converted for d in rows.stats["devices"]})
+    devices = sorted({d for _, _, rows in converted for d in rows.stats["devices"]})
     return ImportResult(path=output, files=len(converted), events=seq, devices=devices, warnings=_overlaps(converted))
 
 
-def _convert(path: Path, interner: FrameInterner, seq_start: int) -> SnapshotRows:
-    snapshot = load_plain(path)
+def _convert(path: Path, interner: FrameInterner, seq_start: int) -> tuple[str, SnapshotRows]:
+    """(source name, rows) of one file."""
+    data = read_input(path)
+    if data.lstrip()[:1] == b"{":
+        source, loaded = PROFILER, _json(data, path)
+    else:
+        source, loaded = SNAPSHOT, loads_plain(data, str(path))
+    convert = profiler_rows if source == PROFILER else snapshot_rows
     try:
-        return snapshot_rows(snapshot, realtime_ns, interner=interner, seq_start=seq_start)
+        return source, convert(loaded, realtime_ns, interner=interner, seq_start=seq_start)
     except BadInputError as e:
         raise type(e)(f"{path}: {e.message}", e.hint) from None
+
+
+def _json(data: bytes, path: Path):
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadInputError(f"{path}: not valid JSON ({why})",
+                            "pass a file written by torch.profiler's export_chrome_trace") from None
 
 
 def _append(writer: RecordingWriter, rows: SnapshotRows) -> None:
@@ -82,35 +102,33 @@ def _append(writer: RecordingWriter, rows: SnapshotRows) -> None:
             writer.append(table, columns)
 
 
-def _meta(converted: list[tuple[Path, SnapshotRows]]) -> RecordingMeta:
-    firsts = [r.stats["first_ns"] for _, r in converted if r.stats["first_ns"] is not None]
-    lasts = [r.stats["last_ns"] for _, r in converted if r.stats["last_ns"] is not None]
+def _meta(converted: list[tuple[Path, str, SnapshotRows]]) -> RecordingMeta:
+    firsts = [r.stats["first_ns"] for _, _, r in converted if r.stats["first_ns"] is not None]
+    lasts = [r.stats["last_ns"] for _, _, r in converted if r.stats["last_ns"] is not None]
     notes = [CLOCK_NOTE]
-    for path, rows in converted:
+    for path, _, rows in converted:
         prefix = f"{path.name}: " if len(converted) > 1 else ""
         notes += [prefix + note for note in rows.stats["notes"]]
     notes += _overlaps(converted)
-    files = [{"path": str(path), **{k: v for k, v in rows.stats.items() if k != "notes"}} for path, rows in converted]
-    detail = {
-        "files": files,
-        "entries": sum(f["entries"] for f in files),
-        "devices": sorted({d for f in files for d in f["devices"]}),
-        "notes": notes[1:],
-    }
-    events = sum(f["events"] for f in files)
-    return RecordingMeta(
-        memprof_version=__version__, command=None, pid=None, clock=CLOCK,
-        start_ns=min(firsts, default=0), end_ns=max(lasts, default=0), notes=notes,
-        sources={SOURCE: SourceStats(events=events, timestamp_precision_ns=1000, detail=detail)},
-    )
+    sources = {}
+    for source in (SNAPSHOT, PROFILER):
+        files = [{"path": str(path), **{k: v for k, v in rows.stats.items() if k != "notes"}}
+                 for path, kind, rows in converted if kind == source]
+        if files:
+            detail = {"files": files, "entries": sum(f["entries"] for f in files),
+                      "devices": sorted({d for f in files for d in f["devices"]})}
+            sources[source] = SourceStats(events=sum(f["events"] for f in files), timestamp_precision_ns=1000,
+                                          detail=detail)
+    return RecordingMeta(memprof_version=__version__, command=None, pid=None, clock=CLOCK,
+                         start_ns=min(firsts, default=0), end_ns=max(lasts, default=0), notes=notes, sources=sources)
 
 
-def _overlaps(converted: list[tuple[Path, SnapshotRows]]) -> list[str]:
+def _overlaps(converted: list[tuple[Path, str, SnapshotRows]]) -> list[str]:
     """Warnings for files whose traces cover the same time on the same device: two snapshots
     of one process repeat events, and two processes' addresses would pair with each other."""
     warnings = []
-    for i, (a_path, a) in enumerate(converted):
-        for b_path, b in converted[i + 1:]:
+    for i, (a_path, _, a) in enumerate(converted):
+        for b_path, _, b in converted[i + 1:]:
             shared = sorted(set(a.stats["devices"]) & set(b.stats["devices"]))
             if shared and _spans_meet(a.stats, b.stats):
                 warnings.append(

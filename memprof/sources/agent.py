@@ -54,10 +54,15 @@ class AgentSource:
     _offsets: dict = field(default_factory=dict)    # file name -> bytes read
     _stats: SourceStats = field(default_factory=lambda: SourceStats(timestamp_precision_ns=1))
     _processes: dict = field(default_factory=dict)  # pid -> what the agent said of itself
+    _cuda_state: object = None  # torch_trace.LiveTraces: ids and mapped pages across polls
 
     @property
     def folder(self) -> Path:
         return Path(self.recording) / AGENT_FOLDER
+
+    def __post_init__(self):
+        from memprof.sources.torch_snapshot import LiveTraces
+        self._cuda_state = LiveTraces()
 
     def prepare(self, uid: int | None = None, gid: int | None = None) -> None:
         """Create agent/ with a copy of the boot files, owned by the command's user."""
@@ -113,7 +118,7 @@ class AgentSource:
         records = list(self._new_records())
         if not records:
             return None
-        rows = AgentRows(to_monotonic_ns)
+        rows = AgentRows(to_monotonic_ns, self._cuda_state)
         for record in records:
             self._take(record, rows)
         self._stats.events += rows.count
@@ -215,8 +220,9 @@ class AgentRows:
     """Event rows built from agent records (columns of the events table, no `seq`), and the
     CUDA history entries gathered for torch_snapshot's converter."""
 
-    def __init__(self, to_monotonic_ns):
+    def __init__(self, to_monotonic_ns, cuda_state=None):
         self.to_monotonic_ns = to_monotonic_ns
+        self.cuda_state = cuda_state
         self.count = 0
         self._marks: list[tuple] = []
         self._cuda: list[tuple[int, int, dict]] = []  # (device, pid, entry)
@@ -235,7 +241,7 @@ class AgentRows:
         frames: dict = {"frame_id": [], "kind": [], "function": [], "module": [], "file": [], "line": []}
         if self._cuda:
             from memprof.sources.torch_snapshot import agent_trace_tables
-            cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.to_monotonic_ns)
+            cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.to_monotonic_ns, self.cuda_state)
             events = {k: list(events[k]) + list(cuda_events[k]) for k in events}
         return events, stacks, frames
 

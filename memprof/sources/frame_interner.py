@@ -13,6 +13,7 @@ _FRAME_COLUMNS = ("frame_id", "kind", "function", "module", "file", "line")
 # File names of Python code: sources, and code without a file (<string>, <frozen …>, FX's
 # <eval_with_key>.N). Anything else in a torch traceback is a C++ frame (stacks="all").
 _PYTHON_SUFFIXES = (".py", ".pyw", ".pyx")
+_KINDS = {FrameKind.PYTHON.value, FrameKind.NATIVE.value}
 
 
 @dataclass
@@ -21,7 +22,8 @@ class FrameInterner:
 
     Ids count up from `first_stack_id` and `first_frame_id`: a recorder that also interns
     eBPF stacks into the same recording gives this interner a range of its own. Frame kind is
-    "python" for Python files and code without a file, "native" for C++ frames."""
+    the frame's "kind" where it says (python, native), else "python" for Python files and
+    code without a file and "native" for C++ frames."""
 
     first_stack_id: int = 0
     first_frame_id: int = 0
@@ -71,7 +73,8 @@ def _frame_key(frame: Any) -> tuple:
     file = _text(frame.get("filename"))
     line = frame.get("line")
     line = int(line) if isinstance(line, int) and not isinstance(line, bool) and 0 < line < 2**31 else None
-    return (_kind(file), _text(frame.get("name")), None, file, line)
+    kind = frame.get("kind") if frame.get("kind") in _KINDS else _kind(file)
+    return (kind, _text(frame.get("name")), None, file, line)
 
 
 def _kind(file: str | None) -> str:

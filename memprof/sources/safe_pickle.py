@@ -69,16 +69,21 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
 def load_plain(path: Path | str) -> Any:
     """Read and unpickle the file at `path` allowing only plain data (see `loads_plain`).
     Raises BadInputError when the file cannot be read."""
+    return loads_plain(read_input(path), str(path))
+
+
+def read_input(path: Path | str) -> bytes:
+    """The bytes of the file at `path`, decompressed when gzip. Raises BadInputError."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise BadInputError(f"{path} does not exist", _NOT_SNAPSHOT_HINT) from None
+        raise BadInputError(f"{path} does not exist", "check the path") from None
     except IsADirectoryError:
-        raise BadInputError(f"{path} is a directory, not a snapshot file", _NOT_SNAPSHOT_HINT) from None
+        raise BadInputError(f"{path} is a directory, not a snapshot file", "pass the file inside it") from None
     except OSError as e:
         raise BadInputError(f"cannot read {path}: {e.strerror or e}", "check the path and its permissions") from None
-    return loads_plain(data, str(path))
+    return _gunzipped(data, str(path))
 
 
 def _gunzipped(data: bytes, source: str) -> bytes:

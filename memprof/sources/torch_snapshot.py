@@ -87,7 +87,8 @@ def snapshot_rows(snapshot: Any, to_ns: ToNs, *, interner: FrameInterner | None 
     for device, entries in enumerate(snap.get("device_traces") or []):
         converters[device] = TraceConverter(device, to_ns, interner, default_ns=first_ns, labels=labels)
         body.extend(converters[device].rows(entries, f"device_traces[{device}]"))
-    annotations = _annotation_rows(snap.get("external_annotations") or [], converters, to_ns, interner, first_ns, labels)
+    annotations = _annotation_rows(snap.get("external_annotations") or [], converters, to_ns, interner,
+                                   first_ns, labels)
     body.extend(annotations)
     end = _EndState(converters, interner, first_ns, last_ns)
     for i, segment in enumerate(snap.get("segments") or []):
@@ -238,8 +239,9 @@ def _stats(snap: dict, rows: Rows, converters: dict[int, TraceConverter], end: _
         actions.update(c.actions)
         skipped.update(c.skipped)
     entries = sum(actions.values()) + sum(skipped.values())
+    fmt = "device_traces" if entries else ("legacy block history" if end.counts["legacy_blocks"] else "segments only")
     stats = {
-        "format": "device_traces" if entries else ("legacy block history" if end.counts["legacy_blocks"] else "segments only"),
+        "format": fmt,
         "entries": entries, "events": len(rows), "devices": sorted(set(rows.columns["device"])),
         "actions": dict(sorted(actions.items())), "skipped_actions": dict(sorted(skipped.items())),
         "untimed_entries": sum(c.untimed for c in converters.values()),

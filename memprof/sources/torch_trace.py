@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from memprof.errors import BadInputError
 from memprof.model import Action, Layer
@@ -153,7 +153,8 @@ class TraceConverter:
 
     def _free_requested(self, e, where, ts, stack, rows):
         addr, size = _u64(e, "addr", where), _size(e, where)
-        self.blocks[addr] = _FREE_REQUESTED if addr in self.blocks else "unseen_free_requested"
+        seen_alloc = self.blocks.get(addr) in (_ALLOC, _FREE_REQUESTED)
+        self.blocks[addr] = _FREE_REQUESTED if seen_alloc else "unseen_free_requested"
         rows.add(ts, _BLOCK, _FREE_REQUESTED, addr, size, self.device, size, stack)
 
     def _free(self, e, where, ts, stack, rows):

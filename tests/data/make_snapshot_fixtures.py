@@ -1,4 +1,5 @@
-"""Writes the hand-built CUDA memory snapshot fixtures of tests/data/ (deterministically).
+"""Writes the hand-built CUDA memory snapshot fixtures of tests/data/ (deterministically), and
+one hand-built torch.profiler Chrome trace with CUDA memory events.
 
     .venv/bin/python tests/data/make_snapshot_fixtures.py
 
@@ -13,6 +14,7 @@ tests/unit/test_torch_snapshot.py checks that this script reproduces the committ
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pickle
 import sys
@@ -181,9 +183,49 @@ def no_time_snapshot() -> dict:
              entry("free_requested", SEG1, MiB, None, FREE_FRAMES),
              entry("free", SEG1, MiB, None, FREE_FRAMES),
              entry("alloc", SEG1 + MiB, 2 * MiB, None, LEAK_FRAMES)]
-    seg = segment(SEG1, 20 * MiB, [block(SEG1, MiB, "inactive"), block(SEG1 + MiB, 2 * MiB, "active_allocated", LEAK_FRAMES),
+    seg = segment(SEG1, 20 * MiB, [block(SEG1, MiB, "inactive"),
+                                   block(SEG1 + MiB, 2 * MiB, "active_allocated", LEAK_FRAMES),
                                    block(SEG1 + 3 * MiB, 17 * MiB, "inactive")])
     return {"segments": [seg], "device_traces": [trace]}
+
+
+BASE_NS = 1_700_000_000_000_000_000  # the profiler trace's baseTimeNanoseconds
+CUDA_LEAKS, CUDA_LEAK_SIZE = 5, 2 * MiB
+CUDA_BASE = 0x7F20_0000_0000
+
+
+def profiler_trace() -> dict:
+    """A torch.profiler Chrome trace (export_chrome_trace, profile_memory=True, with_stack=True)
+    on one GPU: 5 steps, each allocating a 2 MiB CUDA tensor inside train.py's `cache_batch`
+    (kept) and a 1 MiB temporary (freed); a CPU tensor allocated and freed; a free of a block
+    allocated before the window; an out-of-memory; one event of another device type (skipped).
+    Events are listed out of time order, as merged traces can be."""
+    def span(cat, name, ts, dur, tid=7):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 4242, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    def memory(ts, addr, nbytes, device_type=1, device_id=0, name="[memory]"):
+        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": name, "pid": 4242, "tid": 7, "ts": ts,
+                "args": {"Total Reserved": 0, "Total Allocated": 0, "Bytes": nbytes, "Device Id": device_id,
+                         "Device Type": device_type, "Addr": addr}}
+
+    spans, events = [span("python_function", "/work/job/train.py(100): main", 0.0, 2_000_000.0)], []
+    for step in range(CUDA_LEAKS):
+        t = 1000.0 + step * 100_000.0
+        spans += [span("python_function", "/work/job/train.py(40): cache_batch", t, 50.0),
+                  span("cpu_op", "aten::empty", t + 10.0, 20.0),
+                  span("python_function", "/work/job/model.py(15): forward", t + 60.0, 30.0),
+                  span("cpu_op", "aten::ones", t + 61.0, 25.0), span("cpu_op", "aten::empty", t + 62.0, 10.0)]
+        events += [memory(t + 15.5, CUDA_BASE + step * CUDA_LEAK_SIZE, CUDA_LEAK_SIZE),
+                   memory(t + 65.25, CUDA_BASE + 64 * MiB, MiB), memory(t + 89.0, CUDA_BASE + 64 * MiB, -MiB)]
+    events += [memory(600_000.0, 0x5555_0000, 4096, device_type=0, device_id=-1),
+               memory(600_010.0, 0x5555_0000, -4096, device_type=0, device_id=-1),
+               memory(600_020.0, CUDA_BASE + 80 * MiB, -3 * MiB),
+               memory(600_030.0, 0, 80 * 1024 * MiB, name="[OutOfMemory]"),
+               memory(600_040.0, 0x1000, 64, device_type=13)]
+    trace_events = [{"ph": "M", "name": "process_name", "pid": 4242, "tid": 0, "args": {"name": "python"}}]
+    trace_events += list(reversed(events)) + spans
+    return {"schemaVersion": 1, "deviceProperties": [], "profile_memory": 1, "with_stack": 1,
+            "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS, "traceEvents": trace_events}
 
 
 class _RunsShell:
@@ -206,7 +248,8 @@ def hostile_files() -> dict[str, bytes]:
     inst = (b"(dp0\nS'segments'\np1\n(lp2\nsS'device_traces'\np3\n(lp4\n"
             b"(S'touch " + HOSTILE_MARKER.encode() + b"'\nios\nsystem\np5\nas.")  # protocol 0 INST os.system
     return {
-        "handbuilt_hostile_reduce_system.pickle": pickle.dumps({"segments": [], "device_traces": [[_RunsShell()]]}, PROTOCOL),
+        "handbuilt_hostile_reduce_system.pickle": pickle.dumps(
+            {"segments": [], "device_traces": [[_RunsShell()]]}, PROTOCOL),
         "handbuilt_hostile_reduce_eval.pickle": pickle.dumps(
             {"segments": [{"device": 0, "blocks": []}], "allocator_settings": _RunsEval()}, PROTOCOL),
         "handbuilt_hostile_inst_system.pickle": inst,
@@ -233,6 +276,7 @@ FIXTURES = {
 def all_files() -> dict[str, bytes]:
     """Every fixture's name and bytes."""
     files = {name: pickle.dumps(build(), PROTOCOL) for name, build in FIXTURES.items()}
+    files["handbuilt_profiler_trace_cuda.json"] = json.dumps(profiler_trace(), indent=1).encode() + b"\n"
     files.update(hostile_files())
     return files
 

@@ -52,7 +52,7 @@ def test_import_writes_a_recording_with_its_clock_and_source_stats(tmp_path):
     out = tmp_path / "leak.memprof"
     code, _, err = invoke("import", LEAK, "-o", out)
     assert code == 0, err
-    assert f"imported 102 events on cuda:0 from 1 snapshot to {out}" in err
+    assert f"imported 102 events on cuda:0 from 1 file to {out}" in err
     rec = open_recording(out)
     assert rec.complete and rec.meta.clock == "CLOCK_REALTIME" and rec.meta.command is None and rec.meta.pid is None
     assert rec.meta.start_ns == 1_700_000_000_000_000_000 and rec.meta.end_ns == 1_700_000_003_000_000_000

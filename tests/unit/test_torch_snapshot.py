@@ -345,7 +345,8 @@ def test_live_traces_keep_ids_and_mapped_pieces_across_drains():
     assert set(events["stack_id"]) == {LIVE_ID_BASE} and stacks["stack_id"] == [LIVE_ID_BASE] * 3
     assert min(frames["frame_id"]) == LIVE_ID_BASE and state.unreadable == 1
     events, stacks, frames = agent_trace_tables([
-        (0, 11, {"action": "segment_unmap", "addr": (1 << 30) + 20, "size": 20, "time_us": 9, "frames": fx.LEAK_FRAMES}),
+        (0, 11, {"action": "segment_unmap", "addr": (1 << 30) + 20, "size": 20, "time_us": 9,
+                 "frames": fx.LEAK_FRAMES}),
     ], to_ns, state)
     assert [(a, s) for a, s in zip(events["action"], events["size_bytes"])] == [("free", 40), ("alloc", 20)]
     assert stacks["stack_id"] == [] and frames["frame_id"] == []  # the chain was stored by the first drain

@@ -221,14 +221,20 @@ def drain_cuda(snapshot=None):
             _write({"kind": "allocator_settings", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "settings": settings})
             _state["settings_written"] = True
         for device, trace in enumerate(snapshot.get("device_traces") or []):
-            seen = last.get(device, -1)
-            newest = seen
+            # Entries are in time order; several can share a microsecond. Remember the last
+            # time written and how many entries at that time were: write only what is newer.
+            seen_t, seen_n = last.get(device, (-1, 0))
+            at_t = 0
             for entry in trace:
                 t = entry.get("time_us", 0)
-                if t > seen:
-                    _write({"kind": "cuda_trace", "device": device, "pid": os.getpid(), "entry": _plain(entry)})
-                    newest = max(newest, t)
-            last[device] = newest
+                if t < seen_t:
+                    continue
+                at_t = at_t + 1 if t == seen_t else 1
+                if t == seen_t and at_t <= seen_n:
+                    continue
+                _write({"kind": "cuda_trace", "device": device, "pid": os.getpid(), "entry": _plain(entry)})
+                seen_t, seen_n = t, at_t
+            last[device] = (seen_t, seen_n)
     except Exception as e:
         log_failure("cuda drain", e)
 
