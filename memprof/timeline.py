@@ -18,7 +18,37 @@ def timeline(recording) -> pd.DataFrame:
     if len(events) == 0:
         return events
     events = events.sort_values(["ts_ns", "seq"], kind="stable", ignore_index=True)
-    return with_steps(events)
+    return with_tensor_roles(with_steps(events))
+
+
+TENSOR_PREFIX = "tensor:"  # `category` of the agent's profiler-window tensor annotations
+ROLE_TOLERANCE_NS = 1_000_000
+
+
+def with_tensor_roles(events: pd.DataFrame) -> pd.DataFrame:
+    """Hand each profiler-window tensor annotation's role to the allocation another source
+    recorded at the same address of the same layer, nearest in time within 1 ms (the eBPF
+    `torch_cpu` uprobe sees the allocation the profiler does): that row's `category` becomes
+    the role (parameter, activation, gradient, …). `events` must be in time order."""
+    category = events["category"].astype("object")
+    is_note = (events["action"] == Action.MARK.value) & category.fillna("").str.startswith(TENSOR_PREFIX)
+    if not is_note.any():
+        return events
+    notes = events.loc[is_note, ["ts_ns", "layer", "addr", "category"]].astype({"layer": "object", "category": "object"})
+    allocs = events.loc[(events["action"] == Action.ALLOC.value) & category.isna(), ["ts_ns", "layer", "addr"]]
+    allocs = allocs.astype({"layer": "object"}).reset_index()
+    if allocs.empty:
+        return events
+    matched = pd.merge_asof(notes.sort_values("ts_ns"), allocs.sort_values("ts_ns"), on="ts_ns", by=["layer", "addr"],
+                            direction="nearest", tolerance=ROLE_TOLERANCE_NS)
+    matched = matched.dropna(subset=["index"])
+    if matched.empty:
+        return events
+    events = events.copy()
+    roles = matched["category"].str.slice(len(TENSOR_PREFIX))
+    category.iloc[matched["index"].astype(int).to_numpy()] = roles.to_numpy()
+    events["category"] = category.astype("category")
+    return events
 
 
 def with_steps(events: pd.DataFrame) -> pd.DataFrame:

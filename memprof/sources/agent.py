@@ -21,7 +21,10 @@ from importlib import resources
 from pathlib import Path
 
 from memprof.model import SourceStats
-from memprof.model.schema import Action, Mark
+from memprof.model.schema import Action, Layer, Mark
+
+# `category` of a profiler-window tensor annotation: "tensor:parameter", "tensor:activation", …
+TENSOR_PREFIX = "tensor:"
 
 AGENT_FOLDER = "agent"
 BOOT_FILES = ("sitecustomize.py", "memprof_agent.py")
@@ -130,6 +133,8 @@ class AgentSource:
             label = Mark.STEP.value if kind == "step" else str(record.get("label") or "mark")
             rows.mark(int(record["ts_ns"]), int(record.get("pid", 0)), int(record.get("tid", 0)),
                       label, record.get("step"))
+        elif kind == "tensor":
+            rows.tensor(record)
         elif kind == "cuda_trace":
             rows.cuda_trace(record.get("entry") or {}, int(record.get("device", 0)), int(record.get("pid", 0)))
         elif kind == "info":
@@ -223,6 +228,9 @@ class AgentRows:
     def __init__(self, to_monotonic_ns, cuda_state=None):
         self.to_monotonic_ns = to_monotonic_ns
         self.cuda_state = cuda_state
+        # epoch ns → CLOCK_MONOTONIC ns: the same anchor as to_monotonic_ns (which takes µs)
+        self.realtime_offset_ns = int(to_monotonic_ns(0)) * -1
+        self._tensors: list[tuple] = []
         self.count = 0
         self._marks: list[tuple] = []
         self._cuda: list[tuple[int, int, dict]] = []  # (device, pid, entry)
@@ -231,19 +239,53 @@ class AgentRows:
         self._marks.append((ts_ns, pid, tid, label, None if step is None else int(step)))
         self.count += 1
 
+    def tensor(self, record: dict) -> None:
+        """A profiler-window tensor allocation: a `mark` row in its layer, at its address,
+        `category` = "tensor:<role>", its chain = the operator that made it. timeline() hands
+        the role to the allocation another source recorded at that address (within 1 ms)."""
+        device = str(record.get("device") or "cpu")
+        layer = Layer.TORCH_CPU.value if device == "cpu" else Layer.CUDA_BLOCK.value
+        op = record.get("op")
+        stack_id = None
+        if op and self.cuda_state is not None:
+            stack_id = self.cuda_state.interner.intern([{"filename": None, "line": None, "name": str(op)}])
+        ts = int(record["epoch_ns"]) - self.realtime_offset_ns
+        self._tensors.append((ts, int(record.get("pid", 0)), int(record.get("tid", 0)), layer,
+                              int(record.get("addr", 0)), int(record.get("size", 0)), device,
+                              f"{TENSOR_PREFIX}{record.get('role') or 'unknown'}", stack_id, record.get("step")))
+        self.count += 1
+
     def cuda_trace(self, entry: dict, device: int, pid: int) -> None:
         self._cuda.append((device, pid, entry))
         self.count += 1
 
     def tables(self) -> tuple[dict, dict, dict]:
         events = _mark_columns(self._marks)
+        events = _joined(events, _tensor_columns(self._tensors))
         stacks: dict = {"stack_id": [], "depth": [], "frame_id": []}
         frames: dict = {"frame_id": [], "kind": [], "function": [], "module": [], "file": [], "line": []}
         if self._cuda:
             from memprof.sources.torch_snapshot import agent_trace_tables
             cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.to_monotonic_ns, self.cuda_state)
-            events = {k: list(events[k]) + list(cuda_events[k]) for k in events}
+            events = _joined(events, cuda_events)
+        elif self._tensors and self.cuda_state is not None:
+            stacks, frames = self.cuda_state.interner.drain_tables()
         return events, stacks, frames
+
+
+def _joined(a: dict, b: dict) -> dict:
+    return {k: list(a[k]) + list(b[k]) for k in a}
+
+
+def _tensor_columns(tensors: list[tuple]) -> dict:
+    n = len(tensors)
+    return {
+        "ts_ns": [t[0] for t in tensors], "layer": [t[3] for t in tensors], "action": [Action.MARK.value] * n,
+        "addr": [t[4] for t in tensors], "size_bytes": [t[5] for t in tensors], "requested_bytes": [None] * n,
+        "device": [t[6] for t in tensors], "pid": [t[1] for t in tensors], "tid": [t[2] for t in tensors],
+        "stack_id": [t[8] for t in tensors], "alloc_id": [None] * n, "step": [t[9] for t in tensors],
+        "category": [t[7] for t in tensors], "weight": [None] * n,
+    }
 
 
 def _mark_columns(marks: list[tuple]) -> dict:

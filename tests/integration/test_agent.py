@@ -108,6 +108,22 @@ def test_a_profiler_window_covers_only_its_steps(tmp_path, run_memprof):
     trace = json.loads((recording / "agent" / profiles[0]).read_text())
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])
 
+    # The window's tensor allocations: inside steps 2-3 only, with their roles and operators.
+    events, m = marks(recording)
+    tensors = m[m["category"].astype(str).str.startswith("tensor:")]
+    assert len(tensors) and set(tensors["step"].astype(int)) <= {2, 3}, tensors["step"].value_counts()
+    roles = set(tensors["category"].astype(str))
+    assert {"tensor:parameter", "tensor:activation", "tensor:gradient"} & roles, roles
+    # Clock alignment: the same CPU tensor seen by the torch_cpu uprobe and by the profiler
+    # lands within 1 ms, and the uprobe's row takes the profiler's role.
+    allocs = events[(events["layer"] == "torch_cpu") & (events["action"] == "alloc")]
+    pairs = tensors[tensors["layer"] == "torch_cpu"].merge(allocs, on=["layer", "addr"], suffixes=("_p", "_u"))
+    pairs = pairs.assign(gap=(pairs["ts_ns_p"] - pairs["ts_ns_u"]).abs())
+    closest = pairs.sort_values("gap").drop_duplicates(["ts_ns_p", "addr"])
+    assert len(closest) >= 0.9 * len(tensors[tensors["layer"] == "torch_cpu"]), (len(closest), len(tensors))
+    assert closest["gap"].max() <= 1_000_000, closest["gap"].describe()
+    assert set(closest["category_u"].astype(str)) <= {r[len("tensor:"):] for r in roles}
+
 
 ATTACHABLE = """
 import sys, time

@@ -191,9 +191,33 @@ def _stop_profiler():
     prof.__exit__(None, None, None)
     path = os.path.join(_dir(), "%d.profile.%d.json" % (os.getpid(), _state["step"]))
     prof.export_chrome_trace(path)
+    _write_tensor_roles(prof)
     _event("mark", step=_state["step"], label="profiler window end")
     _event("profile", path=os.path.basename(path), began_monotonic_ns=_state["profiler_began"][0],
            began_realtime_ns=_state["profiler_began"][1])
+
+
+def _write_tensor_roles(prof):
+    """Each tensor allocation of the window with the operator that made it and the role
+    PyTorch's memory profiler gives it (parameter, activation, gradient, …). Uses the
+    profiler's private memory-profile API: a torch without it leaves a logged failure."""
+    try:
+        from torch.profiler._memory_profiler import TensorKey, _EventType
+        profile = prof._memory_profile()
+        for event in profile._op_tree.dfs():
+            if event.typed[0] != _EventType.Allocation:
+                continue
+            fields = event.typed[1]
+            if fields.alloc_size <= 0:
+                continue
+            key = TensorKey.from_allocation(fields)
+            role = profile._categories.get(key, 0) if key is not None else None
+            _write({"kind": "tensor", "epoch_ns": event.start_time_ns, "pid": os.getpid(),
+                    "tid": threading.get_native_id(), "addr": fields.ptr, "size": fields.alloc_size,
+                    "device": str(fields.device), "role": role.name.lower() if role is not None else None,
+                    "op": event.parent.name if event.parent is not None else None})
+    except Exception as e:
+        log_failure("tensor roles", e)
 
 
 # ---- CUDA caching allocator history ----
