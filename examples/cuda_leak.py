@@ -12,7 +12,7 @@ What the layers should see (PyTorch 2.x caching allocator, default settings):
   reserved_bytes is the number to compare with, whatever the allocator settings
   (PYTORCH_CUDA_ALLOC_CONF) make it. The CUDA context's own memory is not a cuMemAlloc.
 
-usage: cuda_leak.py [--hold MS]
+usage: cuda_leak.py [--hold MS] [--snapshot PATH]
 prints "pid=N", then "reserved_bytes=B allocated_bytes=B" (after synchronize), then holds.
 Exits 2 with a message when CUDA is not available.
 """
@@ -48,6 +48,9 @@ def run() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hold", type=int, default=1500, metavar="MS")
+    parser.add_argument("--snapshot", metavar="PATH",
+                        help="also save torch.cuda.memory._dump_snapshot(PATH) at the end (records the history "
+                             "itself unless memprof's agent already does)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"cuda_leak: CUDA is not available to torch {torch.__version__} "
@@ -56,7 +59,11 @@ def main() -> int:
         return 2
     torch.cuda.set_device(0)
     print(f"pid={os.getpid()}", flush=True)
+    if args.snapshot and not os.environ.get("MEMPROF_AGENT_DIR"):
+        torch.cuda.memory._record_memory_history(max_entries=10000)
     run()
+    if args.snapshot:
+        torch.cuda.memory._dump_snapshot(args.snapshot)
     stats = torch.cuda.memory_stats()
     print(f"reserved_bytes={stats['reserved_bytes.all.current']} "
           f"allocated_bytes={stats['allocated_bytes.all.current']}", flush=True)

@@ -21,6 +21,14 @@ Runs examples/cuda_leak.py directly (reference numbers, and an NVML-only check),
   passes within 64 MiB. NVML's v1 and v2 used/reserved at the same moments are printed: newer
   drivers leave reserved memory out of one and not the other.
 - leaks_cuda_driver (c): `memprof report leaks --format json` has a cuda_driver finding.
+- leaks_cuda_block (issue 5): the agent's CUDA history gives a cuda_block finding of exactly
+  23 x 1 MiB whose chain names cuda_leak.py's `torch.full(` line.
+- segment_minus_block (issue 5): cuda_segment − cuda_block final bytes == the workload's
+  reserved − allocated.
+- snapshot_import (issue 5): the workload saves a real snapshot pickle
+  (real_cuda_leak_snapshot.pickle, a fixture to keep) and `memprof import` reads it.
+- profiler_report_uprobe (issue 5): how many times a uprobe on
+  c10::reportMemoryUsageToProfiler fires during the workload with no profiler running.
 
 Writes under --out: summary.txt (the CHECK lines and numbers), the recording
 cuda_leak.memprof, layers.json, leaks.json, the workload's and recorder's output, and the
@@ -424,6 +432,66 @@ def check_leaks(summary: Summary, leaks: dict | None, why: str) -> None:
                 f"stack: {frames or '(none)'}")
 
 
+def check_agent_cuda(summary: Summary, run: Run, leaks: dict | None, layers: dict | None) -> None:
+    """(issue 5) the agent's cuda_block finding names the leaking line with 23 x 1 MiB, and
+    cuda_segment - cuda_block at the end matches reserved - allocated."""
+    blocks = [f for f in (leaks or {}).get("findings", []) if f.get("layer") == "cuda_block"]
+    lines = {(Path(str(fr.get("file") or "")).name, fr.get("line")) for f in blocks for fr in f.get("stack", [])}
+    leak_line = next((i for i, text in enumerate(WORKLOAD.read_text().splitlines(), start=1)
+                      if "torch.full(" in text), None)
+    total = sum(f.get("live_bytes", 0) for f in blocks)
+    ok = total == 23 * MiB and ("cuda_leak.py", leak_line) in lines
+    summary.check("leaks_cuda_block", "PASS" if ok else "FAIL",
+                  f"{len(blocks)} finding(s), {total} bytes (want {23 * MiB}); names cuda_leak.py:{leak_line}: "
+                  f"{('cuda_leak.py', leak_line) in lines}")
+    final = {e["layer"]: e["final_bytes"] for e in (layers or {}).get("layers", [])}
+    if "cuda_segment" not in final or "cuda_block" not in final or run.reserved is None:
+        summary.check("segment_minus_block", "FAIL", f"layers at the end: {final}")
+        return
+    cache, want = final["cuda_segment"] - final["cuda_block"], run.reserved - run.allocated
+    summary.check("segment_minus_block", "PASS" if cache == want else "FAIL",
+                  f"cuda_segment - cuda_block = {cache}, reserved - allocated = {want}")
+
+
+def check_profiler_uprobe(summary: Summary, out: Path, deadline: Deadline) -> None:
+    """(issue 5) does a uprobe on c10::reportMemoryUsageToProfiler fire for CUDA allocations
+    with no profiler running? Counted with bcc while the workload runs alone."""
+    code = r"""
+import ctypes, subprocess, sys, torch, os
+from bcc import BPF
+lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
+b = BPF(text="BPF_ARRAY(hits, u64, 1); int on_report(void *ctx) { int k = 0; u64 *v = hits.lookup(&k); if (v) (*v)++; return 0; }")
+b.attach_uprobe(name=lib, sym="_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE", fn_name="on_report")
+subprocess.run(sys.argv[1:], check=False, capture_output=True, timeout=120)
+print("hits", b["hits"][ctypes.c_int(0)].value)
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *workload_cmd()], capture_output=True, text=True,
+                              timeout=deadline.cap(150))
+        hits = re.search(r"hits (\d+)", done.stdout)
+        (out / "report_memory_usage_uprobe.txt").write_text(done.stdout + done.stderr)
+        summary.check("profiler_report_uprobe", "PASS" if hits else "FAIL",
+                      f"uprobe hits without a profiler: {hits.group(1) if hits else done.stderr.strip()[-300:]}")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        summary.check("profiler_report_uprobe", "FAIL", str(error))
+
+
+def save_snapshot(summary: Summary, out: Path, deadline: Deadline) -> None:
+    """(issue 5) a small real snapshot pickle, and `memprof import` of it."""
+    path = out / "real_cuda_leak_snapshot.pickle"
+    cmd = [sys.executable, str(WORKLOAD), "--hold", "0", "--snapshot", str(path)]
+    try:
+        subprocess.run(cmd, capture_output=True, text=True, timeout=deadline.cap(90))
+        imported = memprof_cli(["import", str(path), "-f", "-o", str(out / "imported.memprof")], deadline.cap(60))
+        leaks = memprof_cli(["report", "leaks", str(out / "imported.memprof"), "--format", "json", "--min-age", "0"],
+                            deadline.cap(60))
+        size = path.stat().st_size if path.exists() else 0
+        summary.check("snapshot_import", "PASS" if imported.returncode == 0 and size else "FAIL",
+                      f"snapshot {size} bytes; import exit {imported.returncode}; report exit {leaks.returncode}")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        summary.check("snapshot_import", "FAIL", str(error))
+
+
 def layer_lines(summary: Summary, layers: dict | None) -> None:
     for entry in (layers or {}).get("layers", []):
         summary.say(f"  layer {entry['layer']}: peak={entry['peak_bytes']} final={entry['final_bytes']} "
@@ -434,7 +502,8 @@ def layer_lines(summary: Summary, layers: dict | None) -> None:
 
 def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not: str) -> None:
     """Record the workload and check the recording; `why_not` (a sentence) skips it all."""
-    names = ("record", "cuda_driver_final", "gpu_used_samples", "leaks_cuda_driver")
+    names = ("record", "cuda_driver_final", "gpu_used_samples", "leaks_cuda_driver", "leaks_cuda_block",
+             "segment_minus_block", "snapshot_import", "profiler_report_uprobe")
     if why_not:
         summary.say(why_not)
         for name in names:
@@ -462,6 +531,9 @@ def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not:
     check_samples(summary, run, rec, layers, out)
     leaks, why = report_json("leaks", rec, out, deadline, ["--top", "50"])
     check_leaks(summary, leaks, why)
+    check_agent_cuda(summary, run, leaks, layers)
+    save_snapshot(summary, out, deadline)
+    check_profiler_uprobe(summary, out, deadline)
 
 
 def sources_text(meta: dict) -> str:
@@ -501,7 +573,8 @@ def main() -> int:
     deadline, summary = Deadline(args.budget_s), Summary(args.out)
     if not check_gpu(summary):
         for name in ("torch_cuda", "nvml_direct", "record", "cuda_driver_final", "gpu_used_samples",
-                     "leaks_cuda_driver"):
+                     "leaks_cuda_driver", "leaks_cuda_block", "segment_minus_block", "snapshot_import",
+                     "profiler_report_uprobe"):
             summary.check(name, "SKIP", "no GPU visible")
         return 0
     nvml = Nvml()
