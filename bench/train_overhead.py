@@ -42,6 +42,20 @@ RUNS = ("baseline", "memprof", "memprof-nopy", "memprof-noagent", "memprof-windo
 TORCH_PROGRAMS = ("mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 AGENT_BAR = 1.03
+WINDOW = (101, 102)  # memprof-window's torch.profiler window, in steps
+
+
+def step_times(recording: Path, window: tuple[int, int]) -> tuple[float, float]:
+    """(median seconds of a step inside the window, of a step outside), from the step marks."""
+    sys.path.insert(0, str(ROOT))
+    from memprof.recording import open_recording
+    events = open_recording(recording).events
+    marks = events[(events["action"] == "mark") & (events["category"] == "step")].sort_values("ts_ns")
+    starts = dict(zip(marks["step"].astype(int), marks["ts_ns"]))
+    lengths = {s: (starts[s + 1] - starts[s]) / 1e9 for s in starts if s + 1 in starts and s > 0}
+    inside = [t for s, t in lengths.items() if window[0] <= s <= window[1]]
+    outside = [t for s, t in lengths.items() if not window[0] - 1 <= s <= window[1] + 1]
+    return statistics.median(inside or [0.0]), statistics.median(outside or [0.0])
 
 
 
@@ -66,7 +80,7 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
                          "--", sys.executable, *workload],
         "memprof-noagent": [*MEMPROF, "record", "-q", "--no-agent", "-o", str(tmp / f"train-{i}.memprof-noagent"),
                             "--", sys.executable, *workload],
-        "memprof-window": [*MEMPROF, "record", "-q", "--torch-profile-steps", "101-102",
+        "memprof-window": [*MEMPROF, "record", "-q", "--torch-profile-steps", f"{WINDOW[0]}-{WINDOW[1]}",
                            "-o", str(tmp / f"train-{i}.memprof-window"), "--", sys.executable, *workload],
         "memray": [*MEMRAY, "run", "-q", "-f", "-o", str(tmp / f"train-{i}.memray.bin"), *workload],
     }
@@ -90,6 +104,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
     metas: dict[str, dict] = {}
+    window_steps: list[tuple[float, float]] = []
     try:
         for i in range(args.repeats):
             for name, cmd in commands(workload, tmp, i).items():
@@ -102,6 +117,8 @@ def main() -> None:
                     continue
                 if name.startswith("memprof"):
                     metas[name] = read_meta(tmp / f"train-{i}.{name}")
+                    if name == "memprof-window":
+                        window_steps.append(step_times(tmp / f"train-{i}.{name}", WINDOW))
                     shutil.rmtree(tmp / f"train-{i}.{name}", ignore_errors=True)
                 (tmp / f"train-{i}.memray.bin").unlink(missing_ok=True)
     finally:
@@ -109,6 +126,11 @@ def main() -> None:
         if args.bpf_stats:
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
     report(results, skipped, metas, args)
+    if window_steps:
+        inside = statistics.median(w[0] for w in window_steps)
+        outside = statistics.median(w[1] for w in window_steps)
+        print(f"memprof-window step time (from the recording's step marks), median over runs: inside the window "
+              f"(steps {WINDOW[0]}-{WINDOW[1]}) {inside * 1e3:.2f} ms, other steps {outside * 1e3:.3f} ms")
 
 
 

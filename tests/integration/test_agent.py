@@ -174,3 +174,37 @@ def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run
         target.wait()
     notes = json.loads((recording / "meta.json").read_text())["notes"]
     assert any(f"no memprof agent in Python process(es) {target.pid}" in n for n in notes), notes
+
+
+PROFILER_STEPS = """
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+model = torch.nn.Linear(8, 4)
+with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as prof:
+    for i in range(5):
+        with torch.no_grad():
+            model(torch.randn(16, 8))
+        prof.step()
+print("profiled")
+"""
+
+
+def test_torch_profiler_step_counts_steps_when_there_is_no_optimizer(tmp_path, run_memprof):
+    script = tmp_path / "profiled.py"
+    script.write_text(PROFILER_STEPS)
+    recording, out = record(run_memprof, tmp_path, sys.executable, script)
+    assert "profiled" in out
+    _, m = marks(recording)
+    assert sorted(m[m["category"] == "step"]["step"].astype(int)) == [0, 1, 2, 3, 4, 5]
+
+
+def test_torchrun_and_its_workers_get_the_agent(tmp_path, run_memprof):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun beside {sys.executable}")
+    recording, out = record(run_memprof, tmp_path, torchrun, "--standalone", "--nproc_per_node", "2",
+                            STEPS, "--steps", "3")
+    assert out.count("done steps=3") == 2, out
+    _, m = marks(recording)
+    per_pid = m[m["category"] == "step"].groupby("pid")["step"].max().astype(int)
+    assert sorted(per_pid[per_pid > 0].tolist()) == [3, 3], per_pid  # both workers; the launcher steps no optimizer

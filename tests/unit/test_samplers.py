@@ -8,6 +8,7 @@ processes and ~11 ms when one of them holds 1 GiB — hence PSS at most about on
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import statistics
 import subprocess
@@ -58,7 +59,9 @@ def test_rss_grows_with_touched_memory():
     gc.disable()
     try:
         before = values(sampler.sample([os.getpid()], 1))
-        block = bytearray(64 * MiB)
+        # Fresh pages from the kernel (a bytearray may reuse heap memory an earlier test
+        # already touched, and then RSS does not move).
+        block = mmap.mmap(-1, 64 * MiB)
         block[::4096] = b"\x01" * (len(block) // 4096)  # touch every page
         after = values(sampler.sample([os.getpid()], 2))
     finally:
@@ -67,7 +70,7 @@ def test_rss_grows_with_touched_memory():
     # Pss may also lose some of its shared part meanwhile, when another process maps the same
     # files (a parallel test run loading the same libraries); the 64 MiB are private.
     assert after[("pss_bytes", "cpu")] >= 60 * MiB and after[("pss_bytes", "cpu")] > before[("pss_bytes", "cpu")]
-    del block
+    block.close()
 
 
 def test_vanished_pid_is_skipped_and_no_live_pid_gives_no_rows():
