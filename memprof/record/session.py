@@ -25,8 +25,12 @@ from memprof.sources.procs import descendants, pid_alive, read_comm
 POLL_S = 0.02          # ring buffer drain period
 FLUSH_S = 0.5          # at least one flush a second: a SIGKILL loses at most this much
 # After the target's tree has exited, the kernel still frees what it held: deferred fput,
-# RCU callbacks. Keep listening this long so those frees are on the timeline.
+# RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
+# and on while they still arrive (a loaded machine runs deferred work late) — until
+# TEARDOWN_QUIET_S pass without an event, or TEARDOWN_MAX_S in all.
 TEARDOWN_GRACE_S = 0.3
+TEARDOWN_QUIET_S = 0.2
+TEARDOWN_MAX_S = 2.0
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the child got its own
@@ -72,6 +76,14 @@ class RecordResult:
 def default_output(name: str, pid: int, directory: Path = Path(".")) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(name)) or "target"
     return directory / f"memprof-{safe}-{pid}.memprof"
+
+
+def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
+    """Stop listening after the tree exited: the grace passed and frees stopped coming (or
+    the most we wait passed)."""
+    if since_exit_s >= TEARDOWN_MAX_S:
+        return True
+    return since_exit_s >= TEARDOWN_GRACE_S and since_event_s >= TEARDOWN_QUIET_S
 
 
 def _runs_python(pid: int) -> bool:
@@ -238,10 +250,12 @@ class Session:
         next_flush = next_status = start
         tree_gone_at = None
         try:
+            last_event = start
             while True:
                 self._wait_signal(POLL_S)
-                self._ingest()
                 now = time.monotonic()
+                if self._ingest():
+                    last_event = now
                 if now >= next_status:
                     self._report_status(now - start)
                     next_status = now + 0.25
@@ -251,7 +265,7 @@ class Session:
                     break
                 if tree_gone_at is None and self._tree_exited(root):
                     tree_gone_at = now
-                if tree_gone_at is not None and now - tree_gone_at >= TEARDOWN_GRACE_S:
+                if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_event):
                     break
         finally:
             self._finish()
@@ -284,16 +298,18 @@ class Session:
             self.child.signal(info.si_signo)
         return info.si_signo
 
-    def _ingest(self) -> None:
+    def _ingest(self) -> int:
+        """Decoded events of the ring buffer into the writer; returns how many."""
         batch = self.source.poll()
         if batch is None or batch.rows == 0:
-            return
+            return 0
         cols = batch.columns
         cols["seq"] = range(self._seq, self._seq + batch.rows)
         self._seq += batch.rows
         if self.live is not None:
             self.live.update(cols)
         self.writer.append("events", cols)
+        return batch.rows
 
     def _flush(self) -> bool:
         """Hand buffered rows to the flush thread; False while the previous flush still runs.
