@@ -26,10 +26,13 @@ POLL_S = 0.02          # ring buffer drain period
 FLUSH_S = 0.5          # at least one flush a second: a SIGKILL loses at most this much
 # After the target's tree has exited, the kernel still frees what it held: deferred fput,
 # RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
-# and on while they still arrive (a loaded machine runs deferred work late) — until
-# TEARDOWN_QUIET_S pass without an event, or TEARDOWN_MAX_S in all.
+# and on while they still come in bursts (a loaded machine runs deferred work late) — until
+# TEARDOWN_QUIET_S pass without a poll of TEARDOWN_BURST events or more, or TEARDOWN_MAX_S in
+# all. (A trickle of a few frees per 0.1 s goes on forever: other processes' frees of
+# addresses the filter also lets through.)
 TEARDOWN_GRACE_S = 0.3
 TEARDOWN_QUIET_S = 0.2
+TEARDOWN_BURST = 8
 TEARDOWN_MAX_S = 2.0
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -254,7 +257,7 @@ class Session:
             while True:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()
-                if self._ingest():
+                if self._ingest() >= TEARDOWN_BURST:
                     last_event = now
                 if now >= next_status:
                     self._report_status(now - start)
