@@ -140,40 +140,37 @@ memprof.mark("attached run done")
 """
 
 
-def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof):
+def record_attached(run_memprof, tmp_path: Path, argv: list, ready: str) -> tuple[Path, int]:
+    """Start `argv`, wait for its `ready` line, `record --pid` it until it exits: (recording, pid)."""
     import subprocess
-    script = tmp_path / "attachable.py"
-    script.write_text(ATTACHABLE)
-    target = subprocess.Popen([sys.executable, str(script), "4"], stdout=subprocess.PIPE, text=True)
+    target = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
-        assert target.stdout.readline().strip() == "ready"
+        assert target.stdout.readline().strip() == ready
         recording = tmp_path / "attached.memprof"
         result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=90)
         assert result.returncode == 0, result.stderr
     finally:
         target.kill() if target.poll() is None else None
         target.wait()
+    return recording, target.pid
+
+
+def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof):
+    script = tmp_path / "attachable.py"
+    script.write_text(ATTACHABLE)
+    recording, pid = record_attached(run_memprof, tmp_path, [sys.executable, str(script), "4"], "ready")
     _, m = marks(recording)
     steps = m[m["category"] == "step"]
     assert sorted(steps["step"].astype(int)) == list(range(0, 8)), steps  # 0 at attach, then 7 steps
     assert len(m[m["category"] == "attached run done"]) == 1
-    assert agent_meta(recording)["detail"]["attached"] == [target.pid]
+    assert agent_meta(recording)["detail"]["attached"] == [pid]
 
 
 def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run_memprof):
-    import subprocess
-    target = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2.5)"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert target.stdout.readline().strip() == "up"
-        recording = tmp_path / "plain.memprof"
-        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=60)
-        assert result.returncode == 0, result.stderr
-    finally:
-        target.kill() if target.poll() is None else None
-        target.wait()
+    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(4)"]
+    recording, pid = record_attached(run_memprof, tmp_path, argv, "up")
     notes = json.loads((recording / "meta.json").read_text())["notes"]
-    assert any(f"no memprof agent in Python process(es) {target.pid}" in n for n in notes), notes
+    assert any(f"no memprof agent in Python process(es) {pid}" in n for n in notes), notes
 
 
 PROFILER_STEPS = """
