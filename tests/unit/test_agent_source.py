@@ -96,3 +96,10 @@ def test_failures_inside_the_agent_are_reported_not_raised(agent, tmp_path):
     source = AgentSource(tmp_path / "rec.memprof")
     detail = source.stats().detail
     assert detail["failures"] == 1 and detail["failures_first"][0]["where"] == "cuda drain"
+
+
+def test_a_failure_repeated_at_every_step_is_logged_a_few_times(agent, tmp_path):
+    for _ in range(50):
+        agent.drain_cuda({"device_traces": "not a list of traces"})
+    detail = AgentSource(tmp_path / "rec.memprof").stats().detail
+    assert detail["failures"] == agent.MAX_FAILURES_PER_PLACE

@@ -91,11 +91,17 @@ def _flush_loop():
             log_failure("flush", e)
 
 
+MAX_FAILURES_PER_PLACE = 5  # a hook failing at every step must not fill the disk
+
+
 def log_failure(where, error):
-    """Record a failure inside the agent (never raises): the target goes on."""
+    """Record a failure inside the agent (never raises): the target goes on. The first
+    MAX_FAILURES_PER_PLACE of each place are written; later ones are only counted."""
     try:
         directory = _dir()
-        if not directory:
+        counts = _state.setdefault("failures", {})
+        counts[where] = counts.get(where, 0) + 1
+        if not directory or counts[where] > MAX_FAILURES_PER_PLACE:
             return
         record = {"ts_ns": time.monotonic_ns(), "pid": os.getpid(), "where": where,
                   "error": "%s: %s" % (type(error).__name__, error),
