@@ -18,8 +18,9 @@ from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
 from memprof.record.sampling import SamplerThread
 from memprof.record.target import GatedChild, RunAs, resolve_executable
-from memprof.sources.agent import AgentOptions, AgentSource, epoch_us_converter
+from memprof.sources.agent import AgentOptions, AgentSource
 from memprof.sources.ebpf import EbpfOptions, EbpfSource
+from memprof.sources.pyinterp import python_file_in_maps
 from memprof.sources.procs import descendants, pid_alive, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
@@ -87,17 +88,6 @@ def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
     if since_exit_s >= TEARDOWN_MAX_S:
         return True
     return since_exit_s >= TEARDOWN_GRACE_S and since_event_s >= TEARDOWN_QUIET_S
-
-
-def _runs_python(pid: int) -> bool:
-    from memprof.sources.pyinterp import python_file_in_maps
-    from memprof.errors import MemprofError
-    from memprof.sources.symbolize import parse_maps, snapshot_maps
-    try:
-        text = snapshot_maps(pid)
-    except (OSError, MemprofError):
-        return False
-    return text is not None and python_file_in_maps(parse_maps(text)) is not None
 
 
 def anchor() -> ClockAnchor:
@@ -189,7 +179,7 @@ class Session:
         without = []
         for pid in pids:
             try:
-                if not self.agent.attach(pid) and _runs_python(pid):
+                if not self.agent.attach(pid) and python_file_in_maps(self.source.processes.maps_of(pid)):
                     without.append(pid)
             except OSError as e:
                 self.agent.note(f"could not reach the agent of pid {pid}: {e}")
@@ -203,7 +193,7 @@ class Session:
         """What the agents wrote since the last flush: marks, steps, CUDA history."""
         if self.agent is None:
             return
-        tables = self.agent.poll(epoch_us_converter(self.writer.meta.clock_anchors))
+        tables = self.agent.poll(self.writer.meta.clock_anchors[-1])
         if tables is None:
             return
         events, stacks, frames = tables

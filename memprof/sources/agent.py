@@ -17,10 +17,9 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from memprof.model import SourceStats
+from memprof.model import ClockAnchor, SourceStats
 from memprof.model.schema import Action, Layer, Mark
 
 # `category` of a profiler-window tensor annotation: "tensor:parameter", "tensor:activation", …
@@ -32,7 +31,8 @@ MAX_ERRORS_KEPT = 20
 
 
 def boot_dir() -> Path:
-    return Path(str(resources.files("memprof.agent").joinpath("boot")))
+    from memprof.agent import BOOT
+    return Path(BOOT)
 
 
 @dataclass
@@ -115,13 +115,14 @@ class AgentSource:
         return True
 
     # ---- reading ----
-    def poll(self, to_monotonic_ns) -> tuple[dict, dict, dict] | None:
+    def poll(self, anchor: ClockAnchor) -> tuple[dict, dict, dict] | None:
         """Rows added since the last poll: (events, stacks, frames) columns, or None.
-        `to_monotonic_ns(epoch_us)` converts CUDA history times through the clock anchors."""
+        Epoch times (CUDA history, profiler windows) go onto CLOCK_MONOTONIC through `anchor`
+        (the recording's latest clock anchor)."""
         records = list(self._new_records())
         if not records:
             return None
-        rows = AgentRows(to_monotonic_ns, self._cuda_state)
+        rows = AgentRows(anchor.realtime_ns - anchor.monotonic_ns, self._cuda_state)
         for record in records:
             self._take(record, rows)
         self._stats.events += rows.count
@@ -213,23 +214,14 @@ def _owner(pid: int) -> tuple[int, int]:
     return uid, gid
 
 
-def epoch_us_converter(anchors) -> "callable":
-    """epoch µs (CLOCK_REALTIME) → CLOCK_MONOTONIC ns, through the latest clock anchor."""
-    def convert(epoch_us: float) -> int:
-        a = anchors[-1]
-        return int(epoch_us * 1000) - (a.realtime_ns - a.monotonic_ns)
-    return convert
-
-
 class AgentRows:
     """Event rows built from agent records (columns of the events table, no `seq`), and the
     CUDA history entries gathered for torch_snapshot's converter."""
 
-    def __init__(self, to_monotonic_ns, cuda_state=None):
-        self.to_monotonic_ns = to_monotonic_ns
+    def __init__(self, realtime_offset_ns: int, cuda_state=None):
+        """`realtime_offset_ns`: CLOCK_REALTIME − CLOCK_MONOTONIC (ns), from a clock anchor."""
+        self.realtime_offset_ns = realtime_offset_ns
         self.cuda_state = cuda_state
-        # epoch ns → CLOCK_MONOTONIC ns: the same anchor as to_monotonic_ns (which takes µs)
-        self.realtime_offset_ns = int(to_monotonic_ns(0)) * -1
         self._tensors: list[tuple] = []
         self.count = 0
         self._marks: list[tuple] = []
@@ -259,6 +251,10 @@ class AgentRows:
         self._cuda.append((device, pid, entry))
         self.count += 1
 
+    def epoch_us_to_ns(self, epoch_us: float) -> int:
+        """CUDA history times (epoch µs) → CLOCK_MONOTONIC ns."""
+        return int(epoch_us * 1000) - self.realtime_offset_ns
+
     def tables(self) -> tuple[dict, dict, dict]:
         events = _mark_columns(self._marks)
         events = _joined(events, _tensor_columns(self._tensors))
@@ -266,7 +262,7 @@ class AgentRows:
         frames: dict = {"frame_id": [], "kind": [], "function": [], "module": [], "file": [], "line": []}
         if self._cuda:
             from memprof.sources.torch_snapshot import agent_trace_tables
-            cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.to_monotonic_ns, self.cuda_state)
+            cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.epoch_us_to_ns, self.cuda_state)
             events = _joined(events, cuda_events)
         elif self._tensors and self.cuda_state is not None:
             stacks, frames = self.cuda_state.interner.drain_tables()

@@ -13,7 +13,6 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from memprof.model.schema import EVAL_LOOP_FUNCTIONS as EVAL_FUNCTIONS  # noqa: F401 (re-export)
 from memprof.sources import pylines
 from memprof.sources.records import CNT_PY_RELEARNED
 from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
@@ -61,9 +60,7 @@ class PyFrame:
 class _Code:
     name: str
     file: str
-    firstlineno: int
-    lines: list
-    cut: bool  # the line table was longer than BPF copies
+    lines: list  # pylines ranges: (start, end, line)
 
 
 @dataclass
@@ -232,7 +229,7 @@ class PythonFrames:
         lines = decode_lines(version, raw, int(leaf.firstlineno), cut=int(leaf.lines_len) > len(raw))
         name = decode_str(bytes(bytearray(leaf.name)), int(leaf.name_len), int(leaf.name_state), 0)
         file = decode_str(bytes(bytearray(leaf.file)), int(leaf.file_len), int(leaf.file_state), int(leaf.file_skip))
-        return _Code(name or "<unknown>", file, int(leaf.firstlineno), lines, int(leaf.lines_len) > len(leaf.lines))
+        return _Code(name or "<unknown>", file, lines)
 
 
 def _shebang_interpreter(path: str) -> str | None:

@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memprof.model import FrameKind
-from memprof.sources.python import EVAL_FUNCTIONS, PyFrame, merge_chain
+from memprof.model.schema import EVAL_LOOP_FUNCTIONS
+from memprof.sources.python import PyFrame, merge_chain
 from memprof.sources.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
 # Frames of the tracing machinery itself sit on top of every kernel stack a BPF program
@@ -121,7 +122,7 @@ class StackInterner:
         python = [(self._python_frame_id(f), f.entry) for f in self._python_frames(p)]
         if not python:
             return native
-        merged = merge_chain(native, python, lambda fid: self._frame_rows[fid][1] in EVAL_FUNCTIONS,
+        merged = merge_chain(native, python, lambda fid: self._frame_rows[fid][1] in EVAL_LOOP_FUNCTIONS,
                              entry=lambda item: item[1])
         return [f if isinstance(f, int) else f[0] for f in merged]
 

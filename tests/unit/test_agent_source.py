@@ -7,13 +7,12 @@ lines, AgentSource reads them back and converts them."""
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 
 import pytest
 
 from memprof.model.meta import ClockAnchor
-from memprof.sources.agent import AgentSource, epoch_us_converter
+from memprof.sources.agent import AgentSource
 
 MIB = 1 << 20
 FRAMES = [{"filename": "/src/train.py", "line": 42, "name": "cache_batch"},
@@ -56,7 +55,7 @@ def test_cuda_history_drained_twice_lands_once_on_the_timeline(agent, tmp_path):
 
     source = AgentSource(tmp_path / "rec.memprof")
     anchors = [ClockAnchor(monotonic_ns=5_000_000_000, realtime_ns=t0 * 1000 - 1_000_000)]
-    events, stacks, frames = source.poll(epoch_us_converter(anchors))
+    events, stacks, frames = source.poll(anchors[-1])
     rows = list(zip(events["layer"], events["action"], events["addr"], events["size_bytes"], events["ts_ns"]))
     base = 5_000_000_000 + 1_000_000  # t0 on the monotonic clock
     assert rows == [
@@ -72,7 +71,7 @@ def test_cuda_history_drained_twice_lands_once_on_the_timeline(agent, tmp_path):
     chain = [names[f] for s, f in zip(stacks["stack_id"], stacks["frame_id"]) if s == events["stack_id"][1]]
     assert chain == ["cache_batch", "main"]
     assert min(stacks["stack_id"]) >= 1 << 48  # apart from the eBPF source's ids
-    assert source.poll(epoch_us_converter(anchors)) is None  # nothing new
+    assert source.poll(anchors[-1]) is None  # nothing new
     assert source.stats().detail["allocator_settings"] == {"expandable_segments": False}
 
 
@@ -83,11 +82,11 @@ def test_marks_and_a_half_written_line(agent, tmp_path):
     with open(next(folder.glob("*.jsonl")), "a") as f:
         f.write('{"kind": "mark", "ts_ns": 1')  # the agent is mid-write
     source = AgentSource(tmp_path / "rec.memprof")
-    events, _, _ = source.poll(lambda us: 0)
+    events, _, _ = source.poll(ClockAnchor(0, 0))
     assert list(events["category"]) == ["step"] and list(events["step"]) == [1]  # first mark: a step
     with open(next(folder.glob("*.jsonl")), "a") as f:
         f.write(', "pid": 7, "tid": 7, "label": "late", "step": 1}\n')
-    events, _, _ = source.poll(lambda us: 0)
+    events, _, _ = source.poll(ClockAnchor(0, 0))
     assert list(events["category"]) == ["late"] and list(events["pid"]) == [7]
 
 
