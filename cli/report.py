@@ -104,3 +104,7 @@ def layers(path, top, fmt, native_frames):
         click.echo(json.dumps(layers_to_json(summary, chains, rec.path, **loss), indent=2))
         return
     render_layers_table(summary, chains, console.out, start_ns=rec.meta.start_ns, **loss)
+
+
+# Sub-reports defined in their own modules register on `report` when imported.
+from memprof.cli import report_attribution, report_gpu  # noqa: E402,F401
