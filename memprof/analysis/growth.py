@@ -1,0 +1,398 @@
+"""Growth: how each layer's live bytes (and its biggest chains') rise with training steps —
+or with time when the recording has no step marks — fitted by a line and by a power law, and
+when that growth would fill the device.
+
+Pure functions over lifetimes, the timeline and the `samples` table; no I/O. Times are
+CLOCK_MONOTONIC ns, sizes bytes. A series is one (layer, device): bytes are never added
+across layers (DESIGN.md §3), nor across devices (each has its own capacity).
+
+x is the step number (at each step mark: the live bytes once every event at the mark's time
+is counted, i.e. what the steps before it left behind), else seconds since the recording
+start at `points` evenly spaced times. V(x) is the series' live bytes there, each allocation
+weighted by `weight` (sampled sources).
+
+Models, fitted by least squares:
+- linear: V = a + b·x (b in bytes per step, or per second);
+- power:  V = a·x^b, fitted in log-log space over the points with x > 0 and V > 0.
+Each carries R² computed in the original space (the power model's over the points with
+x > 0), so the two compare; the better fit is the higher R² (a tie goes to the line).
+
+Forecast, from the better model extrapolated from the last point: the device is full when
+its level there (the most of the series' last bytes and, for a GPU, NVML's last
+`gpu_used_bytes`) plus the model's further growth reaches the capacity (`gpu_total_bytes`
+for cuda:N; `host_memory_total_bytes`, the machine's RAM, for cpu). Memory the rest of the
+machine uses is unknown for cpu, so its forecast is the latest it could be.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.chains import with_canonical_stacks
+from memprof.analysis.layers import live_curve
+from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.model.schema import LAYERS, Action, Mark
+
+_NEVER = np.iinfo(np.int64).max
+MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
+STEP, SECOND = "step", "s"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fitted model. linear: V = a + b·x; power: V = a·x^b. V in bytes, x in steps or
+    seconds. `r2` is R² in the original space (None when V is constant and the model misses
+    it); `points` how many points the fit used."""
+
+    model: str
+    a: float
+    b: float
+    r2: float | None
+    points: int
+
+    def at(self, x):
+        """The model's bytes at x (array or scalar)."""
+        x = np.asarray(x, dtype=float)
+        return self.a + self.b * x if self.model == "linear" else self.a * np.power(x, self.b)
+
+    @property
+    def growing(self) -> bool:
+        """Rising with x: a positive slope (linear), a > 0 and b > 0 (power)."""
+        return self.b > 0 if self.model == "linear" else (self.a > 0 and self.b > 0)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """When the series' growth fills its device.
+
+    `status`: "full" (at `full_at_x`, a step number or seconds since the start, `full_in_ns`
+    after the last point; 0 when already there), "not_growing", "no_capacity" or "no_fit";
+    `reason` says it in words. `level_bytes` is where the device stood at the last point."""
+
+    status: str
+    reason: str
+    capacity_bytes: int | None = None
+    level_bytes: int | None = None
+    model: str | None = None
+    full_at_x: float | None = None
+    full_in_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class GrowthSeries:
+    """One (layer, device)'s live bytes (`chain` False) or one chain's within it (`stack_id`
+    None: allocations recorded without a stack): the points (`x`, `bytes`), both fits (None
+    when too few points), which fits better, the forecast."""
+
+    layer: str
+    device: str
+    chain: bool
+    stack_id: int | None
+    x: np.ndarray
+    bytes: np.ndarray
+    linear: Fit | None
+    power: Fit | None
+    better: str | None
+    forecast: Forecast
+
+    @property
+    def best(self) -> Fit | None:
+        return self.linear if self.better == "linear" else self.power if self.better == "power" else None
+
+
+@dataclass
+class GrowthResult:
+    """Series in layer order (schema order, then device), each (layer, device) total
+    followed by its top chains by bytes at the last point. `x_unit` is "step" or "s";
+    `step_ns` the median step duration (None without steps); `origin_ns` is x = 0 in time
+    mode."""
+
+    x_unit: str
+    step_ns: int | None
+    origin_ns: int
+    series: list[GrowthSeries]
+    notes: list[str] = field(default_factory=list)
+
+
+def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *, origin_ns: int = 0,
+           points: int = 50, top: int = 3, layers: Iterable[str] | None = None,
+           canonical_stack: Mapping[int, int] | None = None) -> GrowthResult:
+    """Fit every (layer, device) of `lifetimes` (only `layers` when given) and its `top`
+    chains (module docstring). `events` gives the step marks; `samples` the capacities and
+    NVML's used bytes; `origin_ns` (the recording start) is x = 0 when there are no steps."""
+    allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
+    steps = step_marks(events)
+    times, x, x_unit, origin_ns = _points(allocations, steps, origin_ns, points)
+    step_ns = median_step_ns(steps)
+    result = GrowthResult(x_unit=x_unit, step_ns=step_ns, origin_ns=origin_ns, series=[])
+    if len(times) == 0:
+        result.notes.append("no allocations to fit")
+        return result
+    wanted = set(layers) if layers else None
+    for (layer, device), cols in _groups(allocations, wanted):
+        context = _Context(x, x_unit, step_ns, *device_capacity(samples, device), _device_used(samples, device))
+        result.series += _layer_series(layer, device, cols, times, context, top)
+    return result
+
+
+# ---- points ---------------------------------------------------------------------------------
+
+def step_marks(events: pd.DataFrame) -> pd.DataFrame:
+    """Step marks as (step, ts_ns), sorted by step: each step number once, at its earliest
+    mark (several processes, e.g. torchrun's ranks, mark the same steps)."""
+    if events is None or len(events) == 0 or "category" not in events:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64"), "ts_ns": pd.Series([], dtype="int64")})
+    is_step = ((events["action"] == Action.MARK.value) & (events["category"] == Mark.STEP.value)
+               & events["step"].notna()).to_numpy()
+    marks = pd.DataFrame({"step": events["step"].to_numpy()[is_step].astype(np.int64),
+                          "ts_ns": events["ts_ns"].to_numpy()[is_step].astype(np.int64)})
+    return marks.groupby("step", sort=True, as_index=False)["ts_ns"].min()
+
+
+def median_step_ns(steps: pd.DataFrame) -> int | None:
+    """Median time per step between step marks (ns); None with fewer than two marks. Gaps in
+    the numbering count as that many steps."""
+    if len(steps) < 2:
+        return None
+    per_step = np.diff(steps["ts_ns"].to_numpy()) / np.diff(steps["step"].to_numpy())
+    return int(round(float(np.median(per_step))))
+
+
+def _points(allocations: pd.DataFrame, steps: pd.DataFrame, origin_ns: int, points: int):
+    """(times ns, x, x unit, origin ns): the step marks, else `points` evenly spaced times
+    over the allocations' span, x in seconds since `origin_ns` (the first allocation when
+    `origin_ns` is unset or later than it)."""
+    if len(steps):
+        return steps["ts_ns"].to_numpy(), steps["step"].to_numpy(dtype=float), STEP, origin_ns
+    if allocations.empty:
+        return np.array([], dtype=np.int64), np.array([]), SECOND, origin_ns
+    first = int(allocations["alloc_ts_ns"].min())
+    ends = allocations["end_ts_ns"].max()
+    last = max(int(allocations["alloc_ts_ns"].max()), first if pd.isna(ends) else int(ends))
+    origin_ns = origin_ns if 0 < origin_ns <= first else first
+    times = np.unique(np.linspace(first, last, max(points, 2)).round().astype(np.int64))
+    return times, (times - origin_ns) / 1e9, SECOND, origin_ns
+
+
+def live_at(curve_times: np.ndarray, curve_live: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Live bytes at each time of `at` from a live_curve: the value after every event at or
+    before it; 0 before the first event."""
+    index = np.searchsorted(curve_times, at, side="right") - 1
+    return np.where(index >= 0, curve_live[np.maximum(index, 0)], 0)
+
+
+def last_sample_at(samples: pd.DataFrame | None, metric: str, device: str, at: np.ndarray) -> np.ndarray:
+    """Each time's value of the series (metric, device): its last sample at or before it,
+    NaN before the first (or with no such series)."""
+    ts, values = sample_series(samples, metric, device)
+    index = np.searchsorted(ts, at, side="right") - 1
+    return np.where(index >= 0, values[np.maximum(index, 0)] if len(values) else np.nan, np.nan)
+
+
+def sample_series(samples: pd.DataFrame | None, metric: str, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ts_ns ascending, values) of one sampled series; samples without a value are left out."""
+    if samples is None or samples.empty:
+        return np.array([], dtype=np.int64), np.array([], dtype=float)
+    mine = ((samples["metric"] == metric) & (samples["device"] == device) & samples["value"].notna()).to_numpy()
+    ts = samples["ts_ns"].to_numpy(dtype=np.int64)[mine]
+    order = np.argsort(ts, kind="stable")
+    return ts[order], samples["value"].to_numpy(dtype=float)[mine][order]
+
+
+# ---- capacity -------------------------------------------------------------------------------
+
+def device_capacity(samples: pd.DataFrame | None, device: str) -> tuple[int | None, str]:
+    """(bytes, "") of the device's memory from its latest sample, or (None, why)."""
+    metric = "host_memory_total_bytes" if device == "cpu" else "gpu_total_bytes" if device.startswith("cuda:") else None
+    if metric is None:
+        return None, f"capacity of {device} unknown: no memory size is sampled for it"
+    _, values = sample_series(samples, metric, device)
+    if len(values):
+        return int(values[-1]), ""
+    if device == "cpu":
+        return None, "capacity unknown: no host_memory_total_bytes sample (recorded before memprof sampled MemTotal)"
+    return None, f"capacity of {device} unknown: no gpu_total_bytes sample (no NVML when recorded)"
+
+
+def _device_used(samples: pd.DataFrame | None, device: str) -> int | None:
+    """The GPU's last NVML `gpu_used_bytes` (every process's), None for cpu or without NVML."""
+    _, values = sample_series(samples, "gpu_used_bytes", device) if device.startswith("cuda:") else (None, [])
+    return int(values[-1]) if len(values) else None
+
+
+# ---- series ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Context:
+    """What every series of one (layer, device) shares."""
+
+    x: np.ndarray
+    x_unit: str
+    step_ns: int | None
+    capacity: int | None
+    no_capacity_reason: str
+    device_used: int | None
+
+
+def _groups(allocations: pd.DataFrame, wanted: set[str] | None):
+    """((layer, device), columns frame) for each present pair, layers in schema order."""
+    layer_codes, layer_names = category_codes(allocations["layer"])
+    device_codes, device_names = category_codes(allocations["device"])
+    pairs = np.unique(np.stack([layer_codes, device_codes], 1), axis=0) if len(allocations) else []
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    named = [(label_of(layer_names[lc]), label_of(device_names[dc]), lc, dc) for lc, dc in pairs if lc >= 0 and dc >= 0]
+    named.sort(key=lambda n: (rank.get(n[0], len(rank)), n[0], _device_key(n[1])))
+    columns = _series_columns(allocations)
+    for layer, device, lc, dc in named:
+        if wanted is None or layer in wanted:
+            yield (layer, device), columns[(layer_codes == lc) & (device_codes == dc)]
+
+
+def _device_key(device: str) -> tuple:
+    kind, _, index = device.partition(":")
+    return (kind, int(index)) if index.isdigit() else (kind, -1)
+
+
+def _series_columns(allocations: pd.DataFrame) -> pd.DataFrame:
+    """alloc, end (int64 max: never ended), weighted bytes and stack (-1: none) per allocation."""
+    size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
+    weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else 1.0
+    return pd.DataFrame({
+        "alloc": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
+        "end": allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
+        "size": np.rint(size * weight).astype(np.int64),
+        "stack": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
+    })
+
+
+def _layer_series(layer: str, device: str, cols: pd.DataFrame, times: np.ndarray, ctx: _Context,
+                  top: int) -> list[GrowthSeries]:
+    """The (layer, device) total, then its `top` chains by bytes live at the last point."""
+    total = _curve_at(cols, times)
+    level = max(int(total[-1]), ctx.device_used or 0)
+    series = [_series(layer, device, False, None, total, ctx, level)]
+    for stack in _top_chains(cols, int(times[-1]), top):
+        mine = cols[cols["stack"].to_numpy() == stack]
+        stack_id = None if stack < 0 else int(stack)
+        series.append(_series(layer, device, True, stack_id, _curve_at(mine, times), ctx, level))
+    return series
+
+
+def _curve_at(cols: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+    curve_times, live = live_curve(cols["alloc"].to_numpy(), cols["end"].to_numpy(), cols["size"].to_numpy())
+    return live_at(curve_times, live, times).astype(float)
+
+
+def _top_chains(cols: pd.DataFrame, ts_ns: int, top: int) -> list[int]:
+    """Stacks (-1: none recorded) holding the most bytes at `ts_ns`, ties by stack id."""
+    live = (cols["alloc"] <= ts_ns) & (ts_ns < cols["end"]) & (cols["size"] > 0)
+    held = cols[live].groupby("stack")["size"].sum().reset_index()
+    held = held.sort_values(["size", "stack"], ascending=[False, True], kind="stable")
+    return held["stack"].head(max(top, 0)).tolist()
+
+
+def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: np.ndarray, ctx: _Context,
+            level: int) -> GrowthSeries:
+    linear, power = fit_linear(ctx.x, values), fit_power(ctx.x, values)
+    better = better_fit(linear, power)
+    best = linear if better == "linear" else power
+    return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values, linear=linear,
+                        power=power, better=better, forecast=forecast(best, ctx, float(ctx.x[-1]), level, device))
+
+
+# ---- fits -----------------------------------------------------------------------------------
+
+def fit_linear(x: np.ndarray, v: np.ndarray) -> Fit | None:
+    """Least-squares line V = a + b·x; None with fewer than MIN_POINTS points or one x."""
+    x, v = np.asarray(x, dtype=float), np.asarray(v, dtype=float)
+    if len(x) < MIN_POINTS or np.ptp(x) == 0:
+        return None
+    a, b = _line(x, v)
+    return Fit("linear", a, b, r_squared(v, a + b * x), len(x))
+
+
+def fit_power(x: np.ndarray, v: np.ndarray) -> Fit | None:
+    """V = a·x^b by a least-squares line through (log x, log V) over points with x > 0 and
+    V > 0; R² in the original space over the points with x > 0. None with fewer than
+    MIN_POINTS usable points or one x."""
+    x, v = np.asarray(x, dtype=float), np.asarray(v, dtype=float)
+    usable = (x > 0) & (v > 0)
+    if usable.sum() < MIN_POINTS or np.ptp(x[usable]) == 0:
+        return None
+    log_a, b = _line(np.log(x[usable]), np.log(v[usable]))
+    a = math.exp(log_a)
+    positive = x > 0
+    return Fit("power", a, b, r_squared(v[positive], a * np.power(x[positive], b)), int(usable.sum()))
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line; centred sums keep large byte counts exact."""
+    xm, ym = x.mean(), y.mean()
+    slope = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
+    return float(ym - slope * xm), slope
+
+
+def r_squared(v: np.ndarray, predicted: np.ndarray) -> float | None:
+    """1 − SS_res/SS_tot. A constant V gives 1.0 when predicted exactly, else None (undefined)."""
+    ss_res = float(((v - predicted) ** 2).sum())
+    ss_tot = float(((v - v.mean()) ** 2).sum())
+    if ss_tot == 0:
+        return 1.0 if ss_res <= 1e-18 * max(float((v ** 2).sum()), 1.0) else None
+    return 1.0 - ss_res / ss_tot
+
+
+def better_fit(linear: Fit | None, power: Fit | None) -> str | None:
+    """"linear" or "power", by the higher R² (no R² loses; a tie goes to the line), None when
+    neither fitted."""
+    score = lambda fit: -math.inf if fit is None or fit.r2 is None else fit.r2  # noqa: E731
+    if linear is None and power is None:
+        return None
+    return "power" if power is not None and score(power) > score(linear) else ("linear" if linear else "power")
+
+
+# ---- forecast -------------------------------------------------------------------------------
+
+def forecast(fit: Fit | None, ctx: _Context, x_last: float, level: int, device: str) -> Forecast:
+    """When `level` (bytes at `x_last`) plus the fit's growth after `x_last` reaches the
+    device's capacity (module docstring)."""
+    if ctx.capacity is None:
+        return Forecast("no_capacity", ctx.no_capacity_reason)
+    known = dict(capacity_bytes=ctx.capacity, level_bytes=level)
+    if fit is None:
+        return Forecast("no_fit", f"too few points to fit (need {MIN_POINTS})", **known)
+    if not fit.growing:
+        return Forecast("not_growing", "not growing", model=fit.model, **known)
+    x_full = _x_reaching(fit, x_last, ctx.capacity - level)
+    if not math.isfinite(x_full):
+        return Forecast("not_growing", "growing too slowly to ever fill it", model=fit.model, **known)
+    return _full(fit, ctx, x_last, x_full, device, known)
+
+
+def _x_reaching(fit: Fit, x_last: float, headroom: float) -> float:
+    """The x at which the fit has grown by `headroom` bytes since `x_last` (x_last when the
+    headroom is already used up)."""
+    if headroom <= 0:
+        return x_last
+    if fit.model == "linear":
+        return x_last + headroom / fit.b
+    with np.errstate(over="ignore"):
+        return float(((fit.at(x_last) + headroom) / fit.a) ** (1.0 / fit.b))
+
+
+def _full(fit: Fit, ctx: _Context, x_last: float, x_full: float, device: str, known: dict) -> Forecast:
+    """A "full" forecast: at a whole step (the first step at or past x_full) or a time."""
+    if ctx.x_unit == STEP:
+        at = float(math.ceil(x_full))
+        in_ns = None if ctx.step_ns is None else int(round((at - x_last) * ctx.step_ns))
+        where = f"step {int(at):,}"
+    else:
+        at = x_full
+        in_ns = int(round((x_full - x_last) * 1e9))
+        where = f"{x_full:,.1f} s"
+    name = "the machine's RAM" if device == "cpu" else device
+    return Forecast("full", f"at this rate {name} is full at {where}", model=fit.model, full_at_x=at,
+                    full_in_ns=in_ns, **known)
