@@ -12,6 +12,8 @@ Metrics, one row per metric (and device) per tick, summed over the target's proc
   /proc/PID/smaps_rollup. Pss divides each shared page among the processes mapping it, so the
   tree's Pss is not inflated by pages its processes share (fork, shared libraries); its Rss is.
   (It also falls when an unrelated process starts mapping the same files.)
+- `host_memory_total_bytes` (device "cpu", once: the first tick with a live process): the
+  machine's RAM, MemTotal of /proc/meminfo — the capacity growth forecasts fill.
 - `gpu_used_bytes`, `gpu_total_bytes` (device "cuda:I"): the whole GPU's memory, every
   process's (nvmlDeviceGetMemoryInfo).
 - `gpu_process_bytes` (device "cuda:I"): the tree's processes' GPU memory
@@ -77,10 +79,12 @@ class RssSampler:
         self.pss_cpu_share = float(pss_cpu_share)
         self._next_pss_ns: int | None = None
         self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self._host_total_sent = False
 
     def sample(self, pids: Iterable[int], ts_ns: int) -> dict[str, list]:
-        """Row `rss_bytes` (device "cpu"), summed over the live `pids`, and `pss_bytes` when
-        due (class docstring); no rows when none of the pids is alive."""
+        """Row `rss_bytes` (device "cpu"), summed over the live `pids`, `pss_bytes` when due
+        (class docstring), and `host_memory_total_bytes` on the first tick that has rows; no
+        rows when none of the pids is alive."""
         pids = set(pids)
         rss_pages, alive = 0, []
         for pid in pids:
@@ -96,6 +100,10 @@ class RssSampler:
             pss_kb = self._read_pss_kb(alive, ts_ns)
             if pss_kb is not None:
                 _append(rows, ts_ns, "pss_bytes", "cpu", pss_kb * 1024)
+        if not self._host_total_sent:
+            # The machine's RAM does not change while recording: one sample is enough.
+            self._host_total_sent = True
+            _append(rows, ts_ns, "host_memory_total_bytes", "cpu", read_meminfo_total_kb() * 1024)
         return rows
 
     def _read_pss_kb(self, pids: list[int], ts_ns: int) -> int | None:
@@ -116,6 +124,12 @@ def read_statm_resident(pid: int) -> int | None:
     size, resident = data.split(None, 2)[:2]
     # A zombie (exited, not yet reaped) reads "0 0 0 …": its address space is gone.
     return None if size == b"0" else int(resident)
+
+
+def read_meminfo_total_kb() -> int:
+    """The machine's RAM in kB: MemTotal of /proc/meminfo (the first line, ~1.5 KiB file)."""
+    with open("/proc/meminfo", "rb") as f:
+        return _field_kb(b"\n" + f.read(_READ_SIZE), b"\nMemTotal:")
 
 
 def read_rollup_kb(pid: int) -> tuple[int, int] | None:

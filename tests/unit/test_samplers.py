@@ -33,6 +33,12 @@ def total_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def meminfo_total() -> int:
+    with open("/proc/meminfo") as f:
+        (line,) = [line for line in f if line.startswith("MemTotal:")]
+    return int(line.split()[1]) * 1024
+
+
 def dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
@@ -45,9 +51,10 @@ def dead_pid() -> int:
 def test_rss_of_this_process_is_sane_and_rows_match_the_schema():
     rows = RssSampler().sample([os.getpid()], 123)
     assert set(rows) == set(SAMPLES_SCHEMA.names)
-    assert rows["ts_ns"] == [123, 123] and rows["device"] == ["cpu", "cpu"]
+    assert rows["ts_ns"] == [123] * 3 and rows["device"] == ["cpu"] * 3
     got = values(rows)
     assert 1 * MiB < got[("rss_bytes", "cpu")] < total_ram()
+    assert got[("host_memory_total_bytes", "cpu")] == meminfo_total()
     assert 0 < got[("pss_bytes", "cpu")] <= got[("rss_bytes", "cpu")] * 1.05  # read a moment apart
     assert all(isinstance(v, float) for v in rows["value"])
 
@@ -78,7 +85,8 @@ def test_vanished_pid_is_skipped_and_no_live_pid_gives_no_rows():
     sampler = RssSampler(pss_period_s=0, pss_cpu_share=1)
     assert sampler.sample([gone], 1) == {"ts_ns": [], "metric": [], "device": [], "value": []}
     rows = sampler.sample([os.getpid(), gone], 2)
-    assert rows["metric"] == ["rss_bytes", "pss_bytes"]
+    # The machine's RAM comes with the first tick that has rows, not the empty one before.
+    assert rows["metric"] == ["rss_bytes", "pss_bytes", "host_memory_total_bytes"]
 
 
 def test_zombie_pid_is_skipped():
@@ -98,15 +106,15 @@ def test_zombie_pid_is_skipped():
 def test_pss_is_paced_and_rss_comes_every_tick():
     sampler = RssSampler(pss_period_s=1.0, pss_cpu_share=1)  # share 1: the period alone decides
     metrics = [sampler.sample([os.getpid()], t)["metric"] for t in (0, S // 10, S // 2, S, S + S // 10)]
-    assert metrics == [["rss_bytes", "pss_bytes"], ["rss_bytes"], ["rss_bytes"], ["rss_bytes", "pss_bytes"],
-                       ["rss_bytes"]]
+    assert metrics == [["rss_bytes", "pss_bytes", "host_memory_total_bytes"], ["rss_bytes"], ["rss_bytes"],
+                       ["rss_bytes", "pss_bytes"], ["rss_bytes"]]
 
 
 def test_pss_backs_off_when_reading_it_is_costly():
     # A read costs some µs; a share of 1e-9 makes the next one due ~days later.
     sampler = RssSampler(pss_period_s=0, pss_cpu_share=1e-9)
     metrics = [sampler.sample([os.getpid()], t)["metric"] for t in (0, S, 100 * S)]
-    assert metrics == [["rss_bytes", "pss_bytes"], ["rss_bytes"], ["rss_bytes"]]
+    assert metrics == [["rss_bytes", "pss_bytes", "host_memory_total_bytes"], ["rss_bytes"], ["rss_bytes"]]
 
 
 def test_rss_tick_cost_for_ten_pids():
@@ -213,8 +221,8 @@ def test_samplers_merge_and_status(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     samplers = Samplers()
     rows = samplers.sample(iter([os.getpid()]), 5)
-    assert rows["metric"][:2] == ["rss_bytes", "pss_bytes"]
-    assert rows["metric"][2:] == ["gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes"] * 2
+    assert rows["metric"][:3] == ["rss_bytes", "pss_bytes", "host_memory_total_bytes"]
+    assert rows["metric"][3:] == ["gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes"] * 2
     assert samplers.status() == {
         "rss": {"enabled": True, "rate_hz": 10, "pss_period_s": 1.0, "pss_cpu_share": 0.02},
         "nvml": {"enabled": True, "rate_hz": 10, "devices": 2},
@@ -225,7 +233,7 @@ def test_samplers_merge_and_status(monkeypatch):
 def test_samplers_without_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     samplers = Samplers(period_s=0.5)
-    assert samplers.sample([os.getpid()], 5)["metric"] == ["rss_bytes", "pss_bytes"]
+    assert samplers.sample([os.getpid()], 5)["metric"] == ["rss_bytes", "pss_bytes", "host_memory_total_bytes"]
     assert samplers.status()["nvml"] == {"enabled": False, "reason": "pynvml not installed (pip install nvidia-ml-py)"}
     assert samplers.status()["rss"]["rate_hz"] == 2
 
