@@ -1,2 +1,157 @@
-"""`memprof report` sub-reports (report_attribution): filled in by the analysis issue."""
-from memprof.cli.report import report  # noqa: F401
+"""`memprof report top | peak | chains`: who held each layer's live bytes at one moment."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option, report
+
+BY_CHOICES = ("chain", "function", "layer", "category")  # memprof.analysis.attribution.BY_CHOICES
+_AT_HELP = ("When each layer is judged: end (the target began to exit, before its teardown frees), peak "
+            "(each layer at its own high-water mark, first reached), or a time after the recording's "
+            "start such as 12.5s or +1500ms.")
+_LAYERS_NOTE = "Layers nest (a tensor lives in the heap, a slab in pages), so their bytes are never added up."
+
+
+def _parse_at(ctx, param, value):
+    """'end' | 'peak' | ns after the recording's start (range checked against the recording later)."""
+    from memprof.errors import UsageError
+    from memprof.units import parse_duration
+    text = str(value).strip().lower()
+    if text in ("end", "peak"):
+        return text
+    try:
+        seconds = parse_duration(text[1:] if text.startswith("+") else text)
+    except UsageError as e:
+        raise click.BadParameter(f"{e.message}; give end, peak, or a time after the recording's start "
+                                 "such as 12.5s or +1500ms") from None
+    return int(round(seconds * 1e9))
+
+
+def _common(fn):
+    """PATH, --layer, --top, --format and --native-frames, shared by every command here."""
+    for option in reversed([
+        click.argument("path", required=False, type=click.Path(path_type=str)),
+        click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES),
+                     help="Only these layers (repeatable)."),
+        click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Rows shown per layer."),
+        click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
+                     help="table: for the terminal; json: every number, times in CLOCK_MONOTONIC ns, sizes in bytes."),
+        _native_frames_option,
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _at_option(fn):
+    return click.option("--at", "at", default="end", show_default=True, metavar="end|peak|TIME",
+                        callback=_parse_at, help=_AT_HELP)(fn)
+
+
+def _attributed(path, *, by: str, at, layers, top, native_frames):
+    """(recording, attribution, frames of the chains it shows)."""
+    from memprof.analysis.attribution import Span, attribute
+    from memprof.analysis.leaks import chain_frames, end_of_target
+
+    rec, events, lifetimes, canonical = _analysed(path)
+    recording_end = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
+    span = Span(start_ns=rec.meta.start_ns, end_ns=end_of_target(events, rec.meta.pid, recording_end),
+                recording_end_ns=recording_end)
+    result = attribute(lifetimes, by=by, at=at, span=span, stacks=rec.stacks, frames=rec.frames, events=events,
+                       layers=layers or None, top=top, canonical_stack=canonical, native_frames=native_frames)
+    ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []
+    return rec, result, chain_frames(rec.stacks, rec.frames, ids, native_frames)
+
+
+def _show(rec, result, chain_map, fmt: str) -> None:
+    from memprof.analysis.loss import recording_notes
+    from memprof.cli import console
+    from memprof.report.attribution import attribution_to_json, render_attribution_table
+
+    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
+    if fmt == "json":
+        click.echo(json.dumps(attribution_to_json(result, chain_map, rec.path, **loss), indent=2))
+        return
+    render_attribution_table(result, chain_map, console.out, **loss)
+
+
+@report.command(epilog=_LAYERS_NOTE)
+@_common
+@click.option("--by", default="chain", show_default=True, type=click.Choice(BY_CHOICES),
+              help="chain: allocation chains; function: self and total bytes per function; layer: each layer's "
+                   "total side by side; category: tensor roles (parameter, activation, …; unknown where none "
+                   "was recorded).")
+@_at_option
+def top(path, layers, top, fmt, native_frames, by, at):
+    """Live bytes and allocations per layer at one moment, biggest first.
+
+    \b
+    By function, a function is (kind, name, and its library for native and kernel frames or
+    its file for Python ones). Its total is the bytes of live allocations whose chain holds it
+    (once per chain, even when recursive); its self is the bytes whose chain's innermost frame
+    it is. Chains are read merged (the interpreter's eval-loop frames give way to the Python
+    frames they ran) unless --native-frames all. In kernel chains the innermost frame is the
+    allocator's call site as the tracepoint recorded it, so self bytes land there.
+    Sampled allocations count by their weight (bytes and counts are estimates then).
+    """
+    rec, result, chain_map = _attributed(path, by=by, at=at, layers=layers, top=top, native_frames=native_frames)
+    _show(rec, result, chain_map, fmt)
+
+
+@report.command(epilog=_LAYERS_NOTE)
+@_common
+def peak(path, layers, top, fmt, native_frames):
+    """For each layer: when its peak (high-water mark, first reached) happened and which
+    allocation chains held it then. Each layer is judged at its own peak."""
+    rec, result, chain_map = _attributed(path, by="chain", at="peak", layers=layers, top=top,
+                                         native_frames=native_frames)
+    _show(rec, result, chain_map, fmt)
+
+
+@report.command(epilog=_LAYERS_NOTE)
+@_common
+@_at_option
+@click.option("--flame", is_flag=True,
+              help="Print folded stacks for flame-graph tools (flamegraph.pl, inferno, speedscope): one line "
+                   "per chain, 'layer;outermost;…;innermost BYTES', every live chain (no --top).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str),
+              help="With --flame: write the folded stacks to this file instead of stdout.")
+def chains(path, layers, top, fmt, native_frames, at, flame, output):
+    """Allocation chains holding each layer's live bytes at one moment (the table of
+    `report top --by chain`), or with --flame their folded stacks.
+
+    \b
+    Folded stacks hold kernel, native and Python frames in one chain, outermost first, as
+    '[py] step (train.py:42)', '[n] at::empty (libtorch_cpu.so)', '[k] alloc_pipe_info'
+    (a ';' in a name becomes ','); the root frame is the layer, and allocations recorded
+    without a stack sit under 'LAYER;[no stack]'. Widths are live bytes (sampled weights
+    applied). The layers nest, so widths of different layers must not be added: pick one
+    with --layer to compare chains. With --at peak each layer is taken at its own peak.
+    """
+    from memprof.errors import UsageError
+    if flame and fmt == "json":
+        raise UsageError("--flame and --format json are two outputs", "choose one: folded stacks or JSON")
+    if output and not flame:
+        raise UsageError("-o/--output writes folded stacks", "add --flame, or redirect the table or JSON")
+    rec, result, chain_map = _attributed(path, by="chain", at=at, layers=layers, top=None if flame else top,
+                                         native_frames=native_frames)
+    if flame:
+        _write_folded(result, chain_map, output)
+        return
+    _show(rec, result, chain_map, fmt)
+
+
+def _write_folded(result, chain_map, output: str | None) -> None:
+    from memprof.errors import MemprofError
+    from memprof.report.attribution import folded_stacks
+
+    text = "".join(line + "\n" for line in folded_stacks(result, chain_map))
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise MemprofError(f"cannot write {output}: {e.strerror}", "choose a writable path for -o") from None

@@ -165,7 +165,7 @@ def time_at(offset_ns: int, span: Span) -> int:
     duration = span.recording_end_ns - span.start_ns
     if not 0 <= offset_ns <= duration:
         raise UsageError(f"the time +{_seconds(offset_ns)} is outside the recording, which lasted {_seconds(duration)}",
-                         f"give a time from 0s to {_seconds(duration)} after the recording's start "
+                         f"give --at a time from 0s to {_seconds(duration)} after the recording's start "
                          f"(e.g. {_seconds(duration // 2)}), or end, or peak")
     return int(span.start_ns + offset_ns)
 
