@@ -71,6 +71,7 @@ def render_attribution_table(result: Attribution, chains: dict[int, list[dict]],
     layer, one table of every layer side by side). Times relative to the recording's start."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(_heading(result))
+    out("[dim]Layers nest (a tensor lives in the heap, a slab in pages): their bytes are never added.[/]")
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): some allocations "
             "shown live may have been freed, and some may be missing.[/]")
@@ -92,14 +93,14 @@ def render_attribution_table(result: Attribution, chains: dict[int, list[dict]],
 def _heading(result: Attribution) -> str:
     span = result.span
     if result.at == "peak":
-        when = "each layer's peak (the first time it was reached)"
+        when = "each layer's own peak (first reached)"
     elif result.at == "end":
         why = "the target began to exit" if span.target_exited else "end of recording"
         when = f"the end, {_relative(span.end_ns, span.start_ns)} ({why})"
     else:
         when = _relative(result.layers[0].ts_ns, span.start_ns) if result.layers else "the given time"
     what = "Live bytes per layer" if result.by == "layer" else f"Live bytes by {result.by}"
-    return f"[bold]{what}[/] at {when}; layers nest, so their bytes are never added"
+    return f"[bold]{what}[/] at {when}"
 
 
 def _layers_table(result: Attribution) -> Table:
