@@ -50,30 +50,50 @@ def report():
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")
+@click.option("--window", default=None, callback=lambda ctx, p, v: None if v is None else _min_age(ctx, p, v),
+              help="Without step marks, judge growth at the ends of windows this long (default: the run cut in 32).")
+@click.option("--confidence", default=0.99, show_default=True, type=click.FloatRange(0.5, 0.999999),
+              help="How sure the Mann–Kendall test must be that a chain rises before it is called growing.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
 @_native_frames_option
-def leaks(path, min_age, layers, top, fmt, native_frames):
-    """Allocation chains still live when the target began to exit, biggest first.
+def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
+    """What grew and never came back, by allocation chain, biggest first. Three kinds:
+
+    \b
+    held at the end   live when the target began to exit, older than --min-age
+    grows per step    live bytes at the start of each training step (from step marks; fixed
+                      windows without them) rise: a robust Theil–Sen slope in bytes/step and
+                      bytes/s, and a Mann–Kendall confidence. For jobs that never exit.
+    not a leak        shown apart: caches that filled and plateaued, sawtooth buffers, cached
+                      CUDA segments, kernel caches (page cache, dentries, inodes)
 
     For a command, "the end" is the moment its root process began to exit (exit_group, a
     fatal signal, or a Python interpreter starting to finalize), before the kernel's
     teardown frees what it held; each finding says whether the teardown released it or it
-    outlived the process (kernel caches). For an attached process that did not exit, the end
-    is the end of the recording.
+    outlived the process. For an attached process that did not exit, the end is the end of
+    the recording.
     """
+    from memprof.analysis.caches import kernel_cache_stacks
+    from memprof.analysis.checkpoints import find_checkpoints
     from memprof.analysis.leaks import chain_frames, end_of_target, exit_times, find_leaks
     from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
+    from memprof.analysis.trend import MIN_POINTS
     from memprof.cli import console
     from memprof.report.leaks import leaks_to_json, render_leaks_table
 
     rec, events, lifetimes, canonical = _analysed(path)
-    end_ns = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
-    result = find_leaks(lifetimes, end_ns=end_of_target(events, rec.meta.pid, end_ns),
-                        recording_end_ns=end_ns, min_age_ns=min_age, layers=layers or None, top=top,
-                        end_by_pid=exit_times(events), canonical_stack=canonical)
+    recording_end = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
+    end_ns = end_of_target(events, rec.meta.pid, recording_end)
+    checkpoints = find_checkpoints(events, start_ns=rec.meta.start_ns, end_ns=end_ns, min_points=MIN_POINTS,
+                                   window_ns=window)
+    result = find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end, min_age_ns=min_age,
+                        layers=layers or None, top=top, end_by_pid=exit_times(events), canonical_stack=canonical,
+                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(rec.stacks, rec.frames),
+                        confidence=confidence)
     skipped = skipped_frees_by_layer(rec.meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
-    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.findings], native_frames)
+    shown = [f.stack_id for f in result.findings + result.not_leaks]
+    chains = chain_frames(rec.stacks, rec.frames, shown, native_frames)
     if fmt == "json":
         click.echo(json.dumps(leaks_to_json(result, chains, rec.path, rec.meta.lost_events), indent=2))
         return

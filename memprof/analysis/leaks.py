@@ -1,6 +1,9 @@
-"""Leaks: memory still held when the target ended, grouped by the chain that allocated it.
+"""Leaks: what grew and never came back, grouped by the chain that allocated it, with its kind
+(held at the end, grows per step) — and, apart, memory held on purpose (not a leak).
 
 Pure functions over the timeline and its lifetimes; no I/O. Times are CLOCK_MONOTONIC ns.
+Growth per step is judged on each chain's live bytes at checkpoints (checkpoints.py) by
+robust statistics (trend.py); what is held on purpose is recognized in caches.py.
 
 "Held at the end" is judged at `end_ns`, the moment the target began to exit (see
 `end_of_target`), before its teardown frees everything: an allocation is held when it was
@@ -17,8 +20,12 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from memprof.analysis.caches import cached_segments
+from memprof.analysis.chain_trends import ChainTrends, chain_trends, rows_of_chains
 from memprof.analysis.chains import with_canonical_stacks
+from memprof.analysis.checkpoints import Checkpoints
 from memprof.analysis.lifetimes import Lifetimes, label_of, labels
+from memprof.analysis.trend import Trend
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, Action, FrameKind, Layer, Mark
 
@@ -26,13 +33,28 @@ _NEVER = np.iinfo(np.int64).max
 _FRAME_KEYS = ("kind", "function", "module", "file", "line")
 
 
+KINDS = ("held_at_end", "grows_per_step", "not_a_leak")
+# Why a finding has its kind: held (live at the end), grows (a rising trend over checkpoints),
+# and the reasons memory held on purpose is not a leak (see memprof.analysis.caches, trend).
+REASONS = ("held", "grows", "cached_segment", "kernel_cache", "plateau", "sawtooth")
+
+
 @dataclass(frozen=True)
 class LeakFinding:
-    """Allocations of one (layer, stack_id, released_at_exit) held at the end.
+    """Allocations of one (layer, stack_id, released_at_exit) chain, and what kind of finding
+    they are (`kind` in KINDS, `reason` in REASONS).
 
-    `first_ns`/`last_ns` are the earliest/latest alloc `ts_ns` in the group;
-    `growth_bytes_per_s` is live_bytes over the seconds from first_ns to the end (0 when none).
-    `stack_id` is None for allocations recorded without a stack.
+    `live_bytes`/`live_count` are what the chain held at the end (for a "sawtooth" or
+    "plateau" chain not held at the end: at its highest checkpoint). `first_ns`/`last_ns` are
+    the earliest/latest alloc `ts_ns` of those allocations; `growth_bytes_per_s` is live_bytes
+    over the seconds from first_ns to the end (0 when none). `stack_id` is None for
+    allocations recorded without a stack.
+
+    Trend fields are set when the recording had enough checkpoints (LeakResult.checkpoints):
+    `slope_bytes_per_step` (Theil–Sen, bytes per step or per window), `slope_bytes_per_s`,
+    `confidence` (Mann–Kendall, 0..1), `rises` (checkpoints above the one before, out of
+    `points` − 1), `resets` (falls by half the range), `plateau_from` (label of the
+    checkpoint where a plateau was reached).
     """
 
     layer: str
@@ -48,19 +70,34 @@ class LeakFinding:
     # (on Linux 6.18, e.g., slab objects freed in bulk through RCU sheaves), so some of its
     # live allocations may already be free.
     chain_missed_frees: int = 0
+    kind: str = "held_at_end"
+    reason: str = "held"
+    slope_bytes_per_step: float | None = None
+    slope_bytes_per_s: float | None = None
+    confidence: float | None = None
+    rises: int | None = None
+    points: int = 0
+    resets: int = 0
+    plateau_from: int | None = None
 
     @property
     def confirmed(self) -> bool:
         return self.chain_missed_frees == 0
 
+    @property
+    def is_leak(self) -> bool:
+        return self.kind != "not_a_leak"
+
 
 @dataclass
 class LeakResult:
-    """Findings, biggest first, and the loss that qualifies them.
+    """Leak findings (`findings`: held at the end or growing per step) and, apart,
+    `not_leaks` (memory held on purpose), each biggest first, and the loss that qualifies them.
 
     `missed_frees` (per layer) are frees never seen, inferred from an address handed out again;
     `unconfirmed_frees` (per layer) is for the caller to fill from the recording's kernel
     counters (frees the kernel skipped): up to that many findings' allocations may have been freed.
+    `checkpoints` are where trends were judged (None: too few steps or windows for a trend).
     """
 
     findings: list[LeakFinding]
@@ -69,37 +106,52 @@ class LeakResult:
     recording_end_ns: int
     missed_frees: dict[str, int] = field(default_factory=dict)
     unconfirmed_frees: dict[str, int] = field(default_factory=dict)
+    not_leaks: list[LeakFinding] = field(default_factory=list)
+    checkpoints: Checkpoints | None = None
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = 500_000_000,
                layers: Iterable[str] | None = None, top: int | None = None,
                end_by_pid: Mapping[int, int] | None = None,
-               canonical_stack: Mapping[int, int] | None = None) -> LeakResult:
-    """Group the allocations held at the end (module docstring) by (layer, chain,
-    released_at_exit); sorted by live_bytes, then live_count (both descending), then stack_id;
-    at most `top` findings. `layers` keeps only those layers.
+               canonical_stack: Mapping[int, int] | None = None,
+               checkpoints: Checkpoints | None = None, cache_stacks: frozenset[int] = frozenset(),
+               confidence: float = 0.99) -> LeakResult:
+    """Leaks, by (layer, chain, released_at_exit), with their kind:
 
-    Each allocation is judged at the end of the process that made it — `end_by_pid[pid]`,
-    when that process began to exit while recorded — else at `end_ns`. A child that leaks
-    and exits before the root is judged at its own exit, before its teardown frees.
-    `canonical_stack` maps stack ids with identical frames to one id (see
-    `chains.canonical_stacks`), so one chain is one finding."""
+    - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
+      `confidence`); its bytes are everything it held at the end, whatever their age;
+    - held_at_end: held at the end (module docstring), older than `min_age_ns`;
+    - not_a_leak (in `not_leaks`): held on purpose — cached caching-allocator segments,
+      kernel caches (chains in `cache_stacks`, from caches.kernel_cache_stacks), a sawtooth,
+      or, when the target did not exit while recorded, a plateau; also sawtooth and plateau
+      chains not held at the end, by their highest checkpoint.
+
+    Each list is sorted by live_bytes, then live_count (both descending), then stack_id, and
+    cut to `top`. `layers` keeps only those layers. Each allocation is judged at the end of
+    the process that made it — `end_by_pid[pid]`, when that process began to exit while
+    recorded — else at `end_ns`. `canonical_stack` maps stack ids with identical frames to
+    one id (see `chains.canonical_stacks`), so one chain is one finding."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
     wanted = None if layers is None else {label_of(layer) for layer in layers}
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
+    if wanted is not None:
+        allocations = allocations[np.isin(labels(allocations["layer"]), list(wanted))].reset_index(drop=True)
     ends = _end_per_allocation(allocations, end_ns, end_by_pid)
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
-    held = _held(allocations, ends, exited, min_age_ns, wanted)
-    groups = _sorted_groups(held)
-    if top is not None:
-        groups = groups.head(top)
-    missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
+    trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
+    held = _held(allocations, ends, exited, np.where(trends.growing_rows, 0, min_age_ns))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks))
     missed_by_chain = _missed_by_chain(allocations)
-    return LeakResult(findings=[_finding(row, missed_by_chain) for row in groups.itertuples(index=False)],
-                      end_ns=int(end_ns), min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns),
-                      missed_frees=missed)
+    target_exited = end_ns < recording_end_ns
+    kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
+    leaks = [f for f in kinds if f.is_leak]
+    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations)
+    missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
+    return LeakResult(findings=leaks[:top], not_leaks=_biggest_first(not_leaks)[:top], end_ns=int(end_ns),
+                      min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
+                      checkpoints=checkpoints if trends.judged else None)
 
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
@@ -116,16 +168,14 @@ _PROCESS_LAYERS = [Layer.TORCH_CPU.value, Layer.NATIVE_HEAP.value, Layer.CUDA_DR
                    Layer.CUDA_SEGMENT.value, Layer.CUDA_BLOCK.value]
 
 
-def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns: int,
-          layers: set[str] | None) -> pd.DataFrame:
-    """The allocations held at their end, as (layer, stack_id, released_at_exit, size_bytes,
-    alloc_ts_ns, judged_ns)."""
+def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns) -> pd.DataFrame:
+    """The allocations held at their end, older than `min_age_ns` (a number, or one per
+    allocation), as (stack_id, size_bytes, alloc_ts_ns, weight, layer, released_at_exit,
+    judged_ns), indexed by allocation row."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
     mask = (alloc_ts <= ends) & (end_ts > ends) & (ends - alloc_ts >= min_age_ns)
     layer = labels(allocations["layer"])
-    if layers is not None:
-        mask &= np.isin(layer, list(layers))
     held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
     # A sampled allocation stands for `weight` of them: estimates of bytes and counts stay unbiased.
     held = held.assign(size_bytes=held["size_bytes"].astype(float) * held["weight"])
@@ -133,13 +183,35 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_a
     return held.assign(layer=layer[mask], released_at_exit=released, judged_ns=ends[mask])
 
 
+_KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
+
+
+def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray,
+                  cache_stacks: frozenset[int]) -> np.ndarray:
+    """Per held row: "cached_segment", "kernel_cache" (a cache chain that outlived the
+    process), else "held"."""
+    reason = np.full(len(held), "held", dtype=object)
+    rows = held.index.to_numpy()
+    if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
+        reason[cached_segments(allocations, ends)[rows]] = "cached_segment"
+    if cache_stacks:
+        in_cache = held["stack_id"].isin(list(cache_stacks)).to_numpy()
+        outlived = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS) & ~held["released_at_exit"].to_numpy()
+        reason[in_cache & outlived] = "kernel_cache"
+    return reason
+
+
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:
-    groups = held.groupby(["layer", "stack_id", "released_at_exit"], dropna=False, sort=False).agg(
+    groups = held.groupby(["layer", "stack_id", "released_at_exit", "reason"], dropna=False, sort=False).agg(
         live_bytes=("size_bytes", "sum"), live_count=("weight", "sum"),
         first_ns=("alloc_ts_ns", "min"), last_ns=("alloc_ts_ns", "max"), judged_ns=("judged_ns", "max"),
     ).reset_index()
     return groups.sort_values(["live_bytes", "live_count", "stack_id", "layer", "released_at_exit"],
                               ascending=[False, False, True, True, True], na_position="last", kind="stable")
+
+
+def _biggest_first(findings: list[LeakFinding]) -> list[LeakFinding]:
+    return sorted(findings, key=lambda f: (-f.live_bytes, -f.live_count, f.stack_id is None, f.stack_id or 0))
 
 
 def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], int]:
@@ -151,17 +223,72 @@ def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], 
     return {(layer, None if pd.isna(sid) else int(sid)): int(n) for (layer, sid), n in counts.items()}
 
 
-def _finding(row, missed_by_chain: dict) -> LeakFinding:
+_KIND_OF_REASON = {"held": "held_at_end", "grows": "grows_per_step"}
+
+
+def _finding(row, missed_by_chain: dict, trends: ChainTrends, target_exited: bool) -> LeakFinding:
     span_s = (int(row.judged_ns) - int(row.first_ns)) / 1e9
     live_bytes = int(round(row.live_bytes))
     stack_id = None if pd.isna(row.stack_id) else int(row.stack_id)
+    trend = trends.by_chain.get((row.layer, stack_id))
+    reason = _reason(row.reason, trend, target_exited)
     return LeakFinding(
         chain_missed_frees=missed_by_chain.get((row.layer, stack_id), 0),
         layer=row.layer, stack_id=stack_id,
         live_bytes=live_bytes, live_count=int(round(row.live_count)), first_ns=int(row.first_ns),
         last_ns=int(row.last_ns), growth_bytes_per_s=live_bytes / span_s if span_s > 0 else 0.0,
-        released_at_exit=bool(row.released_at_exit),
+        released_at_exit=bool(row.released_at_exit), kind=_KIND_OF_REASON.get(reason, "not_a_leak"), reason=reason,
+        **_trend_fields(trend, trends),
     )
+
+
+def _reason(held_reason: str, trend: Trend | None, target_exited: bool) -> str:
+    """Why a held group is what it is. Memory held on purpose wins over a trend; a plateau
+    held when a command exited stays a leak (what a command holds at exit is never freed by
+    it), while in a job that did not exit it is a cache that filled."""
+    if held_reason != "held" or trend is None:
+        return held_reason
+    if trend.shape in ("grows", "sawtooth") or (trend.shape == "plateau" and not target_exited):
+        return trend.shape
+    return "held"
+
+
+def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
+    if trend is None:
+        points = len(trends.checkpoints.times_ns) if trends.checkpoints is not None else 0
+        return {"points": points}
+    period = trends.checkpoints.period_ns
+    plateau = None if trend.plateau_from is None else int(trends.checkpoints.labels[trend.plateau_from])
+    return dict(slope_bytes_per_step=trend.slope, slope_bytes_per_s=trend.slope * 1e9 / period if period else None,
+                confidence=trend.confidence, rises=trend.rises, points=len(trends.checkpoints.times_ns),
+                resets=trend.resets, plateau_from=plateau)
+
+
+def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame) -> list[LeakFinding]:
+    """Not-a-leak findings for sawtooth and plateau chains that held nothing at the end, by
+    their highest checkpoint (what the user sees rise in the curve, explained)."""
+    held_chains = {(layer, None if pd.isna(sid) else int(sid)) for layer, sid in zip(held["layer"], held["stack_id"])}
+    shaped = [(chain, t) for chain, t in trends.by_chain.items()
+              if t.shape in ("sawtooth", "plateau") and chain not in held_chains]
+    if not shaped:
+        return []
+    firsts = _alloc_span_of_chains(allocations, [chain for chain, _ in shaped])
+    findings = []
+    for (layer, stack_id), trend in shaped:
+        peak_bytes, peak_count, at = trends.peak_of((layer, stack_id))
+        first_ns, last_ns = firsts[(layer, stack_id)]
+        findings.append(LeakFinding(
+            layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
+            first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=0.0, released_at_exit=False,
+            kind="not_a_leak", reason=trend.shape, **_trend_fields(trend, trends)))
+    return findings
+
+
+def _alloc_span_of_chains(allocations: pd.DataFrame, chains: list) -> dict:
+    """(layer, stack_id) -> (earliest, latest) alloc ts_ns of the chain's allocations."""
+    rows = allocations[rows_of_chains(allocations, chains)]
+    spans = rows.assign(layer=labels(rows["layer"])).groupby(["layer", "stack_id"], dropna=False)["alloc_ts_ns"].agg(["min", "max"])
+    return {(layer, None if pd.isna(sid) else int(sid)): (int(lo), int(hi)) for (layer, sid), (lo, hi) in spans.iterrows()}
 
 
 def exit_times(events: pd.DataFrame) -> dict[int, int]:

@@ -20,12 +20,17 @@ _KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no nee
 
 
 def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_path, lost_events: int) -> dict:
-    """JSON-ready dict: recording, lost_events, findings (with stacks, innermost frame first),
-    missed_frees, unconfirmed_frees, min_age_ns, end_ns. Times are CLOCK_MONOTONIC ns."""
+    """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
+    per step, with stacks innermost frame first), not_leaks (memory held on purpose, same
+    keys), checkpoints (where trends were judged, or null), missed_frees, unconfirmed_frees,
+    min_age_ns, end_ns. Times are CLOCK_MONOTONIC ns, slopes bytes per step (or window) and
+    bytes per second."""
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
-        "findings": [_finding_json(f, chains) for f in result.findings],
+        "checkpoints": _checkpoints_json(result),
+        "findings": [_finding_json(f, chains, result) for f in result.findings],
+        "not_leaks": [_finding_json(f, chains, result) for f in result.not_leaks],
         "missed_frees": {str(k): int(v) for k, v in result.missed_frees.items()},
         "unconfirmed_frees": {str(k): int(v) for k, v in result.unconfirmed_frees.items()},
         "min_age_ns": int(result.min_age_ns),
@@ -33,9 +38,22 @@ def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_p
     }
 
 
-def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]]) -> dict[str, Any]:
+def _checkpoints_json(result: LeakResult) -> dict | None:
+    checkpoints = result.checkpoints
+    if checkpoints is None:
+        return None
+    return {"by": checkpoints.unit, "count": len(checkpoints.times_ns), "period_ns": int(checkpoints.period_ns)}
+
+
+def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: LeakResult) -> dict[str, Any]:
     return {
         "layer": finding.layer,
+        "kind": finding.kind,
+        "reason": finding.reason,
+        "explanation": explain(finding, result),
+        "slope_bytes_per_step": finding.slope_bytes_per_step,
+        "slope_bytes_per_s": finding.slope_bytes_per_s,
+        "confidence": finding.confidence,
         "live_bytes": int(finding.live_bytes),
         "live_count": int(finding.live_count),
         "first_ns": int(finding.first_ns),
@@ -53,27 +71,47 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]]) -> dict[s
 
 def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], console: Console, *,
                        start_ns: int, lost_events: int, notes: Iterable[str] = ()) -> None:
-    """Print the findings: a heading, what loss means for them, then one block per finding
-    with its top MAX_FRAMES frames. Times are shown relative to `start_ns` (recording start)."""
+    """Print the findings: a heading, what loss means for them, one block per leak with its
+    top MAX_FRAMES frames, then memory held on purpose (not leaks), apart. Times are shown
+    relative to `start_ns` (recording start)."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(_heading(result, start_ns))
     for warning in _warnings(result, lost_events):
         out(f"[yellow]! {escape(warning)}[/]")
     if not result.findings:
-        out(f"No leaks: nothing older than {_short(result.min_age_ns)} was live at the end.")
-    for index, finding in enumerate(result.findings, 1):
+        out(f"No leaks: nothing older than {_short(result.min_age_ns)} was live at the end"
+            + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
+    _render_blocks(out, result.findings, "#", result, chains, start_ns)
+    if result.not_leaks:
         out("")
-        for line in _finding_lines(index, finding, _chain(finding, chains), start_ns, _target_exited(result)):
-            out(line, no_wrap=True, overflow="ellipsis")
+        out(f"[bold]Not leaks[/]: memory held on purpose ({_count(len(result.not_leaks), 'chain', 'chains')})")
+        _render_blocks(out, result.not_leaks, "~", result, chains, start_ns)
     for note in notes:
         out(f"[dim]note: {escape(str(note))}[/]")
+
+
+def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_ns: int) -> None:
+    for index, finding in enumerate(findings, 1):
+        out("")
+        for line in _finding_lines(f"{mark}{index}", finding, _chain(finding, chains), start_ns, result):
+            out(line, no_wrap=True, overflow="ellipsis")
 
 
 def _heading(result: LeakResult, start_ns: int) -> str:
     why = "the target began to exit" if _target_exited(result) else "end of recording"
     count = len(result.findings)
     return (f"[bold]Leaks[/] at {_relative(result.end_ns, start_ns)} ({why}), allocations older than "
-            f"{_short(result.min_age_ns)}: {_count(count, 'finding', 'findings')}")
+            f"{_short(result.min_age_ns)}{_trend_basis(result)}: {_count(count, 'finding', 'findings')}")
+
+
+def _trend_basis(result: LeakResult) -> str:
+    checkpoints = result.checkpoints
+    if checkpoints is None:
+        return ""
+    if checkpoints.by_step:
+        return f"; growth judged over {len(checkpoints.times_ns)} steps"
+    return (f"; growth judged over {len(checkpoints.times_ns)} windows of "
+            f"{_short(int(checkpoints.period_ns))} (no step marks)")
 
 
 def _warnings(result: LeakResult, lost_events: int) -> list[str]:
@@ -94,16 +132,46 @@ def _warnings(result: LeakResult, lost_events: int) -> list[str]:
     return warnings
 
 
-def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns: int, exited: bool) -> list[str]:
+_KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
+
+
+def explain(finding: LeakFinding, result: LeakResult) -> str:
+    """One line, in plain words, of why the finding has its kind."""
+    unit = result.checkpoints.unit if result.checkpoints is not None else "step"
+    if finding.reason == "grows":
+        return (f"grew at {finding.rises} of {finding.points - 1} {unit} boundaries, by "
+                f"{format_bytes(finding.slope_bytes_per_step)} per {unit} (Theil–Sen), "
+                f"{_percent(finding.confidence)} confidence it rises (Mann–Kendall)")
+    if finding.reason == "plateau":
+        return (f"filled to {format_bytes(finding.live_bytes)} by {unit} {finding.plateau_from}, then held steady: "
+                "a cache or pool, not a leak")
+    if finding.reason == "sawtooth":
+        return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
+                f"a buffer filled and released every few {unit}s, not a leak")
+    if finding.reason == "cached_segment":
+        return ("segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
+                "(torch.cuda.empty_cache() returns them): not a leak")
+    if finding.reason == "kernel_cache":
+        return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
+                "the kernel reclaims it under memory pressure: not a leak")
+    if finding.released_at_exit:
+        return "held when the target began to exit; only its exit released it"
+    return ("held when the target began to exit, and still held after it" if _target_exited(result)
+            else "still held when the recording stopped")
+
+
+def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns: int, result: LeakResult) -> list[str]:
     if finding.released_at_exit:
         fate = "released at exit"
     else:
-        fate = "outlived the process" if exited else "still live when the recording stopped"
+        fate = "outlived the process" if _target_exited(result) else "still live when the recording stopped"
+    kind = _KIND_LABELS.get(finding.kind, finding.kind)
     lines = [
-        f"[bold]#{index} {escape(finding.layer)}[/]  {format_bytes(finding.live_bytes)} in "
+        f"[bold]{label} {escape(finding.layer)}[/]  {kind}  {format_bytes(finding.live_bytes)} in "
         f"{_count(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
         f"    first seen {_relative(finding.first_ns, start_ns)}, last seen {_relative(finding.last_ns, start_ns)}"
-        f", growing {format_bytes(finding.growth_bytes_per_s)}/s",
+        + _rate(finding, result),
+        f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
     if not finding.confirmed:
         lines.append(f"    [yellow]unconfirmed[/]: {_count(finding.chain_missed_frees, 'free', 'frees')} of this chain "
@@ -117,6 +185,22 @@ def _finding_lines(index: int, finding: LeakFinding, chain: list[dict], start_ns
         lines.append("    [dim](no Python frames: the interpreter's layout was not confirmed, or the thread "
                      "had no Python state; see `memprof doctor`)[/]")
     return lines
+
+
+def _rate(finding: LeakFinding, result: LeakResult) -> str:
+    if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
+        unit = result.checkpoints.unit if result.checkpoints is not None else "step"
+        per_s = f" ({format_bytes(finding.slope_bytes_per_s)}/s)" if finding.slope_bytes_per_s is not None else ""
+        return f", growing {format_bytes(finding.slope_bytes_per_step)}/{unit}{per_s}"
+    if finding.kind == "held_at_end":
+        return f", growing {format_bytes(finding.growth_bytes_per_s)}/s"
+    return ""
+
+
+def _percent(fraction: float | None) -> str:
+    if fraction is None:
+        return "?"
+    return f"{min(fraction, 0.9999) * 100:.2f}%" if fraction < 1 else "99.99%+"
 
 
 def _visible(chain: list[dict]) -> tuple[list[dict | None], int]:

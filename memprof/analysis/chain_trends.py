@@ -1,0 +1,110 @@
+"""Each chain's live bytes at the checkpoints, and its trend (grows, plateau, sawtooth, flat).
+
+Pure functions; no I/O. A chain is (layer, stack_id) — stack ids already canonical. Times are
+CLOCK_MONOTONIC ns, sizes bytes (weighted for sampled allocations).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.checkpoints import Checkpoints, live_by_group
+from memprof.analysis.lifetimes import category_codes, label_of
+from memprof.analysis.trend import MIN_POINTS, Trend, classify
+
+_NEVER = np.iinfo(np.int64).max
+Chain = tuple  # (layer: str, stack_id: int | None)
+
+
+@dataclass(frozen=True)
+class ChainSeries:
+    """Live bytes and counts of each chain at each checkpoint: `chains[i]` is row i."""
+
+    chains: list[Chain]
+    live_bytes: np.ndarray  # (chains, checkpoints), float
+    live_count: np.ndarray  # (chains, checkpoints), float (weighted)
+
+
+@dataclass
+class ChainTrends:
+    """The verdicts: `by_chain` holds a Trend for every chain whose live bytes varied by at
+    least `min_growth` bytes over the checkpoints; `growing_rows` marks the allocations (rows
+    of the frame judged) of chains that grow. `judged` is False when there were too few
+    checkpoints to judge any trend."""
+
+    judged: bool
+    growing_rows: np.ndarray | bool
+    by_chain: dict[Chain, Trend] = field(default_factory=dict)
+    series: ChainSeries | None = None
+    checkpoints: Checkpoints | None = None
+
+    @classmethod
+    def none(cls) -> "ChainTrends":
+        return cls(judged=False, growing_rows=False)
+
+    def peak_of(self, chain: Chain) -> tuple[float, float, int]:
+        """(bytes, count, checkpoint index) at the chain's highest checkpoint."""
+        row = self.series.chains.index(chain)
+        at = int(np.argmax(self.series.live_bytes[row]))
+        return float(self.series.live_bytes[row, at]), float(self.series.live_count[row, at]), at
+
+
+def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[ChainSeries, np.ndarray]:
+    """(series of every chain live at one checkpoint or more, chain row of each allocation
+    (-1: live at none)). Allocations that span no checkpoint (most, in churn) are dropped first."""
+    alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    spans = np.searchsorted(times_ns, alloc_ts, "left") < np.searchsorted(times_ns, end_ts, "left")
+    rows = np.flatnonzero(spans)
+    layer_codes, layer_names = category_codes(allocations["layer"])
+    stack = allocations["stack_id"]
+    stack_values = stack.to_numpy(dtype=np.int64, na_value=0)[rows]
+    has_stack = stack.notna().to_numpy()[rows]
+    keys = pd.MultiIndex.from_arrays([layer_codes[rows], np.where(has_stack, stack_values, 0), has_stack])
+    group, uniques = pd.factorize(keys)
+    weight = allocations["weight"].to_numpy(dtype=float)[rows]
+    size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)[rows] * weight
+    n = len(uniques)
+    live_bytes = live_by_group(group, n, alloc_ts[rows], end_ts[rows], size, times_ns)
+    live_count = live_by_group(group, n, alloc_ts[rows], end_ts[rows], weight, times_ns)
+    chains = [(label_of(layer_names[code]), int(sid) if has else None) for code, sid, has in uniques]
+    group_of_row = np.full(len(allocations), -1, dtype=np.int64)
+    group_of_row[rows] = group
+    return ChainSeries(chains, live_bytes, live_count), group_of_row
+
+
+def chain_trends(allocations: pd.DataFrame, checkpoints: Checkpoints, confidence: float = 0.99,
+                 min_growth: float = 1024.0) -> ChainTrends:
+    """Judge every chain whose live bytes at the checkpoints vary by `min_growth` or more."""
+    if len(checkpoints.times_ns) < MIN_POINTS or allocations.empty:
+        return ChainTrends.none()
+    series, group_of_row = chain_series(allocations, checkpoints.times_ns)
+    varies = np.flatnonzero(np.ptp(series.live_bytes, axis=1) >= min_growth) if series.chains else np.zeros(0, int)
+    verdicts = classify(series.live_bytes[varies], confidence=confidence, min_growth=min_growth)
+    by_chain = {series.chains[row]: trend for row, trend in zip(varies, verdicts)}
+    growing = [chain for chain, trend in by_chain.items() if trend.shape == "grows"]
+    return ChainTrends(judged=True, growing_rows=rows_of_chains(allocations, growing),
+                       by_chain=by_chain, series=series, checkpoints=checkpoints)
+
+
+def rows_of_chains(allocations: pd.DataFrame, chains: list[Chain]) -> np.ndarray:
+    """Per allocation: True when its (layer, stack_id) is one of `chains` (one pass per layer)."""
+    out = np.zeros(len(allocations), dtype=bool)
+    if not chains:
+        return out
+    layer_codes, layer_names = category_codes(allocations["layer"])
+    stack = allocations["stack_id"]
+    has_stack = stack.notna().to_numpy()
+    stack_values = stack.to_numpy(dtype=np.int64, na_value=0)
+    for code, name in enumerate(layer_names):
+        ids = [sid for layer, sid in chains if layer == label_of(name)]
+        if not ids:
+            continue
+        in_layer = layer_codes == code
+        wanted = np.isin(stack_values, [sid for sid in ids if sid is not None]) & has_stack
+        if None in ids:
+            wanted |= ~has_stack
+        out |= in_layer & wanted
+    return out

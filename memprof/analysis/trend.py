@@ -1,0 +1,129 @@
+"""Robust trend statistics for live-bytes series: Theil–Sen slope, Mann–Kendall test, and the
+shapes that are not leaks (a cache that fills then plateaus, a sawtooth buffer).
+
+Pure numpy; no I/O. A series is live bytes at K successive checkpoints (the same point of
+successive steps, or fixed time windows), x = 0..K-1. All functions take many series at
+once as a 2-D array (one row per series) so a recording's chains are judged together.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Fewer checkpoints than this and no trend is claimed: Mann–Kendall cannot reach 99 % on
+# fewer than 7 points even when every pair rises.
+MIN_POINTS = 8
+PLATEAU_MIN_RISES = 3
+
+
+@dataclass(frozen=True)
+class Trend:
+    """One series' verdict.
+
+    `slope` is the Theil–Sen slope in bytes per checkpoint; `confidence` is 1 − the one-sided
+    Mann–Kendall p-value that the series rises; `rises` counts checkpoints above the one
+    before; `shape` is "grows", "plateau", "sawtooth" or "flat"."""
+
+    slope: float
+    confidence: float
+    rises: int
+    shape: str
+    resets: int = 0
+    plateau_from: int | None = None
+
+
+def theil_sen(series: np.ndarray) -> np.ndarray:
+    """Median of the pairwise slopes (y_j − y_i)/(j − i), i < j, per row; units of y per
+    checkpoint. Robust: up to ~29 % of points can be arbitrary outliers."""
+    k = series.shape[1]
+    i, j = np.triu_indices(k, 1)
+    slopes = (series[:, j] - series[:, i]) / (j - i)
+    return np.median(slopes, axis=1)
+
+
+def mann_kendall_confidence(series: np.ndarray) -> np.ndarray:
+    """Per row, 1 − the one-sided p-value of Mann–Kendall's test for an upward trend
+    (normal approximation with continuity and tie corrections). Ties (equal live bytes at
+    two checkpoints, common for a chain that is idle) shrink the variance as they should."""
+    k = series.shape[1]
+    i, j = np.triu_indices(k, 1)
+    s = np.sign(series[:, j] - series[:, i]).sum(axis=1)
+    variance = np.array([_mk_variance(row) for row in series])
+    z = np.where(s > 0, (s - 1) / np.sqrt(np.maximum(variance, 1e-12)), 0.0)
+    p = np.array([0.5 * math.erfc(value / math.sqrt(2)) for value in z])
+    return np.where(variance > 0, 1.0 - p, 0.0)
+
+
+def _mk_variance(row: np.ndarray) -> float:
+    n = len(row)
+    _, ties = np.unique(row, return_counts=True)
+    ties = ties[ties > 1].astype(float)
+    return (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18.0
+
+
+def classify(series: np.ndarray, *, confidence: float = 0.99, min_growth: float = 1024.0) -> list[Trend]:
+    """A Trend per row of `series` (live bytes at K ≥ MIN_POINTS checkpoints).
+
+    - "grows": the whole series rises (Mann–Kendall ≥ `confidence`), its later half still
+      rises (≥ 0.95 and a positive Theil–Sen slope there: a cache that filled early and then
+      held steady fails this), it never fell back by half its range, and the fitted growth
+      over the series is at least `min_growth` bytes;
+    - "sawtooth": it fell back by at least half its range two or more times (a buffer that
+      is filled and released every few steps);
+    - "plateau": it rose over PLATEAU_MIN_RISES checkpoints or more, then its later half did
+      not (a cache or pool that filled);
+    - "flat": none of these."""
+    if series.shape[1] < MIN_POINTS:
+        raise ValueError(f"a trend needs at least {MIN_POINTS} checkpoints, got {series.shape[1]}")
+    series = np.asarray(series, dtype=float)
+    later = series[:, series.shape[1] // 2:]
+    slope, conf = _batched(theil_sen, series), _batched(mann_kendall_confidence, series)
+    later_slope, later_conf = _batched(theil_sen, later), _batched(mann_kendall_confidence, later)
+    resets = _resets(series)
+    rises = (np.diff(series, axis=1) > 0).sum(axis=1)
+    out = []
+    for row in range(series.shape[0]):
+        shape = _shape(slope[row], conf[row], later_slope[row], later_conf[row], resets[row], rises[row],
+                       series.shape[1], confidence, min_growth)
+        out.append(Trend(slope=float(slope[row]), confidence=float(conf[row]), rises=int(rises[row]), shape=shape,
+                         resets=int(resets[row]),
+                         plateau_from=_plateau_start(series[row]) if shape == "plateau" else None))
+    return out
+
+
+def _batched(statistic, series: np.ndarray, pairs_per_batch: int = 2_000_000) -> np.ndarray:
+    """`statistic` over row batches: the pairwise matrices stay small (K² / 2 per row)."""
+    k = series.shape[1]
+    rows = max(1, pairs_per_batch // max(1, k * (k - 1) // 2))
+    if series.shape[0] == 0:
+        return np.zeros(0)
+    return np.concatenate([statistic(series[at:at + rows]) for at in range(0, series.shape[0], rows)])
+
+
+def _shape(slope, conf, later_slope, later_conf, resets, rises, k, confidence, min_growth) -> str:
+    if resets >= 2:
+        return "sawtooth"
+    rising = conf >= confidence and slope > 0 and slope * (k - 1) >= min_growth
+    if rising and resets == 0 and later_conf >= 0.95 and later_slope > 0:
+        return "grows"
+    filled = rises >= PLATEAU_MIN_RISES  # one jump held ever after is held memory, not a cache filling
+    if filled and conf >= 0.95 and slope >= 0 and (later_slope <= 0 or later_conf < 0.95):
+        return "plateau"
+    return "flat"
+
+
+def _resets(series: np.ndarray) -> np.ndarray:
+    """Per row, how many times the series fell from one checkpoint to the next by at least
+    half its range (max − min); 0 for a constant series."""
+    span = series.max(axis=1) - series.min(axis=1)
+    drops = -np.diff(series, axis=1)
+    return ((drops >= 0.5 * span[:, None]) & (span[:, None] > 0)).sum(axis=1)
+
+
+def _plateau_start(row: np.ndarray) -> int:
+    """The first checkpoint at which the series reached 90 % of its final level."""
+    final = row[-1]
+    reached = np.flatnonzero(row >= 0.9 * final) if final > 0 else np.array([0])
+    return int(reached[0]) if len(reached) else len(row) - 1

@@ -1,0 +1,181 @@
+"""Leak kinds with known answers: grows per step (Theil–Sen, Mann–Kendall), held at the end,
+and what is not a leak (plateau, sawtooth, cached segments, kernel caches)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from memprof.analysis.caches import kernel_cache_stacks
+from memprof.analysis.checkpoints import find_checkpoints, live_by_group
+from memprof.analysis.leaks import find_leaks
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.analysis.trend import classify, mann_kendall_confidence, theil_sen
+from tests.factories import events_frame, ev, stacks_frames
+
+S = 1_000_000_000
+KiB, MiB = 1024, 1024 * 1024
+PID = 100
+
+
+def step_marks(n_steps: int) -> list[dict]:
+    """Step k begins at k seconds (k = 1..n_steps)."""
+    return [dict(ts_ns=k * S, action="mark", category="step", step=k, pid=PID, tid=PID) for k in range(1, n_steps + 1)]
+
+
+def judged(rows, *, end_ns, recording_end_ns=None, layer="torch_cpu", exit_at=None, **kwargs):
+    """find_leaks with the checkpoints the CLI would use (step marks, else windows)."""
+    if exit_at is not None:
+        rows = rows + [dict(ts_ns=exit_at, action="mark", category="exit", pid=PID, tid=PID)]
+    events = events_frame(rows, layer=layer).sort_values(["ts_ns", "seq"], kind="stable", ignore_index=True)
+    recording_end = recording_end_ns or end_ns
+    checkpoints = find_checkpoints(events, start_ns=0, end_ns=end_ns, min_points=8)
+    return find_leaks(pair_lifetimes(events), end_ns=end_ns, recording_end_ns=recording_end,
+                      checkpoints=checkpoints, **kwargs)
+
+
+def slow_leak_in_churn(n_steps=50, leak_bytes=KiB, churn_bytes=MiB, churn_per_step=100, churn_stack=1, leak_stack=2):
+    """Each step: 100 MiB allocated and freed within the step (churn), and 1 KiB kept."""
+    rows = step_marks(n_steps)
+    for k in range(1, n_steps + 1):
+        base = k * S
+        for i in range(churn_per_step):
+            addr = 0x7000_0000 + i * 0x10_0000
+            rows.append(ev(base + 1000 + i * 2000, "alloc", addr, churn_bytes, churn_stack))
+            rows.append(ev(base + 2000 + i * 2000, "free", addr))
+        rows.append(ev(base + S // 2, "alloc", 0x5000_0000 + k * 0x1000, leak_bytes, leak_stack))
+    return rows
+
+
+def test_theil_sen_ignores_outliers_and_mann_kendall_matches_the_formula():
+    series = np.array([[0, 10, 20, 30, 1000, 50, 60, 70]], dtype=float)
+    assert theil_sen(series)[0] == pytest.approx(10.0)
+    rising = np.arange(8, dtype=float)[None, :]
+    z = (28 - 1) / math.sqrt(8 * 7 * 21 / 18)  # S = 28 pairs all rising, no ties
+    assert mann_kendall_confidence(rising)[0] == pytest.approx(1 - 0.5 * math.erfc(z / math.sqrt(2)))
+    assert mann_kendall_confidence(np.zeros((1, 8)))[0] == 0.0  # all ties: no evidence
+
+
+def test_shapes_of_known_series():
+    grows = np.arange(20) * 1024.0
+    plateau = np.minimum(np.arange(20), 6) * 1024.0 * 1024
+    sawtooth = (np.arange(20) % 5) * 1024.0 * 1024
+    trends = classify(np.vstack([grows, plateau, sawtooth, np.full(20, 5.0)]))
+    assert [t.shape for t in trends] == ["grows", "plateau", "sawtooth", "flat"]
+    assert trends[0].slope == 1024.0 and trends[0].rises == 19
+    assert trends[1].plateau_from == 6 and trends[2].resets == 3
+
+
+def test_live_by_group_counts_each_checkpoint_inside_the_lifetime():
+    times = np.array([10, 20, 30, 40])
+    never = np.iinfo(np.int64).max
+    live = live_by_group(np.array([0, 0, 1]), 2, np.array([10, 15, 5]), np.array([30, never, 20]),
+                         np.array([1.0, 2.0, 4.0]), times)
+    assert live.tolist() == [[1, 3, 2, 2], [4, 0, 0, 0]]  # freed at 30: not live at 30
+
+
+def test_a_slow_leak_hidden_in_heavy_churn_is_found_with_its_slope():
+    result = judged(slow_leak_in_churn(), end_ns=51 * S)
+    assert [(f.kind, f.stack_id) for f in result.findings] == [("grows_per_step", 2)]
+    leak = result.findings[0]
+    assert leak.slope_bytes_per_step == KiB and leak.slope_bytes_per_s == pytest.approx(KiB)
+    assert leak.confidence > 0.999 and leak.points == 50 and leak.rises == 49
+    assert leak.live_bytes == 50 * KiB and leak.live_count == 50
+    assert result.checkpoints.by_step and result.not_leaks == []
+
+
+def test_a_slow_leak_in_the_churning_chain_itself_is_found():
+    result = judged(slow_leak_in_churn(leak_stack=1), end_ns=51 * S)
+    assert [(f.kind, f.stack_id, f.live_bytes) for f in result.findings] == [("grows_per_step", 1, 50 * KiB)]
+
+
+def test_growth_counts_young_allocations_of_a_growing_chain():
+    rows = slow_leak_in_churn(churn_per_step=0)
+    rows.append(ev(int(50.9 * S), "alloc", 0x6000_0000, 3 * KiB, 2))  # 0.1 s old at the end
+    result = judged(rows, end_ns=51 * S)
+    assert result.findings[0].live_bytes == 53 * KiB
+
+
+def test_a_cache_that_fills_then_plateaus_is_not_a_leak_in_a_running_job():
+    rows = step_marks(40) + [ev(k * S + S // 2, "alloc", 0x9000_0000 + k * MiB, MiB, 3) for k in range(1, 11)]
+    result = judged(rows, end_ns=41 * S)
+    assert result.findings == []
+    [cache] = result.not_leaks
+    assert (cache.kind, cache.reason, cache.live_bytes, cache.plateau_from) == ("not_a_leak", "plateau", 10 * MiB, 10)
+
+
+def test_the_same_plateau_held_when_a_command_exits_is_held_at_the_end():
+    rows = step_marks(40) + [ev(k * S + S // 2, "alloc", 0x9000_0000 + k * MiB, MiB, 3) for k in range(1, 11)]
+    result = judged(rows, end_ns=41 * S, recording_end_ns=42 * S, exit_at=41 * S)
+    assert [(f.kind, f.reason, f.live_bytes) for f in result.findings] == [("held_at_end", "held", 10 * MiB)]
+
+
+def test_a_sawtooth_buffer_is_not_a_leak_whether_or_not_held_at_the_end():
+    rows = step_marks(40)
+    for k in range(1, 41):  # one more MiB each step, all released every 5th step
+        rows.append(ev(k * S + S // 2, "alloc", 0xA000_0000 + k * MiB, MiB, 4))
+        if k % 5 == 0:
+            rows += [ev(k * S + S // 2 + 10 + j, "free", 0xA000_0000 + j * MiB) for j in range(k - 4, k + 1)]
+    rows.append(ev(int(41.5 * S), "alloc", 0xB000_0000, MiB, 4))  # one live at the end
+    result = judged(rows, end_ns=43 * S)
+    assert result.findings == []
+    assert [(f.reason, f.resets) for f in result.not_leaks] == [("sawtooth", 7)]
+
+
+def test_windows_stand_in_for_steps_when_there_are_no_step_marks():
+    rows = [ev(k * S // 10, "alloc", 0x5000_0000 + k * 0x1000, KiB, 2) for k in range(1, 100)]
+    result = judged(rows, end_ns=10 * S)
+    assert not result.checkpoints.by_step and len(result.checkpoints.times_ns) == 32
+    [leak] = result.findings
+    assert leak.kind == "grows_per_step"
+    assert leak.slope_bytes_per_s == pytest.approx(10 * KiB, rel=0.05)
+
+
+def test_too_few_checkpoints_judge_held_at_the_end_only():
+    rows = step_marks(3) + [ev(k * S + 1, "alloc", 0x5000 + k, KiB, 2) for k in range(1, 4)]
+    events = events_frame(rows, layer="torch_cpu")
+    assert find_checkpoints(events, start_ns=0, end_ns=3 * S + 2, min_points=8, window_ns=S) is None
+    result = find_leaks(pair_lifetimes(events), end_ns=5 * S, recording_end_ns=5 * S, checkpoints=None)
+    assert [(f.kind, f.points) for f in result.findings] == [("held_at_end", 0)] and result.checkpoints is None
+
+
+def test_held_at_end_still_needs_min_age_next_to_a_trend():
+    rows = slow_leak_in_churn(n_steps=20, churn_per_step=0)
+    rows.append(ev(int(20.8 * S), "alloc", 0xC000_0000, 5 * KiB, 9))  # 0.2 s old at the end
+    result = judged(rows, end_ns=21 * S, min_age_ns=S // 2)
+    assert [f.stack_id for f in result.findings] == [2]
+
+
+def test_sampled_weights_scale_the_slope():
+    rows = step_marks(20) + [ev(k * S + 7, "alloc", 0x5000_0000 + k * 0x1000, KiB, 2, weight=4.0) for k in range(1, 21)]
+    result = judged(rows, end_ns=21 * S)
+    assert result.findings[0].slope_bytes_per_step == 4 * KiB and result.findings[0].live_count == 80
+
+
+def test_cached_segments_are_not_leaks_and_segments_holding_blocks_are():
+    rows = [
+        ev(1 * S, "alloc", 0x10_0000_0000, 2 * MiB, 5, layer="cuda_segment", device="cuda:0"),
+        ev(1 * S, "alloc", 0x10_0000_0000 + 4096, 4096, 6, layer="cuda_block", device="cuda:0"),  # live
+        ev(2 * S, "alloc", 0x20_0000_0000, 20 * MiB, 7, layer="cuda_segment", device="cuda:0"),
+        ev(2 * S, "alloc", 0x20_0000_0000, MiB, 6, layer="cuda_block", device="cuda:0"),
+        ev(3 * S, "free", 0x20_0000_0000, layer="cuda_block", device="cuda:0"),  # its only block freed
+    ]
+    result = judged(rows, end_ns=5 * S)
+    assert [(f.layer, f.stack_id, f.kind) for f in result.findings] == [
+        ("cuda_segment", 5, "held_at_end"), ("cuda_block", 6, "held_at_end")]
+    assert [(f.layer, f.reason, f.live_bytes) for f in result.not_leaks] == [("cuda_segment", "cached_segment", 20 * MiB)]
+
+
+def test_kernel_caches_that_outlive_the_process_are_not_leaks():
+    stacks, frames = stacks_frames({
+        1: [("kernel", "kmem_cache_alloc_lru+0x1c", "vmlinux", None, None), ("kernel", "__d_alloc", "vmlinux", None, None)],
+        2: [("kernel", "kmalloc_trace", "vmlinux", None, None), ("kernel", "alloc_pipe_info", "vmlinux", None, None)],
+        3: [("kernel", "sock_alloc_inode", "vmlinux", None, None)],
+    })
+    caches = kernel_cache_stacks(stacks, frames)
+    assert caches == frozenset({1})
+    rows = [ev(1 * S, "alloc", 0xA0, 192, 1), ev(1 * S, "alloc", 0xB0, 1024, 2), ev(1 * S, "alloc", 0xC0, 640, 3)]
+    result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab", cache_stacks=caches)
+    assert [f.stack_id for f in result.findings] == [2, 3]
+    assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "kernel_cache")]
