@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -117,12 +118,15 @@ def _amplification(device: DeviceBreakdown) -> str:
 
 def _over_time_table(device: DeviceBreakdown, at: str, start_ns: int) -> Table:
     title = f"{escape(device.device)} at each step" if at == "steps" else f"{escape(device.device)} over time"
-    table = Table(title=title, title_justify="left", highlight=False)
+    # Ten columns of sizes: no box lines and single spaces between them, so a 100-column
+    # terminal shows a row on one line.
+    table = Table(title=title, title_justify="left", highlight=False, box=box.SIMPLE_HEAD, padding=(0, 1),
+                  pad_edge=False, collapse_padding=True)
     table.add_column("at", justify="right")
     if at == "steps":
         table.add_column("step", justify="right")
     for _, header in _COLUMNS:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", no_wrap=True)
     for row in device.over_time:
         step = [] if at != "steps" else [_NONE if row.step is None else f"{row.step:,}"]
         table.add_row(_relative(row.ts_ns, start_ns), *step, *(_cell(row, term) for term, _ in _COLUMNS))
