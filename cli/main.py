@@ -42,6 +42,8 @@ def cli():
       sudo memprof record -- python train.py    record a command (probes attach before it starts)
       sudo memprof record --pid 4242            attach to a running process and its children
       memprof report leaks                      what was still held at the end, and who allocated it
+      memprof diff base.memprof head.memprof    what changed between two recordings, by layer and chain
+      memprof check --max-peak 2GiB             memory budgets for CI (exit 6 when one is broken)
       memprof import snap.pickle                a PyTorch CUDA memory snapshot as a recording (no root)
       memprof doctor                            check that recording can work on this machine
     """
@@ -56,6 +58,8 @@ def _save_traceback() -> str:
 
 
 def _register() -> None:
+    from memprof.cli.check import check
+    from memprof.cli.diff import diff
     from memprof.cli.doctor import doctor
     from memprof.cli.import_ import import_
     from memprof.cli.record import record
@@ -64,6 +68,8 @@ def _register() -> None:
     cli.add_command(report)
     cli.add_command(doctor)
     cli.add_command(import_)
+    cli.add_command(diff)
+    cli.add_command(check)
 
 
 _register()

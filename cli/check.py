@@ -1,0 +1,80 @@
+"""`memprof check`: hold a recording to memory budgets, for CI (exit 6 when one is broken)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from memprof.cli.report import _analysed, _min_age
+
+
+def _size(text: str) -> int:
+    """Bytes of a size with an optional unit; UsageError (exit 2, with a hint) when it is not one."""
+    from memprof.units import parse_size
+    return parse_size(text)
+
+
+def _peak_budgets(ctx, param, values):
+    """Each --max-peak 'SIZE' or 'SIZE:LAYER' as a PeakBudget; an unknown layer is a usage error."""
+    from memprof.analysis.budget import PeakBudget
+    from memprof.errors import UsageError
+    from memprof.model.schema import LAYERS
+    budgets = []
+    for text in values:
+        size, colon, layer = text.partition(":")
+        if colon and layer not in LAYERS:
+            raise UsageError(f"--max-peak {text!r}: unknown layer {layer!r}", f"layers are: {', '.join(LAYERS)}")
+        budgets.append(PeakBudget(limit_bytes=_size(size), layer=layer or None))
+    return tuple(budgets)
+
+
+def _max_leak(ctx, param, value):
+    return None if value is None else _size(value)
+
+
+@click.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("--max-peak", "peaks", multiple=True, metavar="SIZE[:LAYER]", callback=_peak_budgets,
+              help="Every layer's peak live bytes must be at most SIZE (512MiB, 2GB, …); with :LAYER, that "
+                   "layer's only (repeatable).")
+@click.option("--max-leak", metavar="SIZE", callback=_max_leak,
+              help="The bytes of the leak findings (as `report leaks` finds them) must be at most SIZE in every layer.")
+@click.option("--fail-on-leak", is_flag=True, help="Any leak finding fails the check.")
+@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+              help="Allocations younger than this at the end are in flight, not leaks.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
+              help="table: for people; json: every number, for scripts.")
+@click.pass_context
+def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
+    """Hold a recording (default: the newest in the current directory) to memory budgets.
+
+    Prints one `FAIL …` line per budget broken (per layer) and exits with status 6, or
+    `ok: N budgets met` and exits 0. Budgets are judged per layer, since layers nest and
+    their bytes never add up. A leak is a chain still holding memory when the target began
+    to exit (`memprof report leaks`), whether its exit released it or not.
+
+    \b
+      memprof check run.memprof --max-peak 2GiB --max-peak 512MiB:cuda_block --fail-on-leak
+    """
+    from memprof.analysis.budget import Budgets, check_recording
+    from memprof.analysis.leaks import end_of_target, exit_times
+    from memprof.cli import console
+    from memprof.cli.diff import recording_end_ns
+    from memprof.errors import ExitCode, UsageError
+    from memprof.report.budget import check_to_json, render_check
+
+    budgets = Budgets(peaks=peaks, max_leak_bytes=max_leak, fail_on_leak=fail_on_leak)
+    if not budgets.count:
+        raise UsageError("no budget to check", "give --max-peak SIZE[:LAYER], --max-leak SIZE or --fail-on-leak")
+    rec, events, lifetimes, canonical = _analysed(path)
+    end_ns = recording_end_ns(rec, events)
+    result = check_recording(lifetimes, budgets, end_ns=end_of_target(events, rec.meta.pid, end_ns),
+                             recording_end_ns=end_ns, min_age_ns=min_age, end_by_pid=exit_times(events),
+                             canonical_stack=canonical)
+    if fmt == "json":
+        report = check_to_json(result, rec.path, start_ns=rec.meta.start_ns, lost_events=rec.meta.lost_events)
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render_check(result, console.out, start_ns=rec.meta.start_ns, lost_events=rec.meta.lost_events)
+    if not result.passed:
+        ctx.exit(ExitCode.CHECK_FAILED)

@@ -1,0 +1,146 @@
+"""Memory budgets for CI: is a recording within its peak and leak limits?
+
+Pure functions over lifetimes; no I/O. Bytes are bytes, times CLOCK_MONOTONIC ns. Every
+budget is judged per layer, because bytes are never added across layers (a tensor's bytes are
+in torch_cpu and again in native_heap).
+
+- peak: a layer's peak is its highest live bytes (layers.layer_summary); a PeakBudget without
+  a layer holds every layer to its limit, one with a layer that layer only (a layer with no
+  allocations peaks at 0).
+- leaks: the findings of leaks.find_leaks — chains holding memory when the target began to
+  exit, at least `min_age_ns` old then — all of them, whether the exit's teardown released
+  them or not (a budget is about what the program kept, not who cleaned up after it), and
+  unconfirmed ones too (a budget errs towards failing). Findings whose `kind` is
+  "not_a_leak" are not counted. `max_leak_bytes` limits the bytes of those findings per
+  layer; `fail_on_leak` allows none at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from memprof.analysis.layers import layer_summary
+from memprof.analysis.leaks import LeakResult, find_leaks
+from memprof.analysis.lifetimes import Lifetimes
+from memprof.model.schema import LAYERS
+
+NOT_A_LEAK = "not_a_leak"
+PEAK, LEAK, ANY_LEAK = "peak", "leak", "fail_on_leak"  # Violation.budget
+
+
+@dataclass(frozen=True)
+class PeakBudget:
+    """A layer's peak must be ≤ `limit_bytes`; `layer` None: every layer's."""
+
+    limit_bytes: int
+    layer: str | None = None
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What `check` holds a recording to (module docstring). `count` is how many budgets
+    were given: one per PeakBudget, one for max_leak_bytes, one for fail_on_leak."""
+
+    peaks: tuple[PeakBudget, ...] = ()
+    max_leak_bytes: int | None = None
+    fail_on_leak: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(self.peaks) + (self.max_leak_bytes is not None) + bool(self.fail_on_leak)
+
+    @property
+    def on_leaks(self) -> bool:
+        return self.max_leak_bytes is not None or self.fail_on_leak
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One budget broken in one layer. `budget`: PEAK, LEAK or ANY_LEAK; `actual_bytes`: the
+    layer's peak, or its counted leak bytes; `limit_bytes`: the budget (0 for ANY_LEAK);
+    `at_ns`: when the peak was first reached (PEAK only); `findings`: leak findings counted."""
+
+    budget: str
+    layer: str
+    actual_bytes: int
+    limit_bytes: int
+    at_ns: int | None = None
+    findings: int = 0
+
+
+@dataclass
+class CheckResult:
+    """`budgets` checked (Budgets.count) and the violations, in the order budgets were given
+    (peaks, then max_leak, then fail_on_leak; layers outermost first within one)."""
+
+    budgets: int
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+@dataclass(frozen=True)
+class LeakTotal:
+    """Counted leak findings of one layer: bytes and how many findings."""
+
+    layer: str
+    live_bytes: int
+    findings: int
+
+
+def check_recording(lifetimes: Lifetimes, budgets: Budgets, *, end_ns: int, recording_end_ns: int,
+                    min_age_ns: int = 500_000_000, end_by_pid: Mapping[int, int] | None = None,
+                    canonical_stack: Mapping[int, int] | None = None) -> CheckResult:
+    """Judge `budgets` on one recording. Leaks are found as `leaks.find_leaks` finds them,
+    at `end_ns` (each process at its own exit, `end_by_pid`); peaks as `layers.layer_summary`
+    computes them. Only what a budget needs is computed."""
+    violations = []
+    if budgets.peaks:
+        peaks = {s.layer: (s.peak_bytes, s.peak_ns) for s in layer_summary(lifetimes, None, top=0).layers}
+        violations += peak_violations(budgets.peaks, peaks)
+    if budgets.on_leaks:
+        leaks = find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end_ns, min_age_ns=min_age_ns,
+                           end_by_pid=end_by_pid, canonical_stack=canonical_stack)
+        violations += leak_violations(budgets, leak_totals(leaks))
+    return CheckResult(budgets=budgets.count, violations=violations)
+
+
+def peak_violations(budgets: tuple[PeakBudget, ...], peaks: Mapping[str, tuple[int, int]]) -> list[Violation]:
+    """Violations of peak budgets, given layer -> (peak_bytes, peak_ns) in layer order."""
+    violations = []
+    for budget in budgets:
+        layers = list(peaks) if budget.layer is None else [budget.layer]
+        for layer in layers:
+            peak_bytes, peak_ns = peaks.get(layer, (0, None))
+            if peak_bytes > budget.limit_bytes:
+                violations.append(Violation(PEAK, layer, int(peak_bytes), budget.limit_bytes, at_ns=peak_ns))
+    return violations
+
+
+def leak_totals(result: LeakResult) -> list[LeakTotal]:
+    """Per layer with any (outermost first, schema order): the bytes and number of the
+    findings that count as leaks (kind other than "not_a_leak"; a finding without a kind is
+    held at the end, and counts)."""
+    totals: dict[str, list[int]] = {}
+    for finding in result.findings:  # one per chain, not per allocation
+        if getattr(finding, "kind", "held_at_end") == NOT_A_LEAK:
+            continue
+        total = totals.setdefault(finding.layer, [0, 0])
+        total[0] += int(finding.live_bytes)
+        total[1] += 1
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    return [LeakTotal(layer, live_bytes, n) for layer, (live_bytes, n)
+            in sorted(totals.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))]
+
+
+def leak_violations(budgets: Budgets, totals: list[LeakTotal]) -> list[Violation]:
+    """Violations of max_leak_bytes (layers over it), then of fail_on_leak (layers with any)."""
+    violations = []
+    if budgets.max_leak_bytes is not None:
+        violations += [Violation(LEAK, t.layer, t.live_bytes, budgets.max_leak_bytes, findings=t.findings)
+                       for t in totals if t.live_bytes > budgets.max_leak_bytes]
+    if budgets.fail_on_leak:
+        violations += [Violation(ANY_LEAK, t.layer, t.live_bytes, 0, findings=t.findings) for t in totals]
+    return violations

@@ -1,0 +1,87 @@
+"""Renderers of a budget check (memprof.analysis.budget): JSON and plain lines. Render only.
+
+The lines are for CI logs: one `FAIL …` line per violated budget and layer, or one `ok: …`
+line when every budget was met; nothing else but a loss note, so a pipeline can grep them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+
+from memprof.analysis.budget import ANY_LEAK, LEAK, PEAK
+from memprof.units import format_bytes, format_duration_ns
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memprof.analysis.budget import CheckResult, Violation
+
+
+def check_to_json(result: CheckResult, recording_path, *, start_ns: int, lost_events: int = 0) -> dict:
+    """JSON-ready dict: recording, passed, budgets (how many were checked), violations (each
+    with budget, layer, actual_bytes, limit_bytes, at_ns — CLOCK_MONOTONIC ns, null but for
+    peaks —, findings, and its `reason` line), lost_events."""
+    return {
+        "recording": str(recording_path),
+        "passed": result.passed,
+        "budgets": int(result.budgets),
+        "violations": [_violation_json(v, start_ns) for v in result.violations],
+        "lost_events": int(lost_events),
+    }
+
+
+def _violation_json(violation: Violation, start_ns: int) -> dict[str, Any]:
+    return {
+        "budget": violation.budget,
+        "layer": violation.layer,
+        "actual_bytes": int(violation.actual_bytes),
+        "limit_bytes": int(violation.limit_bytes),
+        "at_ns": None if violation.at_ns is None else int(violation.at_ns),
+        "findings": int(violation.findings),
+        "reason": violation_line(violation, start_ns),
+    }
+
+
+def render_check(result: CheckResult, console: Console, *, start_ns: int, lost_events: int = 0) -> None:
+    """Print one line per violation, or `ok: N budgets met`; then a note when events were
+    lost (the numbers judged miss them). Times relative to `start_ns` (recording start)."""
+    for violation in result.violations:
+        console.print(f"[red]{escape(violation_line(violation, start_ns))}[/]", highlight=False, soft_wrap=True)
+    if result.passed:
+        console.print(f"ok: {result.budgets} budget{'s' if result.budgets != 1 else ''} met", highlight=False)
+    if lost_events:
+        console.print(f"[yellow]note: {lost_events:,} events were lost while recording: peaks and leaks "
+                      "miss those allocations[/]", highlight=False, soft_wrap=True)
+
+
+def violation_line(violation: Violation, start_ns: int) -> str:
+    """'FAIL peak torch_cpu 1.2 GiB > budget 1.0 GiB (at +12.30s)',
+    'FAIL leak native_heap 2.0 MiB in 3 findings > budget 1.0 MiB',
+    'FAIL leak native_heap 2.0 MiB in 3 findings held at the end (--fail-on-leak)'. Not escaped."""
+    actual, limit = _sizes(violation.actual_bytes, violation.limit_bytes)
+    if violation.budget == PEAK:
+        when = "" if violation.at_ns is None else f" (at {_relative(violation.at_ns, start_ns)})"
+        return f"FAIL peak {violation.layer} {actual} > budget {limit}{when}"
+    held = f"FAIL leak {violation.layer} {actual} in {_count(violation.findings, 'finding', 'findings')}"
+    if violation.budget == LEAK:
+        return f"{held} > budget {limit}"
+    if violation.budget == ANY_LEAK:
+        return f"{held} held at the end (--fail-on-leak)"
+    raise ValueError(f"unknown budget {violation.budget!r}")
+
+
+def _sizes(actual: int, limit: int) -> tuple[str, str]:
+    """Both sizes in binary units, or in exact bytes where rounding would show them equal
+    ('1.0 GiB > budget 1.0 GiB' says nothing)."""
+    shown = format_bytes(actual), format_bytes(limit)
+    return (f"{actual:,} B", f"{limit:,} B") if shown[0] == shown[1] else shown
+
+
+def _relative(ns: int, start_ns: int) -> str:
+    delta = ns - start_ns
+    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
