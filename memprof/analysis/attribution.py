@@ -206,18 +206,22 @@ def _allocation_table(allocations: pd.DataFrame, events: pd.DataFrame | None,
     return table[keep], names
 
 
-def alloc_categories(allocations: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
-    """Each allocation's tensor category (NO_CATEGORY where null), as text.
+def alloc_categories(allocations: pd.DataFrame, events: pd.DataFrame) -> pd.Categorical:
+    """Each allocation's tensor category (NO_CATEGORY where null), as a categorical.
 
     Lifetimes do not carry the column: their rows are the alloc events of `events` in
     timeline order (lifetimes.pair_lifetimes), so the alloc rows' categories line up."""
     if "category" in allocations:
-        values = labels(allocations["category"])
+        codes, names = category_codes(allocations["category"])
     else:
-        values = labels(events["category"])[(events["action"] == Action.ALLOC.value).to_numpy()]
-        if len(values) != len(allocations):
+        codes, names = category_codes(events["category"])
+        codes = codes[(events["action"] == Action.ALLOC.value).to_numpy()]
+        if len(codes) != len(allocations):
             raise ValueError("`events` are not the events these lifetimes were paired from")
-    return np.where(pd.isna(values), NO_CATEGORY, values).astype(object)
+    names = [label_of(name) for name in names]
+    if NO_CATEGORY not in names:
+        names.append(NO_CATEGORY)
+    return pd.Categorical.from_codes(np.where(codes < 0, names.index(NO_CATEGORY), codes), categories=names)
 
 
 def _live_at(table: pd.DataFrame, times: dict[int, int]) -> pd.DataFrame:
@@ -252,8 +256,10 @@ def _by_chain(live: pd.DataFrame) -> pd.DataFrame:
 
 def _by_category(live: pd.DataFrame) -> pd.DataFrame:
     """layer, category, live_bytes, live_count; by bytes, count (descending), category."""
-    return _sums(live, ["layer", "category"]).sort_values(
-        ["live_bytes", "live_count", "category"], ascending=[False, False, True], kind="stable")
+    sums = live.groupby(["layer", "category"], sort=False, observed=True).agg(
+        live_bytes=("bytes", "sum"), live_count=("count", "sum")).reset_index()
+    sums["category"] = sums["category"].astype(str)
+    return sums.sort_values(["live_bytes", "live_count", "category"], ascending=[False, False, True], kind="stable")
 
 
 def _by_layer(live: pd.DataFrame) -> pd.DataFrame:

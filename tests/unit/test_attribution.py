@@ -136,6 +136,14 @@ def test_by_category_at_end_peak_and_time():
     assert [(r.category, r.live_bytes) for r in by_layer(attributed("category"))["native_heap"].rows] == [("unknown", 2410)]
 
 
+def test_null_category_and_an_explicit_unknown_are_one_row():
+    timeline = events_frame([ev(1 * S, "alloc", 0x1, 10, category="unknown"), ev(1 * S, "alloc", 0x2, 5),
+                             ev(1 * S, "alloc", 0x3, 7, category="gradient")], layer="torch_cpu")
+    result = attribute(pair_lifetimes(timeline), by="category", at="end", span=Span(0, 2 * S, 2 * S), events=timeline)
+    assert [(r.category, r.live_bytes, r.live_count) for r in result.layers[0].rows] == [
+        ("unknown", 15, 2), ("gradient", 7, 1)]
+
+
 def test_layer_filter_and_empty_layers():
     assert [l.layer for l in attributed("chain", layers=["kernel_slab"]).layers] == ["kernel_slab"]
     (slab,) = attributed("chain", int(0.5 * S), layers=["kernel_slab"]).layers  # at 1 s: nothing yet
