@@ -76,7 +76,7 @@ def render_attribution_table(result: Attribution, chains: dict[int, list[dict]],
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): some allocations "
             "shown live may have been freed, and some may be missing.[/]")
     if not result.layers:
-        out("No allocations recorded in the layers asked for.")
+        out("No allocations recorded.")
     elif result.by == "layer":
         console.print(_layers_table(result))
     else:
