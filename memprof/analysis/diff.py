@@ -21,7 +21,6 @@ count by their weight (bytes are estimates then).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -247,7 +246,8 @@ def _joined(chains_a: pd.DataFrame, chains_b: pd.DataFrame) -> pd.DataFrame:
     """Both sides' chain rows side by side on (layer, chain), with status and deltas."""
     joined = chains_a.merge(chains_b, on=["layer", "chain"], how="outer", suffixes=("_a", "_b"), indicator=True)
     status = joined["_merge"].map({"both": "both", "left_only": "gone", "right_only": "new"}).astype(object)
-    numbers = {c: joined[c].fillna(0).astype(np.int64) for c in ("end_bytes_a", "end_bytes_b", "peak_bytes_a", "peak_bytes_b")}
+    byte_columns = ("end_bytes_a", "end_bytes_b", "peak_bytes_a", "peak_bytes_b")
+    numbers = {c: joined[c].fillna(0).astype(np.int64) for c in byte_columns}  # 0 on the side it is absent from
     joined = joined.assign(status=status, **numbers)
     end_delta = (joined["end_bytes_b"] - joined["end_bytes_a"]).abs()
     peak_delta = (joined["peak_bytes_b"] - joined["peak_bytes_a"]).abs()

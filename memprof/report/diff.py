@@ -59,7 +59,8 @@ def _chain_json(chain: ChainDiff, chains_a: dict, chains_b: dict) -> dict[str, A
 
 def render_diff_table(result: DiffResult, chains_a: dict[int, list[dict]], chains_b: dict[int, list[dict]],
                       console: Console, *, names: tuple[str, str], start_ns: tuple[int, int],
-                      lost_events: tuple[int, int] = (0, 0), notes: tuple[Iterable[str], Iterable[str]] = ((), ())) -> None:
+                      lost_events: tuple[int, int] = (0, 0),
+                      notes: tuple[Iterable[str], Iterable[str]] = ((), ())) -> None:
     """Print the per-layer table (peak and end in A and B, Δ and % of A), then, per layer with
     changed chains, its chains by biggest change. `names` label A and B; times are shown
     relative to each recording's start (`start_ns`)."""
@@ -108,8 +109,9 @@ def _chains_table(layer: LayerDiff, chains_a: dict, chains_b: dict) -> Table:
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("chain", no_wrap=True, overflow="ellipsis")
     for chain in layer.chains:
+        shown = _status(chain) + _one_line(_frames(chain, chains_a, chains_b))
         table.add_row(_signed(chain.end_delta), _from_to(chain.end_a, chain.end_b), _signed(chain.peak_delta),
-                      _from_to(chain.peak_a, chain.peak_b), _status(chain) + _one_line(_frames(chain, chains_a, chains_b)))
+                      _from_to(chain.peak_a, chain.peak_b), shown)
     return table
 
 
