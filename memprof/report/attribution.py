@@ -177,7 +177,10 @@ def folded_stacks(result: Attribution, chains: dict[int, list[dict]]) -> list[st
                 key = (layer.layer, _folded_line(layer.layer, _frames(row.stack_id, chains)))
                 weights[key] = weights.get(key, 0) + int(row.live_bytes)
     rank = {name: i for i, name in enumerate(LAYERS)}
-    ordered = sorted(weights.items(), key=lambda item: (rank.get(item[0][0], len(rank)), item[0][0], -item[1], item[0][1]))
+    def order(item):  # layers in schema order, then biggest first
+        (layer, text), weight = item
+        return rank.get(layer, len(rank)), layer, -weight, text
+    ordered = sorted(weights.items(), key=order)
     return [f"{text} {weight}" for (_, text), weight in ordered]
 
 

@@ -60,7 +60,8 @@ def test_each_layer_is_judged_at_the_end_or_its_own_peak_or_a_time():
     end = {l.layer: (l.ts_ns, l.live_bytes, l.live_count) for l in attributed("layer").layers}
     assert end == {"torch_cpu": (END_NS, 5632, 3), "native_heap": (END_NS, 2410, 8), "kernel_slab": (END_NS, 512, 2)}
     peak = {l.layer: (l.ts_ns, l.live_bytes, l.live_count) for l in attributed("layer", "peak").layers}
-    assert peak == {"torch_cpu": (3 * S, 7680, 4), "native_heap": (3 * S, 4500, 3), "kernel_slab": (int(2.5 * S), 832, 4)}
+    assert peak == {"torch_cpu": (3 * S, 7680, 4), "native_heap": (3 * S, 4500, 3),
+                    "kernel_slab": (int(2.5 * S), 832, 4)}
     at = {l.layer: (l.ts_ns, l.live_bytes) for l in attributed("layer", 3 * S).layers}  # 3 s after the 0.5 s start
     assert at == {"torch_cpu": (int(3.5 * S), 7680), "native_heap": (int(3.5 * S), 4500),
                   "kernel_slab": (int(3.5 * S), 768)}  # the 64 B freed at exactly 3.5 s is not live
@@ -128,12 +129,14 @@ def test_stack_functions_links_each_function_once_per_stack():
 
 
 def test_by_category_at_end_peak_and_time():
-    cats = lambda result: [(r.category, r.live_bytes, r.live_count) for r in by_layer(result)["torch_cpu"].rows]  # noqa: E731
+    def cats(result):
+        return [(r.category, r.live_bytes, r.live_count) for r in by_layer(result)["torch_cpu"].rows]
     assert cats(attributed("category")) == [("parameter", 4096, 1), ("activation", 1024, 1), ("unknown", 512, 1)]
     assert cats(attributed("category", "peak")) == [("parameter", 4096, 1), ("activation", 3072, 2),
                                                     ("unknown", 512, 1)]
     assert cats(attributed("category", int(0.5 * S))) == [("parameter", 4096, 1)]  # at 1 s
-    assert [(r.category, r.live_bytes) for r in by_layer(attributed("category"))["native_heap"].rows] == [("unknown", 2410)]
+    heap = by_layer(attributed("category"))["native_heap"]
+    assert [(r.category, r.live_bytes) for r in heap.rows] == [("unknown", 2410)]
 
 
 def test_null_category_and_an_explicit_unknown_are_one_row():
@@ -182,7 +185,8 @@ def test_folded_names_escape_separators_and_identical_lines_merge():
 
 
 def test_frame_labels():
-    assert frame_label({"kind": "python", "function": "step", "file": "train.py", "line": 42}) == "[py] step (train.py:42)"
+    assert frame_label({"kind": "python", "function": "step", "file": "train.py", "line": 42}) == \
+        "[py] step (train.py:42)"
     assert frame_label({"kind": "native", "function": "at::empty", "module": "libtorch_cpu.so"}) == \
         "[n] at::empty (libtorch_cpu.so)"
     assert frame_label({"kind": "kernel", "function": "alloc_pipe_info", "module": "vmlinux"}) == "[k] alloc_pipe_info"
@@ -229,7 +233,8 @@ def test_json_rows_of_each_grouping():
     result = attributed("chain", layers=["native_heap"])
     doc = attribution_to_json(result, chain_frames(stacks, frames, [1, 3]), "run.memprof", lost_events=2)
     json.dumps(doc)
-    assert (doc["by"], doc["at"], doc["end_ns"], doc["target_exited"], doc["lost_events"]) == ("chain", "end", END_NS, True, 2)
+    assert (doc["by"], doc["at"], doc["end_ns"], doc["target_exited"], doc["lost_events"]) == \
+        ("chain", "end", END_NS, True, 2)
     (heap,) = doc["layers"]
     assert (heap["live_bytes"], heap["live_count"], heap["rows_left_out"]) == (2410, 8, 0)
     assert heap["rows"][0]["stack"][1] == {"kind": "python", "function": "load", "module": None, "file": "data.py",
