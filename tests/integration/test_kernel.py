@@ -120,6 +120,10 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert "alloc_pipe_info" in functions(top, "kernel"), context
     assert "leak_and_churn" in functions(top, "native"), context
     assert top["released_at_exit"] is True
+    # A command that exits: what it held is judged at its exit. No step marks: trends were
+    # judged over fixed windows, and nothing here is held on purpose.
+    assert top["kind"] == "held_at_end" and report["checkpoints"]["by"] == "window", top
+    assert not any("alloc_pipe_info" in functions(f, "kernel") for f in report["not_leaks"]), describe(report["not_leaks"])
 
     inodes = [f for f in findings if "alloc_inode" in functions(f, "kernel")]
     assert any(f["live_count"] == held for f in inodes), context
@@ -206,6 +210,7 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     report = leaks_json(recording, "--top", "100000")
     findings = report["findings"]
     context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
+    assert [f for f in findings if f["kind"] == "grows_per_step"] == [], context
     assert max((f["live_bytes"] for f in findings), default=0) <= 64 * KIB, context
     assert sum(f["live_bytes"] for f in findings) < 256 * KIB, context
     named = [f for f in findings if any("pipe" in fn or "sock" in fn for fn in functions(f))]

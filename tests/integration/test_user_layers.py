@@ -330,12 +330,31 @@ def test_torch_leak_grows_by_the_known_amount_per_step(torch_leak_recording, lea
 
 
 @needs_torch
+def test_torch_leak_grows_per_step_by_the_known_slope(torch_leak_recording, leaks_json):
+    """Judged at the agent's step marks, the kept activations' chain grows by exactly one
+    131072-byte activation per step (Theil–Sen), with Mann–Kendall confidence ≥ 99 %."""
+    report = leaks_json(torch_leak_recording(40), "--layer", "torch_cpu", "--top", "1000")
+    assert report["checkpoints"]["by"] == "step" and report["checkpoints"]["count"] >= 40, report["checkpoints"]
+    growing = [f for f in report["findings"] if f["kind"] == "grows_per_step"]
+    assert len(growing) == 1, describe(report["findings"])
+    (kept,) = growing
+    assert (kept["live_bytes"], kept["live_count"]) == (40 * STEP_BYTES, 40), describe(growing)
+    assert kept["slope_bytes_per_step"] == STEP_BYTES and kept["confidence"] >= 0.99, kept
+    assert "train_step" in functions(kept, "python"), describe(growing)
+
+
+@needs_torch
 def test_torch_train_without_leak_has_no_torch_finding(tmp_path, run_memprof, leaks_json):
     recording = tmp_path / "train.memprof"
     result = record(run_memprof, recording, sys.executable, TRAIN, "--steps", TRAIN_STEPS)
     assert f"steps={TRAIN_STEPS}" in result.stdout, result.stdout
     findings = leaks_json(recording, "--layer", "torch_cpu", "--top", "1000")["findings"]
     assert findings == [], describe(findings)
+    # No chain of any layer grows from step to step (the agent's step marks are the checkpoints).
+    report = leaks_json(recording, "--top", "1000")
+    assert report["checkpoints"]["by"] == "step" and report["checkpoints"]["count"] >= TRAIN_STEPS, report["checkpoints"]
+    growing = [f for f in report["findings"] if f["kind"] == "grows_per_step"]
+    assert growing == [], describe(growing)
 
     # The control: the allocator was probed all along, and every allocation met its free.
     events = events_of(recording, "torch_cpu")
