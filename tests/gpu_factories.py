@@ -81,13 +81,13 @@ def leak_per_step(steps: int, per_step: int = MiB, *, layer: str = "native_heap"
 
 
 def power_law_steps(steps: int, a: float = 1000.0, b: float = 1.5) -> list[dict]:
-    """Step marks 1..steps+1; during step k, allocations that bring the live bytes to
-    round(a·k^b), so at the mark of step k + 1 exactly round(a·k^b) are live."""
-    rows = step_marks(range(1, steps + 2))
+    """Step marks 1..steps (1 s apart); just before the mark of step k, an allocation brings
+    the live bytes to round(a·k^b), so at step k's mark exactly that many are live."""
+    rows = step_marks(range(1, steps + 1))
     live = 0
     for k in range(1, steps + 1):
         target = int(round(a * k ** b))
-        rows.append(ev(k * S + S // 2, "alloc", 0x10_0000 + k * 0x1000, target - live, 7))
+        rows.append(ev(k * S - S // 2, "alloc", 0x10_0000 + k * 0x1000, target - live, 7))
         live = target
     return rows
 

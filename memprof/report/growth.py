@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 # One-line chain naming shared with the layers report (skips allocator frames).
 from memprof.report.layers import _FRAME_KEYS, _one_line
@@ -83,15 +85,19 @@ def _title(result: GrowthResult) -> str:
 
 
 def _table(result: GrowthResult, chains: dict[int, list[dict]]) -> Table:
-    table = Table(title=_title(result), title_justify="left", highlight=False)
-    table.add_column("series", no_wrap=True, overflow="ellipsis", max_width=40)
-    for name in ("last", f"linear /{result.x_unit}", "R²", "power b", "R²"):
-        table.add_column(name, justify="right")
-    table.add_column("forecast")
-    for series in result.series:
-        table.add_row(_name(series, chains), format_bytes(series.bytes[-1]), _slope(series.linear),
-                      _r2(series.linear, series.better), _exponent(series.power), _r2(series.power, series.better),
-                      escape(_short(series.forecast, result.x_unit)))
+    """The numbers keep their full width (fixed: rich would crush them); the series names
+    take the rest of the line, chains cut with an ellipsis."""
+    rows = [[format_bytes(s.bytes[-1]), _slope(s.linear), _r2(s.linear, s.better), _exponent(s.power),
+             _r2(s.power, s.better), escape(_short(s.forecast, result.x_unit))] for s in result.series]
+    table = Table(title=_title(result), title_justify="left", highlight=False, box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=False, collapse_padding=True, expand=True)
+    table.add_column("series", no_wrap=True, overflow="ellipsis", ratio=1)
+    headers = ("last", f"linear /{result.x_unit}", "R²", "power b", "R²", "forecast")
+    for i, name in enumerate(headers):
+        width = max([len(name)] + [Text.from_markup(row[i]).cell_len for row in rows])
+        table.add_column(name, justify="left" if name == "forecast" else "right", no_wrap=True, width=width)
+    for series, row in zip(result.series, rows):
+        table.add_row(_name(series, chains), *row)
     return table
 
 

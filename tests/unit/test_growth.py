@@ -1,0 +1,240 @@
+"""growth (fits and forecasts), its renderers and `memprof report growth`: known slopes,
+exponents and fill steps on synthetic timelines."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from memprof.analysis.growth import fit_linear, fit_power, growth, median_step_ns, step_marks as marks_of
+from memprof.analysis.leaks import chain_frames
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.cli.main import cli
+from memprof.report.growth import growth_to_json, render_growth_table
+from tests.factories import ev, leak, stacks_frames
+from tests.gpu_factories import (
+    GiB, MiB, S, leak_per_step, power_law_steps, samples_frame, step_marks, timeline_of, write_recording,
+)
+
+
+def fitted(rows, samples=None, **kwargs):
+    events = timeline_of(rows)
+    return growth(pair_lifetimes(events), events, samples, **kwargs)
+
+
+def totals(result):
+    return {(s.layer, s.device): s for s in result.series if not s.chain}
+
+
+# ---- fits -----------------------------------------------------------------------------------
+
+def test_a_leak_of_1_mib_per_step_fits_a_slope_of_1_mib_per_step():
+    result = fitted(leak_per_step(20))
+    assert (result.x_unit, result.step_ns) == ("step", S)
+    total, chain = result.series  # the churning chain holds nothing at the end: not among the top
+    assert not total.chain and (chain.chain, chain.stack_id) == (True, 7)
+    assert total.x.tolist() == list(range(1, 21))
+    assert total.bytes.tolist() == [(k - 1) * MiB for k in range(1, 21)]  # exact: the leak before each mark
+    for series in (total, chain):
+        assert series.linear.b == pytest.approx(MiB, rel=1e-12)
+        assert series.linear.a == pytest.approx(-MiB, rel=1e-9)
+        assert series.linear.r2 == pytest.approx(1.0, abs=1e-12)
+        assert series.better == "linear" and series.power.r2 < 1
+
+
+def test_a_power_law_is_recovered():
+    (total, _) = fitted(power_law_steps(30)).series
+    assert total.bytes.tolist() == [round(1000 * k ** 1.5) for k in range(1, 31)]
+    assert total.power.b == pytest.approx(1.5, abs=1e-4)  # bytes are whole: a·k^b is rounded
+    assert total.power.a == pytest.approx(1000, rel=1e-4)
+    assert total.power.r2 == pytest.approx(1.0, abs=1e-9) and total.linear.r2 < 0.99
+    assert total.better == "power"
+
+
+def test_fit_functions_on_exact_data():
+    x = np.arange(1, 11, dtype=float)
+    power = fit_power(x, 1000 * x ** 1.5)
+    assert (power.a, power.b, power.r2, power.points) == (pytest.approx(1000), pytest.approx(1.5), pytest.approx(1), 10)
+    line = fit_linear(x, 5 + 3 * x)
+    assert (line.a, line.b, line.r2) == (pytest.approx(5), pytest.approx(3), pytest.approx(1))
+    # The power law fits only points with x > 0 and V > 0; R² is then over x > 0.
+    assert fit_power(np.array([0, 1, 2, 3.0]), np.array([0, 0, 8, 27.0])) is None  # two usable points
+    assert fit_linear(x[:2], x[:2]) is None  # two points always fit: too few
+    flat = fit_linear(x, np.full(10, 7.0))
+    assert (flat.b, flat.r2) == (0.0, 1.0)
+
+
+def test_sampled_allocations_count_by_their_weight():
+    rows = [dict(r, weight=4.0) if r.get("action") == "alloc" else r for r in leak_per_step(10)]
+    total = fitted(rows).series[0]
+    assert total.linear.b == pytest.approx(4 * MiB)
+
+
+def test_without_steps_x_is_seconds_since_the_start():
+    events = leak(11, every_ns=S, size=MiB, start_ns=2 * S)  # 1 MiB a second from 2 s to 12 s
+    result = growth(pair_lifetimes(events), events, None, origin_ns=S, points=11)
+    (total, _) = result.series
+    assert (result.x_unit, result.step_ns, result.origin_ns) == ("s", None, S)
+    assert total.x.tolist() == [float(t) for t in range(1, 12)]  # the 11 allocation times, seconds after 1 s
+    assert total.bytes.tolist() == [k * MiB for k in range(1, 12)]
+    assert total.linear.b == pytest.approx(MiB) and total.linear.r2 == pytest.approx(1.0)
+
+
+def test_series_are_per_layer_and_device_and_layers_can_be_chosen():
+    rows = (leak_per_step(5) + leak_per_step(5, layer="cuda_driver", device="cuda:0", stack_id=3, churn_stack=4)
+            + [ev(S // 2, "alloc", 0x77, GiB, 5, layer="cuda_driver", device="cpu")])
+    result = fitted(rows, top=0)
+    assert list(totals(result)) == [("cuda_driver", "cpu"), ("cuda_driver", "cuda:0"), ("native_heap", "cpu")]
+    assert totals(result)[("cuda_driver", "cpu")].bytes.tolist() == [GiB] * 5
+    only = fitted(rows, layers=["native_heap"], top=1)
+    assert [(s.layer, s.chain, s.stack_id) for s in only.series] == [("native_heap", False, None),
+                                                                      ("native_heap", True, 7)]
+
+
+def test_too_few_points_give_no_fit():
+    (total, _) = fitted(leak_per_step(2), samples_frame([(0, "host_memory_total_bytes", "cpu", 1.0 * GiB)])).series
+    assert (total.linear, total.power, total.better) == (None, None, None)
+    assert (total.forecast.status, total.forecast.reason) == ("no_fit", "too few points to fit (need 3)")
+
+
+def test_steps_marked_by_several_processes_count_once_and_gaps_count_as_steps():
+    rows = step_marks([1, 2, 4]) + step_marks([1, 2], start_ns=S // 2, pid=200)
+    steps = marks_of(timeline_of(rows))
+    assert steps.values.tolist() == [[1, S], [2, 2 * S], [4, 4 * S]]
+    assert median_step_ns(steps) == S
+    uneven = [dict(row, ts_ns=t) for row, t in zip(step_marks([1, 2, 3]), (0, S, 4 * S))]  # 1 s, then 3 s
+    assert median_step_ns(marks_of(timeline_of(uneven))) == 2 * S
+
+
+# ---- forecasts ------------------------------------------------------------------------------
+
+GPU_100_MIB = samples_frame([(S, "gpu_total_bytes", "cuda:0", 100.0 * MiB)])
+
+
+def test_forecast_step_for_a_known_gpu_capacity():
+    rows = leak_per_step(10, layer="cuda_block", device="cuda:0")
+    # 9 MiB live at step 10, 1 MiB a step: 91 MiB more fill 100 MiB at step 101, 91 steps of 1 s on.
+    forecast = fitted(rows, GPU_100_MIB).series[0].forecast
+    assert (forecast.status, forecast.model, forecast.full_at_x, forecast.full_in_ns) == ("full", "linear", 101, 91 * S)
+    assert (forecast.capacity_bytes, forecast.level_bytes) == (100 * MiB, 9 * MiB)
+    assert forecast.reason == "at this rate cuda:0 is full at step 101"
+    # Other processes hold 30 MiB of the GPU (NVML): 70 MiB of room, full at step 80.
+    used = samples_frame([(S, "gpu_used_bytes", "cuda:0", 30.0 * MiB), (2 * S, "gpu_used_bytes", "cuda:0", 30.0 * MiB)])
+    forecast = fitted(rows, pd.concat([GPU_100_MIB, used])).series[0].forecast
+    assert (forecast.full_at_x, forecast.level_bytes, forecast.full_in_ns) == (80, 30 * MiB, 70 * S)
+
+
+def test_forecast_for_the_machines_ram_and_a_power_law():
+    ram = samples_frame([(0, "host_memory_total_bytes", "cpu", 64.0 * MiB)])
+    forecast = fitted(leak_per_step(10), ram).series[0].forecast
+    assert (forecast.full_at_x, forecast.reason) == (65, "at this rate the machine's RAM is full at step 65")
+    # 1000·x^1.5 reaches 10^6 bytes at x = 100.
+    ram = samples_frame([(0, "host_memory_total_bytes", "cpu", 1e6)])
+    forecast = fitted(power_law_steps(10), ram).series[0].forecast
+    assert forecast.model == "power" and forecast.full_at_x == 100
+
+
+def test_no_forecast_when_not_growing():
+    shrinking = [ev(S // 2, "alloc", 0x1000 + i, MiB, 7) for i in range(10)] + step_marks(range(1, 11))
+    shrinking += [ev(k * S + S // 2, "free", 0x1000 + k) for k in range(10)]
+    (total,) = fitted(shrinking, samples_frame([(0, "host_memory_total_bytes", "cpu", 1e9)])).series  # no chain holds bytes at the end
+    assert total.linear.b == pytest.approx(-MiB)
+    assert (total.forecast.status, total.forecast.reason, total.forecast.full_at_x) == ("not_growing", "not growing", None)
+
+
+def test_no_forecast_when_the_capacity_is_unknown():
+    cpu = fitted(leak_per_step(5)).series[0].forecast
+    assert (cpu.status, cpu.full_at_x) == ("no_capacity", None)
+    assert cpu.reason == "capacity unknown: no host_memory_total_bytes sample (recorded before memprof sampled MemTotal)"
+    gpu = fitted(leak_per_step(5, layer="cuda_block", device="cuda:1")).series[0].forecast
+    assert gpu.reason == "capacity of cuda:1 unknown: no gpu_total_bytes sample (no NVML when recorded)"
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+STACKS, FRAMES = stacks_frames({
+    7: [("native", "malloc", "libc.so.6", None, None), ("python", "cache_batch", None, "train.py", 42),
+        ("python", "train_step[epoch]", None, "train.py", 60)],
+    9: [("python", "Tensor.to", None, "t.py", 1)],
+})
+
+GOLDEN = """\
+growth per step (median step 1.00s)
+
+ series                      last  linear /step     R²  power b     R²  forecast
+ ──────────────────────────────────────────────────────────────────────────────────────────────────
+ cuda_block cuda:0        9.0 MiB       1.0 MiB  1.000     1.34  0.991  full at step 80 (in 1.2min)
+   ↳ Tensor.to            9.0 MiB       1.0 MiB  1.000     1.34  0.991  full at step 80 (in 1.2min)
+ native_heap cpu          9.0 MiB       1.0 MiB  1.000     1.34  0.991  capacity unknown
+   ↳ cache_batch ← trai…  9.0 MiB       1.0 MiB  1.000     1.34  0.991  capacity unknown
+ kernel_slab cpu          1.0 MiB           0 B  1.000     0.00  1.000  capacity unknown
+   ↳ (no stack recorded)  1.0 MiB           0 B  1.000     0.00  1.000  capacity unknown
+
+  cuda_block cuda:0: at this rate cuda:0 is full at step 80 (in 1.2min), by the linear fit, from
+30.0 MiB of 100.0 MiB
+  cpu: capacity unknown: no host_memory_total_bytes sample (recorded before memprof sampled
+MemTotal)
+"""
+
+
+def golden_result():
+    rows = (leak_per_step(10) + leak_per_step(10, layer="cuda_block", device="cuda:0", stack_id=9, churn_stack=10)
+            + [ev(S // 2, "alloc", 0x5, MiB, None, layer="kernel_slab")])
+    samples = samples_frame([(S, "gpu_total_bytes", "cuda:0", 100.0 * MiB), (S, "gpu_used_bytes", "cuda:0", 30.0 * MiB)])
+    result = fitted(rows, samples, top=1)
+    return result, chain_frames(STACKS, FRAMES, [s.stack_id for s in result.series if s.chain], "merged")
+
+
+def rendered(result, chains, **kwargs) -> str:
+    console = Console(width=100, record=True, color_system=None)
+    render_growth_table(result, chains, console, **kwargs)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def test_golden_table_at_100_columns():
+    result, chains = golden_result()
+    assert rendered(result, chains) == GOLDEN
+
+
+def test_json_has_points_fits_forecasts_and_stacks():
+    result, chains = golden_result()
+    data = json.loads(json.dumps(growth_to_json(result, chains, "r.memprof", lost_events=2)))
+    assert (data["x_unit"], data["step_ns"], data["lost_events"]) == ("step", S, 2)
+    block, block_chain = data["series"][:2]
+    assert block["bytes"] == [(k - 1) * MiB for k in range(1, 11)] and block["x"] == list(range(1, 11))
+    assert block["linear"]["model"] == "linear" and block["better"] == "linear"
+    assert block["forecast"] == {"status": "full", "reason": "at this rate cuda:0 is full at step 80",
+                                 "capacity_bytes": 100 * MiB, "level_bytes": 30 * MiB, "model": "linear",
+                                 "full_at_x": 80.0, "full_in_ns": 70 * S}
+    assert "stack" not in block and block_chain["stack"][0]["function"] == "Tensor.to"
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, list(map(str, args)), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_cli_fits_a_recording(tmp_path):
+    samples = samples_frame([(0, "host_memory_total_bytes", "cpu", 64.0 * MiB)])
+    path = write_recording(tmp_path / "leak.memprof", timeline_of(leak_per_step(10)), samples)
+    code, out, err = invoke("report", "growth", path, "--format", "json", "--top", "1")
+    assert code == 0, err
+    total = json.loads(out)["series"][0]
+    assert total["linear"]["b"] == pytest.approx(MiB) and total["forecast"]["full_at_x"] == 65
+    code, out, _ = invoke("report", "growth", path, "--layer", "native_heap")
+    assert code == 0 and "the machine's RAM is full at step 65" in out
+
+
+def test_cli_exit_codes(tmp_path):
+    assert invoke("report", "growth", tmp_path / "missing.memprof")[0] == 5
+    path = write_recording(tmp_path / "r.memprof", timeline_of(leak_per_step(3)))
+    assert invoke("report", "growth", path, "--layer", "gpu")[0] == 2
+    assert invoke("report", "growth", path, "--points", "2")[0] == 2
+    assert invoke("report", "growth", path, "--top", "-1")[0] == 2
+    assert invoke("report", "growth", path)[0] == 0
