@@ -93,6 +93,8 @@ build_examples() {
 
 need_root "${1:-}"
 apt_install bpfcc-tools python3-bpfcc python3-venv gcc make libc6-dev
+# The HTML report's browser test: headless Chromium and its WebDriver (selenium drives it).
+apt_install chromium chromium-driver
 kernel_headers
 mount_tracefs
 make_venv

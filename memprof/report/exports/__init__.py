@@ -1,0 +1,1 @@
+"""memprof report exports (issue 7)."""

@@ -1,0 +1,1 @@
+"""memprof report html (issue 7)."""
