@@ -12,7 +12,8 @@ from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option, 
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--points", default=20, show_default=True, type=click.IntRange(min=2),
-              help="Times shown: evenly spaced over the recording, or at most this many step marks.")
+              help="Times shown: evenly spaced over the GPU data's span, or, when the recording has step marks, at "
+                   "most this many of them (first and last kept).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
 def gpu(path, points, fmt):
     """Per GPU, what its memory is made of, at the peak and over time:
@@ -43,7 +44,8 @@ def gpu(path, points, fmt):
 
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
-@click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
+@click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES),
+              help="Only these layers (repeatable).")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Chains fitted per layer and device: those holding the most bytes at the last point.")
 @click.option("--points", default=50, show_default=True, type=click.IntRange(min=3),

@@ -157,7 +157,8 @@ def _curves(allocations: pd.DataFrame) -> dict[tuple[str, str], _Curve]:
 def _curve(rows: pd.DataFrame, with_requested: bool) -> _Curve:
     weight = rows["weight"].to_numpy(dtype=float) if "weight" in rows else 1.0
     size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
-    alloc, end = rows["alloc_ts_ns"].to_numpy(dtype=np.int64), rows["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    alloc = rows["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    end = rows["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
     times, live = live_curve(alloc, end, np.rint(size * weight).astype(np.int64))
     if not with_requested:
         return _Curve(times, live)
@@ -249,7 +250,8 @@ def _device(device: str, curves: dict, samples, times: np.ndarray, step_of: list
     peak_of, peak_ns = _peak(device, curves, samples, nvml_metric)
     peak = None if peak_of is None else _as_terms(
         _terms_at(device, curves, samples, nvml_metric, np.array([peak_ns])), [peak_ns], _step_at(steps, [peak_ns]))[0]
-    reserved, requested = _peak_of_curve(curves.get(("reserved", device))), _peak_requested(curves.get(("allocated", device)))
+    reserved = _peak_of_curve(curves.get(("reserved", device)))
+    requested = _peak_requested(curves.get(("allocated", device)))
     amplification, why = _amplification(reserved, requested)
     if why:
         missing["amplification"] = why

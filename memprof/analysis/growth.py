@@ -300,8 +300,9 @@ def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: 
     linear, power = fit_linear(ctx.x, values), fit_power(ctx.x, values)
     better = better_fit(linear, power)
     best = linear if better == "linear" else power
-    return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values, linear=linear,
-                        power=power, better=better, forecast=forecast(best, ctx, float(ctx.x[-1]), level, device))
+    return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values,
+                        linear=linear, power=power, better=better,
+                        forecast=_forecast(best, ctx, float(ctx.x[-1]), level, device))
 
 
 # ---- fits -----------------------------------------------------------------------------------
@@ -356,7 +357,7 @@ def better_fit(linear: Fit | None, power: Fit | None) -> str | None:
 
 # ---- forecast -------------------------------------------------------------------------------
 
-def forecast(fit: Fit | None, ctx: _Context, x_last: float, level: int, device: str) -> Forecast:
+def _forecast(fit: Fit | None, ctx: _Context, x_last: float, level: int, device: str) -> Forecast:
     """When `level` (bytes at `x_last`) plus the fit's growth after `x_last` reaches the
     device's capacity (module docstring)."""
     if ctx.capacity is None:

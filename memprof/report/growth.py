@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from memprof.analysis.growth import Fit, Forecast, GrowthResult, GrowthSeries
 
 _NONE = "–"
+_SHORT = {"not_growing": "not growing", "no_capacity": "capacity unknown", "no_fit": "too few points"}
 _HOUR_NS, _DAY_NS = 3600 * 10**9, 86400 * 10**9
 
 
@@ -127,7 +128,7 @@ def _short(forecast: Forecast, unit: str) -> str:
     if forecast.status == "full":
         where = f"step {int(forecast.full_at_x):,}" if unit == "step" else f"{forecast.full_at_x:,.0f} s"
         return f"full at {where}" + ("" if forecast.full_in_ns is None else f" (in {_duration(forecast.full_in_ns)})")
-    return {"not_growing": "not growing", "no_capacity": "capacity unknown", "no_fit": "too few points"}[forecast.status]
+    return _SHORT[forecast.status]
 
 
 def _forecast_lines(result: GrowthResult) -> list[str]:
