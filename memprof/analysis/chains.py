@@ -5,14 +5,65 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import pandas as pd
 
 
 def canonical_stacks(stacks: pd.DataFrame) -> dict[int, int]:
     """stack_id -> the smallest stack_id with exactly the same frame sequence; only ids that
-    have a smaller twin appear (the rest are their own canonical id)."""
+    have a smaller twin appear (the rest are their own canonical id).
+
+    Vectorized: stacks are grouped by (length, two 64-bit fingerprints of their frames), and
+    every twin found is then compared frame by frame with its canonical stack, so the answer
+    is exact; on a fingerprint collision (never seen) the per-stack comparison decides."""
     if stacks.empty:
         return {}
+    ids, frames, starts, lengths = _sorted_sequences(stacks)
+    first = _first_with_same_fingerprint(frames, starts, lengths, ids[starts])
+    twins = np.flatnonzero(first != np.arange(len(starts)))
+    if not _same_frames(frames, starts[twins], starts[first[twins]], lengths[twins]):
+        return _canonical_by_tuples(stacks)
+    return {int(ids[starts[i]]): int(ids[starts[first[i]]]) for i in twins}
+
+
+def _sorted_sequences(stacks: pd.DataFrame):
+    """(stack ids, frame ids) in (stack_id, depth) order; each stack's first row and row count."""
+    ids, depth = stacks["stack_id"].to_numpy(), stacks["depth"].to_numpy()
+    order = np.lexsort((depth, ids))
+    ids, frames = ids[order], stacks["frame_id"].to_numpy()[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    return ids, frames, starts, np.diff(np.r_[starts, len(ids)])
+
+
+def _first_with_same_fingerprint(frames, starts, lengths, stack_ids) -> np.ndarray:
+    """Per stack: the index (into `starts`) of the smallest-id stack with its length and fingerprints."""
+    position = np.arange(len(frames)) - np.repeat(starts, lengths)
+    value = frames.astype(np.uint64) + np.uint64(1)
+    prints = {f"h{k}": np.add.reduceat(_mix(value * np.uint64(2 * k + 1) + _mix(position.astype(np.uint64) + np.uint64(k))),
+                                       starts) for k in range(2)}
+    table = pd.DataFrame({"length": lengths, "stack": np.arange(len(starts)), "id": stack_ids, **prints})
+    smallest = table.sort_values("id", kind="stable").groupby(["length", "h0", "h1"], sort=False)["stack"].transform("first")
+    return smallest.sort_index().to_numpy()
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: uint64 → well-spread uint64 (wrapping arithmetic intended)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _same_frames(frames, starts_a, starts_b, lengths) -> bool:
+    """Whether each stack a (rows from starts_a) has the frames of b (rows from starts_b)."""
+    if len(lengths) == 0:
+        return True
+    offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return bool((frames[np.repeat(starts_a, lengths) + offsets] == frames[np.repeat(starts_b, lengths) + offsets]).all())
+
+
+def _canonical_by_tuples(stacks: pd.DataFrame) -> dict[int, int]:
+    """The exact, slow way (one tuple per stack): only after a fingerprint collision."""
     ordered = stacks.sort_values(["stack_id", "depth"], kind="stable")
     sequences = ordered.groupby("stack_id", sort=True)["frame_id"].agg(tuple)
     first = sequences.groupby(sequences).transform(lambda ids: ids.index.min())
