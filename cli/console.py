@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,3 +25,14 @@ def warning(message: str) -> None:
 
 def info(message: str) -> None:
     err.print(f"[dim]memprof:[/] {escape(message)}")
+
+
+@contextmanager
+def progress():
+    """A status line on stderr while a long analysis runs: yields `stage(text)` to name the
+    current stage. Only on a terminal; elsewhere (pipes, CI logs, tests) it prints nothing."""
+    if not err.is_terminal:
+        yield lambda text: None
+        return
+    with err.status("") as status:
+        yield lambda text: status.update(f"[dim]memprof: {escape(text)}…[/]")

@@ -21,15 +21,28 @@ def _min_age(ctx, param, value):
 
 
 def _analysed(path: str | None):
-    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report."""
+    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report.
+    On a terminal, each stage shows on stderr while it runs (a 10^7-event recording takes
+    seconds)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.cli import console
     from memprof.recording import find_latest_recording, open_recording
     from memprof.timeline import timeline
 
-    rec = open_recording(path if path else find_latest_recording("."))
-    events = timeline(rec)
-    return rec, events, pair_lifetimes(events), canonical_stacks(rec.stacks)
+    with console.progress() as stage:
+        stage("reading the recording")
+        rec = open_recording(path if path else find_latest_recording("."))
+        stage(f"merging {_count(rec)} events into one timeline")
+        events = timeline(rec)
+        stage("pairing allocations with their frees")
+        lifetimes = pair_lifetimes(events)
+        stage("merging identical chains")
+        return rec, events, lifetimes, canonical_stacks(rec.stacks)
+
+
+def _count(rec) -> str:
+    return f"{len(rec.events):,}"
 
 
 def _native_frames_option(fn):
@@ -39,9 +52,44 @@ def _native_frames_option(fn):
              "all: keep every native frame too.")(fn)
 
 
-@click.group()
+class _SummaryByDefault(click.Group):
+    """`memprof report [PATH] [--format json]` with no sub-report runs `summary`."""
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["summary", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_SummaryByDefault)
 def report():
-    """Analyse a recording (default: the newest in the current directory)."""
+    """Analyse a recording (default: the newest in the current directory).
+
+    `memprof report [PATH]` alone prints a one-screen summary: each layer's peak and end, the
+    top leaks, what was lost, and which report to open next.
+    """
+
+
+@report.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Leak findings shown.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+def summary(path, top, fmt):
+    """One screen: per layer peak and end, RSS/GPU samples, the top leaks, lost events, and
+    the commands that show more."""
+    from memprof.analysis.leaks import chain_frames
+    from memprof.analysis.overview import summarize
+    from memprof.cli import console
+    from memprof.report.summary import render_summary, summary_to_json
+
+    rec, events, lifetimes, canonical = _analysed(path)
+    result = summarize(rec.meta, events, lifetimes, rec.stacks, rec.frames, rec.samples,
+                       canonical_stack=canonical, top=top)
+    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.leaks.findings])
+    if fmt == "json":
+        click.echo(json.dumps(summary_to_json(result, chains, rec.path), indent=2))
+        return
+    render_summary(result, chains, console.out, start_ns=rec.meta.start_ns, path=rec.path)
 
 
 @report.command()
@@ -73,25 +121,15 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     outlived the process. For an attached process that did not exit, the end is the end of
     the recording.
     """
-    from memprof.analysis.caches import kernel_cache_stacks
-    from memprof.analysis.checkpoints import find_checkpoints
-    from memprof.analysis.leaks import chain_frames, end_of_target, exit_times, find_leaks
-    from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
-    from memprof.analysis.trend import MIN_POINTS
+    from memprof.analysis.leaks import chain_frames
+    from memprof.analysis.loss import recording_notes
+    from memprof.analysis.overview import leak_report
     from memprof.cli import console
     from memprof.report.leaks import leaks_to_json, render_leaks_table
 
     rec, events, lifetimes, canonical = _analysed(path)
-    recording_end = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
-    end_ns = end_of_target(events, rec.meta.pid, recording_end)
-    checkpoints = find_checkpoints(events, start_ns=rec.meta.start_ns, end_ns=end_ns, min_points=MIN_POINTS,
-                                   window_ns=window)
-    result = find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end, min_age_ns=min_age,
-                        layers=layers or None, top=top, end_by_pid=exit_times(events), canonical_stack=canonical,
-                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(rec.stacks, rec.frames),
-                        confidence=confidence)
-    skipped = skipped_frees_by_layer(rec.meta)
-    result.unconfirmed_frees = {k: v for k, v in skipped.items() if not layers or k in layers}
+    result = leak_report(rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical,
+                         min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence)
     shown = [f.stack_id for f in result.findings + result.not_leaks]
     chains = chain_frames(rec.stacks, rec.frames, shown, native_frames)
     if fmt == "json":

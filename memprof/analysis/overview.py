@@ -1,0 +1,76 @@
+"""The analyses every view of a recording starts from, computed one way: the leak findings
+as `memprof report leaks` shows them, and the one-screen summary of `memprof report`.
+
+Pure functions over the timeline tables and the recording's metadata (model); no I/O.
+Times are CLOCK_MONOTONIC ns, sizes bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import pandas as pd
+
+from memprof.analysis.caches import kernel_cache_stacks
+from memprof.analysis.checkpoints import find_checkpoints
+from memprof.analysis.layers import LayerSummary, layer_summary
+from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
+from memprof.analysis.lifetimes import Lifetimes
+from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
+from memprof.analysis.trend import MIN_POINTS
+from memprof.model import RecordingMeta
+
+
+def recording_end_ns(meta: RecordingMeta, events: pd.DataFrame) -> int:
+    """When the recording stopped: meta's end, else its last event, else its start."""
+    if meta.end_ns:
+        return int(meta.end_ns)
+    return int(events["ts_ns"].max()) if len(events) else int(meta.start_ns)
+
+
+def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
+                frames: pd.DataFrame, *, canonical_stack: Mapping[int, int] | None = None,
+                min_age_ns: int = 500_000_000, layers: Iterable[str] | None = None, top: int | None = 10,
+                window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
+    """find_leaks judged at the target's end (its root process began to exit, else the end of
+    the recording), with growth judged at step marks (else windows of `window_ns`), kernel
+    caches recognized from the chains' frames, and the kernel's skipped frees per layer in
+    `unconfirmed_frees`."""
+    wanted = list(layers) if layers else None
+    end = recording_end_ns(meta, events)
+    target_end = end_of_target(events, meta.pid, end)
+    checkpoints = find_checkpoints(events, start_ns=meta.start_ns, end_ns=target_end, min_points=MIN_POINTS,
+                                   window_ns=window_ns)
+    result = find_leaks(lifetimes, end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted,
+                        top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
+                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames),
+                        confidence=confidence)
+    skipped = skipped_frees_by_layer(meta)
+    result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
+    return result
+
+
+@dataclass
+class Summary:
+    """One screen about a recording: each layer's peak and end, the biggest findings, what
+    was lost, and the notes every report carries. `duration_ns` runs from the recording's
+    start to its end; `events` counts timeline rows."""
+
+    duration_ns: int
+    events: int
+    layers: LayerSummary
+    leaks: LeakResult
+    lost_events: int
+    notes: list[str] = field(default_factory=list)
+    steps: int = 0
+
+
+def summarize(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
+              frames: pd.DataFrame, samples: pd.DataFrame | None, *, canonical_stack: Mapping[int, int] | None = None,
+              top: int = 3) -> Summary:
+    """The summary, with at most `top` leak findings and chains per layer."""
+    leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top)
+    layers = layer_summary(lifetimes, samples, canonical_stack=canonical_stack, top=1)
+    steps = int(events["step"].dropna().nunique()) if "step" in events and len(events) else 0
+    return Summary(duration_ns=recording_end_ns(meta, events) - int(meta.start_ns), events=len(events), layers=layers,
+                   leaks=leaks, lost_events=meta.lost_events, notes=recording_notes(meta), steps=steps)

@@ -1,0 +1,154 @@
+"""Renderer of the one-screen summary (memprof.analysis.overview.Summary): JSON and the
+terminal. Render only."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from memprof.report.layers import _one_line
+from memprof.report.leaks import explain
+from memprof.units import format_bytes, format_duration_ns
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memprof.analysis.leaks import LeakFinding
+    from memprof.analysis.overview import Summary
+
+_KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step"}
+_PYTHON_FRAMES = 2
+_GPU_LAYERS = {"cuda_block", "cuda_segment", "cuda_driver"}
+
+
+def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_path) -> dict[str, Any]:
+    """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
+    peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
+    live_bytes, live_count, slope_bytes_per_step, confidence, explanation, chain: one line),
+    not_leaks (count), notes, next (command → what it shows)."""
+    return {
+        "recording": str(recording_path),
+        "duration_ns": int(summary.duration_ns),
+        "events": int(summary.events),
+        "steps": int(summary.steps),
+        "lost_events": int(summary.lost_events),
+        "layers": [{"layer": s.layer, "peak_bytes": s.peak_bytes, "peak_ns": s.peak_ns, "final_bytes": s.final_bytes,
+                    "alloc_count": s.alloc_count} for s in summary.layers.layers],
+        "metrics": [{"metric": m.metric, "device": m.device, "peak": m.peak, "final": m.final}
+                    for m in summary.layers.metrics],
+        "findings": [_finding_json(f, chains, summary) for f in summary.leaks.findings],
+        "not_leaks": len(summary.leaks.not_leaks),
+        "notes": list(summary.notes),
+        "next": dict(next_commands(summary, recording_path)),
+    }
+
+
+def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], summary: Summary) -> dict[str, Any]:
+    return {"kind": finding.kind, "layer": finding.layer, "live_bytes": finding.live_bytes,
+            "live_count": finding.live_count, "slope_bytes_per_step": finding.slope_bytes_per_step,
+            "confidence": finding.confidence, "explanation": explain(finding, summary.leaks),
+            "chain": _plain(_where(_chain(finding, chains)))}
+
+
+def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
+    """(command, what it shows) for the views worth opening next on this recording."""
+    where = f" {path}"
+    rows = [(f"memprof report leaks{where}", "every finding, with its whole chain"),
+            (f"memprof report top{where} --by function", "bytes by function, self and total")]
+    if summary.steps or len(summary.layers.layers):
+        rows.append((f"memprof report growth{where}", "growth fits, and when memory runs out"))
+    if any(s.layer in _GPU_LAYERS for s in summary.layers.layers) or any(
+            m.metric.startswith("gpu_") for m in summary.layers.metrics):
+        rows.append((f"memprof report gpu{where}", "GPU memory, term by term"))
+    rows += [(f"memprof report html{where} -o report.html", "timeline and flame graph, one page"),
+             (f"memprof export{where} --format perfetto", "a trace for ui.perfetto.dev")]
+    return rows
+
+
+def render_summary(summary: Summary, chains: dict[int, list[dict]], console: Console, *, start_ns: int,
+                   path) -> None:
+    """Heading, loss warnings, one table of layers, the top findings in one line each, the
+    notes, and the commands to run next. Times relative to `start_ns`."""
+    out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
+    steps = f" · {summary.steps:,} steps" if summary.steps else ""
+    out(f"[bold]memprof[/] {escape(str(path))} · {format_duration_ns(summary.duration_ns)} · "
+        f"{summary.events:,} events{steps}")
+    if summary.lost_events:
+        out(f"[yellow]! {summary.lost_events:,} events were lost while recording (ring buffer full): "
+            "peaks, ends and findings may be off by those allocations.[/]")
+    if summary.layers.layers:
+        console.print(_layers_table(summary, start_ns))
+    else:
+        out("No allocations recorded.")
+    _render_findings(out, summary, chains)
+    for note in summary.notes:
+        out(f"[dim]note: {escape(str(note))}[/]", overflow="ellipsis", no_wrap=True)
+    out("")
+    out("[bold]Next[/]")
+    table = Table(show_header=False, box=None, padding=(0, 2, 0, 2), highlight=False)
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for command, what in next_commands(summary, path):
+        table.add_row(escape(command), escape(what))
+    console.print(table)
+
+
+def _layers_table(summary: Summary, start_ns: int) -> Table:
+    table = Table(title="Layers (they nest: bytes are never added across them)", title_justify="left",
+                  highlight=False)
+    for name, justify in (("layer", "left"), ("peak", "right"), ("at", "right"), ("end", "right"),
+                          ("allocations", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for s in summary.layers.layers:
+        table.add_row(escape(s.layer), format_bytes(s.peak_bytes), _relative(s.peak_ns, start_ns),
+                      format_bytes(s.final_bytes), f"{s.alloc_count:,}")
+    for m in summary.layers.metrics:
+        if m.metric.endswith("_bytes") and m.metric != "host_memory_total_bytes":
+            table.add_row(f"[dim]{escape(m.metric)} {escape(m.device)}[/]", format_bytes(m.peak),
+                          _relative(m.peak_ns, start_ns), format_bytes(m.final), "")
+    return table
+
+
+def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> None:
+    leaks = summary.leaks
+    if not leaks.findings:
+        out("[green]No leaks found[/] (held at the end, or growing from step to step).")
+    else:
+        out(f"[bold]Top leaks[/] ({len(leaks.findings)} shown; `memprof report leaks` for all, with chains)")
+    for index, finding in enumerate(leaks.findings, 1):
+        rate = ""
+        if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
+            unit = leaks.checkpoints.unit if leaks.checkpoints is not None else "step"
+            rate = f", +{format_bytes(finding.slope_bytes_per_step)}/{unit}"
+        out(f"  {index}. {escape(finding.layer)} {_KIND_LABELS.get(finding.kind, finding.kind)}: "
+            f"{format_bytes(finding.live_bytes)} in {finding.live_count:,}{rate}  "
+            f"{_where(_chain(finding, chains))}", no_wrap=True, overflow="ellipsis")
+    if leaks.not_leaks:
+        out(f"  [dim]and {len(leaks.not_leaks)} chains held on purpose (caches, pools, buffers): not leaks[/]")
+
+
+def _where(chain: list[dict]) -> str:
+    """The chain in one line as its author reads it: its innermost Python frames with their
+    lines when it has any (escaped), else its innermost callers outside the allocators."""
+    python = [frame for frame in chain if frame.get("kind") == "python"]
+    if not python:
+        return _one_line(chain)
+    shown = [f"{frame.get('function') or '??'} ({Path(frame.get('file') or '?').name}:{frame.get('line')})"
+             for frame in python[:_PYTHON_FRAMES]]
+    return escape(" ← ".join(shown)) + (" ← …" if len(python) > _PYTHON_FRAMES else "")
+
+
+def _chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
+    return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
+
+
+def _plain(markup: str) -> str:
+    """Undo rich escaping for JSON (`\\[` → `[`)."""
+    return markup.replace("\\[", "[")
+
+
+def _relative(ns: int, start_ns: int) -> str:
+    delta = ns - start_ns
+    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))

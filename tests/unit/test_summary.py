@@ -1,0 +1,110 @@
+"""`memprof report` with no sub-report: the one-screen summary, golden at a fixed width."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from memprof.analysis.chains import canonical_stacks
+from memprof.analysis.leaks import chain_frames
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.analysis.overview import summarize
+from memprof.cli.main import cli
+from memprof.recording import open_recording
+from memprof.report.summary import render_summary
+from memprof.timeline import timeline
+from tests.diff_factories import write_recording
+from tests.factories import ev, events_frame
+
+S = 1_000_000_000
+KiB = 1024
+LEAKY = [("native", "c10::alloc_cpu", "libc10.so", None, None), ("python", "train_step", "train", "train.py", 34),
+         ("python", "main", "train", "train.py", 56)]
+SETUP = [("native", "c10::alloc_cpu", "libc10.so", None, None), ("python", "build[model]", "model", "model.py", 9)]
+
+
+def known_recording(path):
+    """20 steps of 1 s; each keeps 128 KiB on LEAKY (stack 1); a 1 MiB model held from the
+    start (stack 2); the root process begins to exit at 21 s."""
+    rows = [ev(S // 2, "alloc", 0x9000, 1 << 20, 2)]
+    for k in range(1, 21):
+        rows.append(dict(ts_ns=k * S, action="mark", category="step", step=k, pid=100, tid=100))
+        rows.append(ev(k * S + S // 4, "alloc", 0x10_0000 * k, 128 * KiB, 1))
+    rows.append(dict(ts_ns=21 * S, action="mark", category="exit", pid=100, tid=100))
+    return write_recording(path, events_frame(rows, layer="torch_cpu"), {1: LEAKY, 2: SETUP}, end_ns=22 * S)
+
+
+@pytest.fixture
+def recording(tmp_path):
+    return known_recording(tmp_path / "run.memprof")
+
+
+def test_summary_knows_the_layers_and_the_leak(recording):
+    rec = open_recording(recording)
+    events = timeline(rec)
+    result = summarize(rec.meta, events, pair_lifetimes(events), rec.stacks, rec.frames, rec.samples,
+                       canonical_stack=canonical_stacks(rec.stacks))
+    [layer] = result.layers.layers
+    assert (layer.layer, layer.peak_bytes, layer.final_bytes, layer.alloc_count) == (
+        "torch_cpu", (1 << 20) + 20 * 128 * KiB, (1 << 20) + 20 * 128 * KiB, 21)
+    assert [(f.kind, f.stack_id, f.live_bytes, f.slope_bytes_per_step) for f in result.leaks.findings] == [
+        ("grows_per_step", 1, 20 * 128 * KiB, 128 * KiB), ("held_at_end", 2, 1 << 20, None)]
+    assert (result.steps, result.duration_ns, result.events) == (20, 22 * S, 42)
+
+
+def test_summary_table_golden(recording):
+    rec = open_recording(recording)
+    events = timeline(rec)
+    result = summarize(rec.meta, events, pair_lifetimes(events), rec.stacks, rec.frames, rec.samples)
+    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.leaks.findings])
+    console = Console(width=100, record=True, color_system=None)
+    render_summary(result, chains, console, start_ns=0, path="run.memprof")
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert lines == [
+        'memprof run.memprof · 22.00s · 42 events · 20 steps',
+        'Layers (they nest: bytes are never added across them)',
+        '┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━┓',
+        '┃ layer     ┃    peak ┃      at ┃     end ┃ allocations ┃',
+        '┡━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━┩',
+        '│ torch_cpu │ 3.5 MiB │ +20.25s │ 3.5 MiB │          21 │',
+        '└───────────┴─────────┴─────────┴─────────┴─────────────┘',
+        'Top leaks (2 shown; `memprof report leaks` for all, with chains)',
+        '  1. torch_cpu grows per step: 2.5 MiB in 20, +128.0 KiB/step  train_step (train.py:34) ← main (tra…',
+        '  2. torch_cpu held at the end: 1.0 MiB in 1  build[model] (model.py:9)',
+        '',
+        'Next',
+        '  memprof report leaks run.memprof                  every finding, with its whole chain',
+        '  memprof report top run.memprof --by function      bytes by function, self and total',
+        '  memprof report growth run.memprof                 growth fits, and when memory runs out',
+        '  memprof report html run.memprof -o report.html    timeline and flame graph, one page',
+        '  memprof export run.memprof --format perfetto      a trace for ui.perfetto.dev',
+    ]
+
+
+def test_report_without_a_sub_report_is_the_summary_and_has_json(recording):
+    runner = CliRunner()
+    table = runner.invoke(cli, ["report", str(recording)])
+    assert table.exit_code == 0, table.output
+    assert "Top leaks (2 shown" in table.output and "grows per step" in table.output
+    doc = json.loads(runner.invoke(cli, ["report", str(recording), "--format", "json"]).output)
+    assert [(f["kind"], f["live_bytes"], f["chain"]) for f in doc["findings"]] == [
+        ("grows_per_step", 20 * 128 * KiB, "train_step (train.py:34) ← main (train.py:56)"),
+        ("held_at_end", 1 << 20, "build[model] (model.py:9)")]
+    assert doc["layers"][0]["final_bytes"] == (1 << 20) + 20 * 128 * KiB and doc["steps"] == 20
+    assert f"memprof report leaks {recording}" in doc["next"]
+    assert runner.invoke(cli, ["report", "summary", str(recording), "--format", "json"]).output == \
+        runner.invoke(cli, ["report", str(recording), "--format", "json"]).output
+
+
+def test_summary_of_a_missing_recording_exits_5(tmp_path):
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "nope.memprof")])
+    assert result.exit_code == 5, result.output
+
+
+def test_summary_of_an_empty_recording_says_so(tmp_path):
+    path = write_recording(tmp_path / "empty.memprof", events_frame([], layer="torch_cpu"), end_ns=S)
+    result = CliRunner().invoke(cli, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "No allocations recorded." in result.output and "No leaks found" in result.output
