@@ -57,9 +57,8 @@ def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
       memprof check run.memprof --max-peak 2GiB --max-peak 512MiB:cuda_block --fail-on-leak
     """
     from memprof.analysis.budget import Budgets, check_recording
-    from memprof.analysis.leaks import end_of_target, exit_times
+    from memprof.analysis.overview import leak_report
     from memprof.cli import console
-    from memprof.cli.diff import recording_end_ns
     from memprof.errors import ExitCode, UsageError
     from memprof.report.budget import check_to_json, render_check
 
@@ -67,10 +66,8 @@ def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
     if not budgets.count:
         raise UsageError("no budget to check", "give --max-peak SIZE[:LAYER], --max-leak SIZE or --fail-on-leak")
     rec, events, lifetimes, canonical = _analysed(path)
-    end_ns = recording_end_ns(rec, events)
-    result = check_recording(lifetimes, budgets, end_ns=end_of_target(events, rec.meta.pid, end_ns),
-                             recording_end_ns=end_ns, min_age_ns=min_age, end_by_pid=exit_times(events),
-                             canonical_stack=canonical)
+    result = check_recording(lifetimes, budgets, lambda: leak_report(
+        rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical, min_age_ns=min_age, top=None))
     if fmt == "json":
         report = check_to_json(result, rec.path, start_ns=rec.meta.start_ns, lost_events=rec.meta.lost_events)
         click.echo(json.dumps(report, indent=2))

@@ -8,18 +8,14 @@ import click
 from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option
 
 
-def recording_end_ns(rec, events) -> int:
-    """When the recording stopped (CLOCK_MONOTONIC ns): meta's end, else its last event, else its start."""
-    return rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
-
-
 def _side(path: str):
     """(recording, analysis.diff.Recorded) of the recording at `path`, judged at its target's end."""
     from memprof.analysis.diff import Recorded
     from memprof.analysis.leaks import end_of_target
+    from memprof.analysis.overview import recording_end_ns
 
     rec, events, lifetimes, _ = _analysed(path)
-    end_ns = end_of_target(events, rec.meta.pid, recording_end_ns(rec, events))
+    end_ns = end_of_target(events, rec.meta.pid, recording_end_ns(rec.meta, events))
     return rec, Recorded(lifetimes=lifetimes, stacks=rec.stacks, frames=rec.frames, end_ns=end_ns)
 
 

@@ -7,7 +7,7 @@ in torch_cpu and again in native_heap).
 - peak: a layer's peak is its highest live bytes (layers.layer_summary); a PeakBudget without
   a layer holds every layer to its limit, one with a layer that layer only (a layer with no
   allocations peaks at 0).
-- leaks: the findings of leaks.find_leaks — chains holding memory when the target began to
+- leaks: the findings of `memprof report leaks` (overview.leak_report) — chains holding memory when the target began to
   exit, at least `min_age_ns` old then — all of them, whether the exit's teardown released
   them or not (a budget is about what the program kept, not who cleaned up after it), and
   unconfirmed ones too (a budget errs towards failing). Findings whose `kind` is
@@ -17,10 +17,10 @@ in torch_cpu and again in native_heap).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from memprof.analysis.layers import layer_summary
-from memprof.analysis.leaks import LeakResult, find_leaks
+from memprof.analysis.leaks import LeakResult
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.model.schema import LAYERS
 
@@ -90,20 +90,16 @@ class LeakTotal:
     findings: int
 
 
-def check_recording(lifetimes: Lifetimes, budgets: Budgets, *, end_ns: int, recording_end_ns: int,
-                    min_age_ns: int = 500_000_000, end_by_pid: Mapping[int, int] | None = None,
-                    canonical_stack: Mapping[int, int] | None = None) -> CheckResult:
-    """Judge `budgets` on one recording. Leaks are found as `leaks.find_leaks` finds them,
-    at `end_ns` (each process at its own exit, `end_by_pid`); peaks as `layers.layer_summary`
-    computes them. Only what a budget needs is computed."""
+def check_recording(lifetimes: Lifetimes, budgets: Budgets, leaks: Callable[[], LeakResult]) -> CheckResult:
+    """Judge `budgets` on one recording: peaks as `layers.layer_summary` computes them, leaks
+    as `leaks()` finds them (the caller's `overview.leak_report`, as `memprof report leaks`
+    shows them: held at the end and growing per step). Only what a budget needs is computed."""
     violations = []
     if budgets.peaks:
         peaks = {s.layer: (s.peak_bytes, s.peak_ns) for s in layer_summary(lifetimes, None, top=0).layers}
         violations += peak_violations(budgets.peaks, peaks)
     if budgets.on_leaks:
-        leaks = find_leaks(lifetimes, end_ns=end_ns, recording_end_ns=recording_end_ns, min_age_ns=min_age_ns,
-                           end_by_pid=end_by_pid, canonical_stack=canonical_stack)
-        violations += leak_violations(budgets, leak_totals(leaks))
+        violations += leak_violations(budgets, leak_totals(leaks()))
     return CheckResult(budgets=budgets.count, violations=violations)
 
 
