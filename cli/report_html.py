@@ -1,2 +1,65 @@
-"""`memprof report html`: filled in by issue 7."""
-from memprof.cli.report import report  # noqa: F401
+"""`memprof report html`: the whole analysis as one self-contained page for a browser."""
+from __future__ import annotations
+
+import click
+
+from memprof.cli.report import _analysed, _min_age, _native_frames_option, report
+
+
+@report.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False, path_type=str),
+              help="Where to write the page (default: the recording's name with .html, in the current directory).")
+@click.option("--top", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Findings shown, and chains kept per layer in the flame graphs (the rest is one 'other' box).")
+@click.option("--points", default=2000, show_default=True, type=click.IntRange(min=10, max=100_000),
+              help="Points kept per curve: the highest of each time slice, so peaks survive.")
+@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+              help="Allocations younger than this at the end are in flight, not leaks (as report leaks).")
+@click.option("--format", "fmt", default="html", show_default=True, type=click.Choice(("html", "json")),
+              help="html: the page; json: only its data blob, on stdout unless -o is given "
+                   "(times in CLOCK_MONOTONIC ns, sizes in bytes).")
+@_native_frames_option
+def html(path, output, top, points, min_age, fmt, native_frames):
+    """Write one HTML file that opens offline, from disk (scripts, styles and data inline):
+
+    \b
+      timeline      live bytes per layer, one chart per layer family (layers nest: never
+                    stacked), with RSS and NVML samples, step marks and OOMs; drag or wheel
+                    to zoom, hover for values
+      leaks         what `memprof report leaks` finds, each expandable to its chain
+      flame graph   who holds each layer's bytes at the end and at its peak, frames coloured
+                    kernel / native / Python
+      GPU           the equation of `memprof report gpu` at each GPU's peak
+      recording     its metadata, and a warning when events were lost or sampled
+
+    Curves are downsampled to --points per series, so the page stays small (a few MB at most)
+    for any recording. An empty recording gives a page that says so.
+    """
+    import json
+    from pathlib import Path
+
+    from memprof.analysis.html_data import html_data
+    from memprof.cli import console
+    from memprof.report.html import html_page, page_json
+
+    rec, events, lifetimes, canonical = _analysed(path)
+    data = html_data(events, lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples, meta=rec.meta,
+                     canonical_stack=canonical, top=top, max_points=points, native_frames=native_frames,
+                     min_age_ns=min_age)
+    if fmt == "json" and not output:
+        click.echo(json.dumps(page_json(data, rec.meta, rec.path), indent=1))
+        return
+    text = json.dumps(page_json(data, rec.meta, rec.path), indent=1) if fmt == "json" else html_page(data, rec.meta, rec.path)
+    target = Path(output) if output else Path(f"{Path(rec.path).name.removesuffix('.memprof')}.{fmt}")
+    _write(target, text)
+    console.info(f"wrote {target} ({len(text.encode()) / 1e6:.1f} MB)")
+
+
+def _write(target, text: str) -> None:
+    """Write the page, or raise UsageError when the place cannot be written."""
+    from memprof.errors import UsageError
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {target}: {e.strerror or e}", "give -o a path in a writable directory") from None

@@ -1,0 +1,293 @@
+"""What the HTML report shows, computed once and bounded in size: every layer's live-bytes
+curve and every sampled series, downsampled; step marks and OOMs; the leak findings (as
+`memprof report leaks` finds them); icicle trees of the chains holding each layer's bytes at
+the end and at its peak (as `memprof report top/peak` attribute them); the GPU breakdown;
+and what the recording lost or sampled.
+
+Pure functions over the timeline, its lifetimes, the stacks/frames/samples tables and the
+recording's metadata; no I/O. Times are CLOCK_MONOTONIC ns, sizes bytes.
+
+Size is bounded whatever the recording's length: a curve keeps at most `max_points` + 2
+points (the highest value of each of `max_points` equal time buckets, at the time it was
+reached, plus the first and last points), so peaks survive; at most MAX_MARKS step marks and
+OOMs, `top` findings and `top` chains per layer in each tree, chains cut to MAX_DEPTH frames.
+Bytes are never added across layers: each layer has its own curve and its own tree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.attribution import Attribution, Span, attribute
+from memprof.analysis.caches import kernel_cache_stacks
+from memprof.analysis.checkpoints import find_checkpoints
+from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
+from memprof.analysis.growth import step_marks
+from memprof.analysis.layers import live_curve
+from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target, exit_times, find_leaks
+from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
+from memprof.analysis.trend import MIN_POINTS
+from memprof.model.meta import RecordingMeta
+from memprof.model.schema import LAYERS, Action
+
+MAX_POINTS = 2000  # buckets per curve: a few thousand points draw sharply at any screen width
+MAX_MARKS = 1000  # step marks and OOMs drawn at most (evenly picked beyond that)
+MAX_DEPTH = 64  # frames kept per chain in a tree (the outermost; deeper ones are summed in "…")
+_NEVER = np.iinfo(np.int64).max
+# Layers that nest draw in one chart, side by side; families do not add up either.
+FAMILIES = {"cuda_block": "gpu", "cuda_segment": "gpu", "cuda_driver": "gpu",
+            "torch_cpu": "host", "native_heap": "host", "kernel_slab": "kernel", "kernel_page": "kernel"}
+_METRIC_FAMILY = {"gpu": "gpu", "rss": "host", "pss": "host"}  # by the metric name's first word
+
+
+@dataclass(frozen=True)
+class Series:
+    """One downsampled curve: `times_ns` ascending (CLOCK_MONOTONIC), `values` (bytes for a
+    layer; the metric's unit for a sample) held from each time until the next. `peak` is the
+    series' highest value (first reached at `peak_ns`), `final` its last; `points_in` how
+    many points it had before downsampling. `kind` is "layer" or "sample"."""
+
+    name: str
+    device: str
+    kind: str
+    family: str
+    times_ns: np.ndarray
+    values: np.ndarray
+    peak: float
+    peak_ns: int
+    final: float
+    points_in: int
+
+
+@dataclass(frozen=True)
+class Flame:
+    """One layer's icicle at `ts_ns`: `root` is a node (frame, bytes, children) whose bytes
+    are everything live in the layer then; below it the top chains, outermost frame first.
+    `frame` indexes HtmlData.frames, or is -1 (the layer), -2 (other chains), -3 (deeper
+    frames), -4 (no stack recorded). A node's bytes are at least the sum of its children's."""
+
+    layer: str
+    ts_ns: int
+    live_count: int
+    root: tuple
+
+
+@dataclass
+class HtmlData:
+    """Everything the page shows (module docstring). `span` = (start_ns, end_ns of the
+    target, end of the recording); `frames` = distinct (kind, function, where) triples the
+    flame nodes point to; `warnings` what the recording lost or sampled, in plain words."""
+
+    span: tuple[int, int, int]
+    series: list[Series]
+    steps: pd.DataFrame  # step, ts_ns (at most MAX_MARKS)
+    ooms: pd.DataFrame  # ts_ns, layer, device, size_bytes (at most MAX_MARKS)
+    leaks: LeakResult
+    chains: dict[int, list[dict]]
+    flames: dict[str, list[Flame]]  # "end" | "peak" -> one per layer
+    frames: list[tuple[str | None, str | None, str | None]]
+    gpu: GpuBreakdown
+    warnings: list[str] = field(default_factory=list)
+    max_points: int = MAX_POINTS
+
+
+def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
+              samples: pd.DataFrame | None, meta: RecordingMeta, canonical_stack: Mapping[int, int] | None = None,
+              top: int = 20, max_points: int = MAX_POINTS, native_frames: str = "merged",
+              min_age_ns: int = 500_000_000) -> HtmlData:
+    """The page's data for one recording (module docstring). Leaks are judged as `memprof
+    report leaks` judges them with its defaults and `min_age_ns`."""
+    recording_end = meta.end_ns or (int(events["ts_ns"].max()) if len(events) else meta.start_ns)
+    span = Span(meta.start_ns, end_of_target(events, meta.pid, recording_end), recording_end)
+    leaks = _leaks(events, lifetimes, stacks, frames, meta, span, canonical_stack, top, min_age_ns)
+    attributions = {at: attribute(lifetimes, by="chain", at=at, span=span, top=top, canonical_stack=canonical_stack)
+                    for at in ("end", "peak")}
+    shown = [f.stack_id for f in leaks.findings + leaks.not_leaks]
+    shown += [row.stack_id for a in attributions.values() for layer in a.layers for row in layer.rows]
+    chains = chain_frames(stacks, frames, shown, native_frames)
+    flames, frame_table = flame_trees(attributions, chains)
+    return HtmlData(span=(span.start_ns, span.end_ns, span.recording_end_ns),
+                    series=timeline_series(lifetimes, samples, max_points=max_points),
+                    steps=_thinned(step_marks(events)), ooms=_thinned(oom_events(events)), leaks=leaks,
+                    chains=chains, flames=flames, frames=frame_table,
+                    gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
+                    warnings=loss_warnings(meta, lifetimes) + recording_notes(meta))
+
+
+def _leaks(events, lifetimes, stacks, frames, meta, span: Span, canonical_stack, top: int, min_age_ns: int) -> LeakResult:
+    """find_leaks exactly as cli/report.py `leaks` calls it with its defaults."""
+    checkpoints = find_checkpoints(events, start_ns=span.start_ns, end_ns=span.end_ns, min_points=MIN_POINTS)
+    result = find_leaks(lifetimes, end_ns=span.end_ns, recording_end_ns=span.recording_end_ns, min_age_ns=min_age_ns,
+                        top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
+                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames))
+    result.unconfirmed_frees = skipped_frees_by_layer(meta)
+    return result
+
+
+# ---- curves ---------------------------------------------------------------------------------
+
+def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *, max_points: int = MAX_POINTS) -> list[Series]:
+    """Live bytes of each (layer, device), layers outermost first, then each sampled (metric,
+    device) series sorted; each downsampled to at most `max_points` + 2 points."""
+    return _layer_series(lifetimes.allocations, max_points) + _sample_series(samples, max_points)
+
+
+def _layer_series(allocations: pd.DataFrame, max_points: int) -> list[Series]:
+    layer_codes, layer_names = category_codes(allocations["layer"])
+    device_codes, device_names = category_codes(allocations["device"])
+    weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else 1.0
+    size = np.rint(allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0) * weight).astype(np.int64)
+    alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    group = layer_codes.astype(np.int64) * (len(device_names) + 1) + device_codes + 1
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    out = []
+    for g in np.unique(group[layer_codes >= 0]):
+        mine = group == g
+        times, live = live_curve(alloc_ts[mine], end_ts[mine], size[mine])
+        layer = label_of(layer_names[g // (len(device_names) + 1)])
+        device_code = g % (len(device_names) + 1) - 1
+        device = label_of(device_names[device_code]) if device_code >= 0 else ""
+        out.append(_series(layer, device, "layer", FAMILIES.get(layer, layer), times, live, max_points))
+    return sorted(out, key=lambda s: (rank.get(s.name, len(rank)), s.name, s.device))
+
+
+def _sample_series(samples: pd.DataFrame | None, max_points: int) -> list[Series]:
+    if samples is None or samples.empty:
+        return []
+    frame = samples[["ts_ns", "metric", "device", "value"]].dropna(subset=["value"])
+    frame = frame.assign(metric=frame["metric"].astype(str),
+                         device=frame["device"].astype(object).where(frame["device"].notna(), ""))
+    frame = frame.sort_values(["metric", "device", "ts_ns"], kind="stable")
+    out = []
+    for (metric, device), rows in frame.groupby(["metric", "device"], sort=True):
+        family = _METRIC_FAMILY.get(metric.split("_")[0], "samples")
+        out.append(_series(metric, str(device), "sample", family, rows["ts_ns"].to_numpy(np.int64),
+                           rows["value"].to_numpy(float), max_points))
+    return out
+
+
+def _series(name: str, device: str, kind: str, family: str, times: np.ndarray, values: np.ndarray,
+            max_points: int) -> Series:
+    peak_at = int(np.argmax(values))
+    kept_t, kept_v = downsample_max(times, values, max_points)
+    return Series(name, device, kind, family, kept_t, kept_v, peak=values[peak_at].item(),
+                  peak_ns=int(times[peak_at]), final=values[-1].item(), points_in=len(times))
+
+
+def downsample_max(times: np.ndarray, values: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `buckets` + 2 points of a step curve (`times` ascending): in each of `buckets`
+    equal slices of [times[0], times[-1]], the first point holding the slice's highest value;
+    plus the first and last points, so the curve starts and ends where it did. Unchanged when
+    it has no more than `buckets` + 2 points."""
+    n = len(times)
+    if n <= buckets + 2:
+        return times, values
+    span = max(int(times[-1]) - int(times[0]), 1)
+    bucket = np.minimum(((times - times[0]) / span * buckets).astype(np.int64), buckets - 1)
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    highest = np.repeat(np.maximum.reduceat(values, starts), np.diff(np.r_[starts, n]))
+    at_max = np.flatnonzero(values == highest)
+    first_max = at_max[np.r_[True, bucket[at_max][1:] != bucket[at_max][:-1]]]
+    keep = np.unique(np.r_[0, first_max, n - 1])
+    return times[keep], values[keep]
+
+
+# ---- marks ----------------------------------------------------------------------------------
+
+def oom_events(events: pd.DataFrame) -> pd.DataFrame:
+    """OOM events as (ts_ns, layer, device, size_bytes) in time order; size 0 where unknown."""
+    if len(events) == 0:
+        return pd.DataFrame({"ts_ns": [], "layer": [], "device": [], "size_bytes": []})
+    rows = events[(events["action"] == Action.OOM.value).to_numpy()]
+    return pd.DataFrame({"ts_ns": rows["ts_ns"].to_numpy(np.int64),
+                         "layer": rows["layer"].astype(object).fillna("").astype(str).to_numpy(),
+                         "device": rows["device"].astype(object).fillna("").astype(str).to_numpy(),
+                         "size_bytes": rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)})
+
+
+def _thinned(frame: pd.DataFrame, limit: int = MAX_MARKS) -> pd.DataFrame:
+    """At most `limit` rows, evenly picked, first and last kept."""
+    if len(frame) <= limit:
+        return frame.reset_index(drop=True)
+    keep = np.unique(np.linspace(0, len(frame) - 1, limit).round().astype(np.int64))
+    return frame.iloc[keep].reset_index(drop=True)
+
+
+# ---- icicles --------------------------------------------------------------------------------
+
+_LAYER, _OTHER, _DEEPER, _NO_STACK = -1, -2, -3, -4
+
+
+def flame_trees(attributions: Mapping[str, Attribution], chains: Mapping[int, list[dict]]) \
+        -> tuple[dict[str, list[Flame]], list[tuple]]:
+    """One Flame per layer of each attribution (by chain), and the frame table its nodes
+    index. Frames merge on (kind, function, module or file): lines do not split a node."""
+    table: dict[tuple, int] = {}
+    flames = {at: [_flame(layer, chains, table) for layer in result.layers] for at, result in attributions.items()}
+    return flames, list(table)
+
+
+def _flame(layer, chains: Mapping[int, list[dict]], table: dict) -> Flame:
+    root = [_LAYER, int(layer.live_bytes), {}]
+    for row in layer.rows:
+        if row.stack_id is None:
+            path = [_NO_STACK]
+        else:
+            path = [_frame_index(frame, table) for frame in reversed(chains.get(row.stack_id, []))]
+        if len(path) > MAX_DEPTH:
+            path = path[:MAX_DEPTH] + [_DEEPER]
+        _add(root, path, int(row.live_bytes))
+    shown = sum(node[1] for node in root[2].values())
+    if layer.live_bytes > shown:
+        root[2][_OTHER] = [_OTHER, int(layer.live_bytes) - shown, {}]
+    return Flame(layer=layer.layer, ts_ns=layer.ts_ns, live_count=layer.live_count, root=_frozen(root))
+
+
+def _frame_index(frame: dict, table: dict) -> int:
+    key = (frame.get("kind"), frame.get("function"), frame.get("module") or frame.get("file"))
+    return table.setdefault(key, len(table))
+
+
+def _add(root: list, path: list[int], nbytes: int) -> None:
+    """Add one chain's bytes along `path` (outermost first) below the root (which counts them already)."""
+    node = root
+    for index in path:
+        node = node[2].setdefault(index, [index, 0, {}])
+        node[1] += nbytes
+
+
+def _frozen(node: list) -> tuple:
+    """(frame, bytes, children biggest first) as nested tuples."""
+    children = sorted(node[2].values(), key=lambda child: -child[1])
+    return node[0], node[1], tuple(_frozen(child) for child in children)
+
+
+# ---- loss -----------------------------------------------------------------------------------
+
+def loss_warnings(meta: RecordingMeta, lifetimes: Lifetimes) -> list[str]:
+    """Plain-words warnings: events each source lost or skipped, and allocations recorded one
+    in N (their bytes and counts are estimates)."""
+    out = []
+    for name, stats in sorted(meta.sources.items()):
+        if stats.lost:
+            out.append(f"{name}: {stats.lost} events were lost (ring buffer full): curves and findings miss them")
+        missed = sum(stats.missed.values())
+        if missed:
+            out.append(f"{name}: {missed} events were skipped by the kernel ({_listed(stats.missed)}): "
+                       "allocations shown as live may have been freed")
+    weight = lifetimes.allocations["weight"].to_numpy(dtype=float) if "weight" in lifetimes.allocations else np.ones(0)
+    sampled = int((weight != 1.0).sum())
+    if sampled:
+        out.append(f"{sampled} allocations were sampled (each stands for up to {weight.max():g}): "
+                   "their bytes and counts are estimates")
+    return out
+
+
+def _listed(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if v)
+

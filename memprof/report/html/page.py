@@ -1,0 +1,87 @@
+"""Renderer of the HTML report (memprof.analysis.html_data): one self-contained page, its
+scripts, styles and data inline, so it opens offline from disk. Render only.
+
+The data is one JSON blob in <script type="application/json" id="memprof-data">, written by
+`page_json`; every "<" in it is written as \\u003c, so no string in the data (a function
+name, a path) can close the script element or open a comment.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from memprof.report.gpu import gpu_to_json
+from memprof.report.leaks import leaks_to_json
+
+if TYPE_CHECKING:
+    from memprof.analysis.html_data import Flame, HtmlData, Series
+    from memprof.model.meta import RecordingMeta
+
+DATA_VERSION = 1
+_PLACEHOLDER = re.compile(r"/\*MEMPROF_(STYLE|APP|DATA|TITLE)\*/")
+_SOURCE_KEYS = ("enabled", "events", "lost", "missed", "stack_sample_every", "timestamp_precision_ns")
+_META_KEYS = ("format_version", "memprof_version", "status", "command", "pid", "host", "kernel", "clock",
+              "start_ns", "end_ns", "exit_status")
+
+
+def html_page(data: HtmlData, meta: RecordingMeta, recording_path) -> str:
+    """The whole page as text (UTF-8 when written)."""
+    parts = {"STYLE": _static("style.css"), "APP": _static("app.js"), "TITLE": html.escape(str(recording_path)),
+             "DATA": json.dumps(page_json(data, meta, recording_path), separators=(",", ":")).replace("<", "\\u003c")}
+    # One pass over the template: text put in is never searched for placeholders again.
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _static("template.html"))
+
+
+def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
+    """The page's data blob. Absolute times (`*_ns`) are CLOCK_MONOTONIC ns; a series' `t`
+    and a mark's `t` are ns after `span.start_ns` (small enough for a JavaScript number);
+    sizes are bytes. `leaks` and `gpu` are what `memprof report leaks|gpu --format json` print."""
+    start = int(data.span[0])
+    return {
+        "version": DATA_VERSION,
+        "recording": str(recording_path),
+        "meta": _meta_json(meta),
+        "span": {"start_ns": start, "end_ns": int(data.span[1]), "recording_end_ns": int(data.span[2])},
+        "warnings": list(data.warnings),
+        "max_points": int(data.max_points),
+        "series": [_series_json(s, start) for s in data.series],
+        "steps": [[int(t) - start, int(step)] for step, t in zip(data.steps["step"], data.steps["ts_ns"])],
+        "ooms": [{"t": int(row.ts_ns) - start, "layer": row.layer, "device": row.device,
+                  "size_bytes": int(row.size_bytes)} for row in data.ooms.itertuples(index=False)],
+        "leaks": leaks_to_json(data.leaks, data.chains, recording_path, meta.lost_events),
+        "frames": [list(frame) for frame in data.frames],
+        "flames": {at: [_flame_json(f, start) for f in flames] for at, flames in data.flames.items()},
+        "gpu": gpu_to_json(data.gpu, recording_path, lost_events=meta.lost_events),
+    }
+
+
+def _meta_json(meta: RecordingMeta) -> dict:
+    out = {key: getattr(meta, key) for key in _META_KEYS}
+    out["sources"] = {name: {key: getattr(stats, key) for key in _SOURCE_KEYS}
+                      for name, stats in sorted(meta.sources.items())}
+    out["lost_events"], out["missed_events"] = meta.lost_events, meta.missed_events
+    return out
+
+
+def _series_json(series: Series, start: int) -> dict:
+    return {"name": series.name, "device": series.device, "kind": series.kind, "family": series.family,
+            "t": (series.times_ns - start).tolist(), "v": series.values.tolist(), "peak": series.peak,
+            "peak_t": series.peak_ns - start, "final": series.final, "points_in": series.points_in}
+
+
+def _flame_json(flame: Flame, start: int) -> dict:
+    return {"layer": flame.layer, "t": flame.ts_ns - start, "live_count": flame.live_count,
+            "root": _node_json(flame.root)}
+
+
+def _node_json(node: tuple) -> list:
+    """[frame, bytes, children…] (compact: a page holds thousands of nodes)."""
+    frame, nbytes, children = node
+    return [frame, nbytes, [_node_json(child) for child in children]]
+
+
+def _static(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
