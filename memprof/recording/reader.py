@@ -97,7 +97,7 @@ def open_recording(path: Path | str) -> Recording:
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
-    tables = {name: _to_pandas(name, _read_table(path, name)) for name in TABLES}
+    tables = {name: _to_pandas(name, _read_table(path, name)) for name in TABLES}  # no table outlives its conversion
     return Recording(path=path, meta=meta, **tables)
 
 
@@ -223,15 +223,19 @@ def _to_pandas(name: str, table: pa.Table) -> pd.DataFrame:
     nullable = [c for c in _NULLABLE_INTEGERS.get(name, ()) if c in table.column_names]
     plain = [c for c in table.column_names if c not in nullable]
     order = table.column_names
-    converted = _converted(table.select(plain), None)
-    converted.update(_converted(table.select(nullable), _NULLABLE_DTYPES.get) if nullable else {})
+    parts = [(table.select(plain), None)] + ([(table.select(nullable), _NULLABLE_DTYPES.get)] if nullable else [])
+    del table  # the parts hold the only references: each column's Arrow memory is freed once converted
+    converted = {}
+    while parts:
+        converted.update(_converted(*parts.pop(0)))
     for column_name, known in _KNOWN_CATEGORIES.get(name, {}).items():
         converted[column_name] = _with_categories(converted[column_name], known)
     return pd.DataFrame({c: converted[c] for c in order}, copy=False)
 
 
 def _converted(table: pa.Table, types_mapper) -> dict[str, pd.Series]:
-    frame = table.to_pandas(types_mapper=types_mapper, split_blocks=True)
+    """`table` as pandas columns; `table` is unusable afterwards (self_destruct frees its buffers)."""
+    frame = table.to_pandas(types_mapper=types_mapper, split_blocks=True, self_destruct=True)
     return {c: frame[c] for c in frame.columns}
 
 
