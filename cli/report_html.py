@@ -50,7 +50,10 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     if fmt == "json" and not output:
         click.echo(json.dumps(page_json(data, rec.meta, rec.path), indent=1))
         return
-    text = json.dumps(page_json(data, rec.meta, rec.path), indent=1) if fmt == "json" else html_page(data, rec.meta, rec.path)
+    if fmt == "json":
+        text = json.dumps(page_json(data, rec.meta, rec.path), indent=1)
+    else:
+        text = html_page(data, rec.meta, rec.path)
     target = Path(output) if output else Path(f"{Path(rec.path).name.removesuffix('.memprof')}.{fmt}")
     _write(target, text)
     console.info(f"wrote {target} ({len(text.encode()) / 1e6:.1f} MB)")
@@ -62,4 +65,5 @@ def _write(target, text: str) -> None:
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise UsageError(f"cannot write {target}: {e.strerror or e}", "give -o a path in a writable directory") from None
+        raise UsageError(f"cannot write {target}: {e.strerror or e}",
+                         "give -o a path in a writable directory") from None

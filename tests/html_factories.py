@@ -95,6 +95,7 @@ def _samples() -> dict:
     times = START_NS + np.arange(0, 2 * (STEPS + 1)) * (STEP_NS // 2)
     n = len(times)
     rss = 100 * MiB + np.arange(n) * LEAK_BYTES
-    return {"ts_ns": np.tile(times, 3), "metric": ["rss_bytes"] * n + ["gpu_used_bytes"] * n + ["gpu_process_bytes"] * n,
+    return {"ts_ns": np.tile(times, 3),
+            "metric": ["rss_bytes"] * n + ["gpu_used_bytes"] * n + ["gpu_process_bytes"] * n,
             "device": ["cpu"] * n + ["cuda:0"] * (2 * n),
             "value": np.concatenate([rss, np.full(n, 10.0 * MiB), np.full(n, 9.0 * MiB)]).astype(float)}

@@ -118,7 +118,8 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     warnings=loss_warnings(meta, lifetimes) + recording_notes(meta))
 
 
-def _leaks(events, lifetimes, stacks, frames, meta, span: Span, canonical_stack, top: int, min_age_ns: int) -> LeakResult:
+def _leaks(events, lifetimes, stacks, frames, meta, span: Span, canonical_stack, top: int,
+           min_age_ns: int) -> LeakResult:
     """find_leaks exactly as cli/report.py `leaks` calls it with its defaults."""
     checkpoints = find_checkpoints(events, start_ns=span.start_ns, end_ns=span.end_ns, min_points=MIN_POINTS)
     result = find_leaks(lifetimes, end_ns=span.end_ns, recording_end_ns=span.recording_end_ns, min_age_ns=min_age_ns,
@@ -130,7 +131,8 @@ def _leaks(events, lifetimes, stacks, frames, meta, span: Span, canonical_stack,
 
 # ---- curves ---------------------------------------------------------------------------------
 
-def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *, max_points: int = MAX_POINTS) -> list[Series]:
+def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
+                    max_points: int = MAX_POINTS) -> list[Series]:
     """Live bytes of each (layer, device), layers outermost first, then each sampled (metric,
     device) series sorted; each downsampled to at most `max_points` + 2 points."""
     return _layer_series(lifetimes.allocations, max_points) + _sample_series(samples, max_points)

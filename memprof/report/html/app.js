@@ -299,7 +299,7 @@
   }
 
   function nodeName(node, flame) {
-    if (node[0] === -1) return flame.layer + " at " + seconds(flame.t) + " (" + flame.live_count + " allocations)";
+    if (node[0] === -1) return flame.layer + " at " + seconds(flame.t) + " (" + flame.live_count + (flame.live_count === 1 ? " allocation)" : " allocations)");
     if (node[0] < 0) return SPECIAL[String(node[0])];
     var f = data.frames[node[0]];
     return (f[1] || "??") + (f[2] ? "  " + f[2] : "");
