@@ -1,0 +1,93 @@
+"""The merged timeline and the leak findings as tables for any CSV or Parquet reader: a
+directory holding events.csv and findings.csv, or events.parquet and findings.parquet.
+
+Render only: the events are the timeline as `memprof.timeline.timeline` gives it (columns
+and units of DESIGN.md §3: ts_ns CLOCK_MONOTONIC ns, sizes bytes); the findings are an
+`analysis.leaks.LeakResult`, one row per finding (leaks first, then what is not a leak).
+In Parquet, category columns stay dictionary columns; in CSV they are their labels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from memprof.analysis.leaks import LeakFinding, LeakResult
+from memprof.analysis.lifetimes import label_of
+from memprof.report.attribution import NO_STACK_FRAME, frame_label
+from memprof.report.leaks import explain
+
+FINDING_COLUMNS = ["kind", "reason", "layer", "bytes", "count", "slope_bytes_per_step", "slope_bytes_per_s",
+                   "confidence", "released_at_exit", "confirmed", "first_ns", "last_ns", "stack_id",
+                   "explanation", "chain"]
+CHAIN_SEPARATOR = ";"  # as in folded stacks: outermost frame first
+
+
+def findings_frame(result: LeakResult, chains: dict[int, list[dict]]) -> pd.DataFrame:
+    """One row per finding (FINDING_COLUMNS): bytes/count are live bytes and allocations,
+    slopes bytes per step (or window) and per second, confidence 0..1 (Mann–Kendall; NA
+    without a trend), `chain` the frame labels outermost first joined by ';'."""
+    rows = [_finding_row(f, result, chains) for f in result.findings + result.not_leaks]
+    frame = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    return frame.astype({"bytes": "int64", "count": "int64", "slope_bytes_per_step": "Float64",
+                         "slope_bytes_per_s": "Float64", "confidence": "Float64", "released_at_exit": "bool",
+                         "confirmed": "bool", "first_ns": "int64", "last_ns": "int64", "stack_id": "Int64"})
+
+
+def _finding_row(finding: LeakFinding, result: LeakResult, chains: dict[int, list[dict]]) -> dict:
+    frames = [] if finding.stack_id is None else chains.get(finding.stack_id, [])
+    chain = CHAIN_SEPARATOR.join(_plain(frame_label(f)) for f in reversed(frames)) or NO_STACK_FRAME
+    return {"kind": finding.kind, "reason": finding.reason, "layer": finding.layer, "bytes": finding.live_bytes,
+            "count": finding.live_count, "slope_bytes_per_step": finding.slope_bytes_per_step,
+            "slope_bytes_per_s": finding.slope_bytes_per_s, "confidence": finding.confidence,
+            "released_at_exit": finding.released_at_exit, "confirmed": finding.confirmed,
+            "first_ns": finding.first_ns, "last_ns": finding.last_ns, "stack_id": finding.stack_id,
+            "explanation": explain(finding, result), "chain": chain}
+
+
+def _plain(label: str) -> str:
+    """';' joins frames and a row is one line: neither may appear inside a label."""
+    return label.replace(CHAIN_SEPARATOR, ",").replace("\r", " ").replace("\n", " ")
+
+
+def write_tables(events: pd.DataFrame, findings: pd.DataFrame, directory: Path, fmt: str) -> list[Path]:
+    """Write events.<fmt> and findings.<fmt> ("csv" or "parquet") into `directory` (created
+    if missing); the paths written. OSError propagates (the caller says what to do)."""
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, frame in (("events", events), ("findings", findings)):
+        path = directory / f"{name}.{fmt}"
+        _write(arrow_table(frame), path, fmt)
+        paths.append(path)
+    return paths
+
+
+def _write(table: pa.Table, path: Path, fmt: str) -> None:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        pq.write_table(table, path)
+        return
+    import pyarrow.csv as pcsv
+    # CSV has no dictionaries: each category column is written as its labels.
+    plain = table.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
+                                  for f in table.schema]))
+    pcsv.write_csv(plain, path)
+
+
+def arrow_table(frame: pd.DataFrame) -> pa.Table:
+    """`frame` as an Arrow table, each categorical column a dictionary<int32, string> (labels as
+    text, also when a column is empty or all null), no index."""
+    columns = {}
+    for name in frame.columns:
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes = column.cat.codes.to_numpy().astype(np.int32)
+            labels = pa.array([label_of(x) for x in column.cat.categories], type=pa.string())
+            columns[name] = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), labels)
+        else:
+            columns[name] = pa.Array.from_pandas(column)
+    return pa.table(columns) if columns else pa.table({})
