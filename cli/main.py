@@ -44,6 +44,7 @@ def cli():
       memprof report leaks                      what was still held at the end, and who allocated it
       memprof diff base.memprof head.memprof    what changed between two recordings, by layer and chain
       memprof check --max-peak 2GiB             memory budgets for CI (exit 6 when one is broken)
+      memprof export --format perfetto          for other tools: Perfetto, speedscope, pprof, CSV, …
       memprof import snap.pickle                a PyTorch CUDA memory snapshot as a recording (no root)
       memprof doctor                            check that recording can work on this machine
     """
@@ -61,6 +62,7 @@ def _register() -> None:
     from memprof.cli.check import check
     from memprof.cli.diff import diff
     from memprof.cli.doctor import doctor
+    from memprof.cli.export import export
     from memprof.cli.import_ import import_
     from memprof.cli.record import record
     from memprof.cli.report import report
@@ -70,6 +72,7 @@ def _register() -> None:
     cli.add_command(import_)
     cli.add_command(diff)
     cli.add_command(check)
+    cli.add_command(export)
 
 
 _register()

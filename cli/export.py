@@ -1,0 +1,181 @@
+"""`memprof export`: a recording in other tools' formats (timeline viewers, flame graphs,
+profile viewers, tables)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from memprof.cli.report import _analysed, _native_frames_option
+
+# memprof.report.exports.FORMATS (kept here so `memprof --help` does not import pandas).
+FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet")
+
+
+@click.command()
+@click.argument("path", required=False, type=click.Path(path_type=str))
+@click.option("--format", "fmt", required=True, type=click.Choice(FORMAT_CHOICES), help="The format to write (below).")
+@click.option("-o", "--output", type=click.Path(path_type=str),
+              help="The file to write (csv and parquet: the directory). Default: next to the recording, "
+                   "RECORDING.pftrace, .trace.json, .speedscope.json, .pb.gz, .folded or .export/.")
+@click.option("--max-points", default=20_000, show_default=True, type=click.IntRange(min=2),
+              help="perfetto and chrome-trace: at most this many points per counter track; the highest point "
+                   "of each stretch is kept, so peaks survive.")
+@_native_frames_option
+def export(path, fmt, output, max_points, native_frames):
+    """Write a recording (default: the newest in the current directory) in another tool's format.
+
+    \b
+    perfetto      Perfetto trace (protobuf): live bytes per layer and device and the sampled
+                  RSS/GPU metrics as counter tracks, OOMs and step marks as instants, process
+                  and thread names.                     Open in ui.perfetto.dev.
+    chrome-trace  the same as Chrome trace-event JSON.  chrome://tracing, ui.perfetto.dev.
+    speedscope    live bytes by chain at the end and at each layer's peak, two profiles.
+                                                        www.speedscope.app.
+    pprof         gzipped profile.proto: inuse_space/inuse_objects (live at the end) and
+                  alloc_space/alloc_objects (every allocation).
+                                                        go tool pprof -http=: FILE.
+    folded        folded stacks of live bytes at the end (as `report chains --flame`).
+                                                        flamegraph.pl, inferno, speedscope.
+    csv, parquet  a directory: events (the merged timeline) and findings (`report leaks`).
+                                                        pandas, DuckDB, a spreadsheet.
+
+    Times are CLOCK_MONOTONIC ns of the recording host (chrome-trace: µs), sizes bytes. Layers
+    nest (a tensor lives in the heap, a slab in pages): every format keeps them apart — one
+    track per layer, the layer as each stack's root frame, pprof's `layer` label — so never
+    add them up. A recording without events gives a valid, empty export (and a warning).
+    """
+    from memprof.cli import console
+    from memprof.report.exports import FORMATS, TABULAR
+
+    rec, events, lifetimes, canonical = _analysed(path)
+    if len(events) == 0:
+        console.warning(f"{rec.path} has no events: the export holds no memory curves or chains")
+    target = Path(output) if output else Path(str(rec.path).rstrip("/") + FORMATS[fmt].suffix)
+    analysed = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
+    if fmt in TABULAR:
+        written = _write_tables(analysed, target, fmt)
+    else:
+        _write_file(target, _RENDERERS[fmt](analysed))
+        written = [target]
+    for file in written:
+        console.info(f"wrote {file} ({fmt}: open with {FORMATS[fmt].viewer})")
+
+
+class _Analysed:
+    """What every format starts from: the recording, its timeline, lifetimes, canonical
+    stacks and the user's options."""
+
+    def __init__(self, rec, events, lifetimes, canonical, native_frames: str, max_points: int):
+        self.rec, self.events, self.lifetimes, self.canonical = rec, events, lifetimes, canonical
+        self.native_frames, self.max_points = native_frames, max_points
+
+    @property
+    def recording_end(self) -> int:
+        """As `report leaks` takes it: meta's end, else the last event, else the start."""
+        meta = self.rec.meta
+        return meta.end_ns or (int(self.events["ts_ns"].max()) if len(self.events) else meta.start_ns)
+
+    @property
+    def end(self) -> int:
+        from memprof.analysis.leaks import end_of_target
+        return end_of_target(self.events, self.rec.meta.pid, self.recording_end)
+
+    def chains(self, stack_ids) -> dict[int, list[dict]]:
+        from memprof.analysis.leaks import chain_frames
+        return chain_frames(self.rec.stacks, self.rec.frames, stack_ids, self.native_frames)
+
+
+def _timeline(a: _Analysed):
+    from memprof.analysis.series import export_timeline
+    return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
+                           end_ns=a.recording_end, max_points=a.max_points)
+
+
+def _perfetto(a: _Analysed) -> bytes:
+    from memprof.report.exports.perfetto import perfetto_trace
+    return perfetto_trace(_timeline(a), a.rec.meta.processes, root_pid=a.rec.meta.pid)
+
+
+def _chrome_trace(a: _Analysed) -> bytes:
+    from memprof.report.exports.chrome_trace import chrome_trace
+    return json.dumps(chrome_trace(_timeline(a), a.rec.meta.processes, root_pid=a.rec.meta.pid)).encode()
+
+
+def _attribution(a: _Analysed, at: str):
+    from memprof.analysis.attribution import Span, attribute
+    span = Span(start_ns=a.rec.meta.start_ns, end_ns=a.end, recording_end_ns=a.recording_end)
+    return attribute(a.lifetimes, by="chain", at=at, span=span, top=None, canonical_stack=a.canonical)
+
+
+def _speedscope(a: _Analysed) -> bytes:
+    from memprof import __version__
+    from memprof.report.exports.speedscope import speedscope_file
+    results = [("live bytes at the end", _attribution(a, "end")),
+               ("live bytes at each layer's peak", _attribution(a, "peak"))]
+    chains = a.chains(row.stack_id for _, result in results for layer in result.layers for row in layer.rows)
+    document = speedscope_file(results, chains, name=Path(str(a.rec.path)).name, exporter=f"memprof@{__version__}")
+    return json.dumps(document).encode()
+
+
+def _pprof(a: _Analysed) -> bytes:
+    from memprof.analysis.series import chain_totals
+    from memprof.report.exports.pprof import pprof_profile
+    totals = chain_totals(a.lifetimes, end_ns=a.end, canonical_stack=a.canonical)
+    return pprof_profile(totals, a.chains(totals["stack_id"]), duration_ns=a.recording_end - a.rec.meta.start_ns,
+                         time_nanos=_epoch_ns(a.rec.meta))
+
+
+def _folded(a: _Analysed) -> bytes:
+    from memprof.report.attribution import folded_stacks
+    result = _attribution(a, "end")
+    chains = a.chains(row.stack_id for layer in result.layers for row in layer.rows)
+    return "".join(line + "\n" for line in folded_stacks(result, chains)).encode()
+
+
+_RENDERERS = {"perfetto": _perfetto, "chrome-trace": _chrome_trace, "speedscope": _speedscope,
+              "pprof": _pprof, "folded": _folded}
+
+
+def _epoch_ns(meta) -> int:
+    """The recording's start in ns since the epoch (pprof's time_nanos); 0 when unknown."""
+    if meta.clock == "CLOCK_REALTIME":
+        return int(meta.start_ns)
+    if not meta.clock_anchors:
+        return 0
+    anchor = meta.clock_anchors[0]
+    return int(meta.start_ns + anchor.realtime_ns - anchor.monotonic_ns)
+
+
+def _leaks(a: _Analysed):
+    """Findings as `memprof report leaks` computes them, with its defaults and no --top."""
+    from memprof.analysis.caches import kernel_cache_stacks
+    from memprof.analysis.checkpoints import find_checkpoints
+    from memprof.analysis.leaks import exit_times, find_leaks
+    from memprof.analysis.trend import MIN_POINTS
+    rec, end = a.rec, a.end
+    checkpoints = find_checkpoints(a.events, start_ns=rec.meta.start_ns, end_ns=end, min_points=MIN_POINTS)
+    return find_leaks(a.lifetimes, end_ns=end, recording_end_ns=a.recording_end, end_by_pid=exit_times(a.events),
+                      canonical_stack=a.canonical, checkpoints=checkpoints,
+                      cache_stacks=kernel_cache_stacks(rec.stacks, rec.frames))
+
+
+def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
+    from memprof.errors import MemprofError
+    from memprof.report.exports.tabular import findings_frame, write_tables
+    result = _leaks(a)
+    chains = a.chains(f.stack_id for f in result.findings + result.not_leaks)
+    try:
+        return write_tables(a.events, findings_frame(result, chains), directory, fmt)
+    except OSError as e:
+        raise MemprofError(f"cannot write {directory}: {e.strerror or e}",
+                           "choose a writable directory with -o") from None
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    from memprof.errors import MemprofError
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise MemprofError(f"cannot write {path}: {e.strerror or e}", "choose a writable path with -o") from None
