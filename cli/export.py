@@ -3,6 +3,7 @@ profile viewers, tables)."""
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 import click
@@ -71,13 +72,13 @@ class _Analysed:
         self.rec, self.events, self.lifetimes, self.canonical = rec, events, lifetimes, canonical
         self.native_frames, self.max_points = native_frames, max_points
 
-    @property
+    @cached_property
     def recording_end(self) -> int:
         """As `report leaks` takes it: meta's end, else the last event, else the start."""
         meta = self.rec.meta
         return meta.end_ns or (int(self.events["ts_ns"].max()) if len(self.events) else meta.start_ns)
 
-    @property
+    @cached_property
     def end(self) -> int:
         from memprof.analysis.leaks import end_of_target
         return end_of_target(self.events, self.rec.meta.pid, self.recording_end)

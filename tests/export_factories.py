@@ -53,8 +53,9 @@ def write_recording(path: Path, events=None, *, samples: bool = True, chains=Non
     """Write `events` (default: known_events()) with the stacks of `chains` (default CHAINS)
     and the known samples as a finalized recording at `path`."""
     events = known_events() if events is None else events
+    anchor = ClockAnchor(monotonic_ns=0, realtime_ns=1_700_000_000 * 10**9)
     meta = RecordingMeta(memprof_version="0.1.0", command=["python3", "train.py"], pid=100, start_ns=0,
-                         processes=PROCESSES, clock_anchors=[ClockAnchor(monotonic_ns=0, realtime_ns=1_700_000_000 * 10**9)])
+                         processes=PROCESSES, clock_anchors=[anchor])
     writer = RecordingWriter(path, meta)
     if len(events):
         writer.append("events", {name: pa.Array.from_pandas(events[name]) for name in events.columns})

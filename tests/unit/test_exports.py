@@ -130,7 +130,8 @@ def test_perfetto_counter_tracks_per_layer_and_device_and_samples(recording):
     trace = _trace(export(recording, "perfetto"))
     assert _counter_values(trace) == {
         "cuda_block live bytes (cuda:0)": [(10 * S, MiB), (20 * S, 3 * MiB), (30 * S, 2 * MiB)],
-        "native_heap live bytes (cpu)": [(1 * S, 4096), (2 * S, 8192), (3 * S, 12288), (4 * S, 12388), (4500 * MS, 12288)],
+        "native_heap live bytes (cpu)": [(1 * S, 4096), (2 * S, 8192), (3 * S, 12288), (4 * S, 12388),
+                                         (4500 * MS, 12288)],
         "nvml_used_bytes (cuda:0)": [(2 * S, 5e8)],
         "rss_bytes": [(1 * S, 1e6), (2 * S, 3e6), (3 * S, 2e6)],
     }
@@ -150,7 +151,8 @@ def test_perfetto_instants_for_the_oom_and_step_marks_on_named_threads(recording
     trace = _trace(export(recording, "perfetto"))
     threads = {p.track_descriptor.uuid: p.track_descriptor.thread for p in trace.packet
                if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread")}
-    assert sorted((t.pid, t.tid, t.thread_name) for t in threads.values()) == [(100, 100, "python3"), (100, 101, "python3")]
+    assert sorted((t.pid, t.tid, t.thread_name) for t in threads.values()) == [
+        (100, 100, "python3"), (100, 101, "python3")]
     marks = [(p.timestamp, p.track_event.name, threads[p.track_event.track_uuid].tid, p.track_event)
              for p in trace.packet if p.HasField("track_event") and p.track_event.type == pb.TrackEvent.TYPE_INSTANT]
     assert [m[:3] for m in marks] == [(5 * S, "step 1", 100), (15 * S, "step 2", 100), (25 * S, "OOM", 101)]
@@ -176,7 +178,8 @@ def test_chrome_trace_counters_instants_and_names_in_microseconds(recording):
 
 def test_max_points_keeps_each_tracks_peak_and_its_last_point(recording):
     events = json.loads(export(recording, "chrome-trace", "--max-points", "2").read_text())["traceEvents"]
-    heap = [(e["ts"], e["args"]["live_bytes"]) for e in events if e["ph"] == "C" and e["name"].startswith("native_heap")]
+    heap = [(e["ts"], e["args"]["live_bytes"]) for e in events
+            if e["ph"] == "C" and e["name"].startswith("native_heap")]
     assert heap == [(4e6, 12388), (4.5e6, 12288)]
 
 
@@ -240,7 +243,8 @@ def test_pprof_deduplicates_locations_functions_and_mappings(recording):
     assert len(function_keys) == len(set(function_keys)) == 8  # 5 functions, 2 layers, [no stack]
     assert [f.id for f in profile.function] == list(range(1, 9))
     assert len({loc.id for loc in profile.location}) == len(profile.location) == 8
-    train = next(loc for loc in profile.location if strings[profile.function[loc.line[0].function_id - 1].name] == "train_step")
+    function_names = {f.id: strings[f.name] for f in profile.function}
+    train = next(loc for loc in profile.location if function_names[loc.line[0].function_id] == "train_step")
     assert train.line[0].line == 42 and train.mapping_id == 0  # a Python frame: no library mapping
     indices = [i for f in profile.function for i in (f.name, f.system_name, f.filename)]
     assert max(indices) < len(strings)

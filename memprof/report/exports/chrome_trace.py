@@ -39,8 +39,8 @@ def _metadata(names: dict[int, str], owner: int, instants: pd.DataFrame) -> list
     events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": names.get(pid, "memprof")}}
               for pid in sorted(set(names) | {owner})]
     threads = sorted(set(zip(instants["pid"].tolist(), instants["tid"].tolist())))
-    events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": names.get(pid, f"pid {pid}")}}
-               for pid, tid in threads]
+    events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                "args": {"name": names.get(pid, f"pid {pid}")}} for pid, tid in threads]
     return events
 
 
