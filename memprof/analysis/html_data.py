@@ -22,15 +22,13 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.attribution import Attribution, Span, attribute
-from memprof.analysis.caches import kernel_cache_stacks
-from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.growth import step_marks
 from memprof.analysis.layers import live_curve
-from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target, exit_times, find_leaks
+from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
-from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
-from memprof.analysis.trend import MIN_POINTS
+from memprof.analysis.loss import recording_notes
+from memprof.analysis.overview import leak_report, recording_end_ns
 from memprof.model.meta import RecordingMeta
 from memprof.model.schema import LAYERS, Action
 
@@ -101,9 +99,10 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
               min_age_ns: int = 500_000_000) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`."""
-    recording_end = meta.end_ns or (int(events["ts_ns"].max()) if len(events) else meta.start_ns)
+    recording_end = recording_end_ns(meta, events)
     span = Span(meta.start_ns, end_of_target(events, meta.pid, recording_end), recording_end)
-    leaks = _leaks(events, lifetimes, stacks, frames, meta, span, canonical_stack, top, min_age_ns)
+    leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
+                        min_age_ns=min_age_ns)
     attributions = {at: attribute(lifetimes, by="chain", at=at, span=span, top=top, canonical_stack=canonical_stack)
                     for at in ("end", "peak")}
     shown = [f.stack_id for f in leaks.findings + leaks.not_leaks]
@@ -116,17 +115,6 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     chains=chains, flames=flames, frames=frame_table,
                     gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
                     warnings=loss_warnings(meta, lifetimes) + recording_notes(meta))
-
-
-def _leaks(events, lifetimes, stacks, frames, meta, span: Span, canonical_stack, top: int,
-           min_age_ns: int) -> LeakResult:
-    """find_leaks exactly as cli/report.py `leaks` calls it with its defaults."""
-    checkpoints = find_checkpoints(events, start_ns=span.start_ns, end_ns=span.end_ns, min_points=MIN_POINTS)
-    result = find_leaks(lifetimes, end_ns=span.end_ns, recording_end_ns=span.recording_end_ns, min_age_ns=min_age_ns,
-                        top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
-                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames))
-    result.unconfirmed_frees = skipped_frees_by_layer(meta)
-    return result
 
 
 # ---- curves ---------------------------------------------------------------------------------
