@@ -39,6 +39,7 @@ _NEVER = np.iinfo(np.int64).max
 # Layers that nest draw in one chart, side by side; families do not add up either.
 FAMILIES = {"cuda_block": "gpu", "cuda_segment": "gpu", "cuda_driver": "gpu",
             "torch_cpu": "host", "native_heap": "host", "kernel_slab": "kernel", "kernel_page": "kernel"}
+CAPACITY_METRICS = ("host_memory_total_bytes", "gpu_total_bytes")
 _METRIC_FAMILY = {"gpu": "gpu", "rss": "host", "pss": "host"}  # by the metric name's first word
 
 
@@ -150,6 +151,9 @@ def _sample_series(samples: pd.DataFrame | None, max_points: int) -> list[Series
     if samples is None or samples.empty:
         return []
     frame = samples[["ts_ns", "metric", "device", "value"]].dropna(subset=["value"])
+    # Capacities (the machine's RAM, a GPU's total) are constants, not curves: the page
+    # states them instead of drawing a flat line that squeezes every other one.
+    frame = frame[~frame["metric"].astype(str).isin(CAPACITY_METRICS)]
     frame = frame.assign(metric=frame["metric"].astype(str),
                          device=frame["device"].astype(object).where(frame["device"].notna(), ""))
     frame = frame.sort_values(["metric", "device", "ts_ns"], kind="stable")
