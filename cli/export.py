@@ -18,8 +18,9 @@ FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMAT_CHOICES), help="The format to write (below).")
 @click.option("-o", "--output", type=click.Path(path_type=str),
-              help="The file to write (csv and parquet: the directory). Default: next to the recording, "
-                   "RECORDING.pftrace, .trace.json, .speedscope.json, .pb.gz, .folded or .export/.")
+              help="The file to write (csv and parquet: the directory; '-': stdout, for the single-file formats). "
+                   "Default: next to the recording, RECORDING.pftrace, .trace.json, .speedscope.json, .pb.gz, "
+                   ".folded or .export/.")
 @click.option("--max-points", default=20_000, show_default=True, type=click.IntRange(min=2),
               help="perfetto and chrome-trace: at most this many points per counter track; the highest point "
                    "of each stretch is kept, so peaks survive.")
@@ -48,8 +49,11 @@ def export(path, fmt, output, max_points, native_frames):
     add them up. A recording without events gives a valid, empty export (and a warning).
     """
     from memprof.cli import console
+    from memprof.errors import UsageError
     from memprof.report.exports import FORMATS, TABULAR
 
+    if output == "-" and fmt in TABULAR:
+        raise UsageError(f"{fmt} writes a directory of two files, not stdout", "give -o a directory, or leave it out")
     rec, events, lifetimes, canonical = _analysed(path)
     if len(events) == 0:
         console.warning(f"{rec.path} has no events: the export holds no memory curves or chains")
@@ -57,6 +61,10 @@ def export(path, fmt, output, max_points, native_frames):
     analysed = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
     if fmt in TABULAR:
         written = _write_tables(analysed, target, fmt)
+    elif output == "-":
+        with click.open_file("-", "wb") as stdout:
+            stdout.write(_RENDERERS[fmt](analysed))
+        return
     else:
         _write_file(target, _RENDERERS[fmt](analysed))
         written = [target]

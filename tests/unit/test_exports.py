@@ -260,6 +260,13 @@ def test_folded_is_what_report_chains_flame_prints(recording):
                       "native_heap;[py] train_step (train.py:42);[n] malloc (libc.so.6) 12288\n")
 
 
+def test_dash_writes_a_single_file_format_to_stdout_and_refuses_a_table(recording):
+    code, out, err = invoke("export", recording, "--format", "folded", "-o", "-")
+    assert code == 0 and out.startswith("cuda_block;[no stack] 2097152\n") and "wrote" not in err
+    code, _, err = invoke("export", recording, "--format", "csv", "-o", "-")
+    assert code == 2 and "csv writes a directory of two files, not stdout" in err
+
+
 # --- csv and parquet ------------------------------------------------------------------------
 
 def test_csv_events_and_findings(recording, tmp_path):
