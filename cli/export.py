@@ -82,9 +82,8 @@ class _Analysed:
 
     @cached_property
     def recording_end(self) -> int:
-        """As `report leaks` takes it: meta's end, else the last event, else the start."""
-        meta = self.rec.meta
-        return meta.end_ns or (int(self.events["ts_ns"].max()) if len(self.events) else meta.start_ns)
+        from memprof.analysis.overview import recording_end_ns
+        return recording_end_ns(self.rec.meta, self.events)
 
     @cached_property
     def end(self) -> int:
@@ -158,16 +157,10 @@ def _epoch_ns(meta) -> int:
 
 
 def _leaks(a: _Analysed):
-    """Findings as `memprof report leaks` computes them, with its defaults and no --top."""
-    from memprof.analysis.caches import kernel_cache_stacks
-    from memprof.analysis.checkpoints import find_checkpoints
-    from memprof.analysis.leaks import exit_times, find_leaks
-    from memprof.analysis.trend import MIN_POINTS
-    rec, end = a.rec, a.end
-    checkpoints = find_checkpoints(a.events, start_ns=rec.meta.start_ns, end_ns=end, min_points=MIN_POINTS)
-    return find_leaks(a.lifetimes, end_ns=end, recording_end_ns=a.recording_end, end_by_pid=exit_times(a.events),
-                      canonical_stack=a.canonical, checkpoints=checkpoints,
-                      cache_stacks=kernel_cache_stacks(rec.stacks, rec.frames))
+    """Findings as `memprof report leaks` judges them, with its defaults and no --top."""
+    from memprof.analysis.overview import leak_report
+    return leak_report(a.rec.meta, a.events, a.lifetimes, a.rec.stacks, a.rec.frames, canonical_stack=a.canonical,
+                       top=None)
 
 
 def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
