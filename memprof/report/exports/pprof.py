@@ -19,6 +19,7 @@ import gzip
 
 import pandas as pd
 
+from memprof.errors import MemprofError
 from memprof.report.attribution import NO_STACK_FRAME
 
 SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"),
@@ -59,8 +60,11 @@ PACKAGE = "perftools.profiles"
 def profile_class():
     """The `perftools.profiles.Profile` message class, built in a private descriptor pool (a
     program that also loads pprof's own generated module gets no clash)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    except ImportError:
+        raise MemprofError("the pprof export needs the `protobuf` Python package",
+                           "pip install protobuf (or export --format folded or speedscope, which need nothing)") from None
     proto = descriptor_pb2.FileDescriptorProto(name="memprof/pprof_profile.proto", package=PACKAGE, syntax="proto3")
     for name, fields in _MESSAGES.items():
         message = proto.message_type.add(name=name)
