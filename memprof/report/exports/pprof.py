@@ -64,7 +64,7 @@ def profile_class():
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     except ImportError:
         raise MemprofError("the pprof export needs the `protobuf` Python package",
-                           "pip install protobuf (or export --format folded or speedscope, which need nothing)") from None
+                           "pip install protobuf (or export --format folded or speedscope)") from None
     proto = descriptor_pb2.FileDescriptorProto(name="memprof/pprof_profile.proto", package=PACKAGE, syntax="proto3")
     for name, fields in _MESSAGES.items():
         message = proto.message_type.add(name=name)
