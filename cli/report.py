@@ -34,7 +34,7 @@ def _analysed(path: str | None):
         stage("reading the recording")
         rec = open_recording(path if path else find_latest_recording("."))
         stage(f"merging {_count(rec)} events into one timeline")
-        events = timeline(rec)
+        events = rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
         stage("pairing allocations with their frees")
         lifetimes = pair_lifetimes(events)
         stage("merging identical chains")

@@ -33,7 +33,39 @@ def in_time_order(events: pd.DataFrame) -> pd.DataFrame:
     if order is None:
         return events if isinstance(events.index, pd.RangeIndex) and events.index.start == 0 \
             and events.index.step == 1 else events.reset_index(drop=True)
-    return events.take(order).reset_index(drop=True)
+    moved = np.flatnonzero(order != np.arange(len(order)))
+    if len(moved) > len(order) // 16:
+        return events.take(order).reset_index(drop=True)
+    # Nearly in order (the ring buffer only interleaves CPUs): copy each column and move the
+    # few rows that are out of place, instead of gathering every row through `order`.
+    return pd.DataFrame({name: _patched(events[name], moved, order[moved]) for name in events.columns}, copy=False)
+
+
+_MASKED = {"i": pd.arrays.IntegerArray, "u": pd.arrays.IntegerArray, "f": pd.arrays.FloatingArray,
+           "b": pd.arrays.BooleanArray}
+
+
+def _patched(column: pd.Series, rows: np.ndarray, sources: np.ndarray):
+    """The column's values with values[rows] = old values[sources]: a plain copy but for them."""
+    dtype = column.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        return pd.Categorical.from_codes(_moved(column.cat.codes.to_numpy(), rows, sources), dtype=dtype)
+    if isinstance(dtype, pd.api.extensions.ExtensionDtype):
+        masked = _MASKED.get(getattr(dtype, "kind", ""))
+        if masked is None:  # another extension type: gather it whole
+            order = np.arange(len(column))
+            order[rows] = sources
+            return column.array.take(order)
+        values = column.to_numpy(dtype=dtype.numpy_dtype, na_value=0)
+        # to_numpy may hand out a read-only view of the column's data: copy, as for the rest.
+        return masked(_moved(values, rows, sources), _moved(column.isna().to_numpy(), rows, sources))
+    return _moved(column.to_numpy(), rows, sources)
+
+
+def _moved(values: np.ndarray, rows: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    fixed = values.copy()
+    fixed[rows] = values[sources]
+    return fixed
 
 
 def time_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray | None:

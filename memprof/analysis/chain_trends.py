@@ -18,13 +18,16 @@ _NEVER = np.iinfo(np.int64).max
 Chain = tuple  # (layer: str, stack_id: int | None)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChainSeries:
     """Live bytes and counts of each chain at each checkpoint: `chains[i]` is row i."""
 
     chains: list[Chain]
     live_bytes: np.ndarray  # (chains, checkpoints), float
     live_count: np.ndarray  # (chains, checkpoints), float (weighted)
+
+    def __post_init__(self):
+        self.row_of = {chain: row for row, chain in enumerate(self.chains)}
 
 
 @dataclass
@@ -46,7 +49,7 @@ class ChainTrends:
 
     def peak_of(self, chain: Chain) -> tuple[float, float, int]:
         """(bytes, count, checkpoint index) at the chain's highest checkpoint."""
-        row = self.series.chains.index(chain)
+        row = self.series.row_of[chain]
         at = int(np.argmax(self.series.live_bytes[row]))
         return float(self.series.live_bytes[row, at]), float(self.series.live_count[row, at]), at
 
@@ -62,17 +65,29 @@ def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[Chain
     stack = allocations["stack_id"]
     stack_values = stack.to_numpy(dtype=np.int64, na_value=0)[rows]
     has_stack = stack.notna().to_numpy()[rows]
-    keys = pd.MultiIndex.from_arrays([layer_codes[rows], np.where(has_stack, stack_values, 0), has_stack])
-    group, uniques = pd.factorize(keys)
+    group, chains = _chain_codes(layer_codes[rows], layer_names, stack_values, has_stack)
     weight = allocations["weight"].to_numpy(dtype=float)[rows]
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)[rows] * weight
-    n = len(uniques)
+    n = len(chains)
     live_bytes = live_by_group(group, n, alloc_ts[rows], end_ts[rows], size, times_ns)
     live_count = live_by_group(group, n, alloc_ts[rows], end_ts[rows], weight, times_ns)
-    chains = [(label_of(layer_names[code]), int(sid) if has else None) for code, sid, has in uniques]
     group_of_row = np.full(len(allocations), -1, dtype=np.int64)
     group_of_row[rows] = group
     return ChainSeries(chains, live_bytes, live_count), group_of_row
+
+
+def _chain_codes(layer_codes: np.ndarray, layer_names: np.ndarray, stack_values: np.ndarray,
+                 has_stack: np.ndarray) -> tuple[np.ndarray, list[Chain]]:
+    """(dense chain code per row, the chains in code order). Stack ids are factorized first,
+    so (layer, stack, has_stack) packs into one int64 whatever the ids' range."""
+    stack_codes, stack_uniques = pd.factorize(stack_values)
+    width = 2 * (len(layer_names) + 1)
+    packed = stack_codes.astype(np.int64) * width + (layer_codes.astype(np.int64) + 1) * 2 + has_stack
+    group, keys = pd.factorize(packed)
+    layer_of, stack_of, has_of = (keys % width) // 2 - 1, stack_uniques[keys // width], keys % 2 == 1
+    chains = [(label_of(layer_names[code]) if code >= 0 else "?", int(sid) if has else None)
+              for code, sid, has in zip(layer_of.tolist(), stack_of.tolist(), has_of.tolist())]
+    return group, chains
 
 
 def chain_trends(allocations: pd.DataFrame, checkpoints: Checkpoints, confidence: float = 0.99,

@@ -147,7 +147,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     target_exited = end_ns < recording_end_ns
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     leaks = [f for f in kinds if f.is_leak]
-    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations)
+    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations, top)
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
     return LeakResult(findings=leaks[:top], not_leaks=_biggest_first(not_leaks)[:top], end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
@@ -264,18 +264,22 @@ def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
                 resets=trend.resets, plateau_from=plateau)
 
 
-def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame) -> list[LeakFinding]:
+def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame,
+                         top: int | None) -> list[LeakFinding]:
     """Not-a-leak findings for sawtooth and plateau chains that held nothing at the end, by
-    their highest checkpoint (what the user sees rise in the curve, explained)."""
-    held_chains = {(layer, None if pd.isna(sid) else int(sid)) for layer, sid in zip(held["layer"], held["stack_id"])}
+    their highest checkpoint (what the user sees rise in the curve, explained); the `top`
+    biggest."""
+    held_chains = set(zip(held["layer"], held["stack_id"].astype(object).where(held["stack_id"].notna(), None)))
     shaped = [(chain, t) for chain, t in trends.by_chain.items()
               if t.shape in ("sawtooth", "plateau") and chain not in held_chains]
     if not shaped:
         return []
+    peaks = {chain: trends.peak_of(chain) for chain, _ in shaped}
+    shaped = sorted(shaped, key=lambda item: (-peaks[item[0]][0], item[0][1] is None, item[0][1] or 0))[:top]
     firsts = _alloc_span_of_chains(allocations, [chain for chain, _ in shaped])
     findings = []
     for (layer, stack_id), trend in shaped:
-        peak_bytes, peak_count, at = trends.peak_of((layer, stack_id))
+        peak_bytes, peak_count, at = peaks[(layer, stack_id)]
         first_ns, last_ns = firsts[(layer, stack_id)]
         findings.append(LeakFinding(
             layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
@@ -288,7 +292,8 @@ def _alloc_span_of_chains(allocations: pd.DataFrame, chains: list) -> dict:
     """(layer, stack_id) -> (earliest, latest) alloc ts_ns of the chain's allocations."""
     rows = allocations[rows_of_chains(allocations, chains)]
     spans = rows.assign(layer=labels(rows["layer"])).groupby(["layer", "stack_id"], dropna=False)["alloc_ts_ns"].agg(["min", "max"])
-    return {(layer, None if pd.isna(sid) else int(sid)): (int(lo), int(hi)) for (layer, sid), (lo, hi) in spans.iterrows()}
+    return {(layer, None if pd.isna(sid) else int(sid)): (int(lo), int(hi))
+            for (layer, sid), lo, hi in zip(spans.index, spans["min"], spans["max"])}
 
 
 def exit_times(events: pd.DataFrame) -> dict[int, int]:

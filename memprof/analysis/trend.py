@@ -50,17 +50,24 @@ def mann_kendall_confidence(series: np.ndarray) -> np.ndarray:
     k = series.shape[1]
     i, j = np.triu_indices(k, 1)
     s = np.sign(series[:, j] - series[:, i]).sum(axis=1)
-    variance = np.array([_mk_variance(row) for row in series])
+    variance = _mk_variance(series)
     z = np.where(s > 0, (s - 1) / np.sqrt(np.maximum(variance, 1e-12)), 0.0)
-    p = np.array([0.5 * math.erfc(value / math.sqrt(2)) for value in z])
+    p = 0.5 * np.array([math.erfc(value / math.sqrt(2)) for value in z.tolist()])
     return np.where(variance > 0, 1.0 - p, 0.0)
 
 
-def _mk_variance(row: np.ndarray) -> float:
-    n = len(row)
-    _, ties = np.unique(row, return_counts=True)
-    ties = ties[ties > 1].astype(float)
-    return (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18.0
+def _mk_variance(series: np.ndarray) -> np.ndarray:
+    """Per row, Var(S) = [n(n−1)(2n+5) − Σ t(t−1)(2t+5)] / 18 over the row's groups of t
+    equal values; all rows at once (sorted rows, then the lengths of runs of equal values)."""
+    rows, n = series.shape
+    ordered = np.sort(series, axis=1)
+    starts = np.ones_like(ordered, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    run_id = np.cumsum(starts.ravel()) - 1  # runs never cross rows: each row starts one
+    t = np.bincount(run_id).astype(float)
+    row_of_run = np.repeat(np.arange(rows), starts.sum(axis=1))
+    ties = np.bincount(row_of_run, weights=t * (t - 1) * (2 * t + 5), minlength=rows)
+    return (n * (n - 1) * (2 * n + 5) - ties) / 18.0
 
 
 def classify(series: np.ndarray, *, confidence: float = 0.99, min_growth: float = 1024.0) -> list[Trend]:

@@ -57,6 +57,13 @@ def test_theil_sen_ignores_outliers_and_mann_kendall_matches_the_formula():
     assert mann_kendall_confidence(np.zeros((1, 8)))[0] == 0.0  # all ties: no evidence
 
 
+def test_mann_kendall_variance_counts_ties_per_row():
+    from memprof.analysis.trend import _mk_variance
+    rows = np.array([[1, 1, 2, 2, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7], [9] * 8], dtype=float)
+    # n = 8: 8·7·21 = 1176; ties of 2 and 3 take 2·1·9 + 3·2·11 = 84; all 8 equal take 8·7·21.
+    assert _mk_variance(rows).tolist() == [(1176 - 84) / 18, 1176 / 18, 0.0]
+
+
 def test_shapes_of_known_series():
     grows = np.arange(20) * 1024.0
     plateau = np.minimum(np.arange(20), 6) * 1024.0 * 1024

@@ -30,6 +30,24 @@ def test_in_time_order_matches_sort_values_and_does_not_copy_sorted_frames():
     assert isinstance(in_time_order(frame.set_index(frame.index + 7)).index, pd.RangeIndex)
 
 
+def test_a_nearly_ordered_frame_is_patched_to_exactly_what_a_full_sort_gives():
+    """The ring buffer's interleaving: a few neighbours swapped. Every dtype of the schema
+    (categoricals, nullable ints with NA, uint64, floats with NaN) comes out as sort_values
+    makes it, and the input frame is left as it was."""
+    frame = random_lifetimes(20_000, seed=5)
+    frame["weight"] = np.where(np.arange(len(frame)) % 7 == 0, 2.5, np.nan)
+    frame["step"] = pd.array(np.where(np.arange(len(frame)) % 5 == 0, None, np.arange(len(frame)) // 100),
+                             dtype="Int32")
+    swapped = np.arange(len(frame))
+    for at in range(10, len(frame) - 1, 997):
+        swapped[at], swapped[at + 1] = swapped[at + 1], swapped[at]
+    nearly = frame.iloc[swapped].reset_index(drop=True)
+    before = nearly.copy(deep=True)
+    expected = nearly.sort_values(["ts_ns", "seq"], kind="stable", ignore_index=True)
+    pd.testing.assert_frame_equal(in_time_order(nearly), expected)
+    pd.testing.assert_frame_equal(nearly, before)
+
+
 def test_with_steps_fills_int32_steps_per_process_and_keeps_given_ones():
     frame = events_frame([
         (50, "alloc", 0xA0, 8), dict(ts_ns=100, action="mark", category="step", step=1, pid=100),
