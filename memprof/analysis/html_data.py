@@ -24,18 +24,17 @@ import pandas as pd
 from memprof.analysis.attribution import Attribution, Span, attribute
 from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.growth import step_marks
-from memprof.analysis.layers import live_curve
 from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes
 from memprof.analysis.overview import leak_report, recording_end_ns
+from memprof.analysis.series import CounterSeries, layer_series, sample_series
 from memprof.model.meta import RecordingMeta
-from memprof.model.schema import LAYERS, Action
+from memprof.model.schema import Action
 
 MAX_POINTS = 2000  # buckets per curve: a few thousand points draw sharply at any screen width
 MAX_MARKS = 1000  # step marks and OOMs drawn at most (evenly picked beyond that)
 MAX_DEPTH = 64  # frames kept per chain in a tree (the outermost; deeper ones are summed in "…")
-_NEVER = np.iinfo(np.int64).max
 # Layers that nest draw in one chart, side by side; families do not add up either.
 FAMILIES = {"cuda_block": "gpu", "cuda_segment": "gpu", "cuda_driver": "gpu",
             "torch_cpu": "host", "native_heap": "host", "kernel_slab": "kernel", "kernel_page": "kernel"}
@@ -123,72 +122,24 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
 def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
                     max_points: int = MAX_POINTS) -> list[Series]:
     """Live bytes of each (layer, device), layers outermost first, then each sampled (metric,
-    device) series sorted; each downsampled to at most `max_points` + 2 points."""
-    return _layer_series(lifetimes.allocations, max_points) + _sample_series(samples, max_points)
+    device) series sorted but capacities; each cut to at most `max_points` points keeping
+    every peak (series.downsample_max), and placed in its chart's family."""
+    counters = layer_series(lifetimes, max_points) + [
+        # Capacities (the machine's RAM, a GPU's total) are constants, not curves: the page
+        # states them instead of drawing a flat line that squeezes every other one.
+        c for c in sample_series(samples, max_points) if c.name not in CAPACITY_METRICS]
+    return [_series(c) for c in counters]
 
 
-def _layer_series(allocations: pd.DataFrame, max_points: int) -> list[Series]:
-    layer_codes, layer_names = category_codes(allocations["layer"])
-    device_codes, device_names = category_codes(allocations["device"])
-    weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else 1.0
-    size = np.rint(allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0) * weight).astype(np.int64)
-    alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
-    group = layer_codes.astype(np.int64) * (len(device_names) + 1) + device_codes + 1
-    rank = {name: i for i, name in enumerate(LAYERS)}
-    out = []
-    for g in np.unique(group[layer_codes >= 0]):
-        mine = group == g
-        times, live = live_curve(alloc_ts[mine], end_ts[mine], size[mine])
-        layer = label_of(layer_names[g // (len(device_names) + 1)])
-        device_code = g % (len(device_names) + 1) - 1
-        device = label_of(device_names[device_code]) if device_code >= 0 else ""
-        out.append(_series(layer, device, "layer", FAMILIES.get(layer, layer), times, live, max_points))
-    return sorted(out, key=lambda s: (rank.get(s.name, len(rank)), s.name, s.device))
-
-
-def _sample_series(samples: pd.DataFrame | None, max_points: int) -> list[Series]:
-    if samples is None or samples.empty:
-        return []
-    frame = samples[["ts_ns", "metric", "device", "value"]].dropna(subset=["value"])
-    # Capacities (the machine's RAM, a GPU's total) are constants, not curves: the page
-    # states them instead of drawing a flat line that squeezes every other one.
-    frame = frame[~frame["metric"].astype(str).isin(CAPACITY_METRICS)]
-    frame = frame.assign(metric=frame["metric"].astype(str),
-                         device=frame["device"].astype(object).where(frame["device"].notna(), ""))
-    frame = frame.sort_values(["metric", "device", "ts_ns"], kind="stable")
-    out = []
-    for (metric, device), rows in frame.groupby(["metric", "device"], sort=True):
-        family = _METRIC_FAMILY.get(metric.split("_")[0], "samples")
-        out.append(_series(metric, str(device), "sample", family, rows["ts_ns"].to_numpy(np.int64),
-                           rows["value"].to_numpy(float), max_points))
-    return out
-
-
-def _series(name: str, device: str, kind: str, family: str, times: np.ndarray, values: np.ndarray,
-            max_points: int) -> Series:
-    peak_at = int(np.argmax(values))
-    kept_t, kept_v = downsample_max(times, values, max_points)
-    return Series(name, device, kind, family, kept_t, kept_v, peak=values[peak_at].item(),
-                  peak_ns=int(times[peak_at]), final=values[-1].item(), points_in=len(times))
-
-
-def downsample_max(times: np.ndarray, values: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most `buckets` + 2 points of a step curve (`times` ascending): in each of `buckets`
-    equal slices of [times[0], times[-1]], the first point holding the slice's highest value;
-    plus the first and last points, so the curve starts and ends where it did. Unchanged when
-    it has no more than `buckets` + 2 points."""
-    n = len(times)
-    if n <= buckets + 2:
-        return times, values
-    span = max(int(times[-1]) - int(times[0]), 1)
-    bucket = np.minimum(((times - times[0]) / span * buckets).astype(np.int64), buckets - 1)
-    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-    highest = np.repeat(np.maximum.reduceat(values, starts), np.diff(np.r_[starts, n]))
-    at_max = np.flatnonzero(values == highest)
-    first_max = at_max[np.r_[True, bucket[at_max][1:] != bucket[at_max][:-1]]]
-    keep = np.unique(np.r_[0, first_max, n - 1])
-    return times[keep], values[keep]
+def _series(counter: CounterSeries) -> Series:
+    if counter.kind == "layer":
+        family = FAMILIES.get(counter.name, counter.name)
+    else:
+        family = _METRIC_FAMILY.get(counter.name.split("_")[0], "samples")
+    peak_at = int(np.argmax(counter.values))  # the cut keeps every peak: this is the curve's own
+    return Series(counter.name, counter.device, counter.kind, family, counter.times_ns, counter.values,
+                  peak=counter.values[peak_at].item(), peak_ns=int(counter.times_ns[peak_at]),
+                  final=counter.values[-1].item(), points_in=counter.points_in)
 
 
 # ---- marks ----------------------------------------------------------------------------------

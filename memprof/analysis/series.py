@@ -35,7 +35,8 @@ class CounterSeries:
     (int64) just after all events at each time; `kind` "sample": `name` is the metric (its
     unit in its name) and `values` the sampled values (float64). `device` is "" where the
     series has none. `unit` is "bytes" for layers and metrics named *_bytes, else "".
-    `times_ns` ascend strictly."""
+    `times_ns` ascend strictly. `points_in` is how many points the curve had before it was
+    cut to `max_points`."""
 
     kind: str
     name: str
@@ -43,6 +44,7 @@ class CounterSeries:
     unit: str
     times_ns: np.ndarray
     values: np.ndarray
+    points_in: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,11 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS) -> 
     series = []
     for layer, device in _layer_device_order(layer_codes, layer_names, device_codes, device_names):
         mask = (layer_codes == layer) & (device_codes == device)
-        times, live = downsample_max(*live_curve(alloc_ts[mask], end_ts[mask], size[mask]), max_points)
+        times, live = live_curve(alloc_ts[mask], end_ts[mask], size[mask])
+        kept_times, kept_live = downsample_max(times, live, max_points)
         series.append(CounterSeries(kind="layer", name=label_of(layer_names[layer]),
                                     device=_device_label(device, device_names), unit="bytes",
-                                    times_ns=times, values=live))
+                                    times_ns=kept_times, values=kept_live, points_in=len(times)))
     return series
 
 
@@ -142,7 +145,7 @@ def sample_series(samples: pd.DataFrame | None, max_points: int = DEFAULT_MAX_PO
                                        rows["value"].to_numpy(dtype=float), max_points)
         series.append(CounterSeries(kind="sample", name=str(metric), device=str(device),
                                     unit="bytes" if str(metric).endswith("_bytes") else "",
-                                    times_ns=times, values=values))
+                                    times_ns=times, values=values, points_in=len(rows)))
     return series
 
 

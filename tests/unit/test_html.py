@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import memprof.cli.report_html  # noqa: F401  (registers `html` until cli/report.py imports it)
 from memprof.analysis.chains import canonical_stacks
-from memprof.analysis.html_data import MAX_POINTS, downsample_max, html_data, timeline_series
+from memprof.analysis.html_data import MAX_POINTS, html_data, timeline_series
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta
@@ -53,25 +53,7 @@ def blob(page_text: str) -> dict:
     return json.loads(DATA_BLOB.search(page_text).group(1))
 
 
-# --- downsampling -------------------------------------------------------------------------------
-
-def test_downsampling_keeps_each_slices_highest_point_and_both_ends():
-    times = np.arange(10_000, dtype=np.int64) * 10
-    values = (np.arange(10_000) % 100).astype(np.int64)
-    values[5_003] = 10**6  # one spike: must survive at its own time
-    values[-1] = 7
-    t, v = downsample_max(times, values, 10)
-    assert len(t) <= 12 and t[0] == 0 and t[-1] == 99_990 and v[-1] == 7
-    assert (50_030, 10**6) in zip(t.tolist(), v.tolist())
-    # each slice of 1000 points keeps its first 99 (at i = 99 + 100k): slice 0 -> i=99, slice 1 -> 1099, …
-    assert [int(x) for x in t if x not in (0, 99_990, 50_030)] == [(99 + 1000 * k) * 10 for k in range(10) if k != 5]
-
-
-def test_downsampling_leaves_a_short_curve_unchanged():
-    times, values = np.array([1, 2, 3]), np.array([5, 9, 1])
-    t, v = downsample_max(times, values, 10)
-    assert t.tolist() == [1, 2, 3] and v.tolist() == [5, 9, 1]
-
+# --- curves ------------------------------------------------------------------------------------
 
 def test_layer_curve_is_exact_below_the_cap_and_layers_stay_apart():
     events = concat_events(leak(3, size=4096, every_ns=10), leak(2, size=100, layer="kernel_slab", start_ns=5))
@@ -144,7 +126,7 @@ def test_page_size_is_bounded_and_curves_are_capped_whatever_the_recording_lengt
 
     small_size, _ = built(50_000)
     size, data = built(500_000)  # ~10^6 events
-    assert all(len(s["t"]) == len(s["v"]) <= MAX_POINTS + 2 for s in data["series"])
+    assert all(len(s["t"]) == len(s["v"]) <= MAX_POINTS for s in data["series"])  # peaks kept: series.downsample_max
     assert [s["points_in"] > MAX_POINTS for s in data["series"]] == [True, True, True]
     # Curves are capped, so 10x the events adds little: 10^7 events stay far below 5 MB.
     assert size < 2 * small_size and size + 10 * (size - small_size) < 5_000_000
