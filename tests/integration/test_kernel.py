@@ -121,9 +121,11 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert "leak_and_churn" in functions(top, "native"), context
     assert top["released_at_exit"] is True
     # A command that exits: what it held is judged at its exit. No step marks: trends were
-    # judged over fixed windows, and nothing here is held on purpose.
+    # judged over fixed windows. The churn's own pipes may show as not-a-leak (sawtooth);
+    # the held pipes never do.
     assert top["kind"] == "held_at_end" and report["checkpoints"]["by"] == "window", top
-    assert not any("alloc_pipe_info" in functions(f, "kernel") for f in report["not_leaks"]), describe(report["not_leaks"])
+    kept = [f for f in report["not_leaks"] if "leak_and_churn" in functions(f, "native") and f["live_count"] >= held]
+    assert kept == [], describe(kept)
 
     inodes = [f for f in findings if "alloc_inode" in functions(f, "kernel")]
     assert any(f["live_count"] == held for f in inodes), context
