@@ -300,9 +300,9 @@ def _child_load(path: str) -> dict:
 
 
 def _loaded(path: str):
-    """(recording, timeline, lifetimes, canonical stacks), as the CLI's `_analysed` makes them."""
-    from memprof.cli.report import _analysed
-    return _analysed(path)
+    """(recording, timeline, lifetimes, canonical stacks), as the CLI's `analysed` makes them."""
+    from memprof.cli.common import analysed
+    return analysed(path)
 
 
 def _child_pair(path: str) -> dict:

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from memprof.cli.report import _analysed, _min_age
+from memprof.cli.common import analysed, min_age_ns
 
 
 def _size(text: str) -> int:
@@ -40,7 +40,7 @@ def _max_leak(ctx, param, value):
 @click.option("--max-leak", metavar="SIZE", callback=_max_leak,
               help="The bytes of the leak findings (as `report leaks` finds them) must be at most SIZE in every layer.")
 @click.option("--fail-on-leak", is_flag=True, help="Any leak finding fails the check.")
-@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
               help="table: for people; json: every number, for scripts.")
@@ -65,7 +65,7 @@ def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
     budgets = Budgets(peaks=peaks, max_leak_bytes=max_leak, fail_on_leak=fail_on_leak)
     if not budgets.count:
         raise UsageError("no budget to check", "give --max-peak SIZE[:LAYER], --max-leak SIZE or --fail-on-leak")
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     result = check_recording(lifetimes, budgets, lambda: leak_report(
         rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical, min_age_ns=min_age, top=None))
     if fmt == "json":

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option
+from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
 
 
 def _side(path: str):
@@ -14,7 +14,7 @@ def _side(path: str):
     from memprof.analysis.leaks import end_of_target
     from memprof.analysis.overview import recording_end_ns
 
-    rec, events, lifetimes, _ = _analysed(path)
+    rec, events, lifetimes, _ = analysed(path)
     end_ns = end_of_target(events, rec.meta.pid, recording_end_ns(rec.meta, events))
     return rec, Recorded(lifetimes=lifetimes, stacks=rec.stacks, frames=rec.frames, end_ns=end_ns)
 
@@ -26,7 +26,7 @@ def _side(path: str):
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
               help="table: for people; json: every number, for scripts.")
-@_native_frames_option
+@native_frames_option
 def diff(a, b, top, layers, fmt, native_frames):
     """What changed from recording A (the baseline) to B, e.g. between two commits.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from memprof.cli.report import _analysed, _native_frames_option
+from memprof.cli.common import analysed, native_frames_option
 
 # memprof.report.exports.FORMATS (kept here so `memprof --help` does not import pandas).
 FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet")
@@ -24,7 +24,7 @@ FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "
 @click.option("--max-points", default=20_000, show_default=True, type=click.IntRange(min=2),
               help="perfetto and chrome-trace: at most this many points per counter track; the highest point "
                    "of each stretch is kept, so peaks survive.")
-@_native_frames_option
+@native_frames_option
 def export(path, fmt, output, max_points, native_frames):
     """Write a recording (default: the newest in the current directory) in another tool's format.
 
@@ -54,19 +54,19 @@ def export(path, fmt, output, max_points, native_frames):
 
     if output == "-" and fmt in TABULAR:
         raise UsageError(f"{fmt} writes a directory of two files, not stdout", "give -o a directory, or leave it out")
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     if len(events) == 0:
         console.warning(f"{rec.path} has no events: the export holds no memory curves or chains")
     target = Path(output) if output else Path(str(rec.path).rstrip("/") + FORMATS[fmt].suffix)
-    analysed = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
+    recording = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
     if fmt in TABULAR:
-        written = _write_tables(analysed, target, fmt)
+        written = _write_tables(recording, target, fmt)
     elif output == "-":
         with click.open_file("-", "wb") as stdout:
-            stdout.write(_RENDERERS[fmt](analysed))
+            stdout.write(_RENDERERS[fmt](recording))
         return
     else:
-        _write_file(target, _RENDERERS[fmt](analysed))
+        _write_file(target, _RENDERERS[fmt](recording))
         written = [target]
     for file in written:
         console.info(f"wrote {file} ({fmt}: open with {FORMATS[fmt].viewer})")

@@ -5,51 +5,7 @@ import json
 
 import click
 
-LAYER_CHOICES = ("cuda_block", "cuda_segment", "cuda_driver", "torch_cpu", "native_heap", "kernel_slab", "kernel_page")
-
-
-def _min_age(ctx, param, value):
-    from memprof.errors import UsageError
-    from memprof.units import parse_duration
-    try:
-        seconds = parse_duration(value)
-    except UsageError as e:
-        raise click.BadParameter(e.message) from None
-    if seconds < 0:
-        raise click.BadParameter("must not be negative")
-    return int(seconds * 1e9)
-
-
-def _analysed(path: str | None):
-    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report.
-    On a terminal, each stage shows on stderr while it runs (a 10^7-event recording takes
-    seconds)."""
-    from memprof.analysis.chains import canonical_stacks
-    from memprof.analysis.lifetimes import pair_lifetimes
-    from memprof.cli import console
-    from memprof.recording import find_latest_recording, open_recording
-    from memprof.timeline import timeline
-
-    with console.progress() as stage:
-        stage("reading the recording")
-        rec = open_recording(path if path else find_latest_recording("."))
-        stage(f"merging {_count(rec)} events into one timeline")
-        events = rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
-        stage("pairing allocations with their frees")
-        lifetimes = pair_lifetimes(events)
-        stage("merging identical chains")
-        return rec, events, lifetimes, canonical_stacks(rec.stacks)
-
-
-def _count(rec) -> str:
-    return f"{len(rec.events):,}"
-
-
-def _native_frames_option(fn):
-    return click.option(
-        "--native-frames", "native_frames", default="merged", show_default=True, type=click.Choice(("merged", "all")),
-        help="merged: the interpreter's eval-loop frames are replaced by the Python frames they ran; "
-             "all: keep every native frame too.")(fn)
+from memprof.cli.common import LAYER_CHOICES, analysed, min_age_ns, native_frames_option
 
 
 class _SummaryByDefault(click.Group):
@@ -82,7 +38,7 @@ def summary(path, top, fmt):
     from memprof.cli import console
     from memprof.report.summary import render_summary, summary_to_json
 
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     result = summarize(rec.meta, events, lifetimes, rec.stacks, rec.frames, rec.samples,
                        canonical_stack=canonical, top=top)
     chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.leaks.findings])
@@ -94,16 +50,16 @@ def summary(path, top, fmt):
 
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
-@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")
-@click.option("--window", default=None, callback=lambda ctx, p, v: None if v is None else _min_age(ctx, p, v),
+@click.option("--window", default=None, callback=lambda ctx, p, v: None if v is None else min_age_ns(ctx, p, v),
               help="Without step marks, judge growth at the ends of windows this long (default: the run cut in 32).")
 @click.option("--confidence", default=0.99, show_default=True, type=click.FloatRange(0.5, 0.999999),
               help="How sure the Mann–Kendall test must be that a chain rises before it is called growing.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
-@_native_frames_option
+@native_frames_option
 def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     """What grew and never came back, by allocation chain, biggest first. Three kinds:
 
@@ -127,7 +83,7 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     from memprof.cli import console
     from memprof.report.leaks import leaks_to_json, render_leaks_table
 
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     result = leak_report(rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical,
                          min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence)
     shown = [f.stack_id for f in result.findings + result.not_leaks]
@@ -143,7 +99,7 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer, at its peak.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
-@_native_frames_option
+@native_frames_option
 def layers(path, top, fmt, native_frames):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the
     peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""
@@ -153,7 +109,7 @@ def layers(path, top, fmt, native_frames):
     from memprof.cli import console
     from memprof.report.layers import layers_to_json, render_layers_table
 
-    rec, _, lifetimes, canonical = _analysed(path)
+    rec, _, lifetimes, canonical = analysed(path)
     summary = layer_summary(lifetimes, rec.samples, top=top, canonical_stack=canonical)
     ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
     chains = chain_frames(rec.stacks, rec.frames, ids, native_frames)

@@ -5,7 +5,8 @@ import json
 
 import click
 
-from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option, report
+from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
+from memprof.cli.report import report
 
 BY_CHOICES = ("chain", "function", "layer", "category")  # memprof.analysis.attribution.BY_CHOICES
 _AT_HELP = ("When each layer is judged: end (the target began to exit, before its teardown frees), peak "
@@ -38,7 +39,7 @@ def _common(fn):
         click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Rows shown per layer."),
         click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
                      help="table: for the terminal; json: every number, times in CLOCK_MONOTONIC ns, sizes in bytes."),
-        _native_frames_option,
+        native_frames_option,
     ]):
         fn = option(fn)
     return fn
@@ -54,7 +55,7 @@ def _attributed(path, *, by: str, at, layers, top, native_frames):
     from memprof.analysis.attribution import Span, attribute
     from memprof.analysis.leaks import chain_frames, end_of_target
 
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     recording_end = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
     span = Span(start_ns=rec.meta.start_ns, end_ns=end_of_target(events, rec.meta.pid, recording_end),
                 recording_end_ns=recording_end)

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from memprof.cli.report import LAYER_CHOICES, _analysed, _native_frames_option, report
+from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
+from memprof.cli.report import report
 
 
 @report.command()
@@ -33,7 +34,7 @@ def gpu(path, points, fmt):
     from memprof.cli import console
     from memprof.report.gpu import gpu_to_json, render_gpu_table
 
-    rec, events, lifetimes, _ = _analysed(path)
+    rec, events, lifetimes, _ = analysed(path)
     result = gpu_breakdown(lifetimes, events, rec.samples, meta=rec.meta, points=points)
     loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
     if fmt == "json":
@@ -51,7 +52,7 @@ def gpu(path, points, fmt):
 @click.option("--points", default=50, show_default=True, type=click.IntRange(min=3),
               help="Without step marks: fit at this many evenly spaced times.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
-@_native_frames_option
+@native_frames_option
 def growth(path, layers, top, points, fmt, native_frames):
     """How each layer's live bytes grow per training step (per second when the recording has
     no step marks), per device and for its biggest chains: a linear fit (bytes per step) and
@@ -64,7 +65,7 @@ def growth(path, layers, top, points, fmt, native_frames):
     from memprof.cli import console
     from memprof.report.growth import growth_to_json, render_growth_table
 
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     result = fit_growth(lifetimes, events, rec.samples, origin_ns=rec.meta.start_ns, points=points, top=top,
                         layers=layers or None, canonical_stack=canonical)
     chains = chain_frames(rec.stacks, rec.frames, [s.stack_id for s in result.series if s.chain], native_frames)

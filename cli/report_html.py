@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.report import _analysed, _min_age, _native_frames_option, report
+from memprof.cli.common import analysed, min_age_ns, native_frames_option
+from memprof.cli.report import report
 
 
 @report.command()
@@ -14,12 +15,12 @@ from memprof.cli.report import _analysed, _min_age, _native_frames_option, repor
               help="Findings shown, and chains kept per layer in the flame graphs (the rest is one 'other' box).")
 @click.option("--points", default=2000, show_default=True, type=click.IntRange(min=10, max=100_000),
               help="Points kept per curve: the highest of each time slice, so peaks survive.")
-@click.option("--min-age", default="500ms", show_default=True, callback=_min_age,
+@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks (as report leaks).")
 @click.option("--format", "fmt", default="html", show_default=True, type=click.Choice(("html", "json")),
               help="html: the page; json: only its data blob, on stdout unless -o is given "
                    "(times in CLOCK_MONOTONIC ns, sizes in bytes).")
-@_native_frames_option
+@native_frames_option
 def html(path, output, top, points, min_age, fmt, native_frames):
     """Write one HTML file that opens offline, from disk (scripts, styles and data inline):
 
@@ -43,7 +44,7 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     from memprof.cli import console
     from memprof.report.html import html_page, page_json
 
-    rec, events, lifetimes, canonical = _analysed(path)
+    rec, events, lifetimes, canonical = analysed(path)
     data = html_data(events, lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples, meta=rec.meta,
                      canonical_stack=canonical, top=top, max_points=points, native_frames=native_frames,
                      min_age_ns=min_age)

@@ -27,10 +27,9 @@ from memprof.analysis.checkpoints import Checkpoints
 from memprof.analysis.lifetimes import Lifetimes, label_of, labels
 from memprof.analysis.trend import Trend
 from memprof.errors import UsageError
-from memprof.model.schema import EVAL_LOOP_FUNCTIONS, Action, FrameKind, Layer, Mark
+from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FRAME_KEYS, Action, FrameKind, Layer, Mark
 
 _NEVER = np.iinfo(np.int64).max
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 
 
 KINDS = ("held_at_end", "grows_per_step", "not_a_leak")
@@ -323,7 +322,7 @@ def chain_frames(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable
     chains: dict[int, list[dict]] = {i: [] for i in ids}
     rows = stacks[stacks["stack_id"].isin(ids)].merge(frames, on="frame_id", how="left")
     for row in rows.sort_values(["stack_id", "depth"]).itertuples(index=False):
-        chains[int(row.stack_id)].append({key: _value(getattr(row, key)) for key in _FRAME_KEYS})
+        chains[int(row.stack_id)].append({key: _value(getattr(row, key)) for key in FRAME_KEYS})
     if native_frames == "merged":
         chains = {i: _without_eval_loop(chain) for i, chain in chains.items()}
     return chains

@@ -92,6 +92,9 @@ FRAMES_SCHEMA = pa.schema([
     ("line", pa.int32()),
 ])
 
+# A frame as reports and JSON carry it: FRAMES_SCHEMA without its id.
+FRAME_KEYS = tuple(name for name in FRAMES_SCHEMA.names if name != "frame_id")
+
 SAMPLES_SCHEMA = pa.schema([
     ("ts_ns", pa.int64()), ("metric", pa.string()), ("device", pa.string()), ("value", pa.float64()),
 ])

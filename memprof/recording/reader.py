@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
 from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, RecordingMeta
-from memprof.model.schema import ACTIONS, LAYERS
+from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
 
 NOT_FINALIZED_NOTE = "recording was not finalized (recorder killed?): data up to the last flush"
@@ -27,7 +27,6 @@ _NULLABLE_INTEGERS = {
     "events": ("size_bytes", "requested_bytes", "stack_id", "alloc_id", "step"),
     "frames": ("line",),
 }
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 _ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
 
 
@@ -79,7 +78,7 @@ class Recording:
         if "frames" not in self._cache:
             columns = {
                 key: [None if pd.isna(v) else v for v in self.frames[key].astype(object).tolist()]
-                for key in _FRAME_KEYS
+                for key in FRAME_KEYS
             }
             self._cache["frames"] = (pd.Index(self.frames["frame_id"]), columns)
         return self._cache["frames"]
@@ -87,8 +86,8 @@ class Recording:
 
 def _frame_dict(columns: dict[str, list], position: int) -> dict[str, Any]:
     if position < 0:  # a frame_id missing from `frames`: keep the depth, say nothing
-        return dict.fromkeys(_FRAME_KEYS)
-    return {key: columns[key][position] for key in _FRAME_KEYS}
+        return dict.fromkeys(FRAME_KEYS)
+    return {key: columns[key][position] for key in FRAME_KEYS}
 
 
 def open_recording(path: Path | str) -> Recording:

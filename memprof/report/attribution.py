@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from rich.markup import escape
 from rich.table import Table
 
-from memprof.model.schema import LAYERS
-from memprof.report.layers import _one_line  # one chain in one line, allocator frames skipped
+from memprof.model.schema import FRAME_KEYS, LAYERS
+from memprof.report.layers import one_line  # one chain in one line, allocator frames skipped
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
     from memprof.analysis.attribution import Attribution, CategoryRow, ChainRow, FunctionRow, LayerLive
 
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 _KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
 _KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
 NO_STACK_FRAME = "[no stack]"
@@ -50,7 +49,7 @@ def _layer_json(layer: LayerLive, by: str, chains: dict[int, list[dict]]) -> dic
 
 def _chain_json(row: ChainRow, chains: dict[int, list[dict]]) -> dict[str, Any]:
     return {"stack_id": row.stack_id, "live_bytes": int(row.live_bytes), "live_count": int(row.live_count),
-            "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _frames(row.stack_id, chains)]}
+            "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(row.stack_id, chains)]}
 
 
 def _function_json(row: FunctionRow) -> dict[str, Any]:
@@ -139,7 +138,7 @@ def _rows_table(result: Attribution, layer: LayerLive, chains: dict[int, list[di
 
 def _chain_cells(row: ChainRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
     return [format_bytes(row.live_bytes), f"{row.live_count:,}", _share(row.live_bytes, layer.live_bytes),
-            _one_line(_frames(row.stack_id, chains))]
+            one_line(_frames(row.stack_id, chains))]
 
 
 def _function_cells(row: FunctionRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:

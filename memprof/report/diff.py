@@ -8,7 +8,8 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from memprof.report.layers import _one_line
+from memprof.model.schema import FRAME_KEYS
+from memprof.report.layers import one_line
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 
     from memprof.analysis.diff import ChainDiff, DiffResult, LayerDiff
 
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 _IDENTITY_KEYS = ("kind", "function", "module", "file")
 
 
@@ -53,7 +53,7 @@ def _chain_json(chain: ChainDiff, chains_a: dict, chains_b: dict) -> dict[str, A
         "peak_a": int(chain.peak_a), "peak_b": int(chain.peak_b), "peak_delta": int(chain.peak_delta),
         "stack_id_a": chain.stack_id_a, "stack_id_b": chain.stack_id_b,
         "identity": [dict(zip(_IDENTITY_KEYS, frame)) for frame in chain.frames],
-        "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _frames(chain, chains_a, chains_b)],
+        "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(chain, chains_a, chains_b)],
     }
 
 
@@ -109,7 +109,7 @@ def _chains_table(layer: LayerDiff, chains_a: dict, chains_b: dict) -> Table:
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("chain", no_wrap=True, overflow="ellipsis")
     for chain in layer.chains:
-        shown = _status(chain) + _one_line(_frames(chain, chains_a, chains_b))
+        shown = _status(chain) + one_line(_frames(chain, chains_a, chains_b))
         table.add_row(_signed(chain.end_delta), _from_to(chain.end_a, chain.end_b), _signed(chain.peak_delta),
                       _from_to(chain.peak_a, chain.peak_b), shown)
     return table

@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 # One-line chain naming shared with the layers report (skips allocator frames).
-from memprof.report.layers import _FRAME_KEYS, _one_line
+from memprof.model.schema import FRAME_KEYS
+from memprof.report.layers import one_line
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _series_json(series: GrowthSeries, chains: dict[int, list[dict]]) -> dict:
            "linear": _fit_json(series.linear), "power": _fit_json(series.power), "better": series.better,
            "forecast": _forecast_json(series.forecast)}
     if series.chain:
-        out["stack"] = [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _frames(series, chains)]
+        out["stack"] = [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(series, chains)]
     return out
 
 
@@ -104,7 +105,7 @@ def _table(result: GrowthResult, chains: dict[int, list[dict]]) -> Table:
 
 def _name(series: GrowthSeries, chains: dict[int, list[dict]]) -> str:
     if series.chain:
-        return "  ↳ " + _one_line(_frames(series, chains))
+        return "  ↳ " + one_line(_frames(series, chains))
     return f"[bold]{escape(series.layer)}[/] {escape(series.device)}"
 
 

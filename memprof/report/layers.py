@@ -7,6 +7,7 @@ from typing import Iterable, TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from memprof.model.schema import FRAME_KEYS
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from memprof.analysis.layers import ChainBytes, LayerStats, LayerSummary, MetricStats
 
 CHAIN_FRAMES = 3
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 # Frames inside an allocator, skipped when a chain is shown in one line so that it names the
 # code that asked for memory: libc's malloc family, C++ operator new, the kernel's slab and
 # page allocators, c10's CPU allocator, the CUDA driver/runtime allocators, CPython's own.
@@ -55,7 +55,7 @@ def _layer_json(stats: LayerStats, chains: dict[int, list[dict]]) -> dict[str, A
             "stack_id": chain.stack_id,
             "live_bytes": int(chain.live_bytes),
             "live_count": int(chain.live_count),
-            "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _frames(chain, chains)],
+            "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(chain, chains)],
         } for chain in stats.top_chains],
     }
 
@@ -102,11 +102,11 @@ def _chain_lines(top: list[ChainBytes], chains: dict[int, list[dict]]) -> list[s
     lines = ["  held most at the peak:"]
     for index, chain in enumerate(top, 1):
         count = f"{chain.live_count:,} allocation{'s' if chain.live_count != 1 else ''}"
-        lines.append(f"  {index}. {format_bytes(chain.live_bytes)} in {count}  {_one_line(_frames(chain, chains))}")
+        lines.append(f"  {index}. {format_bytes(chain.live_bytes)} in {count}  {one_line(_frames(chain, chains))}")
     return lines
 
 
-def _one_line(frames: list[dict]) -> str:
+def one_line(frames: list[dict]) -> str:
     """The innermost CHAIN_FRAMES callers outside the allocators, 'fn ← fn ← fn'; escaped.
     A chain made only of allocator frames shows its innermost ones."""
     if not frames:

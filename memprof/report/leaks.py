@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from rich.markup import escape
 
+from memprof.model.schema import FRAME_KEYS
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding, LeakResult
 
 MAX_FRAMES = 12
-_FRAME_KEYS = ("kind", "function", "module", "file", "line")
 _KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
 _KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
 
@@ -62,7 +62,7 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "released_at_exit": bool(finding.released_at_exit),
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
-        "stack": [{key: frame.get(key) for key in _FRAME_KEYS} for frame in _chain(finding, chains)],
+        "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _chain(finding, chains)],
         # False: the chain has no Python frames (the eBPF sources record kernel and native
         # frames only), not that no Python code was involved.
         "python_frames": any(frame.get("kind") == "python" for frame in _chain(finding, chains)),

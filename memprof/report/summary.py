@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from memprof.report.layers import _one_line
+from memprof.report.layers import one_line
 from memprof.report.leaks import explain
 from memprof.units import format_bytes, format_duration_ns
 
@@ -134,7 +134,7 @@ def _where(chain: list[dict]) -> str:
     lines when it has any (escaped), else its innermost callers outside the allocators."""
     python = [frame for frame in chain if frame.get("kind") == "python"]
     if not python:
-        return _one_line(chain)
+        return one_line(chain)
     shown = [f"{frame.get('function') or '??'} ({Path(frame.get('file') or '?').name}:{frame.get('line')})"
              for frame in python[:_PYTHON_FRAMES]]
     return escape(" ← ".join(shown)) + (" ← …" if len(python) > _PYTHON_FRAMES else "")

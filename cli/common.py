@@ -1,0 +1,54 @@
+"""What every command that reads a recording shares: opening and analysing it, and the
+options whose meaning must be the same everywhere (--min-age, --native-frames, layers)."""
+from __future__ import annotations
+
+import click
+
+# The schema's layers (memprof.model.schema.LAYERS), spelled here so --help needs no import.
+LAYER_CHOICES = ("cuda_block", "cuda_segment", "cuda_driver", "torch_cpu", "native_heap", "kernel_slab", "kernel_page")
+
+
+def min_age_ns(ctx, param, value):
+    """click callback: a duration with a unit ('500ms') as non-negative ns."""
+    from memprof.errors import UsageError
+    from memprof.units import parse_duration
+    try:
+        seconds = parse_duration(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+    if seconds < 0:
+        raise click.BadParameter("must not be negative")
+    return int(seconds * 1e9)
+
+
+def analysed(path: str | None):
+    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report.
+    On a terminal, each stage shows on stderr while it runs (a 10^7-event recording takes
+    seconds)."""
+    from memprof.analysis.chains import canonical_stacks
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.cli import console
+    from memprof.recording import find_latest_recording, open_recording
+    from memprof.timeline import timeline
+
+    with console.progress() as stage:
+        stage("reading the recording")
+        rec = open_recording(path if path else find_latest_recording("."))
+        stage(f"merging {_count(rec)} events into one timeline")
+        events = rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
+        stage("pairing allocations with their frees")
+        lifetimes = pair_lifetimes(events)
+        stage("merging identical chains")
+        return rec, events, lifetimes, canonical_stacks(rec.stacks)
+
+
+def _count(rec) -> str:
+    return f"{len(rec.events):,}"
+
+
+def native_frames_option(fn):
+    """The --native-frames option of every command that shows chains."""
+    return click.option(
+        "--native-frames", "native_frames", default="merged", show_default=True, type=click.Choice(("merged", "all")),
+        help="merged: the interpreter's eval-loop frames are replaced by the Python frames they ran; "
+             "all: keep every native frame too.")(fn)
