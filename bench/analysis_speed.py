@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATOR_VERSION = 1  # bump when the generated recording changes: the cache is keyed by it
+GENERATOR_VERSION = 2  # bump when the generated recording changes (2: the writer sorts each events part): the cache is keyed by it
 ROOT_PID, SEED = 4242, 6
 START_NS = 1_000_000_000_000          # CLOCK_MONOTONIC of the recording's start
 SPAN_NS = 10_000_000_000              # 10 s of trace: ~1 M events/s, as kernel_churn records

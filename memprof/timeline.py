@@ -69,18 +69,19 @@ def _moved(values: np.ndarray, rows: np.ndarray, sources: np.ndarray) -> np.ndar
 
 
 def time_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
-    """Positions that sort rows stably by (ts, seq); None when they are in that order already."""
+    """Positions that sort rows stably by (ts, seq); None when they are in that order already
+    (the recorder writes each part in that order, so usually they are)."""
     if len(ts) < 2:
         return None
-    ts_steps = np.diff(ts)
-    if ts_steps.min() > 0:
+    rising, same = ts[1:] > ts[:-1], ts[1:] == ts[:-1]
+    if (rising | (same & (seq[1:] > seq[:-1]))).all():  # comparisons: no int64 temporaries
         return None
-    seq_rises = bool((np.diff(seq) > 0).all())
-    if seq_rises and ts_steps.min() == 0:
-        return None  # ts never falls and equal ts are already in seq order
-    # Rows in ingest order: a stable sort by ts alone keeps seq order within equal ts.
-    return np.argsort(ts, kind="stable") if seq_rises else np.lexsort((seq, ts))
+    if (seq[1:] > seq[:-1]).all():  # rows in ingest order: a stable sort by ts keeps it within ties
+        return np.argsort(ts, kind="stable")
+    return np.lexsort((seq, ts))
 
+
+_CHUNK = 1 << 20  # rows per pass of with_steps
 
 TENSOR_PREFIX = "tensor:"  # `category` of the agent's profiler-window tensor annotations
 ROLE_TOLERANCE_NS = 1_000_000
@@ -148,11 +149,14 @@ def with_steps(events: pd.DataFrame) -> pd.DataFrame:
     marks = events[is_step & ~missing]
     pid, ts = events["pid"].to_numpy(), events["ts_ns"].to_numpy()
     for mark_pid, mine in marks.groupby("pid", sort=False):  # one pass per process that marks steps (a few)
-        rows = np.flatnonzero((pid == mark_pid) & missing)
-        at = np.searchsorted(mine["ts_ns"].to_numpy(), ts[rows], side="right") - 1
-        known = at >= 0
-        values[rows[known]] = mine["step"].to_numpy(dtype=np.int32)[at[known]]
-        missing[rows[known]] = False
+        mark_ts, mark_step = mine["ts_ns"].to_numpy(), mine["step"].to_numpy(dtype=np.int32)
+        for start in range(0, len(ts), _CHUNK):  # chunks: the temporaries stay small on 10^7 rows
+            window = slice(start, start + _CHUNK)
+            rows = np.flatnonzero((pid[window] == mark_pid) & missing[window]) + start
+            at = np.searchsorted(mark_ts, ts[rows], side="right") - 1
+            known = at >= 0
+            values[rows[known]] = mark_step[at[known]]
+            missing[rows[known]] = False
     events = events.copy(deep=False)  # copy-on-write: only the replaced column is new
     events["step"] = pd.arrays.IntegerArray(values, missing)
     return events

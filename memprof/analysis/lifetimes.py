@@ -60,26 +60,26 @@ class Lifetimes:
 def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
     """Pair allocs with frees over an events frame with the EVENTS_SCHEMA columns.
 
-    Vectorized: the alloc/free rows are put in (key, ts_ns, seq) order by a radix sort on
-    their dense pairing key, then each row is judged by its neighbours. Linear in the events
-    (10^7 in ~1 s on one core, bench/analysis_speed.py).
+    Vectorized: each alloc/free row is judged by the next and the previous row of its pairing
+    key in (ts_ns, seq) order, found by a group-wise shift over the dense key (no sort when the
+    timeline is in time order, as `timeline()` makes it). bench/analysis_speed.py measures it.
     """
     kinds = _row_kinds(events["action"])
     rows = np.flatnonzero(kinds)
     kind = kinds[rows]
     layer_codes, layer_names = category_codes(events["layer"])
     layer_codes = layer_codes[rows]
-    key = _pairing_key(events, rows, layer_codes)
-    ts = events["ts_ns"].to_numpy()[rows]
-    order = _sort_order(key, ts, events["seq"].to_numpy()[rows])
-
-    end_kind_sorted, end_ts_sorted, unmatched_sorted = _judge(key[order], kind[order], ts[order])
-    del key
-    end_kind = np.empty(len(rows), dtype=np.int8)
-    end_ts = np.empty(len(rows), dtype=np.int64)
-    unmatched = np.empty(len(rows), dtype=bool)
-    end_kind[order], end_ts[order], unmatched[order] = end_kind_sorted, end_ts_sorted, unmatched_sorted
-    del order, end_kind_sorted, end_ts_sorted, unmatched_sorted
+    key = _as_groups(_pairing_key(events, rows, layer_codes))
+    ts_all, seq_all = events["ts_ns"].to_numpy(), events["seq"].to_numpy()
+    ts = ts_all[rows]
+    # A subset of rows in time order is in time order: check the whole timeline (no gather).
+    by_time = None if _in_time_order(ts_all, seq_all) or _in_time_order(ts, seq_all[rows]) else \
+        np.lexsort((seq_all[rows], ts))
+    if by_time is None:
+        end_kind, end_ts, unmatched = _judge(key, kind, ts)
+    else:  # judge in time order, then put the verdicts back in row order
+        end_kind, end_ts, unmatched = _unpermuted(_judge(key[by_time], kind[by_time], ts[by_time]), by_time)
+    del key, ts
 
     is_alloc = kind == _ALLOC
     allocations = _allocations_frame(events, rows[is_alloc], end_ts[is_alloc], end_kind[is_alloc])
@@ -102,8 +102,8 @@ def _pairing_key(events: pd.DataFrame, rows: np.ndarray, layer_codes: np.ndarray
     alloc_id-or-addr) are equal.
 
     `alloc_id` and `addr` are separate namespaces: a row keyed by id never meets one keyed by
-    address. Values are densified by hashing (pd.factorize), so the key is small enough for a
-    radix sort of a few 16-bit passes.
+    address. Values are densified by hashing (pd.factorize), so the key is dense enough to
+    group by as categorical codes.
     """
     device_codes, device_names = category_codes(events["device"])
     has_id = events["alloc_id"].notna().to_numpy()[rows]
@@ -114,25 +114,17 @@ def _pairing_key(events: pd.DataFrame, rows: np.ndarray, layer_codes: np.ndarray
     value_codes, uniques = pd.factorize(values)
     del values
     n_devices = len(device_names) + 1
-    group = ((layer_codes.astype(np.int64) + 1) * n_devices + device_codes[rows] + 1) * 2 + has_id
-    return _renumbered(group) * max(len(uniques), 1) + value_codes
+    # A handful of (layer, device, id-or-address) groups: int32 arithmetic, a quarter of the traffic.
+    group = ((layer_codes.astype(np.int32) + 1) * n_devices + device_codes[rows].astype(np.int32) + 1) * 2 + has_id
+    return _renumbered(group).astype(np.int64) * max(len(uniques), 1) + value_codes
 
 
 def _renumbered(group: np.ndarray) -> np.ndarray:
     """Small non-negative codes renumbered 0..k-1 in order (a handful of groups are present), so
     the key spans as few bits as it can; a lookup table, not a sort."""
     present = np.bincount(group) > 0 if len(group) else np.zeros(1, dtype=bool)
-    table = np.cumsum(present) - 1
+    table = (np.cumsum(present) - 1).astype(group.dtype)
     return table[group]
-
-
-def _sort_order(key: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """Stable order by (key, ts_ns, seq). The merged timeline is already in (ts_ns, seq)
-    order, so usually the radix sort by key alone suffices."""
-    if _in_time_order(ts, seq):
-        return _radix_order(key)
-    by_time = np.lexsort((seq, ts))
-    return by_time[_radix_order(key[by_time])]
 
 
 def _in_time_order(ts: np.ndarray, seq: np.ndarray) -> bool:
@@ -143,38 +135,38 @@ def _in_time_order(ts: np.ndarray, seq: np.ndarray) -> bool:
     return bool((rising | (same & (seq[1:] > seq[:-1]))).all())
 
 
-def _radix_order(key: np.ndarray) -> np.ndarray:
-    """Positions that sort a non-negative int64 `key` stably: an LSD radix sort, 16 bits a pass
-    (numpy's stable argsort of uint16 is a linear counting sort; of int64 it is a timsort,
-    O(n log n) and ~5x slower on 10^7 keys)."""
-    top = int(key.max()) if len(key) else 0
-    order = np.argsort(key.astype(np.uint16), kind="stable")  # the cast keeps the low 16 bits
-    shift = 16
-    while top >> shift:
-        digit = (key[order] >> shift).astype(np.uint16)
-        order = order[np.argsort(digit, kind="stable")]
-        shift += 16
-    return order
+def _unpermuted(arrays, order: np.ndarray) -> list[np.ndarray]:
+    """Each array (in `order`'s order) put back in row order."""
+    out = []
+    for values in arrays:
+        back = np.empty_like(values)
+        back[order] = values
+        out.append(back)
+    return out
 
 
-def _judge(key: np.ndarray, kind: np.ndarray, ts: np.ndarray):
-    """In sorted order: (end_kind, end_ts, unmatched-free mask) of every row.
+def _as_groups(key: np.ndarray) -> pd.Categorical:
+    """The dense pairing key as a categorical: pandas groups by its codes in one linear pass,
+    without hashing them again. The int64 key is not kept (its codes are int32 or narrower)."""
+    top = int(key.max()) + 1 if len(key) else 1
+    return pd.Categorical.from_codes(key, categories=pd.RangeIndex(top), validate=False)
 
-    end_kind/end_ts are only meaningful on alloc rows."""
-    n = len(key)
-    same_next = np.zeros(n, dtype=bool)
-    np.equal(key[1:], key[:-1], out=same_next[:-1])
-    next_kind = np.zeros(n, dtype=np.int8)
-    next_kind[:-1] = np.where(same_next[:-1], kind[1:], 0)
-    prev_kind = np.zeros(n, dtype=np.int8)
-    prev_kind[1:] = np.where(same_next[:-1], kind[:-1], 0)
 
-    end_kind = np.full(n, _LIVE, dtype=np.int8)
+def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
+    """For rows in time order: (end_kind, end_ts, unmatched-free mask) of every row, judged by
+    the next and the previous row of the same key. end_kind/end_ts are only meaningful on
+    alloc rows.
+
+    The neighbours come from a group-wise shift over the key (no sort, and the results are
+    already in row order)."""
+    groups = pd.DataFrame({"kind": kind, "ts": ts}, copy=False).groupby(key, sort=False, observed=True)
+    following = groups.shift(-1, fill_value=0)  # kinds are never 0: 0 means no next row
+    next_kind, end_ts = following["kind"].to_numpy(), following["ts"].to_numpy()
+    prev_kind = groups["kind"].shift(1, fill_value=0).to_numpy()
+
+    end_kind = np.full(len(key), _LIVE, dtype=np.int8)
     end_kind[next_kind == _ALLOC] = _MISSED
     end_kind[(next_kind == _FREE) | (next_kind == _FREE_REQUESTED)] = _FREED
-    end_ts = np.zeros(n, dtype=np.int64)
-    end_ts[:-1] = ts[1:]
-
     is_free = kind != _ALLOC
     completion = (kind == _FREE) & (prev_kind == _FREE_REQUESTED)
     unmatched = is_free & (prev_kind != _ALLOC) & ~completion

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from memprof.errors import BadRecordingError
 from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, RecordingMeta
 from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
+from memprof.recording.columns import column_filler
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
 
 NOT_FINALIZED_NOTE = "recording was not finalized (recorder killed?): data up to the last flush"
@@ -96,8 +97,7 @@ def open_recording(path: Path | str) -> Recording:
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
-    tables = {name: _to_pandas(name, _read_table(path, name)) for name in TABLES}  # no table outlives its conversion
-    return Recording(path=path, meta=meta, **tables)
+    return Recording(path=path, meta=meta, **{name: _read_frame(path, name) for name in TABLES})
 
 
 def read_meta(path: Path | str) -> RecordingMeta:
@@ -173,10 +173,35 @@ def _part_paths(folder: Path) -> list[Path]:
     return [p for _, p in sorted(parts)]
 
 
-def _read_table(path: Path, name: str) -> pa.Table:
+def _read_frame(path: Path, name: str) -> pd.DataFrame:
+    """Table `name` of the recording as pandas (columns.py: filled part by part into arrays
+    sized for all parts, so no part outlives its copy)."""
     schema = TABLES[name]
-    tables = [_read_part(part, name, schema) for part in _part_paths(path / name)]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    parts = _part_paths(path / name)
+    counts = [_row_count(part) for part in parts]
+    nullable = set(_NULLABLE_INTEGERS.get(name, ()))
+    known = _KNOWN_CATEGORIES.get(name, {})
+    fillers = {f.name: column_filler(f, sum(counts), nullable=f.name in nullable, known=known.get(f.name, ()))
+               for f in schema}
+    at = 0
+    for part, count in zip(parts, counts):
+        table = _read_part(part, name, schema)
+        if table.num_rows != count:
+            raise BadRecordingError(f"{part}: {table.num_rows} rows where its footer says {count}", _damaged_hint())
+        for f in schema:
+            fillers[f.name].fill(at, table[f.name])
+        at += count
+        del table
+    # Arrow's allocator keeps freed parts for reuse; nothing is read after this, so it goes back.
+    pa.default_memory_pool().release_unused()
+    return pd.DataFrame({f.name: fillers[f.name].finish() for f in schema}, copy=False)
+
+
+def _row_count(part: Path) -> int:
+    try:
+        return pq.ParquetFile(part).metadata.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt_part(part, e) from e
 
 
 def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
@@ -184,12 +209,7 @@ def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     try:
         table = pq.read_table(part)
     except (pa.ArrowException, OSError) as e:
-        why = _first_line(e).replace(_ARROW_OPEN.format(part), "")
-        raise BadRecordingError(
-            f"{part}: truncated or corrupt Parquet part ({why})",
-            "the recording was damaged after it was written; record again, "
-            "or move this part away to read the rest",
-        ) from e
+        raise _corrupt_part(part, e) from e
     missing = REQUIRED_COLUMNS[name] - set(table.column_names)
     if missing:
         message = f"{part}: {name} part lacks required columns {sorted(missing)}"
@@ -205,6 +225,13 @@ def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _corrupt_part(part: Path, error: Exception) -> BadRecordingError:
+    why = _first_line(error).replace(_ARROW_OPEN.format(part), "")
+    return BadRecordingError(f"{part}: truncated or corrupt Parquet part ({why})",
+                             "the recording was damaged after it was written; record again, "
+                             "or move this part away to read the rest")
+
+
 def _conform(table: pa.Table, field: pa.Field) -> pa.ChunkedArray | pa.Array:
     if field.name not in table.column_names:
         return pa.nulls(len(table), field.type)
@@ -212,36 +239,4 @@ def _conform(table: pa.Table, field: pa.Field) -> pa.ChunkedArray | pa.Array:
     return column if column.type == field.type else column.cast(field.type)
 
 
-def _to_pandas(name: str, table: pa.Table) -> pd.DataFrame:
-    """Arrow → pandas. Integer columns that may hold nulls become nullable Int64/Int32 (never
-    float64); layer and action get every known value as a category, as in tests/factories.py.
-
-    Two conversions of many columns each (the plain ones, then the nullable integers), so Arrow
-    converts columns on several threads and hands each its own block (no consolidation copy);
-    dictionary columns arrive as Categoricals with their codes, no string touched."""
-    nullable = [c for c in _NULLABLE_INTEGERS.get(name, ()) if c in table.column_names]
-    plain = [c for c in table.column_names if c not in nullable]
-    order = table.column_names
-    parts = [(table.select(plain), None)] + ([(table.select(nullable), _NULLABLE_DTYPES.get)] if nullable else [])
-    del table  # the parts hold the only references: each column's Arrow memory is freed once converted
-    converted = {}
-    while parts:
-        converted.update(_converted(*parts.pop(0)))
-    for column_name, known in _KNOWN_CATEGORIES.get(name, {}).items():
-        converted[column_name] = _with_categories(converted[column_name], known)
-    return pd.DataFrame({c: converted[c] for c in order}, copy=False)
-
-
-def _converted(table: pa.Table, types_mapper) -> dict[str, pd.Series]:
-    """`table` as pandas columns; `table` is unusable afterwards (self_destruct frees its buffers)."""
-    frame = table.to_pandas(types_mapper=types_mapper, split_blocks=True, self_destruct=True)
-    return {c: frame[c] for c in frame.columns}
-
-
-def _with_categories(series: pd.Series, known: list[str]) -> pd.Series:
-    extra = [c for c in series.cat.categories if c not in known]
-    return series.cat.set_categories(known + extra)
-
-
-_NULLABLE_DTYPES = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
 _KNOWN_CATEGORIES = {"events": {"layer": LAYERS, "action": ACTIONS}}

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis import chains
-from memprof.analysis.lifetimes import _radix_order, pair_lifetimes
+from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.timeline import in_time_order, time_order, with_steps, with_tensor_roles
 from tests.factories import ev, events_frame, mark, random_lifetimes, stacks_frames
 
@@ -76,14 +76,6 @@ def test_tensor_role_goes_to_the_nearest_allocation_on_a_categorical_column():
     got = with_tensor_roles(frame)["category"]
     assert got.tolist()[0] == "activation" and pd.isna(got.tolist()[2])
     assert got.tolist()[1] == "tensor:activation"
-
-
-def test_radix_order_is_a_stable_argsort_over_several_passes():
-    rng = np.random.default_rng(5)
-    for high in (10, 70_000, 2**40):  # one, two and three 16-bit passes
-        key = rng.integers(0, high, 50_000).astype(np.int64)
-        assert (_radix_order(key) == np.argsort(key, kind="stable")).all()
-    assert _radix_order(np.array([], dtype=np.int64)).tolist() == []
 
 
 def test_pairing_over_more_keys_than_one_radix_pass_holds():
