@@ -33,19 +33,20 @@ class ChainSeries:
 @dataclass
 class ChainTrends:
     """The verdicts: `by_chain` holds a Trend for every chain whose live bytes varied by at
-    least `min_growth` bytes over the checkpoints; `growing_rows` marks the allocations (rows
-    of the frame judged) of chains that grow. `judged` is False when there were too few
+    least `min_growth` bytes over the checkpoints; `growing` lists the chains that grow;
+    `chain_of_row` is each allocation's row in `series` (-1: live at no checkpoint). `judged` is False when there were too few
     checkpoints to judge any trend."""
 
     judged: bool
-    growing_rows: np.ndarray | bool
+    growing: list[Chain] = field(default_factory=list)
+    chain_of_row: np.ndarray | None = None
     by_chain: dict[Chain, Trend] = field(default_factory=dict)
     series: ChainSeries | None = None
     checkpoints: Checkpoints | None = None
 
     @classmethod
     def none(cls) -> "ChainTrends":
-        return cls(judged=False, growing_rows=False)
+        return cls(judged=False)
 
     def peak_of(self, chain: Chain) -> tuple[float, float, int]:
         """(bytes, count, checkpoint index) at the chain's highest checkpoint."""
@@ -100,8 +101,8 @@ def chain_trends(allocations: pd.DataFrame, checkpoints: Checkpoints, confidence
     verdicts = classify(series.live_bytes[varies], confidence=confidence, min_growth=min_growth)
     by_chain = {series.chains[row]: trend for row, trend in zip(varies, verdicts)}
     growing = [chain for chain, trend in by_chain.items() if trend.shape == "grows"]
-    return ChainTrends(judged=True, growing_rows=rows_of_chains(allocations, growing),
-                       by_chain=by_chain, series=series, checkpoints=checkpoints)
+    return ChainTrends(judged=True, growing=growing, chain_of_row=group_of_row, by_chain=by_chain, series=series,
+                       checkpoints=checkpoints)
 
 
 def rows_of_chains(allocations: pd.DataFrame, chains: list[Chain]) -> np.ndarray:

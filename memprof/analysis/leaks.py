@@ -140,7 +140,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     ends = _end_per_allocation(allocations, end_ns, end_by_pid)
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
-    held = _held(allocations, ends, exited, np.where(trends.growing_rows, 0, min_age_ns))
+    held = _held(allocations, ends, exited, _min_ages(allocations, ends, trends, min_age_ns))
     held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
@@ -165,6 +165,20 @@ def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapp
 # and no free is ever called. Live at an exit that was recorded = released at exit.
 _PROCESS_LAYERS = [Layer.TORCH_CPU.value, Layer.NATIVE_HEAP.value, Layer.CUDA_DRIVER.value,
                    Layer.CUDA_SEGMENT.value, Layer.CUDA_BLOCK.value]
+
+
+def _min_ages(allocations: pd.DataFrame, ends: np.ndarray, trends: ChainTrends, min_age_ns: int):
+    """`min_age_ns` per allocation, but 0 for those of growing chains live at their end (a
+    growing chain's young allocations are its growth too). Only the allocations live at the
+    end are matched against the growing chains: a few, where the recording has millions."""
+    if not trends.growing:
+        return min_age_ns
+    alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    live = np.flatnonzero((alloc_ts <= ends) & (end_ts > ends))
+    ages = np.full(len(allocations), min_age_ns, dtype=np.int64)
+    ages[live[rows_of_chains(allocations.iloc[live], trends.growing)]] = 0
+    return ages
 
 
 def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns) -> pd.DataFrame:
@@ -275,7 +289,7 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
         return []
     peaks = {chain: trends.peak_of(chain) for chain, _ in shaped}
     shaped = sorted(shaped, key=lambda item: (-peaks[item[0]][0], item[0][1] is None, item[0][1] or 0))[:top]
-    firsts = _alloc_span_of_chains(allocations, [chain for chain, _ in shaped])
+    firsts = _alloc_span_of_chains(allocations, trends, [chain for chain, _ in shaped])
     findings = []
     for (layer, stack_id), trend in shaped:
         peak_bytes, peak_count, at = peaks[(layer, stack_id)]
@@ -287,12 +301,14 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
     return findings
 
 
-def _alloc_span_of_chains(allocations: pd.DataFrame, chains: list) -> dict:
-    """(layer, stack_id) -> (earliest, latest) alloc ts_ns of the chain's allocations."""
-    rows = allocations[rows_of_chains(allocations, chains)]
-    spans = rows.assign(layer=labels(rows["layer"])).groupby(["layer", "stack_id"], dropna=False)["alloc_ts_ns"].agg(["min", "max"])
-    return {(layer, None if pd.isna(sid) else int(sid)): (int(lo), int(hi))
-            for (layer, sid), lo, hi in zip(spans.index, spans["min"], spans["max"])}
+def _alloc_span_of_chains(allocations: pd.DataFrame, trends: ChainTrends, chains: list) -> dict:
+    """(layer, stack_id) -> (earliest, latest) alloc ts_ns of the chain's allocations that were
+    live at a checkpoint (those are the ones its curve shows)."""
+    rows = np.flatnonzero(np.isin(trends.chain_of_row, [trends.series.row_of[chain] for chain in chains]))
+    frame = pd.DataFrame({"chain": trends.chain_of_row[rows],
+                          "ts": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)[rows]})
+    spans = frame.groupby("chain")["ts"].agg(["min", "max"])
+    return {trends.series.chains[row]: (int(lo), int(hi)) for row, lo, hi in zip(spans.index, spans["min"], spans["max"])}
 
 
 def exit_times(events: pd.DataFrame) -> dict[int, int]:

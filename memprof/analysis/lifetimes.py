@@ -157,14 +157,23 @@ def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
     the next and the previous row of the same key. end_kind/end_ts are only meaningful on
     alloc rows.
 
-    The neighbours come from a group-wise shift over the key (no sort, and the results are
-    already in row order)."""
-    groups = pd.DataFrame({"kind": kind, "ts": ts}, copy=False).groupby(key, sort=False, observed=True)
-    following = groups.shift(-1, fill_value=0)  # kinds are never 0: 0 means no next row
-    next_kind, end_ts = following["kind"].to_numpy(), following["ts"].to_numpy()
-    prev_kind = groups["kind"].shift(1, fill_value=0).to_numpy()
+    The neighbours come from one group-wise shift of row positions over the key (no sort, and
+    the links are already in row order); the previous row is the inverse of the next."""
+    n = len(kind)
+    positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    following = pd.Series(positions, copy=False).groupby(key, sort=False, observed=True).shift(-1, fill_value=-1)
+    following = following.to_numpy()  # the next row of the same key, -1 where none
+    del positions
+    has_next = following >= 0
+    following = following[has_next]
+    next_kind = np.zeros(n, dtype=np.int8)
+    next_kind[has_next] = kind[following]
+    end_ts = np.zeros(n, dtype=np.int64)
+    end_ts[has_next] = ts[following]
+    prev_kind = np.zeros(n, dtype=np.int8)  # the row before each row of its key: the inverse link
+    prev_kind[following] = kind[has_next]
 
-    end_kind = np.full(len(key), _LIVE, dtype=np.int8)
+    end_kind = np.full(n, _LIVE, dtype=np.int8)
     end_kind[next_kind == _ALLOC] = _MISSED
     end_kind[(next_kind == _FREE) | (next_kind == _FREE_REQUESTED)] = _FREED
     is_free = kind != _ALLOC
