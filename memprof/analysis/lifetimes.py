@@ -64,25 +64,22 @@ def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
     key in (ts_ns, seq) order, found by a group-wise shift over the dense key (no sort when the
     timeline is in time order, as `timeline()` makes it). bench/analysis_speed.py measures it.
     """
-    kinds = _row_kinds(events["action"])
-    rows = np.flatnonzero(kinds)
-    kind = kinds[rows]
+    kind = _row_kinds(events["action"])
     layer_codes, layer_names = category_codes(events["layer"])
-    layer_codes = layer_codes[rows]
-    key = _as_groups(_pairing_key(events, rows, layer_codes))
-    ts_all, seq_all = events["ts_ns"].to_numpy(), events["seq"].to_numpy()
-    ts = ts_all[rows]
-    # A subset of rows in time order is in time order: check the whole timeline (no gather).
-    by_time = None if _in_time_order(ts_all, seq_all) or _in_time_order(ts, seq_all[rows]) else \
-        np.lexsort((seq_all[rows], ts))
+    # Every row takes part, marks included (they get a group of their own, so they never
+    # meet an allocation): no gather of 10^7-row columns down to the alloc/free rows.
+    key = _as_groups(_pairing_key(events, kind, layer_codes))
+    ts, seq = events["ts_ns"].to_numpy(), events["seq"].to_numpy()
+    by_time = None if _in_time_order(ts, seq) else np.lexsort((seq, ts))
     if by_time is None:
         end_kind, end_ts, unmatched = _judge(key, kind, ts)
     else:  # judge in time order, then put the verdicts back in row order
         end_kind, end_ts, unmatched = _unpermuted(_judge(key[by_time], kind[by_time], ts[by_time]), by_time)
-    del key, ts
+    del key
 
     is_alloc = kind == _ALLOC
-    allocations = _allocations_frame(events, rows[is_alloc], end_ts[is_alloc], end_kind[is_alloc])
+    positions = np.flatnonzero(is_alloc)
+    allocations = _allocations_frame(events, positions, end_ts[positions], end_kind[positions])
     return Lifetimes(
         allocations=allocations,
         unmatched_frees=_count_by_layer(layer_codes[unmatched], layer_names),
@@ -97,25 +94,26 @@ def _row_kinds(action: pd.Series) -> np.ndarray:
     return kind_of_label[codes]  # code -1 (missing) picks the trailing 0
 
 
-def _pairing_key(events: pd.DataFrame, rows: np.ndarray, layer_codes: np.ndarray) -> np.ndarray:
+def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray) -> np.ndarray:
     """One int64 per row, in [0, rows × groups), equal exactly when (layer, device,
-    alloc_id-or-addr) are equal.
+    alloc_id-or-addr) are equal; rows pairing ignores (`kind` 0) share a group of their own.
 
     `alloc_id` and `addr` are separate namespaces: a row keyed by id never meets one keyed by
     address. Values are densified by hashing (pd.factorize), so the key is dense enough to
     group by as categorical codes.
     """
     device_codes, device_names = category_codes(events["device"])
-    has_id = events["alloc_id"].notna().to_numpy()[rows]
-    values = events["addr"].to_numpy().astype(np.uint64, copy=False)[rows]
+    has_id = events["alloc_id"].notna().to_numpy()
+    values = events["addr"].to_numpy().astype(np.uint64, copy=False)
     if has_id.any():  # most sources have no ids: skip the extra pass then
-        ids = events["alloc_id"].to_numpy(dtype=np.int64, na_value=0)[rows].view(np.uint64)
+        ids = events["alloc_id"].to_numpy(dtype=np.int64, na_value=0).view(np.uint64)
         values = np.where(has_id, ids, values)
     value_codes, uniques = pd.factorize(values)
     del values
     n_devices = len(device_names) + 1
     # A handful of (layer, device, id-or-address) groups: int32 arithmetic, a quarter of the traffic.
-    group = ((layer_codes.astype(np.int32) + 1) * n_devices + device_codes[rows].astype(np.int32) + 1) * 2 + has_id
+    group = ((layer_codes.astype(np.int32) + 2) * n_devices + device_codes.astype(np.int32) + 1) * 2 + has_id
+    group[kind == 0] = 0
     return _renumbered(group).astype(np.int64) * max(len(uniques), 1) + value_codes
 
 
@@ -176,7 +174,7 @@ def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
     end_kind = np.full(n, _LIVE, dtype=np.int8)
     end_kind[next_kind == _ALLOC] = _MISSED
     end_kind[(next_kind == _FREE) | (next_kind == _FREE_REQUESTED)] = _FREED
-    is_free = kind != _ALLOC
+    is_free = (kind == _FREE) | (kind == _FREE_REQUESTED)
     completion = (kind == _FREE) & (prev_kind == _FREE_REQUESTED)
     unmatched = is_free & (prev_kind != _ALLOC) & ~completion
     return end_kind, end_ts, unmatched
