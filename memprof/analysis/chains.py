@@ -75,5 +75,11 @@ def with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int
     if not canonical:
         return allocations
     ids = allocations["stack_id"]
-    mapped = ids.map(canonical)  # NaN where the id has no alias (or is null)
-    return allocations.assign(stack_id=mapped.fillna(ids).astype("Int64"))
+    values = ids.to_numpy(dtype=np.int64, na_value=0)  # a fresh copy: changed below
+    aliased = np.flatnonzero(np.isin(values, np.fromiter(canonical, dtype=np.int64, count=len(canonical)))
+                             & ids.notna().to_numpy())
+    if len(aliased) == 0:
+        return allocations
+    # Only the aliased rows change (a few chains), not a whole-column map of millions of rows.
+    values[aliased] = pd.Series(values[aliased]).map(canonical).to_numpy(dtype=np.int64)
+    return allocations.assign(stack_id=pd.arrays.IntegerArray(values, ids.isna().to_numpy()))

@@ -155,10 +155,11 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
     """The time each allocation is judged at, ns."""
-    if not end_by_pid:
-        return np.full(len(allocations), end_ns, dtype=np.int64)
-    own = allocations["pid"].map(end_by_pid)
-    return own.fillna(end_ns).to_numpy(dtype=np.int64)
+    ends = np.full(len(allocations), end_ns, dtype=np.int64)
+    pids = allocations["pid"].to_numpy()
+    for pid, exit_ns in (end_by_pid or {}).items():  # the processes that exited: a few
+        ends[pids == pid] = exit_ns
+    return ends
 
 
 # Memory of the process itself: when the process exits the kernel takes it back whole,
