@@ -31,7 +31,7 @@ def analysed(path: str | None):
     from memprof.recording import find_latest_recording, open_recording
     from memprof.timeline import timeline
 
-    with console.progress() as stage:
+    with console.progress(stages=4) as stage:
         stage("reading the recording")
         rec = open_recording(path if path else find_latest_recording("."))
         stage(f"merging {_count(rec)} events into one timeline")

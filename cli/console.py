@@ -28,11 +28,20 @@ def info(message: str) -> None:
 
 
 @contextmanager
-def progress():
-    """A status line on stderr while a long analysis runs: yields `stage(text)` to name the
-    current stage. Only on a terminal; elsewhere (pipes, CI logs, tests) it prints nothing."""
+def progress(stages: int):
+    """A progress bar on stderr while a long analysis runs, `stages` steps long: yields
+    `stage(text)`, which names the step now running and fills the bar up to it. Only on a
+    terminal; elsewhere (pipes, CI logs, tests) it prints nothing. The bar goes away when done."""
     if not err.is_terminal:
         yield lambda text: None
         return
-    with err.status("") as status:
-        yield lambda text: status.update(f"[dim]memprof: {escape(text)}…[/]")
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    columns = (SpinnerColumn(), TextColumn("[dim]memprof:[/] {task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("", total=stages)
+        done = [-1]
+
+        def stage(text: str) -> None:
+            done[0] += 1
+            bar.update(task, completed=done[0], description=escape(text) + "…")
+        yield stage
