@@ -74,6 +74,45 @@ class Flame:
     root: tuple
 
 
+@dataclass(frozen=True)
+class Stack:
+    """Layers of one device that do not nest, on shared times, to draw stacked: `layers[i]`
+    has `values[i]` (bytes held from each time until the next). Their sum is memory the
+    device really held for the target at once (no byte counted twice)."""
+
+    device: str
+    layers: list[str]
+    times_ns: np.ndarray
+    values: list[np.ndarray]
+
+
+# Layers that nest, innermost first: only the outermost present one of each chain is stacked
+# (a tensor lives in the heap, a slab in pages; cuda_block in segments in driver memory).
+NESTING = (("torch_cpu", "native_heap"), ("kernel_slab", "kernel_page"),
+           ("cuda_block", "cuda_segment", "cuda_driver"))
+
+
+def stacked_layers(series: list[Series]) -> list[Stack]:
+    """Per device, the outermost recorded layer of each nesting chain, aligned on the union of
+    their times, when there are two or more of them to stack."""
+    out = []
+    for device in sorted({s.device for s in series if s.kind == "layer"}):
+        layers = {s.name: s for s in series if s.kind == "layer" and s.device == device}
+        outer = [next(layers[name] for name in reversed(chain) if name in layers)
+                 for chain in NESTING if any(name in layers for name in chain)]
+        if len(outer) < 2:
+            continue
+        times = np.unique(np.concatenate([s.times_ns for s in outer]))
+        out.append(Stack(device, [s.name for s in outer], times, [_held_at(s, times) for s in outer]))
+    return out
+
+
+def _held_at(series: Series, times: np.ndarray) -> np.ndarray:
+    """The step curve's value at each of `times` (0 before its first point)."""
+    at = np.searchsorted(series.times_ns, times, side="right") - 1
+    return np.where(at >= 0, series.values[np.maximum(at, 0)], 0)
+
+
 @dataclass
 class HtmlData:
     """Everything the page shows (module docstring). `span` = (start_ns, end_ns of the
@@ -82,6 +121,7 @@ class HtmlData:
 
     span: tuple[int, int, int]
     series: list[Series]
+    stacks: list[Stack]
     steps: pd.DataFrame  # step, ts_ns (at most MAX_MARKS)
     ooms: pd.DataFrame  # ts_ns, layer, device, size_bytes (at most MAX_MARKS)
     leaks: LeakResult
@@ -99,6 +139,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
               min_age_ns: int = 500_000_000) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`."""
+    curves = timeline_series(lifetimes, samples, max_points=max_points)
     recording_end = recording_end_ns(meta, events)
     span = Span(meta.start_ns, end_of_target(events, meta.pid, recording_end), recording_end)
     leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
@@ -110,7 +151,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
     chains = chain_frames(stacks, frames, shown, native_frames)
     flames, frame_table = flame_trees(attributions, chains)
     return HtmlData(span=(span.start_ns, span.end_ns, span.recording_end_ns),
-                    series=timeline_series(lifetimes, samples, max_points=max_points),
+                    series=curves, stacks=stacked_layers(curves),
                     steps=_thinned(step_marks(events)), ooms=_thinned(oom_events(events)), leaks=leaks,
                     chains=chains, flames=flames, frames=frame_table,
                     gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import memprof.cli.report_html  # noqa: F401  (registers `html` until cli/report.py imports it)
 from memprof.analysis.chains import canonical_stacks
-from memprof.analysis.html_data import MAX_POINTS, html_data, timeline_series
+from memprof.analysis.html_data import MAX_POINTS, html_data, stacked_layers, timeline_series
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta
@@ -63,6 +62,20 @@ def test_layer_curve_is_exact_below_the_cap_and_layers_stay_apart():
     heap, slab = series
     assert heap.times_ns.tolist() == [0, 10, 20] and heap.values.tolist() == [4096, 8192, 12288]
     assert (heap.peak, heap.peak_ns, heap.final, slab.peak, slab.final) == (12288, 20, 12288, 200, 200)
+
+
+def test_layers_that_do_not_nest_are_stacked_on_shared_times_and_nested_ones_are_not():
+    """native_heap holds torch_cpu (nested: only the heap is stacked); kernel_slab does not nest
+    with either, so cpu gets heap + slab on the union of their times, 0 before a layer starts."""
+    events = concat_events(leak(3, size=4096, every_ns=10),
+                           leak(2, size=100, layer="kernel_slab", start_ns=5, every_ns=10),
+                           leak(1, size=64, layer="torch_cpu", start_ns=1))
+    [stack] = stacked_layers(timeline_series(pair_lifetimes(events), None))
+    assert (stack.device, stack.layers) == ("cpu", ["native_heap", "kernel_slab"])
+    assert stack.times_ns.tolist() == [0, 5, 10, 15, 20]
+    assert [v.tolist() for v in stack.values] == [[4096, 4096, 8192, 8192, 12288], [0, 100, 100, 200, 200]]
+    alone = concat_events(leak(2, size=10, layer="cuda_block"), leak(1, size=99, layer="cuda_segment"))
+    assert stacked_layers(timeline_series(pair_lifetimes(alone), None)) == []  # a block lives in its segment
 
 
 # --- the page's data ----------------------------------------------------------------------------

@@ -95,19 +95,33 @@
     charts.setAttribute("data-t1", Math.round(view[1]));
     document.getElementById("zoom-range").textContent = seconds(view[0]) + " – " + seconds(view[1]);
     if (!data.series.length) { charts.appendChild(el("p", {"class": "empty"}, "No allocations or samples recorded.")); return; }
+    data.stacks.forEach(function (st) { charts.appendChild(stackedChart(st)); });
     FAMILIES.forEach(function (f) {
       var members = data.series.filter(function (s) { return s.family === f[0]; });
       if (members.length) charts.appendChild(chart(f[1], members));
     });
   }
 
-  function chart(title, members) {
-    var box = el("div", {"class": "chart"}), width = Math.max(charts.clientWidth, 320);
+  // Layers of one device that do not nest, stacked: running sums drawn from the top one down,
+  // each filled to the axis, so every band shows one layer and the top line their total.
+  function stackedChart(st) {
+    var sums = [], running = st.t.map(function () { return 0; });
+    st.layers.forEach(function (name, i) {
+      running = running.map(function (v, j) { return v + st.v[i][j]; });
+      sums.push({name: name, device: st.device, kind: "layer", t: st.t, v: running, own: st.v[i]});
+    });
+    var title = st.device + ": " + st.layers.join(" + ") + ", stacked (these layers do not nest)";
+    return chart(title, sums, true);
+  }
+
+  function chart(title, members, stacked) {
+    var box = el("div", {"class": stacked ? "chart stacked" : "chart"}), width = Math.max(charts.clientWidth, 320);
     box.appendChild(el("h3", {}, title));
     var legend = el("div", {"class": "legend"});
     members.forEach(function (s, i) {
       var item = el("span"), swatch = el("i"); swatch.style.background = COLOURS[i % COLOURS.length];
-      item.appendChild(swatch); item.appendChild(document.createTextNode(label(s) + "  peak " + valueText(s, s.peak)));
+      var peak = stacked ? Math.max.apply(null, s.own.concat([0])) : s.peak;
+      item.appendChild(swatch); item.appendChild(document.createTextNode(label(s) + "  peak " + valueText(s, peak)));
       legend.appendChild(item);
     });
     box.appendChild(legend);
@@ -123,9 +137,14 @@
     drawAxes(root, plot, x, y, top, members);
     var layer = svg("g", {"clip-path": "url(#" + clipId + ")"});
     drawMarks(layer, plot, x);
-    members.forEach(function (s, i) {
-      layer.appendChild(svg("path", {"class": "series", d: stepPath(s, x, y, plot), stroke: COLOURS[i % COLOURS.length],
-                                     "data-series": label(s)}));
+    members.slice().reverse().forEach(function (s, back) {  // stacked: the total first, filled down to 0
+      var i = members.length - 1 - back, colour = COLOURS[i % COLOURS.length], d = stepPath(s, x, y, plot);
+      if (stacked) {
+        layer.appendChild(svg("path", {"class": "band", fill: colour, d: d + "V" + plot.y0 + "H" + plot.x0 + "Z",
+                                       "data-series": label(s)}));
+      } else {
+        layer.appendChild(svg("path", {"class": "series", d: d, stroke: colour, "data-series": label(s)}));
+      }
     });
     root.appendChild(layer);
     interact(root, plot, members, x);
@@ -219,7 +238,7 @@
     var lines = [seconds(t)];
     members.forEach(function (s) {
       var i = lastIndexAtOrBefore(t, s.t);
-      lines.push(label(s) + ": " + (i < 0 ? "–" : valueText(s, s.v[i])));
+      lines.push(label(s) + ": " + (i < 0 ? "–" : valueText(s, (s.own || s.v)[i])));  // a band: its own bytes
     });
     data.ooms.forEach(function (o) {
       if (Math.abs(o.t - t) <= (view[1] - view[0]) / 200) lines.push("OOM " + o.layer + " " + o.device + " " + bytes(o.size_bytes));

@@ -17,7 +17,7 @@ from memprof.report.gpu import gpu_to_json
 from memprof.report.leaks import leaks_to_json
 
 if TYPE_CHECKING:
-    from memprof.analysis.html_data import Flame, HtmlData, Series
+    from memprof.analysis.html_data import Flame, HtmlData, Series, Stack
     from memprof.model.meta import RecordingMeta
 
 DATA_VERSION = 1
@@ -48,6 +48,7 @@ def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
         "warnings": list(data.warnings),
         "max_points": int(data.max_points),
         "series": [_series_json(s, start) for s in data.series],
+        "stacks": [_stack_json(s, start) for s in data.stacks],
         "steps": [[int(t) - start, int(step)] for step, t in zip(data.steps["step"], data.steps["ts_ns"])],
         "ooms": [{"t": int(row.ts_ns) - start, "layer": row.layer, "device": row.device,
                   "size_bytes": int(row.size_bytes)} for row in data.ooms.itertuples(index=False)],
@@ -70,6 +71,11 @@ def _series_json(series: Series, start: int) -> dict:
     return {"name": series.name, "device": series.device, "kind": series.kind, "family": series.family,
             "t": (series.times_ns - start).tolist(), "v": series.values.tolist(), "peak": series.peak,
             "peak_t": series.peak_ns - start, "final": series.final, "points_in": series.points_in}
+
+
+def _stack_json(stack: Stack, start: int) -> dict:
+    return {"device": stack.device, "layers": stack.layers, "t": (stack.times_ns - start).tolist(),
+            "v": [values.tolist() for values in stack.values]}
 
 
 def _flame_json(flame: Flame, start: int) -> dict:
