@@ -55,7 +55,8 @@ def summary(path, top, fmt):
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")
 @click.option("--window", default=None, callback=lambda ctx, p, v: None if v is None else min_age_ns(ctx, p, v),
-              help="Without step marks, judge growth at the ends of windows this long (default: the run cut in 32).")
+              help="Without step marks (and for a target still running at the end), judge growth at the ends of "
+                   "windows this long (default: the run cut in 32).")
 @click.option("--confidence", default=0.99, show_default=True, type=click.FloatRange(0.5, 0.999999),
               help="How sure the Mann–Kendall test must be that a chain rises before it is called growing.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
@@ -66,10 +67,12 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     \b
     held at the end   live when the target began to exit, older than --min-age
     grows per step    live bytes at the start of each training step (from step marks; fixed
-                      windows without them) rise: a robust Theil–Sen slope in bytes/step and
-                      bytes/s, and a Mann–Kendall confidence. For jobs that never exit.
+                      windows without them, when the target was still running at the end)
+                      rise: a robust Theil–Sen slope in bytes/step and bytes/s, and a
+                      Mann–Kendall confidence. For jobs that never exit.
     not a leak        shown apart: caches that filled and plateaued, sawtooth buffers, cached
-                      CUDA segments, kernel caches (page cache, dentries, inodes)
+                      CUDA segments, kernel caches (page cache, dentries, inodes), the slab
+                      allocator's own pages
 
     For a command, "the end" is the moment its root process began to exit (exit_group, a
     fatal signal, or a Python interpreter starting to finalize), before the kernel's

@@ -3,9 +3,9 @@
 - PyTorch's caching allocator keeps segments (layer `cuda_segment`) after the tensors in them
   are freed, to reuse them; a segment with no live block (`cuda_block`) inside is cache.
 - The kernel keeps page cache, dentries, inodes and extent caches after the files are closed;
-  they are reclaimed under memory pressure, not freed by the process. Pages the slab
-  allocator takes for its objects (`allocate_slab`) stay with it as well: a leak of kernel
-  objects shows in `kernel_slab`, not in the slab's pages.
+  they are reclaimed under memory pressure, not freed by the process.
+- Pages the slab allocator takes for its objects (`allocate_slab`) stay with it, whether or
+  not the process lives: a leak of kernel objects shows in `kernel_slab`, not in the pages.
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
@@ -26,7 +26,9 @@ _NEVER = np.iinfo(np.int64).max
 _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"^(__filemap_add_folio|filemap_alloc_folio\w*|filemap_add_folio|page_cache_ra_\w+|"
     r"add_to_page_cache_lru|__page_cache_alloc|xas_alloc|xas_nomem|radix_tree_node_alloc\w*|"
-    r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent|allocate_slab)$")
+    r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
+# The slab allocator taking pages for a cache of objects (Linux 5.x–6.18).
+_SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page"}
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
@@ -43,6 +45,16 @@ def kernel_cache_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset
     caches = set(stacks.loc[stacks["frame_id"].isin(cache_frames), "stack_id"].unique())
     caches -= set(stacks.loc[stacks["frame_id"].isin(other_frames), "stack_id"].unique())
     return frozenset(int(s) for s in caches)
+
+
+def slab_page_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids of pages the slab allocator took for its caches (`kernel_page` chains through
+    allocate_slab): it keeps and reuses them on its own schedule, and a leak of the objects
+    in them shows in `kernel_slab`, so they are never a leak themselves."""
+    kernel = frames[frames["kind"] == FrameKind.KERNEL.value]
+    names = kernel["function"].fillna("").str.replace(r"\+0x[0-9a-f]+$", "", regex=True)
+    slab_frames = kernel.loc[names.isin(_SLAB_PAGE_FUNCTIONS).to_numpy(), "frame_id"]
+    return frozenset(int(s) for s in stacks.loc[stacks["frame_id"].isin(slab_frames), "stack_id"].unique())
 
 
 def cached_segments(allocations: pd.DataFrame, at_ns: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ _NEVER = np.iinfo(np.int64).max
 KINDS = ("held_at_end", "grows_per_step", "not_a_leak")
 # Why a finding has its kind: held (live at the end), grows (a rising trend over checkpoints),
 # and the reasons memory held on purpose is not a leak (see memprof.analysis.caches, trend).
-REASONS = ("held", "grows", "cached_segment", "kernel_cache", "plateau", "sawtooth")
+REASONS = ("held", "grows", "cached_segment", "kernel_cache", "slab_pages", "plateau", "sawtooth")
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,15 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                end_by_pid: Mapping[int, int] | None = None,
                canonical_stack: Mapping[int, int] | None = None,
                checkpoints: Checkpoints | None = None, cache_stacks: frozenset[int] = frozenset(),
-               confidence: float = 0.99) -> LeakResult:
+               slab_stacks: frozenset[int] = frozenset(), confidence: float = 0.99) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
       `confidence`); its bytes are everything it held at the end, whatever their age;
     - held_at_end: held at the end (module docstring), older than `min_age_ns`;
     - not_a_leak (in `not_leaks`): held on purpose — cached caching-allocator segments,
-      kernel caches (chains in `cache_stacks`, from caches.kernel_cache_stacks), a sawtooth,
+      kernel caches that outlived the process (chains in `cache_stacks`, from
+      caches.kernel_cache_stacks), the slab allocator's own pages (`slab_stacks`), a sawtooth,
       or, when the target did not exit while recorded, a plateau; also sawtooth and plateau
       chains not held at the end, by their highest checkpoint.
 
@@ -141,7 +142,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, _min_ages(allocations, ends, trends, min_age_ns))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks, slab_stacks))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
@@ -201,9 +202,9 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray,
-                  cache_stacks: frozenset[int]) -> np.ndarray:
+                  cache_stacks: frozenset[int], slab_stacks: frozenset[int]) -> np.ndarray:
     """Per held row: "cached_segment", "kernel_cache" (a cache chain that outlived the
-    process), else "held"."""
+    process), "slab_pages" (pages of the slab allocator's caches), else "held"."""
     reason = np.full(len(held), "held", dtype=object)
     rows = held.index.to_numpy()
     if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
@@ -212,6 +213,9 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
         in_cache = held["stack_id"].isin(list(cache_stacks)).to_numpy()
         outlived = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS) & ~held["released_at_exit"].to_numpy()
         reason[in_cache & outlived] = "kernel_cache"
+    if slab_stacks:
+        in_slab = held["stack_id"].isin(list(slab_stacks)).to_numpy() & (held["layer"] == Layer.KERNEL_PAGE.value).to_numpy()
+        reason[in_slab] = "slab_pages"
     return reason
 
 

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from memprof.analysis.caches import kernel_cache_stacks
+from memprof.analysis.caches import kernel_cache_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
@@ -33,18 +33,24 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                 min_age_ns: int = 500_000_000, layers: Iterable[str] | None = None, top: int | None = 10,
                 window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
     """find_leaks judged at the target's end (its root process began to exit, else the end of
-    the recording), with growth judged at step marks (else windows of `window_ns`), kernel
-    caches recognized from the chains' frames, and the kernel's skipped frees per layer in
-    `unconfirmed_frees`."""
+    the recording), with kernel caches and slab pages recognized from the chains' frames, and
+    the kernel's skipped frees per layer in `unconfirmed_frees`.
+
+    Growth is judged at step marks; without them, at windows of `window_ns` only when the
+    target did not exit while recorded (a job that runs on): a command that exits has an end,
+    and what it held there is the answer (a kernel's deferred frees piling up during a short
+    run would read as growth)."""
     wanted = list(layers) if layers else None
     end = recording_end_ns(meta, events)
     target_end = end_of_target(events, meta.pid, end)
     checkpoints = find_checkpoints(events, start_ns=meta.start_ns, end_ns=target_end, min_points=MIN_POINTS,
                                    window_ns=window_ns)
+    if checkpoints is not None and not checkpoints.by_step and target_end < end:
+        checkpoints = None
     result = find_leaks(lifetimes, end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted,
                         top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
                         checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames),
-                        confidence=confidence)
+                        slab_stacks=slab_page_stacks(stacks, frames), confidence=confidence)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     return result

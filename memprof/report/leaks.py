@@ -151,6 +151,9 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "cached_segment":
         return ("segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
                 "(torch.cuda.empty_cache() returns them): not a leak")
+    if finding.reason == "slab_pages":
+        return ("pages the slab allocator took for its caches; it keeps and reuses them (a leak of the "
+                "objects in them shows in kernel_slab): not a leak")
     if finding.reason == "kernel_cache":
         return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
                 "the kernel reclaims it under memory pressure: not a leak")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from memprof.analysis.caches import kernel_cache_stacks
+from memprof.analysis.caches import kernel_cache_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints, live_by_group
 from memprof.analysis.leaks import find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -184,8 +184,35 @@ def test_kernel_caches_that_outlive_the_process_are_not_leaks():
         5: [("kernel", "__alloc_frozen_pages_noprof", "vmlinux", None, None), ("kernel", "allocate_slab", "vmlinux", None, None)],
     })
     caches = kernel_cache_stacks(stacks, frames)
-    assert caches == frozenset({1, 5})  # a pipe's inode (4) lives as long as the pipe
+    assert caches == frozenset({1})  # a pipe's inode (4) lives as long as the pipe
+    assert slab_page_stacks(stacks, frames) == frozenset({5})
     rows = [ev(1 * S, "alloc", 0xA0, 192, 1), ev(1 * S, "alloc", 0xB0, 1024, 2), ev(1 * S, "alloc", 0xC0, 640, 3)]
     result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab", cache_stacks=caches)
     assert [f.stack_id for f in result.findings] == [2, 3]
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "kernel_cache")]
+
+
+def test_the_slab_allocators_pages_are_never_leaks_even_when_they_grow():
+    """Pages through allocate_slab, released at exit or not, growing or not: the objects in
+    them are what could leak (kernel_slab)."""
+    rows = step_marks(20) + [ev(k * S + 7, "alloc", 0x5000_0000 + k * 0x1000, 4096, 5) for k in range(1, 21)]
+    result = judged(rows, end_ns=21 * S, layer="kernel_page", slab_stacks=frozenset({5}))
+    assert result.findings == []
+    assert [(f.reason, f.live_bytes) for f in result.not_leaks] == [("slab_pages", 20 * 4096)]
+
+
+def test_a_command_that_exits_without_step_marks_is_judged_at_its_end_only(tmp_path):
+    """Windows stand in for steps only for a target still running when the recording stopped."""
+    from memprof.analysis.overview import leak_report
+    from memprof.recording import open_recording
+    from memprof.timeline import timeline
+    from tests.diff_factories import write_recording
+    rows = [ev(k * S // 10, "alloc", 0x5000_0000 + k * 0x1000, KiB, 2) for k in range(1, 100)]
+    exited = rows + [dict(ts_ns=10 * S, action="mark", category="exit", pid=PID, tid=PID)]
+    for name, events, kind in (("exited", exited, "held_at_end"), ("running", rows, "grows_per_step")):
+        rec = open_recording(write_recording(tmp_path / f"{name}.memprof", events_frame(events, layer="torch_cpu"),
+                                             end_ns=11 * S))
+        timed = timeline(rec)
+        result = leak_report(rec.meta, timed, pair_lifetimes(timed), rec.stacks, rec.frames)
+        assert [f.kind for f in result.findings] == [kind], name
+        assert (result.checkpoints is None) == (name == "exited")
