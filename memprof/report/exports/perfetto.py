@@ -20,7 +20,7 @@ _MONOTONIC, _BOOTTIME = 3, 6  # perfetto BuiltinClock ids
 
 
 def _protos():
-    """The trace protobuf classes of the `perfetto` package (a dev extra, imported late)."""
+    """The trace protobuf classes of the `perfetto` package (imported late: other commands start without it)."""
     try:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
     except ImportError:
