@@ -190,12 +190,13 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_a
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
     mask = (alloc_ts <= ends) & (end_ts > ends) & (ends - alloc_ts >= min_age_ns)
-    layer = labels(allocations["layer"])
-    held = allocations.loc[mask, ["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
+    rows = np.flatnonzero(mask)  # a few thousand of millions: only they get their layer's name
+    layer = labels(allocations["layer"].iloc[rows])
+    held = allocations.iloc[rows][["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
     # A sampled allocation stands for `weight` of them: estimates of bytes and counts stay unbiased.
     held = held.assign(size_bytes=held["size_bytes"].astype(float) * held["weight"])
-    released = (end_ts[mask] != _NEVER) | (exited[mask] & np.isin(layer[mask], _PROCESS_LAYERS))
-    return held.assign(layer=layer[mask], released_at_exit=released, judged_ns=ends[mask])
+    released = (end_ts[rows] != _NEVER) | (exited[rows] & np.isin(layer, _PROCESS_LAYERS))
+    return held.assign(layer=layer, released_at_exit=released, judged_ns=ends[rows])
 
 
 _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
@@ -234,7 +235,7 @@ def _biggest_first(findings: list[LeakFinding]) -> list[LeakFinding]:
 
 def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], int]:
     """(layer, stack_id) -> allocations closed as missed frees."""
-    missed = allocations[labels(allocations["end_kind"]) == "missed"]
+    missed = allocations[(allocations["end_kind"] == "missed").to_numpy()]  # compares category codes
     if missed.empty:
         return {}
     counts = missed.assign(layer=labels(missed["layer"])).groupby(["layer", "stack_id"], dropna=False).size()
