@@ -128,3 +128,14 @@ def test_canonical_stacks_falls_back_on_a_fingerprint_collision(monkeypatch):
     assert chains.canonical_stacks(stacks) == {3: 1}
     monkeypatch.setattr(chains, "_mix", lambda x: np.zeros_like(x))  # every stack of a length collides
     assert chains.canonical_stacks(stacks) == {3: 1}
+
+
+def test_factorizing_on_two_threads_gives_one_code_per_value(monkeypatch):
+    """Halves factorized apart, then merged: equal values share a code across the halves,
+    codes are dense, and uniques[codes] gives the values back."""
+    from memprof.analysis import lifetimes
+    monkeypatch.setattr(lifetimes, "_SPLIT_AT", 10)
+    values = np.random.default_rng(4).integers(0, 50, 10_001).astype(np.uint64) * 4096
+    codes, uniques = lifetimes._factorized(values)
+    assert (uniques[codes] == values).all()
+    assert sorted(set(codes.tolist())) == list(range(len(uniques))) and len(uniques) == len(set(values.tolist()))
