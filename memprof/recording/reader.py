@@ -6,6 +6,7 @@ is a `BadRecordingError` naming the path, with a hint.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,8 +185,7 @@ def _read_frame(path: Path, name: str) -> pd.DataFrame:
     fillers = {f.name: column_filler(f, sum(counts), nullable=f.name in nullable, known=known.get(f.name, ()))
                for f in schema}
     at = 0
-    for part, count in zip(parts, counts):
-        table = _read_part(part, name, schema)
+    for (part, table), count in zip(_prefetched(parts, name, schema), counts):
         if table.num_rows != count:
             raise BadRecordingError(f"{part}: {table.num_rows} rows where its footer says {count}", _damaged_hint())
         for f in schema:
@@ -195,6 +195,21 @@ def _read_frame(path: Path, name: str) -> pd.DataFrame:
     # Arrow's allocator keeps freed parts for reuse; nothing is read after this, so it goes back.
     pa.default_memory_pool().release_unused()
     return pd.DataFrame({f.name: fillers[f.name].finish() for f in schema}, copy=False)
+
+
+def _prefetched(parts: list[Path], name: str, schema: pa.Schema):
+    """(part, its table) in order, the next part read on a thread while the caller copies this
+    one (Parquet decoding releases the GIL): reading and copying overlap on two cores."""
+    if not parts:
+        return
+    with ThreadPoolExecutor(1) as reader:
+        upcoming = reader.submit(_read_part, parts[0], name, schema)
+        for index, part in enumerate(parts):
+            table = upcoming.result()
+            if index + 1 < len(parts):
+                upcoming = reader.submit(_read_part, parts[index + 1], name, schema)
+            yield part, table
+            del table
 
 
 def _row_count(part: Path) -> int:
