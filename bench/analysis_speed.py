@@ -366,6 +366,8 @@ def _status_kb(key: str) -> int:
 def measure(mode: str, path: Path) -> dict:
     """Run one measurement in a fresh interpreter; its JSON result."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # The pieces run as the CLI runs them (cli/main.py turns numpy's huge-page advice off).
+    env.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
     done = subprocess.run([sys.executable, __file__, "--child", mode, str(path)], capture_output=True, text=True,
                           env=env, cwd=ROOT)
     if done.returncode != 0:

@@ -60,8 +60,7 @@ def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[Chain
     (-1: live at none)). Allocations that span no checkpoint (most, in churn) are dropped first."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
-    spans = np.searchsorted(times_ns, alloc_ts, "left") < np.searchsorted(times_ns, end_ts, "left")
-    rows = np.flatnonzero(spans)
+    rows = np.flatnonzero(_spans_a_checkpoint(alloc_ts, end_ts, times_ns))
     layer_codes, layer_names = category_codes(allocations["layer"])
     stack = allocations["stack_id"]
     stack_values = stack.to_numpy(dtype=np.int64, na_value=0)[rows]
@@ -75,6 +74,18 @@ def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[Chain
     group_of_row = np.full(len(allocations), -1, dtype=np.int64)
     group_of_row[rows] = group
     return ChainSeries(chains, live_bytes, live_count), group_of_row
+
+
+def _spans_a_checkpoint(alloc_ts: np.ndarray, end_ts: np.ndarray, times_ns: np.ndarray,
+                        chunk: int = 1 << 20) -> np.ndarray:
+    """Per allocation: live at one checkpoint or more. In chunks: two int64 positions per
+    allocation would be 80 MB of temporaries on 5·10^6 allocations."""
+    out = np.empty(len(alloc_ts), dtype=bool)
+    for start in range(0, len(alloc_ts), chunk):
+        window = slice(start, start + chunk)
+        out[window] = (np.searchsorted(times_ns, alloc_ts[window], "left")
+                       < np.searchsorted(times_ns, end_ts[window], "left"))
+    return out
 
 
 def _chain_codes(layer_codes: np.ndarray, layer_names: np.ndarray, stack_values: np.ndarray,

@@ -141,7 +141,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     ends = _end_per_allocation(allocations, end_ns, end_by_pid)
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
-    held = _held(allocations, ends, exited, _min_ages(allocations, ends, trends, min_age_ns))
+    held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
     held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks, slab_stacks))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
@@ -169,27 +169,32 @@ _PROCESS_LAYERS = [Layer.TORCH_CPU.value, Layer.NATIVE_HEAP.value, Layer.CUDA_DR
                    Layer.CUDA_SEGMENT.value, Layer.CUDA_BLOCK.value]
 
 
-def _min_ages(allocations: pd.DataFrame, ends: np.ndarray, trends: ChainTrends, min_age_ns: int):
-    """`min_age_ns` per allocation, but 0 for those of growing chains live at their end (a
-    growing chain's young allocations are its growth too). Only the allocations live at the
-    end are matched against the growing chains: a few, where the recording has millions."""
+def _growing_and_live(allocations: pd.DataFrame, ends: np.ndarray, trends: ChainTrends) -> np.ndarray | None:
+    """Per allocation: of a growing chain and live at its end (a growing chain's young
+    allocations are its growth too, so --min-age does not apply to them); None when no chain
+    grows. Only the allocations live at the end are matched against the growing chains: a
+    few, where the recording has millions."""
     if not trends.growing:
-        return min_age_ns
+        return None
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
     live = np.flatnonzero((alloc_ts <= ends) & (end_ts > ends))
-    ages = np.full(len(allocations), min_age_ns, dtype=np.int64)
-    ages[live[rows_of_chains(allocations.iloc[live], trends.growing)]] = 0
-    return ages
+    exempt = np.zeros(len(allocations), dtype=bool)
+    exempt[live[rows_of_chains(allocations.iloc[live], trends.growing)]] = True
+    return exempt
 
 
-def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns) -> pd.DataFrame:
-    """The allocations held at their end, older than `min_age_ns` (a number, or one per
-    allocation), as (stack_id, size_bytes, alloc_ts_ns, weight, layer, released_at_exit,
-    judged_ns), indexed by allocation row."""
+def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_age_ns: int,
+          exempt: np.ndarray | None = None) -> pd.DataFrame:
+    """The allocations held at their end, older than `min_age_ns` (any age where `exempt`),
+    as (stack_id, size_bytes, alloc_ts_ns, weight, layer, released_at_exit, judged_ns),
+    indexed by allocation row."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
-    mask = (alloc_ts <= ends) & (end_ts > ends) & (ends - alloc_ts >= min_age_ns)
+    old_enough = (ends - alloc_ts) >= min_age_ns
+    if exempt is not None:
+        old_enough |= exempt
+    mask = (alloc_ts <= ends) & (end_ts > ends) & old_enough
     rows = np.flatnonzero(mask)  # a few thousand of millions: only they get their layer's name
     layer = labels(allocations["layer"].iloc[rows])
     held = allocations.iloc[rows][["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
