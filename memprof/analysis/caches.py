@@ -6,6 +6,8 @@
   they are reclaimed under memory pressure, not freed by the process.
 - Pages the slab allocator takes for its objects (`allocate_slab`) stay with it, whether or
   not the process lives: a leak of kernel objects shows in `kernel_slab`, not in the pages.
+- Page tables grow with the memory a process touches and go with its address space: what
+  they map shows in the other layers.
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
@@ -29,6 +31,9 @@ _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
 # The slab allocator taking pages for a cache of objects (Linux 5.x–6.18).
 _SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page"}
+# Page-table pages of the process's own address space (Linux 5.x–6.18).
+_PAGE_TABLE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",
+                         "__pud_alloc", "__p4d_alloc", "pgd_alloc", "_pgd_alloc"}
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
@@ -51,10 +56,22 @@ def slab_page_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[in
     """Stack ids of pages the slab allocator took for its caches (`kernel_page` chains through
     allocate_slab): it keeps and reuses them on its own schedule, and a leak of the objects
     in them shows in `kernel_slab`, so they are never a leak themselves."""
+    return _stacks_through(stacks, frames, _SLAB_PAGE_FUNCTIONS)
+
+
+def page_table_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids of page-table pages: they follow the process's mappings (growing as it
+    touches memory, freed with its address space), and the memory they map shows in the
+    other layers, so they are never a leak themselves."""
+    return _stacks_through(stacks, frames, _PAGE_TABLE_FUNCTIONS)
+
+
+def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:
+    """Stack ids with a kernel frame of one of `functions` (offsets ignored)."""
     kernel = frames[frames["kind"] == FrameKind.KERNEL.value]
     names = kernel["function"].fillna("").str.replace(r"\+0x[0-9a-f]+$", "", regex=True)
-    slab_frames = kernel.loc[names.isin(_SLAB_PAGE_FUNCTIONS).to_numpy(), "frame_id"]
-    return frozenset(int(s) for s in stacks.loc[stacks["frame_id"].isin(slab_frames), "stack_id"].unique())
+    hits = kernel.loc[names.isin(functions).to_numpy(), "frame_id"]
+    return frozenset(int(s) for s in stacks.loc[stacks["frame_id"].isin(hits), "stack_id"].unique())
 
 
 def cached_segments(allocations: pd.DataFrame, at_ns: np.ndarray) -> np.ndarray:

@@ -201,7 +201,9 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     a socket or pipe allocation that finds its cache full takes a new slab (allocate_slab:
     the slab's pages, its object-extension array), which the cache keeps or frees on its
     own schedule. Those stay within the byte thresholds but are not checked by name. At most
-    two stray pipe/socket allocations are tolerated (a free the probes did not see).
+    16 stray pipe/socket allocations are tolerated, one pipe's buffer ring at most (frees the
+    page tracepoints did not report; CI once saw 4 pages of one pipe's data, released at exit,
+    where 20,000 kept pipes would be 20,000 allocations and megabytes).
     """
     recording = tmp_path / "churn.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
@@ -221,7 +223,7 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     # A page's free can be unseen (its address then meets an unrelated free later): a stray
     # single allocation is within the thresholds; a pipe or socket actually kept would be
     # thousands.
-    assert sum(f["live_count"] for f in named) <= 2, \
+    assert sum(f["live_count"] for f in named) <= 16, \
         f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}\n{[(f['confirmed'], f['chain_missed_frees']) for f in named]}"
 
 
