@@ -72,7 +72,7 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
                       Mann–Kendall confidence. For jobs that never exit.
     not a leak        shown apart: caches that filled and plateaued, sawtooth buffers, cached
                       CUDA segments, kernel caches (page cache, dentries, inodes), the slab
-                      allocator's own pages
+                      allocator's own pages, the process's page tables and memory areas
 
     For a command, "the end" is the moment its root process began to exit (exit_group, a
     fatal signal, or a Python interpreter starting to finalize), before the kernel's

@@ -6,8 +6,8 @@
   they are reclaimed under memory pressure, not freed by the process.
 - Pages the slab allocator takes for its objects (`allocate_slab`) stay with it, whether or
   not the process lives: a leak of kernel objects shows in `kernel_slab`, not in the pages.
-- Page tables grow with the memory a process touches and go with its address space: what
-  they map shows in the other layers.
+- Page tables and memory areas (VMAs) grow with the memory a process maps and go with its
+  address space: what they map shows in the other layers.
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
@@ -31,9 +31,12 @@ _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
 # The slab allocator taking pages for a cache of objects (Linux 5.x–6.18).
 _SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page"}
-# Page-table pages of the process's own address space (Linux 5.x–6.18).
-_PAGE_TABLE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",
-                         "__pud_alloc", "__p4d_alloc", "pgd_alloc", "_pgd_alloc"}
+# The process's own address space (Linux 5.x–6.18): page tables, memory areas (VMAs), the
+# maple tree that indexes them, anonymous-memory bookkeeping.
+_ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",
+                            "__pud_alloc", "__p4d_alloc", "pgd_alloc", "_pgd_alloc",
+                            "vm_area_alloc", "vm_area_dup", "mas_alloc_nodes", "mas_preallocate", "mas_store_prealloc",
+                            "anon_vma_alloc", "anon_vma_clone", "anon_vma_fork", "__anon_vma_prepare"}
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
@@ -59,11 +62,11 @@ def slab_page_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[in
     return _stacks_through(stacks, frames, _SLAB_PAGE_FUNCTIONS)
 
 
-def page_table_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
-    """Stack ids of page-table pages: they follow the process's mappings (growing as it
-    touches memory, freed with its address space), and the memory they map shows in the
-    other layers, so they are never a leak themselves."""
-    return _stacks_through(stacks, frames, _PAGE_TABLE_FUNCTIONS)
+def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids of the process's own address space (page tables, VMAs, their maple tree):
+    they follow its mappings (growing as it maps and touches memory, freed with its address
+    space), and the memory they map shows in the other layers, so they are never a leak."""
+    return _stacks_through(stacks, frames, _ADDRESS_SPACE_FUNCTIONS)
 
 
 def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from memprof.analysis.caches import kernel_cache_stacks, page_table_stacks, slab_page_stacks
+from memprof.analysis.caches import address_space_stacks, kernel_cache_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
@@ -33,7 +33,7 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                 min_age_ns: int = 500_000_000, layers: Iterable[str] | None = None, top: int | None = 10,
                 window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
     """find_leaks judged at the target's end (its root process began to exit, else the end of
-    the recording), with kernel caches, slab pages and page tables recognized from the
+    the recording), with kernel caches, slab pages and the address space recognized from the
     chains' frames, and
     the kernel's skipped frees per layer in `unconfirmed_frees`.
 
@@ -52,7 +52,7 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                         top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
                         checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames),
                         slab_stacks=slab_page_stacks(stacks, frames),
-                        page_table_stacks=page_table_stacks(stacks, frames), confidence=confidence)
+                        address_space_stacks=address_space_stacks(stacks, frames), confidence=confidence)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     return result

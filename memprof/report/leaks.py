@@ -154,9 +154,9 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "slab_pages":
         return ("pages the slab allocator took for its caches; it keeps and reuses them (a leak of the "
                 "objects in them shows in kernel_slab): not a leak")
-    if finding.reason == "page_tables":
-        return ("page tables of the process's own memory: they grow with what it touches (shown in the "
-                "other layers) and go with its address space: not a leak")
+    if finding.reason == "address_space":
+        return ("the process's own address space (page tables, memory areas): it grows with the memory the "
+                "process maps (shown in the other layers) and goes with it: not a leak")
     if finding.reason == "kernel_cache":
         return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
                 "the kernel reclaims it under memory pressure: not a leak")

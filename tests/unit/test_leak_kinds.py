@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from memprof.analysis.caches import kernel_cache_stacks, page_table_stacks, slab_page_stacks
+from memprof.analysis.caches import kernel_cache_stacks, address_space_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints, live_by_group
 from memprof.analysis.leaks import find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -187,7 +187,7 @@ def test_kernel_caches_that_outlive_the_process_are_not_leaks():
     caches = kernel_cache_stacks(stacks, frames)
     assert caches == frozenset({1})  # a pipe's inode (4) lives as long as the pipe
     assert slab_page_stacks(stacks, frames) == frozenset({5})
-    assert page_table_stacks(stacks, frames) == frozenset({6})
+    assert address_space_stacks(stacks, frames) == frozenset({6})
     rows = [ev(1 * S, "alloc", 0xA0, 192, 1), ev(1 * S, "alloc", 0xB0, 1024, 2), ev(1 * S, "alloc", 0xC0, 640, 3)]
     result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab", cache_stacks=caches)
     assert [f.stack_id for f in result.findings] == [2, 3]
@@ -203,14 +203,14 @@ def test_the_slab_allocators_pages_are_never_leaks_even_when_they_grow():
     assert [(f.reason, f.live_bytes) for f in result.not_leaks] == [("slab_pages", 20 * 4096)]
 
 
-def test_page_tables_are_never_leaks_even_when_they_grow():
+def test_the_address_space_is_never_a_leak_even_when_it_grows():
     """A training loop that touches more memory grows its page tables: 3 rises in 40 steps,
     Mann–Kendall sure of it (CI met this in train.py). What they map shows elsewhere."""
     rows = step_marks(40) + [ev(k * S + 7, "alloc", 0x6000_0000 + k * 0x1000, 4096, 6) for k in (5, 17, 30)]
     plain = judged(rows, end_ns=41 * S, layer="kernel_page")
     assert [f.kind for f in plain.findings] == ["grows_per_step"]  # without knowing the chain
-    result = judged(rows, end_ns=41 * S, layer="kernel_page", page_table_stacks=frozenset({6}))
-    assert result.findings == [] and [(f.reason, f.live_count) for f in result.not_leaks] == [("page_tables", 3)]
+    result = judged(rows, end_ns=41 * S, layer="kernel_page", address_space_stacks=frozenset({6}))
+    assert result.findings == [] and [(f.reason, f.live_count) for f in result.not_leaks] == [("address_space", 3)]
 
 
 def test_a_command_that_exits_without_step_marks_is_judged_at_its_end_only(tmp_path):
