@@ -260,7 +260,7 @@ def _finding(row, missed_by_chain: dict, trends: ChainTrends, target_exited: boo
     live_bytes = int(round(row.live_bytes))
     stack_id = None if pd.isna(row.stack_id) else int(row.stack_id)
     trend = trends.by_chain.get((row.layer, stack_id))
-    reason = _reason(row.reason, trend, target_exited)
+    reason = _reason(row.reason, trend, target_exited, trends.checkpoints is not None and trends.checkpoints.by_step)
     return LeakFinding(
         chain_missed_frees=missed_by_chain.get((row.layer, stack_id), 0),
         layer=row.layer, stack_id=stack_id,
@@ -271,13 +271,14 @@ def _finding(row, missed_by_chain: dict, trends: ChainTrends, target_exited: boo
     )
 
 
-def _reason(held_reason: str, trend: Trend | None, target_exited: bool) -> str:
-    """Why a held group is what it is. Memory held on purpose wins over a trend; a plateau
-    held when a command exited stays a leak (what a command holds at exit is never freed by
-    it), while in a job that did not exit it is a cache that filled."""
+def _reason(held_reason: str, trend: Trend | None, target_exited: bool, by_step: bool) -> str:
+    """Why a held group is what it is. Memory held on purpose wins over a trend. A plateau is
+    a cache that filled only in a job that did not exit, judged at its steps: what a command
+    holds at exit is never freed by it, and without steps a burst of allocations that is then
+    held (a leak at start-up) looks the same over time windows."""
     if held_reason != "held" or trend is None:
         return held_reason
-    if trend.shape in ("grows", "sawtooth") or (trend.shape == "plateau" and not target_exited):
+    if trend.shape in ("grows", "sawtooth") or (trend.shape == "plateau" and not target_exited and by_step):
         return trend.shape
     return "held"
 

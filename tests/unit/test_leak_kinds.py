@@ -118,6 +118,15 @@ def test_the_same_plateau_held_when_a_command_exits_is_held_at_the_end():
     assert [(f.kind, f.reason, f.live_bytes) for f in result.findings] == [("held_at_end", "held", 10 * MiB)]
 
 
+def test_a_burst_then_held_is_a_leak_over_time_windows():
+    """Without steps, allocations made over a few windows and then held (a leak at start-up,
+    as in CI's SIGKILL test) stay held at the end: only steps tell a cache filling apart."""
+    rows = [ev(S // 10 + k * S // 10, "alloc", 0x9000_0000 + k * 0x1000, KiB, 3) for k in range(37)]  # 4 windows
+    result = judged(rows, end_ns=32 * S)
+    assert not result.checkpoints.by_step
+    assert [(f.kind, f.live_count) for f in result.findings] == [("held_at_end", 37)] and result.not_leaks == []
+
+
 def test_a_sawtooth_buffer_is_not_a_leak_whether_or_not_held_at_the_end():
     rows = step_marks(40)
     for k in range(1, 41):  # one more MiB each step, all released every 5th step
