@@ -41,7 +41,8 @@ def find_checkpoints(events: pd.DataFrame, *, start_ns: int, end_ns: int, min_po
     step number, its first mark; evenly thinned to `max_points`, keeping the last); else
     windows of `window_ns` (default: [start_ns, end_ns] cut in DEFAULT_WINDOWS) ending in
     (start_ns, end_ns]. None when even windows give fewer than `min_points`."""
-    steps = _step_marks(events, end_ns)
+    steps = step_marks(events)
+    steps = steps[steps["ts_ns"] <= end_ns].sort_values("ts_ns", kind="stable")
     if len(steps) >= min_points:
         keep = _thinned(len(steps), max_points)
         times, labels = steps["ts_ns"].to_numpy()[keep], steps["step"].to_numpy()[keep]
@@ -55,11 +56,16 @@ def find_checkpoints(events: pd.DataFrame, *, start_ns: int, end_ns: int, min_po
     return Checkpoints(times, np.arange(1, count + 1), False, _median_gap(times))
 
 
-def _step_marks(events: pd.DataFrame, end_ns: int) -> pd.DataFrame:
-    is_step = (events["action"] == Action.MARK.value) & (events["category"] == Mark.STEP.value)
-    marks = events.loc[is_step & events["step"].notna() & (events["ts_ns"] <= end_ns), ["ts_ns", "step"]]
-    marks = marks.sort_values("ts_ns", kind="stable").drop_duplicates("step", keep="first")
-    return marks.astype({"step": "int64"})
+def step_marks(events: pd.DataFrame) -> pd.DataFrame:
+    """Step marks as (step, ts_ns), sorted by step: each step number once, at its earliest
+    mark (several processes, e.g. torchrun's ranks, mark the same steps)."""
+    if events is None or len(events) == 0 or "category" not in events:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64"), "ts_ns": pd.Series([], dtype="int64")})
+    is_step = ((events["action"] == Action.MARK.value) & (events["category"] == Mark.STEP.value)
+               & events["step"].notna()).to_numpy()
+    marks = pd.DataFrame({"step": events["step"].to_numpy()[is_step].astype(np.int64),
+                          "ts_ns": events["ts_ns"].to_numpy()[is_step].astype(np.int64)})
+    return marks.groupby("step", sort=True, as_index=False)["ts_ns"].min()
 
 
 def _thinned(n: int, at_most: int) -> np.ndarray:

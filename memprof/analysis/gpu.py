@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.growth import last_sample_at, live_at, sample_series, step_marks
+from memprof.analysis.checkpoints import step_marks
+from memprof.analysis.growth import last_sample_at, live_at, sample_series
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.model.meta import RecordingMeta

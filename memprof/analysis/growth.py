@@ -33,9 +33,10 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
+from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
-from memprof.model.schema import LAYERS, Action, Mark
+from memprof.model.schema import LAYERS
 
 _NEVER = np.iinfo(np.int64).max
 MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
@@ -140,18 +141,6 @@ def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | N
 
 
 # ---- points ---------------------------------------------------------------------------------
-
-def step_marks(events: pd.DataFrame) -> pd.DataFrame:
-    """Step marks as (step, ts_ns), sorted by step: each step number once, at its earliest
-    mark (several processes, e.g. torchrun's ranks, mark the same steps)."""
-    if events is None or len(events) == 0 or "category" not in events:
-        return pd.DataFrame({"step": pd.Series([], dtype="int64"), "ts_ns": pd.Series([], dtype="int64")})
-    is_step = ((events["action"] == Action.MARK.value) & (events["category"] == Mark.STEP.value)
-               & events["step"].notna()).to_numpy()
-    marks = pd.DataFrame({"step": events["step"].to_numpy()[is_step].astype(np.int64),
-                          "ts_ns": events["ts_ns"].to_numpy()[is_step].astype(np.int64)})
-    return marks.groupby("step", sort=True, as_index=False)["ts_ns"].min()
-
 
 def median_step_ns(steps: pd.DataFrame) -> int | None:
     """Median time per step between step marks (ns); None with fewer than two marks. Gaps in

@@ -23,7 +23,7 @@ import pandas as pd
 
 from memprof.analysis.attribution import Attribution, Span, attribute
 from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
-from memprof.analysis.growth import step_marks
+from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes

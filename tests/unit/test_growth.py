@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from memprof.analysis.growth import fit_linear, fit_power, growth, median_step_ns, step_marks as marks_of
+from memprof.analysis.checkpoints import step_marks as marks_of
+from memprof.analysis.growth import fit_linear, fit_power, growth, median_step_ns
 from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
