@@ -81,14 +81,10 @@ class _Analysed:
         self.native_frames, self.max_points = native_frames, max_points
 
     @cached_property
-    def recording_end(self) -> int:
-        from memprof.analysis.overview import recording_end_ns
-        return recording_end_ns(self.rec.meta, self.events)
-
-    @cached_property
-    def end(self) -> int:
-        from memprof.analysis.leaks import end_of_target
-        return end_of_target(self.events, self.rec.meta.pid, self.recording_end)
+    def span(self):
+        """Start, the target's end, the recording's end (overview.recording_span)."""
+        from memprof.analysis.overview import recording_span
+        return recording_span(self.rec.meta, self.events)
 
     def chains(self, stack_ids) -> dict[int, list[dict]]:
         from memprof.analysis.leaks import chain_frames
@@ -98,7 +94,7 @@ class _Analysed:
 def _timeline(a: _Analysed):
     from memprof.analysis.series import export_timeline
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
-                           end_ns=a.recording_end, max_points=a.max_points)
+                           end_ns=a.span.recording_end_ns, max_points=a.max_points)
 
 
 def _perfetto(a: _Analysed) -> bytes:
@@ -112,9 +108,8 @@ def _chrome_trace(a: _Analysed) -> bytes:
 
 
 def _attribution(a: _Analysed, at: str):
-    from memprof.analysis.attribution import Span, attribute
-    span = Span(start_ns=a.rec.meta.start_ns, end_ns=a.end, recording_end_ns=a.recording_end)
-    return attribute(a.lifetimes, by="chain", at=at, span=span, top=None, canonical_stack=a.canonical)
+    from memprof.analysis.attribution import attribute
+    return attribute(a.lifetimes, by="chain", at=at, span=a.span, top=None, canonical_stack=a.canonical)
 
 
 def _speedscope(a: _Analysed) -> bytes:
@@ -130,8 +125,8 @@ def _speedscope(a: _Analysed) -> bytes:
 def _pprof(a: _Analysed) -> bytes:
     from memprof.analysis.series import chain_totals
     from memprof.report.exports.pprof import pprof_profile
-    totals = chain_totals(a.lifetimes, end_ns=a.end, canonical_stack=a.canonical)
-    return pprof_profile(totals, a.chains(totals["stack_id"]), duration_ns=a.recording_end - a.rec.meta.start_ns,
+    totals = chain_totals(a.lifetimes, end_ns=a.span.end_ns, canonical_stack=a.canonical)
+    return pprof_profile(totals, a.chains(totals["stack_id"]), duration_ns=a.span.recording_end_ns - a.span.start_ns,
                          time_nanos=_epoch_ns(a.rec.meta))
 
 

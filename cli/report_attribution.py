@@ -52,13 +52,12 @@ def _at_option(fn):
 
 def _attributed(path, *, by: str, at, layers, top, native_frames):
     """(recording, attribution, frames of the chains it shows)."""
-    from memprof.analysis.attribution import Span, attribute
-    from memprof.analysis.leaks import chain_frames, end_of_target
+    from memprof.analysis.attribution import attribute
+    from memprof.analysis.leaks import chain_frames
+    from memprof.analysis.overview import recording_span
 
     rec, events, lifetimes, canonical = analysed(path)
-    recording_end = rec.meta.end_ns or (int(events["ts_ns"].max()) if len(events) else rec.meta.start_ns)
-    span = Span(start_ns=rec.meta.start_ns, end_ns=end_of_target(events, rec.meta.pid, recording_end),
-                recording_end_ns=recording_end)
+    span = recording_span(rec.meta, events)
     result = attribute(lifetimes, by=by, at=at, span=span, stacks=rec.stacks, frames=rec.frames, events=events,
                        layers=layers or None, top=top, canonical_stack=canonical, native_frames=native_frames)
     ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []

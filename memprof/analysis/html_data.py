@@ -21,13 +21,13 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.attribution import Attribution, Span, attribute
+from memprof.analysis.attribution import Attribution, attribute
 from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.checkpoints import step_marks
-from memprof.analysis.leaks import LeakResult, chain_frames, end_of_target
+from memprof.analysis.leaks import LeakResult, chain_frames
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes
-from memprof.analysis.overview import leak_report, recording_end_ns
+from memprof.analysis.overview import leak_report, recording_span
 from memprof.analysis.series import CounterSeries, layer_series, sample_series
 from memprof.model.meta import RecordingMeta
 from memprof.model.schema import Action
@@ -140,8 +140,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`."""
     curves = timeline_series(lifetimes, samples, max_points=max_points)
-    recording_end = recording_end_ns(meta, events)
-    span = Span(meta.start_ns, end_of_target(events, meta.pid, recording_end), recording_end)
+    span = recording_span(meta, events)
     leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
                         min_age_ns=min_age_ns)
     attributions = {at: attribute(lifetimes, by="chain", at=at, span=span, top=top, canonical_stack=canonical_stack)

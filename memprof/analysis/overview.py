@@ -11,6 +11,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
+from memprof.analysis.attribution import Span
 from memprof.analysis.caches import address_space_stacks, kernel_cache_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
@@ -26,6 +27,13 @@ def recording_end_ns(meta: RecordingMeta, events: pd.DataFrame) -> int:
     if meta.end_ns:
         return int(meta.end_ns)
     return int(events["ts_ns"].max()) if len(events) else int(meta.start_ns)
+
+
+def recording_span(meta: RecordingMeta, events: pd.DataFrame) -> Span:
+    """The recording's moments every view judges at: its start, when its target began to exit
+    (the end of the recording when it did not), and when the recording stopped."""
+    end = recording_end_ns(meta, events)
+    return Span(start_ns=int(meta.start_ns), end_ns=end_of_target(events, meta.pid, end), recording_end_ns=end)
 
 
 def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
