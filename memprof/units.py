@@ -51,6 +51,12 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_relative_ns(ns: int, start_ns: int) -> str:
+    """A moment as a signed duration from `start_ns` (the recording's start): '+1.50s'."""
+    delta = ns - start_ns
+    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
+
+
 def format_duration_ns(ns: int) -> str:
     """Nanoseconds as a short human duration: 1_500_000 → '1.5ms'."""
     s = ns / 1e9

@@ -46,13 +46,9 @@ _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "cre
 
 def kernel_cache_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
     """Stack ids whose kernel frames include a cache-filling function (module docstring)."""
-    kernel = frames[frames["kind"] == FrameKind.KERNEL.value]
-    names = kernel["function"].fillna("").str.replace(r"\+0x[0-9a-f]+$", "", regex=True)
-    cache_frames = kernel.loc[names.str.match(_KERNEL_CACHE_FUNCTIONS).to_numpy(), "frame_id"]
-    other_frames = kernel.loc[names.isin(_NOT_CACHE_FUNCTIONS).to_numpy(), "frame_id"]
-    caches = set(stacks.loc[stacks["frame_id"].isin(cache_frames), "stack_id"].unique())
-    caches -= set(stacks.loc[stacks["frame_id"].isin(other_frames), "stack_id"].unique())
-    return frozenset(int(s) for s in caches)
+    kernel, names = _kernel_functions(frames)
+    caches = _stacks_of(stacks, kernel.loc[names.str.match(_KERNEL_CACHE_FUNCTIONS).to_numpy(), "frame_id"])
+    return caches - _stacks_of(stacks, kernel.loc[names.isin(_NOT_CACHE_FUNCTIONS).to_numpy(), "frame_id"])
 
 
 def slab_page_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
@@ -71,10 +67,19 @@ def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozense
 
 def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:
     """Stack ids with a kernel frame of one of `functions` (offsets ignored)."""
+    kernel, names = _kernel_functions(frames)
+    return _stacks_of(stacks, kernel.loc[names.isin(functions).to_numpy(), "frame_id"])
+
+
+def _kernel_functions(frames: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """The kernel frames, and their function names without the '+0x…' offset."""
     kernel = frames[frames["kind"] == FrameKind.KERNEL.value]
-    names = kernel["function"].fillna("").str.replace(r"\+0x[0-9a-f]+$", "", regex=True)
-    hits = kernel.loc[names.isin(functions).to_numpy(), "frame_id"]
-    return frozenset(int(s) for s in stacks.loc[stacks["frame_id"].isin(hits), "stack_id"].unique())
+    return kernel, kernel["function"].fillna("").str.replace(r"\+0x[0-9a-f]+$", "", regex=True)
+
+
+def _stacks_of(stacks: pd.DataFrame, frame_ids: pd.Series) -> frozenset[int]:
+    """Stack ids that hold any of `frame_ids`."""
+    return frozenset(int(s) for s in stacks.loc[stacks["frame_id"].isin(frame_ids), "stack_id"].unique())
 
 
 def cached_segments(allocations: pd.DataFrame, at_ns: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
 from memprof.report.layers import one_line  # one chain in one line, allocator frames skipped
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,9 +95,9 @@ def _heading(result: Attribution) -> str:
         when = "each layer's own peak (first reached)"
     elif result.at == "end":
         why = "the target began to exit" if span.target_exited else "end of recording"
-        when = f"the end, {_relative(span.end_ns, span.start_ns)} ({why})"
+        when = f"the end, {format_relative_ns(span.end_ns, span.start_ns)} ({why})"
     else:
-        when = _relative(result.layers[0].ts_ns, span.start_ns) if result.layers else "the given time"
+        when = format_relative_ns(result.layers[0].ts_ns, span.start_ns) if result.layers else "the given time"
     what = "Live bytes per layer" if result.by == "layer" else f"Live bytes by {result.by}"
     return f"[bold]{what}[/] at {when}"
 
@@ -107,7 +107,7 @@ def _layers_table(result: Attribution) -> Table:
     for name, justify in (("layer", "left"), ("at", "right"), ("live", "right"), ("allocations", "right")):
         table.add_column(name, justify=justify)
     for layer in result.layers:
-        table.add_row(escape(layer.layer), _relative(layer.ts_ns, result.span.start_ns),
+        table.add_row(escape(layer.layer), format_relative_ns(layer.ts_ns, result.span.start_ns),
                       format_bytes(layer.live_bytes), f"{layer.live_count:,}")
     return table
 
@@ -116,7 +116,7 @@ def _layer_title(result: Attribution, layer: LayerLive) -> str:
     peak = " (its peak)" if result.at == "peak" else ""
     return (f"[bold]{escape(layer.layer)}[/]  {format_bytes(layer.live_bytes)} in "
             f"{_count(layer.live_count, 'allocation', 'allocations')} at "
-            f"{_relative(layer.ts_ns, result.span.start_ns)}{peak}")
+            f"{format_relative_ns(layer.ts_ns, result.span.start_ns)}{peak}")
 
 
 def _left_out(result: Attribution, layer: LayerLive) -> list[str]:
@@ -217,11 +217,6 @@ def _frames(stack_id: int | None, chains: dict[int, list[dict]]) -> list[dict]:
 
 def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
 
 
 def _count(n: int, one: str, many: str) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from memprof.analysis.budget import ANY_LEAK, LEAK, PEAK
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,7 +61,7 @@ def violation_line(violation: Violation, start_ns: int) -> str:
     'FAIL leak native_heap 2.0 MiB in 3 findings held at the end (--fail-on-leak)'. Not escaped."""
     actual, limit = _sizes(violation.actual_bytes, violation.limit_bytes)
     if violation.budget == PEAK:
-        when = "" if violation.at_ns is None else f" (at {_relative(violation.at_ns, start_ns)})"
+        when = "" if violation.at_ns is None else f" (at {format_relative_ns(violation.at_ns, start_ns)})"
         return f"FAIL peak {violation.layer} {actual} > budget {limit}{when}"
     held = f"FAIL leak {violation.layer} {actual} in {_count(violation.findings, 'finding', 'findings')}"
     if violation.budget == LEAK:
@@ -76,11 +76,6 @@ def _sizes(actual: int, limit: int) -> tuple[str, str]:
     ('1.0 GiB > budget 1.0 GiB' says nothing)."""
     shown = format_bytes(actual), format_bytes(limit)
     return (f"{actual:,} B", f"{limit:,} B") if shown[0] == shown[1] else shown
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
 
 
 def _count(n: int, one: str, many: str) -> str:

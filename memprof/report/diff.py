@@ -10,7 +10,7 @@ from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.layers import one_line
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -66,8 +66,8 @@ def render_diff_table(result: DiffResult, chains_a: dict[int, list[dict]], chain
     relative to each recording's start (`start_ns`)."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(f"[bold]Diff[/]  A: {escape(names[0])}  →  B: {escape(names[1])}")
-    out(f"end (target began to exit, or end of recording): A {_relative(result.end_ns_a, start_ns[0])}, "
-        f"B {_relative(result.end_ns_b, start_ns[1])}")
+    out(f"end (target began to exit, or end of recording): A {format_relative_ns(result.end_ns_a, start_ns[0])}, "
+        f"B {format_relative_ns(result.end_ns_b, start_ns[1])}")
     for side, lost in zip("AB", lost_events):
         if lost:
             out(f"[yellow]! {side}: {lost:,} events were lost while recording: its numbers miss them.[/]")
@@ -136,8 +136,3 @@ def _signed(n: int) -> str:
 
 def _from_to(a: int, b: int) -> str:
     return f"{format_bytes(a)} → {format_bytes(b)}"
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))

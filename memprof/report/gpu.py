@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memprof.analysis.gpu import BYTE_TERMS, TERMS, terms_dict
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,7 +95,7 @@ def _render_device(device: DeviceBreakdown, at: str, console: Console, out, star
 
 def _equation_table(device: DeviceBreakdown, start_ns: int) -> Table:
     peak = device.peak
-    when = _relative(peak.ts_ns, start_ns) + ("" if peak.step is None else f", step {peak.step:,}")
+    when = format_relative_ns(peak.ts_ns, start_ns) + ("" if peak.step is None else f", step {peak.step:,}")
     title = f"[bold]{escape(device.device)}[/] at the peak of {escape(device.peak_of)} ({when})"
     table = Table(title=title, title_justify="left", highlight=False)
     table.add_column("term")
@@ -129,7 +129,7 @@ def _over_time_table(device: DeviceBreakdown, at: str, start_ns: int) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     for row in device.over_time:
         step = [] if at != "steps" else [_NONE if row.step is None else f"{row.step:,}"]
-        table.add_row(_relative(row.ts_ns, start_ns), *step, *(_cell(row, term) for term, _ in _COLUMNS))
+        table.add_row(format_relative_ns(row.ts_ns, start_ns), *step, *(_cell(row, term) for term, _ in _COLUMNS))
     return table
 
 
@@ -142,8 +142,3 @@ def _cell(row: GpuTerms, term: str) -> str:
 
 def _bytes(value: int | None) -> str:
     return _NONE if value is None else format_bytes(value)
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,7 +91,7 @@ def _layer_table(stats: LayerStats, start_ns: int) -> Table:
     table = Table(title=f"[bold]{escape(stats.layer)}[/]", title_justify="left", highlight=False)
     for name in ("peak", "at", "final", "allocations"):
         table.add_column(name, justify="right")
-    table.add_row(format_bytes(stats.peak_bytes), _relative(stats.peak_ns, start_ns),
+    table.add_row(format_bytes(stats.peak_bytes), format_relative_ns(stats.peak_ns, start_ns),
                   format_bytes(stats.final_bytes), f"{stats.alloc_count:,}")
     return table
 
@@ -133,7 +133,7 @@ def _metrics_table(metrics: list[MetricStats], start_ns: int) -> Table:
         table.add_column(name, justify=justify)
     for m in metrics:
         table.add_row(escape(m.metric), escape(m.device), _value(m.metric, m.peak),
-                      _relative(m.peak_ns, start_ns), _value(m.metric, m.final))
+                      format_relative_ns(m.peak_ns, start_ns), _value(m.metric, m.final))
     return table
 
 
@@ -144,8 +144,3 @@ def _value(metric: str, value: float) -> str:
 
 def _frames(chain: ChainBytes, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if chain.stack_id is None else chains.get(chain.stack_id, [])
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))

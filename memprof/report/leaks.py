@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from rich.markup import escape
 
 from memprof.model.schema import FRAME_KEYS
-from memprof.units import format_bytes, format_duration_ns
+from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -62,10 +62,10 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "released_at_exit": bool(finding.released_at_exit),
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
-        "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _chain(finding, chains)],
+        "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in finding_chain(finding, chains)],
         # False: the chain has no Python frames (the eBPF sources record kernel and native
         # frames only), not that no Python code was involved.
-        "python_frames": any(frame.get("kind") == "python" for frame in _chain(finding, chains)),
+        "python_frames": any(frame.get("kind") == "python" for frame in finding_chain(finding, chains)),
     }
 
 
@@ -93,14 +93,14 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
 def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_ns: int) -> None:
     for index, finding in enumerate(findings, 1):
         out("")
-        for line in _finding_lines(f"{mark}{index}", finding, _chain(finding, chains), start_ns, result):
+        for line in _finding_lines(f"{mark}{index}", finding, finding_chain(finding, chains), start_ns, result):
             out(line, no_wrap=True, overflow="ellipsis")
 
 
 def _heading(result: LeakResult, start_ns: int) -> str:
     why = "the target began to exit" if _target_exited(result) else "end of recording"
     count = len(result.findings)
-    return (f"[bold]Leaks[/] at {_relative(result.end_ns, start_ns)} ({why}), allocations older than "
+    return (f"[bold]Leaks[/] at {format_relative_ns(result.end_ns, start_ns)} ({why}), allocations older than "
             f"{_short(result.min_age_ns)}{_trend_basis(result)}: {_count(count, 'finding', 'findings')}")
 
 
@@ -132,7 +132,7 @@ def _warnings(result: LeakResult, lost_events: int) -> list[str]:
     return warnings
 
 
-_KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
+KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
 
 
 def explain(finding: LeakFinding, result: LeakResult) -> str:
@@ -171,11 +171,11 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         fate = "released at exit"
     else:
         fate = "outlived the process" if _target_exited(result) else "still live when the recording stopped"
-    kind = _KIND_LABELS.get(finding.kind, finding.kind)
+    kind = KIND_LABELS.get(finding.kind, finding.kind)
     lines = [
         f"[bold]{label} {escape(finding.layer)}[/]  {kind}  {format_bytes(finding.live_bytes)} in "
         f"{_count(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
-        f"    first seen {_relative(finding.first_ns, start_ns)}, last seen {_relative(finding.last_ns, start_ns)}"
+        f"    first seen {format_relative_ns(finding.first_ns, start_ns)}, last seen {format_relative_ns(finding.last_ns, start_ns)}"
         + _rate(finding, result),
         f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
@@ -251,13 +251,9 @@ def _target_exited(result: LeakResult) -> bool:
     return result.end_ns < result.recording_end_ns
 
 
-def _chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
+def finding_chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
+    """The finding's frames, innermost first ([] without a stack)."""
     return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
 
 
 def _short(ns: int) -> str:

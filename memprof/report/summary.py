@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from memprof.report.layers import one_line
-from memprof.report.leaks import explain
-from memprof.units import format_bytes, format_duration_ns
+from memprof.report.leaks import KIND_LABELS, explain, finding_chain
+from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding
     from memprof.analysis.overview import Summary
 
-_KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step"}
 _PYTHON_FRAMES = 2
 _GPU_LAYERS = {"cuda_block", "cuda_segment", "cuda_driver"}
 
@@ -49,7 +48,7 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], summary: 
     return {"kind": finding.kind, "layer": finding.layer, "live_bytes": finding.live_bytes,
             "live_count": finding.live_count, "slope_bytes_per_step": finding.slope_bytes_per_step,
             "confidence": finding.confidence, "explanation": explain(finding, summary.leaks),
-            "chain": _plain(_where(_chain(finding, chains)))}
+            "chain": _plain(_where(finding_chain(finding, chains)))}
 
 
 def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
@@ -102,12 +101,12 @@ def _layers_table(summary: Summary, start_ns: int) -> Table:
                           ("allocations", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     for s in summary.layers.layers:
-        table.add_row(escape(s.layer), format_bytes(s.peak_bytes), _relative(s.peak_ns, start_ns),
+        table.add_row(escape(s.layer), format_bytes(s.peak_bytes), format_relative_ns(s.peak_ns, start_ns),
                       format_bytes(s.final_bytes), f"{s.alloc_count:,}")
     for m in summary.layers.metrics:
         if m.metric.endswith("_bytes") and m.metric != "host_memory_total_bytes":
             table.add_row(f"[dim]{escape(m.metric)} {escape(m.device)}[/]", format_bytes(m.peak),
-                          _relative(m.peak_ns, start_ns), format_bytes(m.final), "")
+                          format_relative_ns(m.peak_ns, start_ns), format_bytes(m.final), "")
     return table
 
 
@@ -122,9 +121,9 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
             unit = leaks.checkpoints.unit if leaks.checkpoints is not None else "step"
             rate = f", +{format_bytes(finding.slope_bytes_per_step)}/{unit}"
-        out(f"  {index}. {escape(finding.layer)} {_KIND_LABELS.get(finding.kind, finding.kind)}: "
+        out(f"  {index}. {escape(finding.layer)} {KIND_LABELS.get(finding.kind, finding.kind)}: "
             f"{format_bytes(finding.live_bytes)} in {finding.live_count:,}{rate}  "
-            f"{_where(_chain(finding, chains))}", no_wrap=True, overflow="ellipsis")
+            f"{_where(finding_chain(finding, chains))}", no_wrap=True, overflow="ellipsis")
     if leaks.not_leaks:
         out(f"  [dim]and {len(leaks.not_leaks)} chains held on purpose (caches, pools, buffers): not leaks[/]")
 
@@ -140,15 +139,6 @@ def _where(chain: list[dict]) -> str:
     return escape(" ← ".join(shown)) + (" ← …" if len(python) > _PYTHON_FRAMES else "")
 
 
-def _chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
-    return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
-
-
 def _plain(markup: str) -> str:
     """Undo rich escaping for JSON (`\\[` → `[`)."""
     return markup.replace("\\[", "[")
-
-
-def _relative(ns: int, start_ns: int) -> str:
-    delta = ns - start_ns
-    return ("-" if delta < 0 else "+") + format_duration_ns(abs(delta))
