@@ -149,11 +149,14 @@ static __always_inline int stack_sample_due(u64 mask)
 }
 
 /* User-space allocators: the user stack, sampled the same way, per site = the allocator's
- * return address (the caller's next instruction) + the caller's stack pointer. */
-static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask)
+ * return address (the caller's next instruction) + the stack pointer. `skip`: innermost
+ * frames left out (a probe inside the allocator leaves out the allocator's own frame, so
+ * that its stacks read as those taken at its return). */
+static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
+                                            u64 skip)
 {
     e->py_stack = py_stack_id();
-    struct site_key key = {.call_site = PT_REGS_IP(ctx), .user_sp = PT_REGS_SP(ctx), .tgid = e->pid, .layer = e->layer};
+    struct site_key key = {.call_site = call_site, .user_sp = PT_REGS_SP(ctx), .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
         u64 *cached = site_stacks.lookup(&key);
         if (cached) {
@@ -161,7 +164,7 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
             return;
         }
     }
-    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
     e->flags |= MP_FLAG_STACK_SAMPLED;
     u64 packed = (u64)(u32)e->ustack_id;
     if (site_stacks.update(&key, &packed) < 0)

@@ -76,7 +76,10 @@ static __always_inline int native_sampled(u64 size)
     return 1;
 }
 
-static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, struct parked *p, u64 addr, u64 size)
+/* `call_site`: the allocator's return address in its caller (the site's key); `skip`: frames
+ * of the allocator itself on top of the stack. */
+static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 flags, s8 device, u64 addr, u64 size,
+                                            u64 call_site, u64 skip)
 {
     struct mp_event *e = reserve(MP_USER_ALLOC);
     if (!e)
@@ -84,9 +87,9 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, struc
     e->addr = addr;
     e->size = size;
     e->layer = layer;
-    e->flags = p->flags;
-    e->device = p->device;
-    fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK);
+    e->flags = flags;
+    e->device = device;
+    fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK, call_site, skip);
     remember_addr(addr ^ layer);
     submit(e);
     py_learn_after_up(ctx);
@@ -137,7 +140,7 @@ static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
     if (p.old_ptr)
         emit_user_free(layer, p.old_ptr, 0); /* realloc: the old block is gone (or is the new one) */
     if (!p.free_only)
-        emit_user_alloc(ctx, layer, &p, addr, size);
+        emit_user_alloc(ctx, layer, p.flags, p.device, addr, size, PT_REGS_IP(ctx), 0);
     return 0;
 }
 
@@ -147,6 +150,21 @@ int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE);
 
 /* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
 int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
+
+/* The one-trap alternative to the pair above, where memprof/sources/callsite.py found it: a
+ * uprobe on alloc_cpu's `call c10::NUMAMove(void *data, size_t nbytes, int node)`, which every
+ * successful allocation makes. The arguments are in their registers; alloc_cpu has a frame
+ * pointer (checked), so its own return address — the site, as at a uretprobe — is at %rbp + 8;
+ * its frame is left off the stack, which then reads as one taken at its return. */
+int mp_c10_alloc_at_call(struct pt_regs *ctx)
+{
+    u64 addr = PT_REGS_PARM1(ctx);
+    if (!addr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    u64 caller = read_user_u64(ctx->bp + 8);
+    emit_user_alloc(ctx, MP_LAYER_TORCH_CPU, 0, -1, addr, PT_REGS_PARM2(ctx), caller, 1);
+    return 0;
+}
 int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
 
 /* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ---- */

@@ -88,6 +88,12 @@ def _step_range(ctx, param, value):
                    "N/size (unbiased totals at a fraction of the cost); 0 takes every one. Units allowed: 64KiB.")
 @click.option("--allocator-prefix", default="", metavar="PREFIX",
               help="native: probe PREFIXmalloc, PREFIXfree, … (e.g. je_ for a jemalloc built with a prefix).")
+@click.option("--alloc-probes", type=click.Choice(["call-site", "entry-return"]), default="call-site",
+              show_default=True,
+              help="torch: call-site takes each c10::alloc_cpu in one uprobe, on its call to "
+                   "c10::NUMAMove(data, nbytes), where that call is found in libc10 (else it falls back, "
+                   "and meta.json says why); entry-return always uses a uprobe at entry and a "
+                   "uretprobe at return (one more trap per tensor).")
 @click.option("--python-frames/--no-python-frames", default=True, show_default=True,
               help="Read the allocating thread's Python frames (CPython 3.10-3.13) at each event, so "
                    "chains read Python → native → kernel.")
@@ -100,7 +106,7 @@ def _step_range(ctx, param, value):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
-           allocator_prefix, python_frames, agent, torch_profile_steps, quiet, command):
+           allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, quiet, command):
     """Record a command, or attach to a running process, until it exits.
 
     \b
@@ -129,7 +135,8 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force,
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
                          user_stack_every=user_stack_every,
-                         allocator_prefix=allocator_prefix, python=PythonOptions(enabled=python_frames)),
+                         allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
+                         python=PythonOptions(enabled=python_frames)),
         agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps),
     )
     status = StatusLine(console.err, enabled=not quiet)

@@ -20,6 +20,7 @@ from memprof.sources import kmem as K
 from memprof.sources import records as R
 from memprof.sources import uprobes as U
 from memprof.sources.bpfinfo import prog_stats
+from memprof.sources.callsite import CallSite, find_call_site
 from memprof.sources.procs import ProcessTable
 from memprof.sources.python import PythonFrames, PythonOptions, python_cflags
 from memprof.sources.ringbuf import RingBufferConsumer
@@ -40,6 +41,9 @@ class EbpfOptions:
     native_sample_bytes: int = 0
     user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
     allocator_prefix: str = ""
+    # "call-site": an allocator whose call to a known function carries (address, size) gets
+    # one uprobe there (memprof/sources/callsite.py); "entry-return": always entry + return.
+    alloc_probes: str = "call-site"
     ringbuf_bytes: int = 128 << 20
     stack_entries: int = 32768
     addr_filter_bits_log2: int = 26
@@ -200,12 +204,19 @@ class EbpfSource:
             return
         self._probed.add(key)
         family = self._families()[family_name]
-        attached, missing_required = 0, []
+        attached, missing_required, at_calls = 0, [], {}
         for probe in family.probes:
             try:
-                self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, fn_name=probe.program)
-                if probe.return_program:
-                    self._bpf.attach_uretprobe(name=key[0], sym=probe.symbol, fn_name=probe.return_program)
+                site = self._call_site(key[0], probe)
+                if site is not None and site.offset is not None:
+                    self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, sym_off=site.offset,
+                                            fn_name=probe.at_call.program)
+                else:
+                    self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, fn_name=probe.program)
+                    if probe.return_program:
+                        self._bpf.attach_uretprobe(name=key[0], sym=probe.symbol, fn_name=probe.return_program)
+                if site is not None:
+                    at_calls[probe.symbol] = site.why if site.offset is not None else f"entry and return ({site.why})"
                 attached += 1
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
@@ -213,6 +224,17 @@ class EbpfSource:
         libs = self.stats.detail.setdefault("uprobes", {})
         libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
                         "missing": missing_required}
+        if at_calls:
+            libs[key[0]]["allocation_probes"] = at_calls
+
+    def _call_site(self, path: str, probe: U.Probe) -> CallSite | None:
+        """Where `probe` can take an allocation in one trap (offset None: why not); None when
+        it has no such alternative or --alloc-probes entry-return asks for the pair."""
+        if probe.at_call is None:
+            return None
+        if self.options.alloc_probes != "call-site":
+            return CallSite(None, "--alloc-probes entry-return")
+        return find_call_site(path, probe.symbol, probe.at_call.callee)
 
     def _probe_new_mappings(self, maps) -> None:
         for m in maps:

@@ -15,14 +15,26 @@ ENTRY, RETURN = "entry", "return"
 
 
 @dataclass(frozen=True)
+class AtCall:
+    """A one-trap alternative to an allocator's entry and return probes: `program` on the
+    allocator's call to `callee`, which receives (address, size) as its first two arguments
+    (see memprof/sources/callsite.py for when it is used)."""
+
+    callee: str
+    program: str
+
+
+@dataclass(frozen=True)
 class Probe:
     """One function to probe: `program` runs at entry; functions that allocate also get
-    `return_program` at return (where the address is known)."""
+    `return_program` at return (where the address is known), or, where `at_call` is found
+    in the library, that one probe instead of both."""
 
     symbol: str
     program: str
     return_program: str | None = None
     optional: bool = True  # missing from this build of the library: skip it
+    at_call: AtCall | None = None
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,8 @@ class Family:
 
 
 TORCH = Family("torch", Layer.TORCH_CPU, "libc10.so", (
-    Probe("_ZN3c109alloc_cpuEm", "mp_c10_alloc_cpu", "mp_torch_return", optional=False),
+    Probe("_ZN3c109alloc_cpuEm", "mp_c10_alloc_cpu", "mp_torch_return", optional=False,
+          at_call=AtCall("_ZN3c108NUMAMoveEPvmi", "mp_c10_alloc_at_call")),
     Probe("_ZN3c108free_cpuEPv", "mp_c10_free_cpu", optional=False),
 ), default_on=True)
 

@@ -272,9 +272,42 @@ def test_torch_leak_known_bytes(torch_leak_recording, leaks_json):
     assert {Path(lib).resolve(): (d["family"], d["layer"]) for lib, d in probed.items()} \
         == {libc10: ("torch", "torch_cpu")}, probed
 
+    # One uprobe per allocation: alloc_cpu's call to NUMAMove was found in this libc10.
+    (how,) = probed[str(libc10)]["allocation_probes"].values()
+    assert how.startswith("one uprobe at c10::alloc_cpu(unsigned long)+0x") and "c10::NUMAMove" in how, how
+
     live_bytes, live_count, findings = torch_cpu_totals(leaks_json, recording)
     assert live_bytes == 40 * STEP_BYTES + FC1_PARAMS_AND_GRADS, describe(findings)
     assert live_count == 40 + 4, describe(findings)
+
+
+@needs_torch
+def test_torch_entry_return_probes_see_what_the_call_site_probe_sees(tmp_path, torch_leak_recording, leaks_json,
+                                                                     run_memprof):
+    """--alloc-probes entry-return (a uprobe at alloc_cpu's entry, a uretprobe at its return)
+    and the default one-trap probe on its call to NUMAMove record the same allocations: same
+    count and bytes of every size, and the same leak, with the same chain."""
+    recording = tmp_path / "entry_return.memprof"
+    result = record(run_memprof, recording, sys.executable, TORCH_LEAK, "--steps", 40,
+                    args=("--alloc-probes", "entry-return"))
+    assert f"history_bytes={40 * STEP_BYTES}" in result.stdout, result.stdout
+    (how,) = next(iter(uprobe_libraries(recording).values()))["allocation_probes"].values()
+    assert how == "entry and return (--alloc-probes entry-return)", how
+
+    def sizes(path: Path) -> dict:
+        events = events_of(path, "torch_cpu")
+        allocs = events[events["action"] == "alloc"]
+        return {"frees": int((events["action"] == "free").sum()),
+                "sizes": allocs["size_bytes"].astype(int).value_counts().sort_index().to_dict()}
+
+    default = torch_leak_recording(40)
+    assert sizes(recording) == sizes(default)
+    kept = []
+    for path in (default, recording):
+        findings = torch_cpu_totals(leaks_json, path)[2]
+        (finding,) = [f for f in findings if (f["live_bytes"], f["live_count"]) == (40 * STEP_BYTES, 40)]
+        kept.append([(f["kind"], f["function"], f.get("line")) for f in finding["stack"]])
+    assert kept[0] == kept[1], kept
 
 
 @needs_torch

@@ -1,0 +1,154 @@
+"""Where one function calls another: the place for a single uprobe that sees an allocation whole.
+
+An allocator function is usually probed twice: a uprobe at its entry (the size) and a uretprobe
+at its return (the address) — two traps into the kernel, plus a third at the matching free.
+Where the allocator itself passes both to a function it calls after allocating
+(`c10::alloc_cpu` calls `c10::NUMAMove(data, nbytes, node)` on every successful allocation),
+one uprobe on that `call` instruction sees both, in the argument registers. The kernel emulates
+a relative `call` (it pushes the return address and jumps, no single-step: ~0.7 µs here, where a
+single-stepped instruction costs ~9 µs in this VM), so the allocation costs one trap, not two.
+
+This module only finds the instruction, and only when it is certain of it:
+- the caller decodes (capstone, linear sweep from its symbol) over its whole size;
+- exactly one 5-byte `call rel32` in it reaches the callee, directly or through a PLT stub
+  whose GOT slot has the callee's JUMP_SLOT relocation;
+- the caller sets up a frame pointer (`push %rbp; mov %rsp,%rbp`, after an optional
+  `endbr64`), so the BPF side can read the caller's return address at `%rbp + 8`.
+Anything else — another architecture, no capstone, a build that inlines or reorders — gives a
+reason instead, and the caller falls back to the entry and return probes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memprof.sources.elfsyms import demangle
+
+_ENDBR64 = bytes.fromhex("f30f1efa")
+_FRAME_SETUP = bytes.fromhex("554889e5")  # push %rbp; mov %rsp,%rbp
+_CALL_REL32 = 0xE8
+_MAX_FUNCTION_BYTES = 1 << 16
+_R_X86_64_JUMP_SLOT = 7
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """`offset`: bytes from the caller symbol's start to the `call` (None when not found);
+    `why`: how it was found, or why it was not, in words for meta.json and doctor."""
+
+    offset: int | None
+    why: str
+
+
+def find_call_site(path: str, caller: str, callee: str) -> CallSite:
+    """The one `call rel32` in `caller` (an ELF symbol of `path`) that reaches `callee`."""
+    try:
+        from capstone import CS_ARCH_X86, CS_MODE_64, Cs
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+    except ImportError as e:
+        return CallSite(None, f"{e.name} is not installed")
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            if elf["e_machine"] != "EM_X86_64":
+                return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded")
+            return _find_in(elf, caller, callee, Cs(CS_ARCH_X86, CS_MODE_64))
+    except (OSError, ELFError, ValueError) as e:
+        return CallSite(None, f"cannot read {path}: {e}")
+
+
+def _find_in(elf, caller: str, callee: str, disassembler) -> CallSite:
+    symbols = _defined_functions(elf, {caller, callee})
+    if caller not in symbols:
+        return CallSite(None, f"{caller} is not defined here")
+    start, size = symbols[caller]
+    code = _read_vaddr(elf, start, min(size, _MAX_FUNCTION_BYTES))
+    if code is None or size == 0:
+        return CallSite(None, f"{caller}'s bytes are not in the file")
+    if not code.removeprefix(_ENDBR64).startswith(_FRAME_SETUP):
+        return CallSite(None, f"{caller} does not set up a frame pointer")
+    targets = _callee_addresses(elf, callee, symbols.get(callee))
+    if not targets:
+        return CallSite(None, f"{callee} is neither defined nor imported through the PLT")
+    calls, decoded = [], 0
+    for insn in disassembler.disasm(code, start):
+        decoded += insn.size
+        if insn.size == 5 and insn.bytes[0] == _CALL_REL32:
+            target = insn.address + 5 + int.from_bytes(insn.bytes[1:5], "little", signed=True)
+            if target in targets:
+                calls.append(insn.address - start)
+    if decoded != len(code):
+        return CallSite(None, f"{caller} did not decode to its end ({decoded} of {len(code)} bytes)")
+    if len(calls) != 1:
+        return CallSite(None, f"{caller} calls {callee} {len(calls)} times, not once")
+    return CallSite(calls[0], f"one uprobe at {demangle(caller)}+{calls[0]:#x}, its call to {demangle(callee)}")
+
+
+def _defined_functions(elf, names: set[str]) -> dict[str, tuple[int, int]]:
+    """name -> (virtual address, size) for those of `names` defined in .dynsym or .symtab."""
+    found: dict[str, tuple[int, int]] = {}
+    for section_name in (".dynsym", ".symtab"):
+        section = elf.get_section_by_name(section_name)
+        if section is None:
+            continue
+        for name in names - found.keys():
+            for symbol in section.get_symbol_by_name(name) or ():
+                if symbol["st_shndx"] != "SHN_UNDEF" and symbol["st_value"]:
+                    found[name] = (symbol["st_value"], symbol["st_size"])
+                    break
+    return found
+
+
+def _read_vaddr(elf, vaddr: int, size: int) -> bytes | None:
+    """`size` bytes at virtual address `vaddr`, from the PT_LOAD segment whose file bytes hold them."""
+    for segment in elf.iter_segments():
+        if segment["p_type"] != "PT_LOAD":
+            continue
+        begin = segment["p_vaddr"]
+        if begin <= vaddr and vaddr + size <= begin + segment["p_filesz"]:
+            stream = elf.stream
+            stream.seek(segment["p_offset"] + vaddr - begin)
+            data = stream.read(size)
+            return data if len(data) == size else None
+    return None
+
+
+def _callee_addresses(elf, callee: str, defined: tuple[int, int] | None) -> set[int]:
+    """Addresses a `call` reaches `callee` at: its own, and each PLT stub jumping through its GOT slot."""
+    addresses = {defined[0]} if defined else set()
+    slots = _jump_slots(elf, callee)
+    if slots:
+        for name in (".plt", ".plt.sec"):
+            section = elf.get_section_by_name(name)
+            if section is not None:
+                addresses |= _stubs_through(section, slots)
+    return addresses
+
+
+def _jump_slots(elf, callee: str) -> set[int]:
+    """GOT addresses of `callee`'s JUMP_SLOT relocations."""
+    section = elf.get_section_by_name(".rela.plt")
+    if section is None:
+        return set()
+    dynsym = elf.get_section(section["sh_link"])
+    return {reloc["r_offset"] for reloc in section.iter_relocations()
+            if reloc["r_info_type"] == _R_X86_64_JUMP_SLOT
+            and dynsym.get_symbol(reloc["r_info_sym"]).name == callee}
+
+
+def _stubs_through(section, slots: set[int]) -> set[int]:
+    """Start addresses of the 16-byte PLT stubs in `section` that jump through one of `slots`:
+    `jmp *disp(%rip)` (ff 25), after an optional endbr64 and bnd prefix (f2)."""
+    data, base, stubs = section.data(), section["sh_addr"], set()
+    for at in range(0, len(data) - 15, 16):
+        stub = data[at:at + 16]
+        rest = stub.removeprefix(_ENDBR64)
+        skip = 16 - len(rest)
+        if rest[:1] == b"\xf2":
+            rest, skip = rest[1:], skip + 1
+        if rest[:2] != b"\xff\x25":
+            continue
+        end = base + at + skip + 6
+        if end + int.from_bytes(rest[2:6], "little", signed=True) in slots:
+            stubs.add(base + at)
+    return stubs
