@@ -39,6 +39,8 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
         Check("uprobes", os.path.exists("/sys/bus/event_source/devices/uprobe"), "uprobe PMU",
               "a kernel with CONFIG_UPROBES", required=False),
         _module_check("torch", "pip install torch (for PyTorch targets and the CPU allocator layer)"),
+        _module_check("capstone", "pip install capstone (one uprobe per torch CPU allocation instead of two "
+                      "traps: it finds c10::alloc_cpu's call to NUMAMove)"),
         _nvml_check(),
     ]
     return checks + python_checks(pythons)
