@@ -62,8 +62,10 @@ def _find_in(elf, caller: str, callee: str, disassembler) -> CallSite:
     if caller not in symbols:
         return CallSite(None, f"{caller} is not defined here")
     start, size = symbols[caller]
-    code = _read_vaddr(elf, start, min(size, _MAX_FUNCTION_BYTES))
-    if code is None or size == 0:
+    if not 0 < size <= _MAX_FUNCTION_BYTES:  # a cut function could hide a second call
+        return CallSite(None, f"{caller} is {size} bytes long (decoded: 1 to {_MAX_FUNCTION_BYTES})")
+    code = _read_vaddr(elf, start, size)
+    if code is None:
         return CallSite(None, f"{caller}'s bytes are not in the file")
     if not code.removeprefix(_ENDBR64).startswith(_FRAME_SETUP):
         return CallSite(None, f"{caller} does not set up a frame pointer")

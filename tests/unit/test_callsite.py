@@ -25,6 +25,8 @@ void *alloc_never(unsigned long n) { void *p = malloc(n); __asm__ volatile("" ::
 void *alloc_local(unsigned long n) { void *p = malloc(n); local_hook(p, n); return p; }
 __attribute__((optimize("omit-frame-pointer"))) void *alloc_no_frame(unsigned long n)
 { void *p = malloc(n); hook(p, n, 0); return p; }
+/* Longer than the finder decodes (64 KiB of nops after the call). */
+void *alloc_huge(unsigned long n) { void *p = malloc(n); hook(p, n, 0); __asm__ volatile(".fill 70000,1,0x90"); return p; }
 """
 
 
@@ -85,6 +87,11 @@ def test_a_direct_call_to_a_local_function_is_found(library):
 ])
 def test_no_single_certain_call_gives_the_reason(library, caller, callee, why):
     assert find_call_site(str(library), caller, callee) == CallSite(None, why)
+
+
+def test_a_function_longer_than_what_is_decoded_is_refused(library):
+    site = find_call_site(str(library), "alloc_huge", "hook")
+    assert site.offset is None and site.why.startswith("alloc_huge is 7") and site.why.endswith("(decoded: 1 to 65536)")
 
 
 def test_an_unreadable_file_gives_the_reason(tmp_path):
