@@ -166,6 +166,8 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
     }
     e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
     e->flags |= MP_FLAG_STACK_SAMPLED;
+    if (e->ustack_id < 0)
+        count(MP_CNT_STACK_FAIL);
     u64 packed = (u64)(u32)e->ustack_id;
     if (site_stacks.update(&key, &packed) < 0)
         count(MP_CNT_SITE_FULL);

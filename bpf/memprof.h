@@ -21,7 +21,7 @@
 
 /* Counter slots (per-CPU array `counters`). */
 #define MP_CNT_RINGBUF_FULL   0  /* records dropped: the ring buffer refused a reservation */
-#define MP_CNT_STACK_FAIL     1  /* stack capture failed (map full or hash collision) */
+#define MP_CNT_STACK_FAIL     1  /* a kernel or user stack capture failed (map full or hash collision) */
 #define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
 #define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */
 #define MP_CNT_NESTED_FREES   4  /* + MP_TP_*: frees recorded by a backup program (the main one was skipped) */
