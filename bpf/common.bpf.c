@@ -5,7 +5,8 @@
  *
  * Constants (-D, from memprof/sources/ebpf.py):
  *   RINGBUF_PAGES         ring buffer size in pages (power of two)
- *   STACK_ENTRIES         buckets in the stack map
+ *   STACK_ENTRIES         buckets in the stack map (kernel stacks)
+ *   USTACK_DEPTH, USTACK_ENTRIES  frames kept per user stack, user stacks kept
  *   TRACKED_WORDS         u64 words of the tgid bitmap (pid_max / 64 + 1)
  *   ADDR_BITS_LOG2        log2 of the bits in the allocated-address filter
  */
@@ -22,12 +23,30 @@ struct site_key {
     u32 layer;
 };
 
+/* User stacks, keyed by a 64-bit hash of their frames: unlike the kernel's stack map, whose
+ * bucket is the hash modulo its size and refuses a second stack for a taken bucket (-EEXIST),
+ * two stacks here share a key only on a 64-bit collision. Least-recently-used: user space
+ * reads a stack at the flush after the event that took it (every 0.5 s). */
+#define USTACK_INDEX_MASK 127 /* USTACK_DEPTH < 128: an index the verifier sees in bounds */
+#if USTACK_DEPTH > USTACK_INDEX_MASK
+#error "USTACK_DEPTH must be below 128"
+#endif
+struct ustack_trace {
+    u64 ip[USTACK_INDEX_MASK + 1]; /* USTACK_DEPTH frames, then zeros */
+};
+
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_STACK_TRACE(stacks, STACK_ENTRIES);
+BPF_TABLE("lru_hash", u64, struct ustack_trace, ustacks, USTACK_ENTRIES);
+BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_trace, 1);
 BPF_ARRAY(tracked, u64, TRACKED_WORDS);
 BPF_ARRAY(addr_filter, u64, (1 << ADDR_BITS_LOG2) / 64);
 BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
-BPF_HASH(site_stacks, struct site_key, u64, 16384);
+struct site_stack {
+    s64 kstack_id;
+    u64 ustack;
+};
+BPF_HASH(site_stacks, struct site_key, struct site_stack, 16384);
 
 static __always_inline void count(u32 slot)
 {
@@ -109,7 +128,8 @@ static __always_inline struct mp_event *reserve(u8 kind)
     e->size = 0;
     e->requested = 0;
     e->kstack_id = -1;
-    e->ustack_id = -1;
+    e->pad = 0;
+    e->ustack = 0;
     e->py_stack = 0;
     return e;
 }
@@ -148,6 +168,35 @@ static __always_inline int stack_sample_due(u64 mask)
     return ((*tick - 1) & mask) == 0;
 }
 
+/* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
+ * its key there, or 0 when it could not be taken. */
+static __always_inline u64 take_user_stack(void *ctx, u64 skip)
+{
+    u32 zero = 0;
+    struct ustack_trace *buf = ustack_scratch.lookup(&zero);
+    if (!buf)
+        return 0;
+    long bytes = bpf_get_stack(ctx, buf->ip, USTACK_DEPTH * sizeof(u64), BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
+    if (bytes <= 0) {
+        count(MP_CNT_STACK_FAIL);
+        return 0;
+    }
+    u32 frames = bytes / sizeof(u64);
+    u64 hash = 0xcbf29ce484222325ULL;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < USTACK_DEPTH; i++) {
+        if (i >= frames)
+            break;
+        hash = (hash ^ buf->ip[i & USTACK_INDEX_MASK]) * 0x100000001b3ULL;
+    }
+    hash |= 1; /* never 0, which means "none" */
+    if (!ustacks.lookup(&hash) && ustacks.update(&hash, buf) < 0) {
+        count(MP_CNT_STACK_FAIL);
+        return 0;
+    }
+    return hash;
+}
+
 /* User-space allocators: the user stack, sampled the same way, per site = the allocator's
  * return address (the caller's next instruction) + the stack pointer. `skip`: innermost
  * frames left out (a probe inside the allocator leaves out the allocator's own frame, so
@@ -158,18 +207,16 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
     e->py_stack = py_stack_id();
     struct site_key key = {.call_site = call_site, .user_sp = PT_REGS_SP(ctx), .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
-        u64 *cached = site_stacks.lookup(&key);
+        struct site_stack *cached = site_stacks.lookup(&key);
         if (cached) {
-            e->ustack_id = (s32)(u32)*cached;
+            e->ustack = cached->ustack;
             return;
         }
     }
-    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
+    e->ustack = take_user_stack(ctx, skip);
     e->flags |= MP_FLAG_STACK_SAMPLED;
-    if (e->ustack_id < 0)
-        count(MP_CNT_STACK_FAIL);
-    u64 packed = (u64)(u32)e->ustack_id;
-    if (site_stacks.update(&key, &packed) < 0)
+    struct site_stack taken = {.kstack_id = -1, .ustack = e->ustack};
+    if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
 }
 
@@ -180,20 +227,20 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask)
     e->py_stack = py_stack_id();
     struct site_key key = {.call_site = e->call_site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
-        u64 *cached = site_stacks.lookup(&key);
+        struct site_stack *cached = site_stacks.lookup(&key);
         if (cached) {
-            e->kstack_id = (s32)(*cached >> 32);
-            e->ustack_id = (s32)(u32)*cached;
+            e->kstack_id = cached->kstack_id;
+            e->ustack = cached->ustack;
             return;
         }
     }
     e->kstack_id = stacks.get_stackid(ctx, 0);
-    e->ustack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e->ustack = take_user_stack(ctx, 0);
     e->flags |= MP_FLAG_STACK_SAMPLED;
     if (e->kstack_id < 0)
         count(MP_CNT_STACK_FAIL);
-    u64 packed = ((u64)(u32)e->kstack_id << 32) | (u32)e->ustack_id;
-    if (site_stacks.update(&key, &packed) < 0)
+    struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack};
+    if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
 }
 

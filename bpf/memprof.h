@@ -59,13 +59,14 @@ struct mp_event {
     __u64 size;         /* bytes handed out (pages: PAGE_SIZE << order); 0 on frees that do not know */
     __u32 pid;          /* tgid */
     __u32 tid;
-    __s32 kstack_id;    /* id in `stacks`, negative when none */
-    __s32 ustack_id;
+    __s32 kstack_id;    /* id in `stacks` (the kernel stack), negative when none */
     __u32 requested;    /* bytes asked for (0 when unknown); exit marks: why (see records.py) */
     __u8  kind;         /* MP_* above */
     __u8  layer;        /* MP_LAYER_* */
     __u8  flags;        /* MP_FLAG_* */
     __s8  device;       /* CUDA device index, -1 when unknown or not a device */
+    __u32 pad;
+    __u64 ustack;       /* key in `ustacks` (a hash of the user stack's frames), 0 when none */
     __u64 py_stack;     /* key in `py_stacks` (bpf/python.bpf.c) of the thread's Python frames; 0: none */
 };
 

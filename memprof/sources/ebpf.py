@@ -28,6 +28,7 @@ from memprof.sources.stacks import StackInterner
 from memprof.sources.symbolize import KernelSymbols
 
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
+USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
 ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
 
 
@@ -45,7 +46,8 @@ class EbpfOptions:
     # one uprobe there (memprof/sources/callsite.py); "entry-return": always entry + return.
     alloc_probes: str = "call-site"
     ringbuf_bytes: int = 128 << 20
-    stack_entries: int = 32768
+    stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
+    user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
     addr_filter_bits_log2: int = 26
     python: PythonOptions = field(default_factory=PythonOptions)
 
@@ -111,7 +113,7 @@ class EbpfSource:
         self._python.install()
         self._python.prewarm(self.command_path)
         self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
-                                     python_frames=self._python.frames)
+                                     python_frames=self._python.frames, read_user_stack=self._read_user_stack)
         for pid in pids:
             self.track(pid)
 
@@ -151,6 +153,8 @@ class EbpfSource:
         flags = [
             f"-DRINGBUF_PAGES={o.ringbuf_bytes // mmap.PAGESIZE}",
             f"-DSTACK_ENTRIES={o.stack_entries}",
+            f"-DUSTACK_ENTRIES={o.user_stack_entries}",
+            f"-DUSTACK_DEPTH={USER_STACK_DEPTH}",
             f"-DTRACKED_WORDS={pid_max // 64 + 1}",
             f"-DADDR_BITS_LOG2={o.addr_filter_bits_log2}",
             f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
@@ -298,7 +302,7 @@ class EbpfSource:
         requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
         stack_ids = np.zeros(mem.size, dtype=np.int64)
         stack_ids[is_alloc] = self._stacks.intern(
-            mem["kstack_id"][is_alloc], mem["ustack_id"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc],
+            mem["kstack_id"][is_alloc], mem["ustack"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc],
             mem["py_stack"][is_alloc])
         is_device = (layer == R.LAYER_CODES.index(Layer.CUDA_DRIVER.value)) & ((flags & R.FLAG_HOST) == 0) & ~is_mark
         columns = {
@@ -328,6 +332,12 @@ class EbpfSource:
 
     def _read_stack(self, bpf_stack_id: int) -> list[int]:
         return list(self._bpf["stacks"].walk(bpf_stack_id))
+
+    def _read_user_stack(self, key: int) -> list[int]:
+        """A user stack's addresses, innermost first (KeyError once evicted)."""
+        trace = self._bpf["ustacks"][ctypes.c_uint64(key)]
+        addrs = list(trace.ip)
+        return addrs[:addrs.index(0)] if 0 in addrs else addrs
 
     def _refresh_processes(self, only_stale: bool) -> None:
         for info in self.processes.refresh(only_stale=only_stale):

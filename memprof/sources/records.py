@@ -14,15 +14,16 @@ EVENT_DTYPE = np.dtype([
     ("pid", "<u4"),
     ("tid", "<u4"),
     ("kstack_id", "<i4"),
-    ("ustack_id", "<i4"),
     ("requested", "<u4"),
     ("kind", "u1"),
     ("layer", "u1"),
     ("flags", "u1"),
     ("device", "i1"),
+    ("pad", "<u4"),
+    ("ustack", "<u8"),
     ("py_stack", "<u8"),
 ])
-assert EVENT_DTYPE.itemsize == 64
+assert EVENT_DTYPE.itemsize == 72
 
 SLAB_ALLOC = 1
 SLAB_FREE = 2

@@ -28,7 +28,7 @@ _TRACING_PREFIXES = ("bpf_", "__bpf_", "trace_", "__traceiter_", "perf_", "___bp
 class _Pending:
     stack_id: int
     kstack_id: int
-    ustack_id: int
+    ustack: int      # key of the user stack in `ustacks`, 0 when none
     pid: int
     call_site: int
     py_stack: int = 0
@@ -42,14 +42,16 @@ def _no_python(py_stack: int) -> list[PyFrame]:
 class StackInterner:
     """Gives each distinct chain a stable int64 `stack_id` and emits table rows once.
 
-    `read_stack(bpf_stack_id) -> list[int]` reads raw addresses (innermost first) from the
-    kernel's stack map; `maps_of(pid)` returns the latest known mappings of a process;
+    `read_stack(bpf_stack_id) -> list[int]` reads a kernel stack's raw addresses (innermost
+    first) from the kernel's stack map, `read_user_stack(key)` a user stack's from `ustacks`;
+    `maps_of(pid)` returns the latest known mappings of a process;
     `python_frames(py_stack) -> list[PyFrame]` the Python frames of an interned Python stack."""
 
     read_stack: Callable[[int], list[int]]
     maps_of: Callable[[int], Sequence[Mapping]]
     load_kernel_symbols: Callable[[], KernelSymbols]
     python_frames: Callable[[int], list[PyFrame]] = _no_python
+    read_user_stack: Callable[[int], list[int]] = lambda key: []
     user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
@@ -77,7 +79,7 @@ class StackInterner:
         with np.errstate(over="ignore"):
             mix = (call_site.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
                    ^ (kstack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0xC2B2AE3D27D4EB4F)
-                   ^ (ustack.astype(np.int64).astype(np.uint64) + np.uint64(2)) * np.uint64(0x165667B19E3779F9)
+                   ^ (ustack.astype(np.uint64) + np.uint64(2)) * np.uint64(0x165667B19E3779F9)
                    ^ pid.astype(np.uint64) * np.uint64(0x27D4EB2F165667C5)
                    ^ (py_stack.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(0x2545F4914F6CDD1D)))
         _, first, inverse = np.unique(mix, return_index=True, return_inverse=True)
@@ -114,11 +116,11 @@ class StackInterner:
     def _chain(self, p: _Pending) -> list[int]:
         """Frame ids innermost first: kernel frames, then the task's native and Python frames."""
         kernel = self._batched(("k", p.kstack_id, p.call_site), lambda: self._kernel_frames(p))
-        user = self._batched(("u", p.pid, p.ustack_id, p.py_stack), lambda: self._user_and_python_frames(p))
+        user = self._batched(("u", p.pid, p.ustack, p.py_stack), lambda: self._user_and_python_frames(p))
         return kernel + user
 
     def _user_and_python_frames(self, p: _Pending) -> list[int]:
-        native = self._batched(("n", p.pid, p.ustack_id), lambda: self._user_frames(p))
+        native = self._batched(("n", p.pid, p.ustack), lambda: self._user_frames(p))
         python = [(self._python_frame_id(f), f.entry) for f in self._python_frames(p)]
         if not python:
             return native
@@ -157,11 +159,19 @@ class StackInterner:
         return [self._frame_id(FrameKind.KERNEL.value, fn, mod) for fn, mod in names]
 
     def _user_frames(self, p: _Pending) -> list[int]:
-        addrs = self._safe_read(p.ustack_id)
+        addrs = self._safe_read_user(p.ustack)
         if not addrs:
             return []
         frames = self.user_symbols.resolve(self.maps_of(p.pid), _callers(addrs))
         return [self._frame_id(FrameKind.NATIVE.value, f.function, f.module) for f in frames]
+
+    def _safe_read_user(self, key: int) -> list[int]:
+        if not key:
+            return []
+        try:
+            return [a for a in self.read_user_stack(key) if a]
+        except (KeyError, OSError):
+            return []
 
     def _safe_read(self, bpf_stack_id: int) -> list[int]:
         if bpf_stack_id < 0:

@@ -23,7 +23,7 @@ def test_field_names_offsets_and_sizes_match_the_c_struct():
         assert R.EVENT_DTYPE.fields[name][1] == offset, name
         assert R.EVENT_DTYPE.fields[name][0].itemsize == size, name
         offset += size
-    assert R.EVENT_DTYPE.itemsize == offset == 64
+    assert R.EVENT_DTYPE.itemsize == offset == 72
 
 
 def test_kind_codes_match_the_c_defines():
