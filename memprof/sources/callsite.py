@@ -6,7 +6,7 @@ Where the allocator itself passes both to a function it calls after allocating
 (`c10::alloc_cpu` calls `c10::NUMAMove(data, nbytes, node)` on every successful allocation),
 one uprobe on that `call` instruction sees both, in the argument registers. The kernel emulates
 a relative `call` (it pushes the return address and jumps, no single-step: ~0.7 µs here, where a
-single-stepped instruction costs ~9 µs in this VM), so the allocation costs one trap, not two.
+single-stepped instruction costs ~9–10 µs in this VM), so the allocation costs one trap, not two.
 
 This module only finds the instruction, and only when it is certain of it:
 - the caller decodes (capstone, linear sweep from its symbol) over its whole size;

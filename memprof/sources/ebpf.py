@@ -28,8 +28,8 @@ from memprof.sources.stacks import StackInterner
 from memprof.sources.symbolize import KernelSymbols
 
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
-USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
 ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
+USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
 
 
 @dataclass
@@ -211,16 +211,9 @@ class EbpfSource:
         attached, missing_required, at_calls = 0, [], {}
         for probe in family.probes:
             try:
-                site = self._call_site(key[0], probe)
-                if site is not None and site.offset is not None:
-                    self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, sym_off=site.offset,
-                                            fn_name=probe.at_call.program)
-                else:
-                    self._bpf.attach_uprobe(name=key[0], sym=probe.symbol, fn_name=probe.program)
-                    if probe.return_program:
-                        self._bpf.attach_uretprobe(name=key[0], sym=probe.symbol, fn_name=probe.return_program)
-                if site is not None:
-                    at_calls[probe.symbol] = site.why if site.offset is not None else f"entry and return ({site.why})"
+                how = self._attach_probe(key[0], probe)
+                if how is not None:
+                    at_calls[probe.symbol] = how
                 attached += 1
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
@@ -230,6 +223,18 @@ class EbpfSource:
                         "missing": missing_required}
         if at_calls:
             libs[key[0]]["allocation_probes"] = at_calls
+
+    def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
+        """Attach one probe: at its call site where found, else at entry (and return). Returns
+        how an allocator with a call-site alternative was probed, in words; None for the others."""
+        site = self._call_site(path, probe)
+        if site is not None and site.offset is not None:
+            self._bpf.attach_uprobe(name=path, sym=probe.symbol, sym_off=site.offset, fn_name=probe.at_call.program)
+            return site.why
+        self._bpf.attach_uprobe(name=path, sym=probe.symbol, fn_name=probe.program)
+        if probe.return_program:
+            self._bpf.attach_uretprobe(name=path, sym=probe.symbol, fn_name=probe.return_program)
+        return None if site is None else f"entry and return ({site.why})"
 
     def _call_site(self, path: str, probe: U.Probe) -> CallSite | None:
         """Where `probe` can take an allocation in one trap (offset None: why not); None when

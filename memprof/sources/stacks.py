@@ -38,6 +38,10 @@ def _no_python(py_stack: int) -> list[PyFrame]:
     return []
 
 
+def _no_user_stacks(key: int) -> list[int]:
+    return []
+
+
 @dataclass
 class StackInterner:
     """Gives each distinct chain a stable int64 `stack_id` and emits table rows once.
@@ -51,7 +55,7 @@ class StackInterner:
     maps_of: Callable[[int], Sequence[Mapping]]
     load_kernel_symbols: Callable[[], KernelSymbols]
     python_frames: Callable[[int], list[PyFrame]] = _no_python
-    read_user_stack: Callable[[int], list[int]] = lambda key: []
+    read_user_stack: Callable[[int], list[int]] = _no_user_stacks
     user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
@@ -165,21 +169,13 @@ class StackInterner:
         frames = self.user_symbols.resolve(self.maps_of(p.pid), _callers(addrs))
         return [self._frame_id(FrameKind.NATIVE.value, f.function, f.module) for f in frames]
 
-    def _safe_read_user(self, key: int) -> list[int]:
-        if not key:
-            return []
-        try:
-            return [a for a in self.read_user_stack(key) if a]
-        except (KeyError, OSError):
-            return []
-
     def _safe_read(self, bpf_stack_id: int) -> list[int]:
-        if bpf_stack_id < 0:
-            return []
-        try:
-            return [a for a in self.read_stack(bpf_stack_id) if a]
-        except (KeyError, OSError):
-            return []
+        """A kernel stack's addresses (none for a negative id, or one gone from the map)."""
+        return _read_quietly(self.read_stack, bpf_stack_id) if bpf_stack_id >= 0 else []
+
+    def _safe_read_user(self, key: int) -> list[int]:
+        """A user stack's addresses (none for key 0, or one evicted from `ustacks`)."""
+        return _read_quietly(self.read_user_stack, key) if key else []
 
     def _frame_id(self, kind: str, function: str, module: str | None, file: str | None = None,
                   line: int | None = None) -> int:
@@ -194,6 +190,14 @@ class StackInterner:
 
 
 _PYTHON = FrameKind.PYTHON.value
+
+
+def _read_quietly(read: Callable[[int], list[int]], key: int) -> list[int]:
+    """Non-zero addresses read under `key`; none where the map no longer has it."""
+    try:
+        return [a for a in read(key) if a]
+    except (KeyError, OSError):
+        return []
 
 
 def _callers(addrs: list[int]) -> np.ndarray:
