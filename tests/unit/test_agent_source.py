@@ -7,6 +7,8 @@ lines, AgentSource reads them back and converts them."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import sys
 
 import pytest
@@ -102,3 +104,37 @@ def test_a_failure_repeated_at_every_step_is_logged_a_few_times(agent, tmp_path)
         agent.drain_cuda({"device_traces": "not a list of traces"})
     detail = AgentSource(tmp_path / "rec.memprof").stats().detail
     assert detail["failures"] == agent.MAX_FAILURES_PER_PLACE
+
+
+def test_a_forked_child_writes_its_own_marks_not_its_parents(agent, tmp_path):
+    agent.mark("before the fork")  # pending in the parent when it forks
+    child = os.fork()
+    if child == 0:  # the child: one mark of its own, written at its exit
+        try:
+            agent.mark("in the child")
+            agent.flush()
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    agent.flush()
+    folder = tmp_path / "rec.memprof" / "agent"
+    lines = {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()] for p in folder.glob("*.jsonl")}
+    assert set(lines) == {os.getpid(), child}
+    assert [(r["pid"], r.get("label")) for r in lines[os.getpid()]] == [(os.getpid(), "before the fork")]
+    assert [(r["pid"], r.get("label")) for r in lines[child]] == [(child, "in the child")]
+
+
+def test_a_record_appended_during_a_flush_waits_for_the_next_one(agent, tmp_path, monkeypatch):
+    real_dumps = agent.json.dumps
+
+    def dumps_while_the_program_marks(record, **kwargs):
+        if record.get("label") == "first":
+            agent.mark("second")  # what the training thread does while the flusher encodes
+        return real_dumps(record, **kwargs)
+
+    monkeypatch.setattr(agent.json, "dumps", dumps_while_the_program_marks)
+    agent.mark("first")
+    agent.flush()
+    agent.flush()
+    path = next((tmp_path / "rec.memprof" / "agent").glob("*.jsonl"))
+    assert [json.loads(line)["label"] for line in path.read_text().splitlines()] == ["first", "second"]

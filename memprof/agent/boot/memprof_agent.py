@@ -48,37 +48,69 @@ def _options():
 
 
 # ---- writing ----
-# Lines are buffered and written every FLUSH_S by a daemon thread, and at exit: a write (a
-# syscall, and kernel allocations memprof itself records) per training step would cost the
-# target more than the step marks are worth. A crash loses at most FLUSH_S of marks.
+# Records are kept as dicts and serialized by a daemon thread every FLUSH_S, and at exit: a
+# write (a syscall, and kernel allocations memprof itself records) per training step would
+# cost the target more than the step marks are worth, and so would JSON-encoding in the
+# training thread (~2 µs a step, several times that with the loop's caches cold). A crash
+# loses at most FLUSH_S of marks.
 FLUSH_S = 0.5
 _pending = []
+
+
+def _pid():
+    """This process's pid, cached: os.getpid() is a system call, and a step mark must cost
+    the training loop next to nothing. Refreshed in a forked child (_after_fork)."""
+    pid = _state.get("pid")
+    if pid is None:
+        pid = _state["pid"] = os.getpid()
+    return pid
+
+
+def _after_fork():
+    """In a forked child: its own pid, and none of the parent's pending records (the parent
+    writes those); its flusher thread did not survive the fork."""
+    _state["pid"] = os.getpid()
+    _state["flusher_pid"] = None
+    del _pending[:]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _write(record):
     if not _dir():
         return
-    _pending.append(json.dumps(record, separators=(",", ":")))
+    _pending.append(record)
+    if _state.get("flusher_pid") != _pid():
+        _start_flusher()
+
+
+def _start_flusher():
+    _state["flusher_pid"] = _pid()
+    threading.Thread(target=_flush_loop, name="memprof-agent-flush", daemon=True).start()
 
 
 def _open_output():
     """This process's file in the current agent folder (reopened after a fork or when a new
     recording attached)."""
-    key = (os.getpid(), _dir())
+    key = (_pid(), _dir())
     if _state["file"] is None or _state.get("file_key") != key:
-        _state["file"] = open(os.path.join(_dir(), "%d.jsonl" % os.getpid()), "a")
+        _state["file"] = open(os.path.join(_dir(), "%d.jsonl" % _pid()), "a")
         _state["file_key"] = key
     return _state["file"]
 
 
 def flush():
-    """Write the buffered lines (called by the flusher thread and at exit)."""
-    if not _pending:
-        return
+    """Write the pending records as JSON lines (called by the flusher thread and at exit).
+    Records appended while this runs stay pending for the next flush."""
     with _lock:
-        lines, _pending[:] = list(_pending), []
+        records = _pending[:]
+        if not records or not _dir():  # no recording to write into (any more)
+            return
+        del _pending[:len(records)]  # not `_pending[:] = []`: that would drop a concurrent append
         f = _open_output()
-        f.write("\n".join(lines) + "\n")
+        f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         f.flush()
 
 
@@ -128,7 +160,7 @@ def _guarded(where):
 # ---- steps and marks ----
 
 def _event(kind, **fields):
-    record = {"kind": kind, "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "tid": threading.get_native_id()}
+    record = {"kind": kind, "ts_ns": time.monotonic_ns(), "pid": _pid(), "tid": threading.get_native_id()}
     record.update(fields)
     _write(record)
 
@@ -298,7 +330,6 @@ def install():
         _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
                 "torch": torch.__version__, "python": sys.version.split()[0]})
         _event("step", step=0, source="start")  # step 0: everything before the first step
-        threading.Thread(target=_flush_loop, name="memprof-agent-flush", daemon=True).start()
         atexit.register(flush)  # registered first: runs last, after the final CUDA drain
         atexit.register(_at_exit)
         if _start_cuda_history(torch):
