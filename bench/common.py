@@ -20,10 +20,19 @@ def loop_seconds(returncode: int, stdout: str, stderr: str) -> float:
 
 def run(cmd: list[str]) -> tuple[float, float]:
     """(loop seconds printed by the workload, wall seconds of the whole command)."""
+    loop, wall, _ = run_with_fields(cmd)
+    return loop, wall
+
+
+def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
+    """run(), plus every `name=<number>` line the workload printed (e.g. train.py's
+    step_median_s), by name."""
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
-    return loop_seconds(done.returncode, done.stdout, done.stderr), wall
+    loop = loop_seconds(done.returncode, done.stdout, done.stderr)
+    fields = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)=([0-9.]+)$", done.stdout, re.M)}
+    return loop, wall, fields
 
 
 def read_meta(recording: Path) -> dict:

@@ -2,7 +2,9 @@
 its step), for overhead benchmarks and as the no-leak baseline.
 
 usage: train.py [--steps N] [--start-wait MS] [--hold MS]
-prints "pid=N", then "loop_s=<seconds of the loop only>" and "steps=N"
+prints "pid=N", then "loop_s=<seconds of the loop only>", "step_median_s=" and "step_p10_s="
+(the median and 10th percentile of one step's seconds: a host's interference inflates some
+steps and leaves the others, so these vary less between runs than the loop), and "steps=N"
 """
 import argparse
 import os
@@ -49,14 +51,18 @@ def main(step=train_step, report=lambda: None, description=__doc__):
 
     print(f"pid={os.getpid()}", flush=True)
     time.sleep(args.start_wait / 1000)
-    t0 = time.perf_counter()
+    step_ends = [time.perf_counter()]
     for _ in range(args.steps):
         x = torch.randn(BATCH, IN)
         y = torch.randint(0, CLASSES, (BATCH,))
         step(model, optimizer, x, y)
-    loop_s = time.perf_counter() - t0
+        step_ends.append(time.perf_counter())
+    loop_s = step_ends[-1] - step_ends[0]
+    step_s = sorted(b - a for a, b in zip(step_ends, step_ends[1:])) or [0.0]
 
     print(f"loop_s={loop_s:.6f}")
+    print(f"step_median_s={step_s[len(step_s) // 2]:.9f}")
+    print(f"step_p10_s={step_s[len(step_s) // 10]:.9f}")
     print(f"steps={args.steps}")
     report()
     sys.stdout.flush()
