@@ -109,11 +109,25 @@ def family_of_mapping(path: str) -> str | None:
     return None
 
 
+# Run by the command's interpreter with -S: no .pth file or sitecustomize of the target runs
+# inside memprof's (root) process tree. -S also skips site's venv step, which on Python 3.11
+# and older is what points sys.prefix at a virtual environment; site.venv() (the function
+# site.main() calls for it, present since 3.3) does that step alone, adding no path.
+_SITE_DIRS_CODE = """import site, sys
+try:
+    site.venv(set())
+except Exception:
+    pass
+print("\\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))
+"""
+
+
 def _python_site_dirs(command_path: str | None) -> list[str]:
-    """site-packages of the command's interpreter, when the command is a Python (~20 ms)."""
+    """site-packages of the command's interpreter (a virtual environment's too), when the
+    command is a Python (~20 ms)."""
     if not command_path or not os.path.basename(command_path).startswith("python"):
         return []
-    code = "import site,sys;print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]+sys.path))"
+    code = _SITE_DIRS_CODE
     try:
         out = subprocess.run([command_path, "-S", "-c", code], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):

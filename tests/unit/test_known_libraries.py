@@ -1,0 +1,38 @@
+"""Which allocator libraries `record` can probe before the command starts: the command's own
+Python environment, a virtual environment included (no root needed)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memprof.sources.uprobes import find_known_libraries
+
+
+@pytest.fixture(scope="module")
+def venv_with_torch_lib(tmp_path_factory) -> tuple[Path, Path]:
+    """A real virtual environment (no pip) whose site-packages holds a torch/lib/libc10.so
+    file (an empty stand-in: only its path is looked for)."""
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next((root / "lib").glob("python3*/site-packages"))
+    lib = site / "torch" / "lib" / "libc10.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    return root / "bin" / "python", lib
+
+
+def test_a_virtual_environments_torch_is_found_before_the_command_starts(venv_with_torch_lib):
+    python, lib = venv_with_torch_lib
+    assert find_known_libraries(str(python), environ={})["torch"] == [str(lib.resolve())]
+
+
+def test_the_interpreter_outside_that_environment_does_not_see_it(venv_with_torch_lib):
+    _, lib = venv_with_torch_lib
+    assert str(lib.resolve()) not in find_known_libraries("/usr/bin/python3", environ={})["torch"]
+
+
+def test_a_command_that_is_not_python_gets_no_site_packages(venv_with_torch_lib):
+    assert find_known_libraries("/bin/true", environ={})["torch"] == []
