@@ -1,6 +1,7 @@
 """Overhead of `memprof record` on examples/train.py (a PyTorch CPU training loop), against memray.
 
-Runs, alternately and REPEATS times each: the loop alone, under `memprof record -q` (default
+Runs, alternately and REPEATS times each: the loop alone, the loop with empty uprobes where
+memprof probes libc10 (empty-probes: what the traps alone cost here), under `memprof record -q` (default
 sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda; Python
 frames read in BPF at every event), under `memprof record -q --no-python-frames`
 (memprof-nopy), under `memprof record -q --no-agent` (memprof-noagent: the agent's step marks
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
+RUNS = ("baseline", "empty-probes", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 AGENT_BAR = 1.03
@@ -66,6 +67,35 @@ def step_times(recording: Path, window: tuple[int, int]) -> tuple[float, float]:
 
 
 
+class EmptyProbes:
+    """While open: an empty BPF program (`return 0`) on each place memprof's torch layer
+    probes in the venv's libc10 (c10::alloc_cpu's call site, or its entry and return, and
+    c10::free_cpu), for every process. What the traps alone cost, with no work in them: the
+    floor of any uprobe-based recorder of this allocator on this machine."""
+
+    def __enter__(self):
+        sys.path.insert(0, str(ROOT))
+        from bcc import BPF
+        from memprof.sources.callsite import find_call_site
+        from memprof.sources.uprobes import TORCH, find_known_libraries
+        libraries = find_known_libraries(sys.executable)["torch"]
+        if not libraries:
+            raise RuntimeError("no libc10.so in this Python's torch")
+        self.bpf = BPF(text="int empty(void *ctx) { return 0; }")
+        for probe in TORCH.probes:
+            site = find_call_site(libraries[0], probe.symbol, probe.at_call.callee) if probe.at_call else None
+            if site is not None and site.offset is not None:
+                self.bpf.attach_uprobe(name=libraries[0], sym=probe.symbol, sym_off=site.offset, fn_name="empty")
+                continue
+            self.bpf.attach_uprobe(name=libraries[0], sym=probe.symbol, fn_name="empty")
+            if probe.return_program:
+                self.bpf.attach_uretprobe(name=libraries[0], sym=probe.symbol, fn_name="empty")
+        return self
+
+    def __exit__(self, *exc):
+        self.bpf.cleanup()
+
+
 def ensure_memray() -> str | None:
     """None when memray imports (installing it with pip if needed), else why not."""
     probe = [sys.executable, "-c", "import memray"]
@@ -81,6 +111,7 @@ def ensure_memray() -> str | None:
 def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
     return {
         "baseline": [sys.executable, *workload],
+        "empty-probes": [sys.executable, *workload],
         "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
         "memprof-entryret": [*MEMPROF, "record", "-q", "--alloc-probes", "entry-return",
                              "-o", str(tmp / f"train-{i}.memprof-entryret"), "--", sys.executable, *workload],
@@ -119,7 +150,11 @@ def main() -> None:
                 if name not in wanted or name in skipped:
                     continue
                 try:
-                    loop, wall, fields = run_with_fields(cmd)
+                    if name == "empty-probes":
+                        with EmptyProbes():
+                            loop, wall, fields = run_with_fields(cmd)
+                    else:
+                        loop, wall, fields = run_with_fields(cmd)
                     results[name].append((loop, wall, fields.get("step_median_s", 0.0), fields.get("step_p10_s", 0.0)))
                 except RuntimeError as error:
                     skipped[name] = str(error)  # report why, keep measuring the others
