@@ -30,6 +30,9 @@ from memprof.sources.symbolize import KernelSymbols
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
 ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
 USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
+# When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
+BEFORE_START = "before the command started"    # found by path (the command's Python environment, …)
+ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
 
 
 @dataclass
@@ -198,11 +201,12 @@ class EbpfSource:
         for name, paths in known.items():
             if self.enabled(name):
                 for path in paths:
-                    self._probe_library(path, name)
+                    self._probe_library(path, name, BEFORE_START)
 
-    def _probe_library(self, path: str, family_name: str) -> None:
+    def _probe_library(self, path: str, family_name: str, placed: str) -> None:
         """Uprobes of one family on one library file (once). Missing optional symbols are
-        skipped; a library lacking a required one is noted in meta.json."""
+        skipped; a library lacking a required one is noted in meta.json, as is when the
+        probes were placed (`placed`: BEFORE_START or ON_MAPPING)."""
         key = (os.path.realpath(path), family_name)
         if key in self._probed:
             return
@@ -220,7 +224,7 @@ class EbpfSource:
                     missing_required.append(probe.symbol)
         libs = self.stats.detail.setdefault("uprobes", {})
         libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
-                        "missing": missing_required}
+                        "missing": missing_required, "placed": placed}
         if at_calls:
             libs[key[0]]["allocation_probes"] = at_calls
 
@@ -251,9 +255,9 @@ class EbpfSource:
                 continue
             family = U.family_of_mapping(m.path)
             if family and self.enabled(family):
-                self._probe_library(m.path, family)
+                self._probe_library(m.path, family, ON_MAPPING)
             elif self.enabled("native") and U.is_native_library(m.path, self.options.allocator_prefix):
-                self._probe_library(m.path, "native")
+                self._probe_library(m.path, "native", ON_MAPPING)
         for path in {m.path for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
 

@@ -171,6 +171,8 @@ def test_a_library_loaded_late_is_probed_when_it_appears(tmp_path, run_memprof, 
     command = ["env", f"LD_LIBRARY_PATH={CUDA_STANDIN_DIR}", str(CUDA_APP), "100"]
     result = run_memprof("record", "-q", "-o", recording, "--", *command, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
+    probed = uprobe_libraries(recording)
+    assert [(d["family"], d["placed"]) for d in probed.values()] == [("cuda", "when the target mapped it")], probed
     findings = leaks_json(recording, "--layer", "cuda_driver")["findings"]
     assert sorted((f["live_count"], f["live_bytes"]) for f in findings) == \
         [(KEEP_HOST, KEEP_HOST * HOST_BYTES), (KEEP_DEVICE, KEEP_DEVICE * DEVICE_BYTES)], describe(findings)
@@ -271,6 +273,8 @@ def test_torch_leak_known_bytes(torch_leak_recording, leaks_json):
     libc10 = (_torch_package_dir() / "lib" / "libc10.so").resolve()
     assert {Path(lib).resolve(): (d["family"], d["layer"]) for lib, d in probed.items()} \
         == {libc10: ("torch", "torch_cpu")}, probed
+    # The command's Python environment (this venv) was searched: probed before it started.
+    assert probed[str(libc10)]["placed"] == "before the command started", probed
 
     # One uprobe per allocation: alloc_cpu's call to NUMAMove was found in this libc10.
     (how,) = probed[str(libc10)]["allocation_probes"].values()
