@@ -3,9 +3,12 @@
  * pipe is a pipe_inode_info and its buffer array (both from alloc_pipe_info), an inode, a
  * dentry and two struct files; the kernel's teardown frees them at exit.
  *
- * usage: kernel_leak [-n HELD] [-c CHURN_ITERATIONS] [-t HOLD_MS] [-w START_WAIT_MS] [-f]
+ * usage: kernel_leak [-n HELD] [-c CHURN_ITERATIONS] [-t HOLD_MS] [-w START_WAIT_MS] [-s] [-f]
  *   -f  do the work in a forked child (the parent only waits): tests process-tree following
- *   -w  sleep first (for `record --pid`), after printing "pid=N" */
+ *   -w  sleep first (for `record --pid`), after printing "pid=N"
+ *   -s  wait for a line on standard input first (or its end), after printing "pid=N": a
+ *       `record --pid` test starts the work once the recording has begun, however long the
+ *       recorder took to start */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -41,24 +44,31 @@ __attribute__((noinline)) static int leak_and_churn(int held, long churn, int ho
 
 int main(int argc, char **argv)
 {
-    int held = 257, hold_ms = 800, start_wait_ms = 0, fork_child = 0, opt;
+    int held = 257, hold_ms = 800, start_wait_ms = 0, wait_for_line = 0, fork_child = 0, opt;
     long churn = 20000;
-    while ((opt = getopt(argc, argv, "n:c:t:w:f")) != -1) {
+    while ((opt = getopt(argc, argv, "n:c:t:w:sf")) != -1) {
         switch (opt) {
         case 'n': held = atoi(optarg); break;
         case 'c': churn = atol(optarg); break;
         case 't': hold_ms = atoi(optarg); break;
         case 'w': start_wait_ms = atoi(optarg); break;
+        case 's': wait_for_line = 1; break;
         case 'f': fork_child = 1; break;
         default:
-            fprintf(stderr, "usage: kernel_leak [-n HELD] [-c CHURN] [-t HOLD_MS] [-w START_WAIT_MS] [-f]\n");
+            fprintf(stderr, "usage: kernel_leak [-n HELD] [-c CHURN] [-t HOLD_MS] [-w START_WAIT_MS] [-s] [-f]\n");
             return 2;
         }
     }
-    if (start_wait_ms) {
+    if (start_wait_ms || wait_for_line) {
         printf("pid=%d\n", (int)getpid());
         fflush(stdout);
+    }
+    if (start_wait_ms)
         usleep(start_wait_ms * 1000);
+    if (wait_for_line) {
+        int c;
+        while ((c = getchar()) != EOF && c != '\n')
+            ;
     }
     if (!fork_child)
         return leak_and_churn(held, churn, hold_ms);
