@@ -17,7 +17,7 @@ AccumulateGrad nodes. (zero_grad() sets .grad to None, so each step allocates ne
 41 allocations of each size in all, of which only the last is live at exit.) Through malloc the growth is about 133200 bytes a step:
 the storage plus each kept tensor's own objects (TensorImpl, autograd node).
 
-usage: torch_leak.py [--steps N] [--start-wait MS] [--hold MS]
+usage: torch_leak.py [--steps N] [--start-wait MS] [--wait-for-line] [--hold MS]
 prints "pid=N", then "loop_s=<seconds of the loop only>", "steps=N" and "history_bytes=B"
 """
 from torch import nn

@@ -1,7 +1,7 @@
 """train: the PyTorch CPU training loop of torch_leak.py without the leak (nothing outlives
 its step), for overhead benchmarks and as the no-leak baseline.
 
-usage: train.py [--steps N] [--start-wait MS] [--hold MS]
+usage: train.py [--steps N] [--start-wait MS] [--wait-for-line] [--hold MS]
 prints "pid=N", then "loop_s=<seconds of the loop only>", "step_median_s=" and "step_p10_s="
 (the median and 10th percentile of one step's seconds: a host's interference inflates some
 steps and leaves the others, so these vary less between runs than the loop), and "steps=N"
@@ -41,6 +41,8 @@ def main(step=train_step, report=lambda: None, description=__doc__):
     parser = argparse.ArgumentParser(description=description.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--start-wait", type=int, default=300, metavar="MS")
+    parser.add_argument("--wait-for-line", action="store_true",
+                        help="after printing pid=, wait for a line on stdin (a `record --pid` test sends it)")
     parser.add_argument("--hold", type=int, default=800, metavar="MS")
     args = parser.parse_args()
 
@@ -50,6 +52,8 @@ def main(step=train_step, report=lambda: None, description=__doc__):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     print(f"pid={os.getpid()}", flush=True)
+    if args.wait_for_line:
+        sys.stdin.readline()
     time.sleep(args.start_wait / 1000)
     step_ends = [time.perf_counter()]
     for _ in range(args.steps):

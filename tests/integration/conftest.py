@@ -15,7 +15,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -94,6 +97,32 @@ def leaks_json(path, *args, timeout=60) -> dict:
     result = run_memprof("report", "leaks", path, "--format", "json", *args, cwd=path.parent, timeout=timeout)
     assert result.returncode == 0, f"report leaks exited {result.returncode}: {result.stderr}"
     return json.loads(result.stdout)
+
+
+def start_when(target: subprocess.Popen, ready: Callable[[], bool], timeout_s: float = 60) -> threading.Thread:
+    """Send `target` (started with stdin=PIPE, waiting for a line) its start line once
+    `ready()` is true, e.g. once `record --pid` has created its recording, which it does after
+    its probes are attached. An attach test then does not depend on how long the recorder
+    takes to start: CI once saw it miss the first 10 of 29 pipes after a fixed 3 s wait.
+    The caller joins the thread returned."""
+    def wait_then_start():
+        deadline = time.monotonic() + timeout_s
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            target.stdin.write("start\n")
+            target.stdin.flush()
+        except (BrokenPipeError, ValueError):  # the target is gone already: the test reports it
+            pass
+
+    thread = threading.Thread(target=wait_then_start, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(name="start_when", scope="session")
+def _start_when_fixture():
+    return start_when
 
 
 @pytest.fixture(name="run_memprof", scope="session")

@@ -133,32 +133,48 @@ memprof.agent.install()
 print("ready", flush=True)
 model = torch.nn.Linear(8, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-time.sleep(float(sys.argv[1]))          # the recorder attaches meanwhile
+sys.stdin.readline()                    # sent once the recorder has attached
 for i in range(7):
     opt.zero_grad(); model(torch.randn(16, 8)).sum().backward(); opt.step()
 memprof.mark("attached run done")
 """
 
 
-def record_attached(run_memprof, tmp_path: Path, argv: list, ready: str) -> tuple[Path, int]:
-    """Start `argv`, wait for its `ready` line, `record --pid` it until it exits: (recording, pid)."""
+def record_attached(run_memprof, start_when, tmp_path: Path, argv: list, ready: str, attached) -> tuple[Path, int]:
+    """Start `argv`, wait for its `ready` line, `record --pid` it until it exits: (recording, pid).
+    The target waits for a line on stdin, sent once `attached(recording, pid)` is true."""
     import subprocess
-    target = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    target = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout.readline().strip() == ready
         recording = tmp_path / "attached.memprof"
+        starter = start_when(target, lambda: attached(recording, target.pid))
         result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=90)
+        starter.join(timeout=5)
         assert result.returncode == 0, result.stderr
     finally:
         target.kill() if target.poll() is None else None
         target.wait()
+        target.stdin.close()
     return recording, target.pid
 
 
-def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof):
+def recording_began(recording: Path, pid: int) -> bool:
+    """`record --pid` created the recording: its eBPF probes are attached."""
+    return recording.exists()
+
+
+def agent_began(recording: Path, pid: int) -> bool:
+    """The target's agent writes into the recording (its first line, the step in progress at
+    the attach, is flushed within 0.5 s of it)."""
+    return (recording / "agent" / f"{pid}.jsonl").exists()
+
+
+def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof, start_when):
     script = tmp_path / "attachable.py"
     script.write_text(ATTACHABLE)
-    recording, pid = record_attached(run_memprof, tmp_path, [sys.executable, str(script), "4"], "ready")
+    recording, pid = record_attached(run_memprof, start_when, tmp_path, [sys.executable, str(script)], "ready",
+                                     agent_began)
     _, m = marks(recording)
     steps = m[m["category"] == "step"]
     assert sorted(steps["step"].astype(int)) == list(range(0, 8)), steps  # 0 at attach, then 7 steps
@@ -166,9 +182,9 @@ def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof):
     assert agent_meta(recording)["detail"]["attached"] == [pid]
 
 
-def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run_memprof):
-    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(4)"]
-    recording, pid = record_attached(run_memprof, tmp_path, argv, "up")
+def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run_memprof, start_when):
+    argv = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"]
+    recording, pid = record_attached(run_memprof, start_when, tmp_path, argv, "up", recording_began)
     notes = json.loads((recording / "meta.json").read_text())["notes"]
     assert any(f"no memprof agent in Python process(es) {pid}" in n for n in notes), notes
 

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -252,27 +251,7 @@ def test_leak_in_a_child_process(tmp_path, run_memprof, leaks_json, command, hel
 
 # ---- 4. attaching to a running process ----
 
-def start_once_recording(target: subprocess.Popen, recording: Path, timeout_s: float = 60) -> threading.Thread:
-    """Send a `kernel_leak -s` target its start line once `record --pid` has created the
-    recording, which it does after its probes are attached: the test does not depend on how
-    long the recorder takes to start (CI once saw it miss the first 10 of 29 pipes with a
-    fixed 3 s wait)."""
-    def wait_then_start():
-        deadline = time.monotonic() + timeout_s
-        while not recording.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        try:
-            target.stdin.write("start\n")
-            target.stdin.flush()
-        except (BrokenPipeError, ValueError):  # the target is gone already: the test reports it
-            pass
-
-    thread = threading.Thread(target=wait_then_start, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_attach_with_pid(tmp_path, run_memprof, leaks_json):
+def test_attach_with_pid(tmp_path, run_memprof, leaks_json, start_when):
     recording = tmp_path / "attached.memprof"
     target = subprocess.Popen([KERNEL_LEAK, "-n", "29", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
@@ -280,7 +259,7 @@ def test_attach_with_pid(tmp_path, run_memprof, leaks_json):
         first = target.stdout.readline()  # printed before it waits for its start line
         assert first.strip() == f"pid={target.pid}"
         started = time.monotonic()
-        starter = start_once_recording(target, recording)
+        starter = start_when(target, recording.exists)
         result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path)
         starter.join(timeout=5)
         assert target.wait(timeout=10) == 0
