@@ -109,16 +109,22 @@ def family_of_mapping(path: str) -> str | None:
     return None
 
 
-# Run by the command's interpreter with -S: no .pth file or sitecustomize of the target runs
-# inside memprof's (root) process tree. -S also skips site's venv step, which on Python 3.11
-# and older is what points sys.prefix at a virtual environment; site.venv() (the function
-# site.main() calls for it, present since 3.3) does that step alone, adding no path.
-_SITE_DIRS_CODE = """import site, sys
-try:
-    site.venv(set())
-except Exception:
-    pass
-print("\\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))
+# Run by the command's interpreter with -S, so that no .pth file or sitecustomize of the
+# target's environment runs inside memprof's (root) process tree. -S also skips site's venv
+# step, which on Python 3.11 and older is what points sys.prefix at a virtual environment;
+# site.venv() would do it but also processes the venv's .pth files, so this code does only
+# its first part, as site.py does it: a pyvenv.cfg beside the executable or one level up
+# makes the folder above the executable's sys.prefix (some getsitepackages(), Debian's, look
+# at sys.prefix to tell a venv) and the first prefix searched.
+_SITE_DIRS_CODE = """import os, site, sys
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+prefixes = list(site.PREFIXES)
+for folder in (exe_dir, os.path.dirname(exe_dir)):
+    if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
+        sys.prefix = sys.exec_prefix = os.path.dirname(exe_dir)
+        prefixes.insert(0, sys.prefix)
+        break
+print("\\n".join(site.getsitepackages(prefixes) + [site.getusersitepackages()] + sys.path))
 """
 
 
@@ -127,9 +133,9 @@ def _python_site_dirs(command_path: str | None) -> list[str]:
     command is a Python (~20 ms)."""
     if not command_path or not os.path.basename(command_path).startswith("python"):
         return []
-    code = _SITE_DIRS_CODE
     try:
-        out = subprocess.run([command_path, "-S", "-c", code], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([command_path, "-S", "-c", _SITE_DIRS_CODE], capture_output=True, text=True,
+                             timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line for line in out.splitlines() if line.endswith(("site-packages", "dist-packages"))]

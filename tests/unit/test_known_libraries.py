@@ -21,12 +21,16 @@ def venv_with_torch_lib(tmp_path_factory) -> tuple[Path, Path]:
     lib = site / "torch" / "lib" / "libc10.so"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"")
+    # A .pth file's import lines run when site processes the folder: memprof, as root, must not.
+    marker = root / "pth-ran"
+    (site / "zz_memprof_test.pth").write_text(f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n")
     return root / "bin" / "python", lib
 
 
 def test_a_virtual_environments_torch_is_found_before_the_command_starts(venv_with_torch_lib):
     python, lib = venv_with_torch_lib
     assert find_known_libraries(str(python), environ={})["torch"] == [str(lib.resolve())]
+    assert not (python.parent.parent / "pth-ran").exists()  # and none of its .pth files ran
 
 
 def test_the_interpreter_outside_that_environment_does_not_see_it(venv_with_torch_lib):
