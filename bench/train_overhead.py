@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from common import read_meta, run_with_fields, sources_line  # bench/common.py
 
@@ -48,6 +49,16 @@ MEMRAY = [sys.executable, "-m", "memray"]
 RUNS = ("baseline", "empty-probes", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
+
+
+class Timing(NamedTuple):
+    """One run, in seconds: the loop, the whole command, and train.py's median and
+    10th-percentile step (0.0 when the workload did not print them)."""
+
+    loop: float
+    wall: float
+    step_median: float
+    step_p10: float
 AGENT_BAR = 1.03
 WINDOW = (101, 102)  # memprof-window's torch.profiler window, in steps
 
@@ -76,20 +87,16 @@ class EmptyProbes:
     def __enter__(self):
         sys.path.insert(0, str(ROOT))
         from bcc import BPF
-        from memprof.sources.callsite import find_call_site
-        from memprof.sources.uprobes import TORCH, find_known_libraries
-        libraries = find_known_libraries(sys.executable)["torch"]
+        from memprof.sources import uprobes as U
+        from memprof.sources.ebpf import _captured_stderr, attach_place  # _captured: clang's header warnings
+        libraries = U.find_known_libraries(sys.executable)["torch"]
         if not libraries:
             raise RuntimeError("no libc10.so in this Python's torch")
-        self.bpf = BPF(text="int empty(void *ctx) { return 0; }")
-        for probe in TORCH.probes:
-            site = find_call_site(libraries[0], probe.symbol, probe.at_call.callee) if probe.at_call else None
-            if site is not None and site.offset is not None:
-                self.bpf.attach_uprobe(name=libraries[0], sym=probe.symbol, sym_off=site.offset, fn_name="empty")
-                continue
-            self.bpf.attach_uprobe(name=libraries[0], sym=probe.symbol, fn_name="empty")
-            if probe.return_program:
-                self.bpf.attach_uretprobe(name=libraries[0], sym=probe.symbol, fn_name="empty")
+        with _captured_stderr():
+            self.bpf = BPF(text="int empty(void *ctx) { return 0; }")
+        for probe in U.TORCH.probes:
+            for place in U.places(libraries[0], probe)[0]:
+                attach_place(self.bpf, libraries[0], probe.symbol, place, program="empty")
         return self
 
     def __exit__(self, *exc):
@@ -141,7 +148,7 @@ def main() -> None:
         skipped["memray"] = why
     workload = [str(TRAIN), "--steps", str(args.steps), "--start-wait", "0", "--hold", "0"]
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
+    results: dict[str, list[Timing]] = {name: [] for name in wanted}
     metas: dict[str, dict] = {}
     window_steps: list[tuple[float, float]] = []
     try:
@@ -155,7 +162,7 @@ def main() -> None:
                             loop, wall, fields = run_with_fields(cmd)
                     else:
                         loop, wall, fields = run_with_fields(cmd)
-                    results[name].append((loop, wall, fields.get("step_median_s", 0.0), fields.get("step_p10_s", 0.0)))
+                    results[name].append(Timing(loop, wall, fields.get("step_median_s", 0.0), fields.get("step_p10_s", 0.0)))
                 except RuntimeError as error:
                     skipped[name] = str(error)  # report why, keep measuring the others
                     continue
@@ -185,14 +192,14 @@ def print_paired_ratios(results) -> None:
       it), so slow drift cancels; median, quartiles, range, and rounds over the bar;
     - best of all rounds over the unprofiled best: the host's interference only ever adds
       time, so each best is the run it disturbed least."""
-    base = [r[0] for r in results["baseline"]]
+    base = [r.loop for r in results["baseline"]]
     for name, rows in results.items():
         if name == "baseline" or len(rows) != len(base) or len(rows) < 4:
             continue
-        ratios = sorted(r[0] / b for r, b in zip(rows, base))
+        ratios = sorted(r.loop / b for r, b in zip(rows, base))
         q1, median, q3 = statistics.quantiles(ratios, n=4)
         over = sum(r > BAR for r in ratios)
-        best = min(r[0] for r in rows) / min(base)
+        best = min(r.loop for r in rows) / min(base)
         print(f"{name} per-round loop ratio: median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, "
               f"range {ratios[0]:.3f}-{ratios[-1]:.3f}, {over} of {len(ratios)} rounds over {BAR:.2f}; "
               f"best over best {best:.3f}")
@@ -204,15 +211,15 @@ def print_step_ratios(results) -> None:
     not others, so a run's median step moves less than its loop; a profiler's cost lands on
     every step, so it shows in both. Informational: the bar is judged on the loop."""
     base = results["baseline"]
-    if not base or not all(r[2] for r in base):
+    if not base or not all(r.step_median for r in base):
         return
-    base_median = statistics.median(r[2] for r in base)
-    base_p10 = statistics.median(r[3] for r in base)
+    base_median = statistics.median(r.step_median for r in base)
+    base_p10 = statistics.median(r.step_p10 for r in base)
     for name, rows in results.items():
         if name == "baseline" or not rows:
             continue
-        median = statistics.median(r[2] for r in rows) / base_median
-        p10 = statistics.median(r[3] for r in rows) / base_p10
+        median = statistics.median(r.step_median for r in rows) / base_median
+        p10 = statistics.median(r.step_p10 for r in rows) / base_p10
         print(f"{name} step time over unprofiled: median step {median:.3f}, 10th-percentile step {p10:.3f}")
 
 
@@ -220,27 +227,27 @@ def report(results, skipped, metas, args) -> None:
     if not results["baseline"]:
         print(f"baseline failed: {skipped.get('baseline')}")
         return
-    base_loop = statistics.median(r[0] for r in results["baseline"])
-    base_out = statistics.median(r[1] - r[0] for r in results["baseline"])
+    base_loop = statistics.median(r.loop for r in results["baseline"])
+    base_out = statistics.median(r.wall - r.loop for r in results["baseline"])
     print(f"examples/train.py --steps {args.steps}, median of {args.repeats} alternating runs")
     print(f"{'run':<14}{'loop s':>9}{'loop x':>8}{'start-up s':>12}{'+s':>8}")
     for name, rows in results.items():
         if not rows:
             continue
-        loop = statistics.median(r[0] for r in rows)
-        outside = statistics.median(r[1] - r[0] for r in rows)
+        loop = statistics.median(r.loop for r in rows)
+        outside = statistics.median(r.wall - r.loop for r in rows)
         print(f"{name:<14}{loop:>9.3f}{loop / base_loop:>8.2f}{outside:>12.3f}{outside - base_out:>+8.3f}")
     print("start-up s: whole command wall − loop (imports, profiler start-up and finalization); "
           "+s: more than unprofiled")
     for name in ("memprof", "memprof-entryret", "memprof-nopy"):
         if results.get(name):
-            ratio = statistics.median(r[0] for r in results[name]) / base_loop
+            ratio = statistics.median(r.loop for r in results[name]) / base_loop
             print(f"{name} loop {ratio:.2f}x, bar {BAR:.2f}x: {'within' if ratio <= BAR else 'OVER'}")
     print_paired_ratios(results)
     print_step_ratios(results)
     if results.get("memprof") and results.get("memprof-noagent"):
-        with_agent = statistics.median(r[0] for r in results["memprof"])
-        without = statistics.median(r[0] for r in results["memprof-noagent"])
+        with_agent = statistics.median(r.loop for r in results["memprof"])
+        without = statistics.median(r.loop for r in results["memprof-noagent"])
         print(f"agent (step marks) adds {with_agent / without:.3f}x to memprof's loop, bar {AGENT_BAR:.2f}x: "
               f"{'within' if with_agent / without <= AGENT_BAR else 'OVER'}")
     for name, why in skipped.items():

@@ -20,7 +20,6 @@ from memprof.sources import kmem as K
 from memprof.sources import records as R
 from memprof.sources import uprobes as U
 from memprof.sources.bpfinfo import prog_stats
-from memprof.sources.callsite import CallSite, find_call_site
 from memprof.sources.procs import ProcessTable
 from memprof.sources.python import PythonFrames, PythonOptions, python_cflags
 from memprof.sources.ringbuf import RingBufferConsumer
@@ -33,6 +32,16 @@ USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_ma
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
 BEFORE_START = "before the command started"    # found by path (the command's Python environment, …)
 ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
+
+
+def attach_place(bpf, path: str, symbol: str, place: U.Place, program: str | None = None) -> None:
+    """Attach one uprobe (or uretprobe) of `symbol` in `path`, running `place.program`, or
+    `program` instead (bench/train_overhead.py attaches an empty one in the same places)."""
+    fn_name = program or place.program
+    if place.kind == U.RETURN:
+        bpf.attach_uretprobe(name=path, sym=symbol, fn_name=fn_name)
+    else:
+        bpf.attach_uprobe(name=path, sym=symbol, sym_off=place.offset, fn_name=fn_name)
 
 
 @dataclass
@@ -229,25 +238,12 @@ class EbpfSource:
             libs[key[0]]["allocation_probes"] = at_calls
 
     def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
-        """Attach one probe: at its call site where found, else at entry (and return). Returns
-        how an allocator with a call-site alternative was probed, in words; None for the others."""
-        site = self._call_site(path, probe)
-        if site is not None and site.offset is not None:
-            self._bpf.attach_uprobe(name=path, sym=probe.symbol, sym_off=site.offset, fn_name=probe.at_call.program)
-            return site.why
-        self._bpf.attach_uprobe(name=path, sym=probe.symbol, fn_name=probe.program)
-        if probe.return_program:
-            self._bpf.attach_uretprobe(name=path, sym=probe.symbol, fn_name=probe.return_program)
-        return None if site is None else f"entry and return ({site.why})"
-
-    def _call_site(self, path: str, probe: U.Probe) -> CallSite | None:
-        """Where `probe` can take an allocation in one trap (offset None: why not); None when
-        it has no such alternative or --alloc-probes entry-return asks for the pair."""
-        if probe.at_call is None:
-            return None
-        if self.options.alloc_probes != "call-site":
-            return CallSite(None, "--alloc-probes entry-return")
-        return find_call_site(path, probe.symbol, probe.at_call.callee)
+        """Attach one probe where U.places() says; returns how an allocator with a call-site
+        alternative was probed, in words (None for the others)."""
+        found, how = U.places(path, probe, self.options.alloc_probes)
+        for place in found:
+            attach_place(self._bpf, path, probe.symbol, place)
+        return how
 
     def _probe_new_mappings(self, maps) -> None:
         for m in maps:

@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass
 
 from memprof.model import Layer
+from memprof.sources.callsite import CallSite, find_call_site
 
 ENTRY, RETURN = "entry", "return"
 
@@ -35,6 +36,41 @@ class Probe:
     return_program: str | None = None
     optional: bool = True  # missing from this build of the library: skip it
     at_call: AtCall | None = None
+
+
+@dataclass(frozen=True)
+class Place:
+    """One uprobe of a Probe: `program` at `offset` bytes into its symbol (ENTRY), or at the
+    symbol's return (RETURN, offset 0)."""
+
+    kind: str
+    offset: int
+    program: str
+
+
+def places(path: str, probe: Probe, alloc_probes: str = "call-site") -> tuple[tuple[Place, ...], str | None]:
+    """Where to attach `probe` in the library at `path`: its call to `at_call.callee`, where
+    memprof/sources/callsite.py finds it (one trap per allocation), else its entry and, for an
+    allocator, its return. `alloc_probes` is `record --alloc-probes` ("call-site" or
+    "entry-return"). Also returns, in words, how an allocator with a call-site alternative
+    is probed (meta.json's allocation_probes); None for the other probes."""
+    site = _call_site(path, probe, alloc_probes)
+    if site is not None and site.offset is not None:
+        return (Place(ENTRY, site.offset, probe.at_call.program),), site.why
+    found = (Place(ENTRY, 0, probe.program),)
+    if probe.return_program:
+        found += (Place(RETURN, 0, probe.return_program),)
+    return found, None if site is None else f"entry and return ({site.why})"
+
+
+def _call_site(path: str, probe: Probe, alloc_probes: str) -> CallSite | None:
+    """Where `probe` can take an allocation in one trap (offset None: why not); None when
+    it has no such alternative."""
+    if probe.at_call is None:
+        return None
+    if alloc_probes != "call-site":
+        return CallSite(None, "--alloc-probes entry-return")
+    return find_call_site(path, probe.symbol, probe.at_call.callee)
 
 
 @dataclass(frozen=True)
