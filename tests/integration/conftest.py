@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -120,9 +121,50 @@ def start_when(target: subprocess.Popen, ready: Callable[[], bool], timeout_s: f
     return thread
 
 
-@pytest.fixture(name="start_when", scope="session")
-def _start_when_fixture():
-    return start_when
+@dataclass
+class AttachedRun:
+    """A target recorded by `record --pid` (record_attached)."""
+
+    pid: int
+    first_line: str                          # what the target printed before it waited
+    result: subprocess.CompletedProcess      # memprof record --pid
+    exit_status: int | None                  # the target's; None: it had to be killed
+    output: str                              # what the target printed after its first line
+    seconds: float                           # from its first line to memprof's exit
+
+
+def record_attached(argv: list, recording: Path, ready: Callable[[Path, int], bool] | None = None,
+                    timeout: float = 90) -> AttachedRun:
+    """Start `argv`, which prints one line and then waits for a line on stdin before its work;
+    `record --pid` it until it exits. The start line is sent once `ready(recording, pid)` is
+    true (default: the recording exists, so the eBPF probes are attached)."""
+    ready = ready or (lambda path, pid: path.exists())
+    target = subprocess.Popen(list(map(str, argv)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        first_line = target.stdout.readline().strip()
+        started = time.monotonic()
+        starter = start_when(target, lambda: ready(recording, target.pid))
+        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=recording.parent,
+                             timeout=timeout)
+        seconds = time.monotonic() - started
+        starter.join(timeout=5)
+        try:
+            exit_status = target.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            exit_status = None
+        output = target.stdout.read() if exit_status is not None else ""
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+        target.stdout.close()
+        target.stdin.close()
+    return AttachedRun(target.pid, first_line, result, exit_status, output, seconds)
+
+
+@pytest.fixture(name="record_attached", scope="session")
+def _record_attached_fixture():
+    return record_attached
 
 
 @pytest.fixture(name="run_memprof", scope="session")

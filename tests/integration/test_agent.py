@@ -126,7 +126,7 @@ def test_a_profiler_window_covers_only_its_steps(tmp_path, run_memprof):
 
 
 ATTACHABLE = """
-import sys, time
+import sys
 import torch
 import memprof, memprof.agent
 memprof.agent.install()
@@ -140,41 +140,26 @@ memprof.mark("attached run done")
 """
 
 
-def record_attached(run_memprof, start_when, tmp_path: Path, argv: list, ready: str, attached) -> tuple[Path, int]:
-    """Start `argv`, wait for its `ready` line, `record --pid` it until it exits: (recording, pid).
-    The target waits for a line on stdin, sent once `attached(recording, pid)` is true."""
-    import subprocess
-    target = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert target.stdout.readline().strip() == ready
-        recording = tmp_path / "attached.memprof"
-        starter = start_when(target, lambda: attached(recording, target.pid))
-        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path, timeout=90)
-        starter.join(timeout=5)
-        assert result.returncode == 0, result.stderr
-    finally:
-        target.kill() if target.poll() is None else None
-        target.wait()
-        target.stdin.close()
-    return recording, target.pid
-
-
-def recording_began(recording: Path, pid: int) -> bool:
-    """`record --pid` created the recording: its eBPF probes are attached."""
-    return recording.exists()
-
-
 def agent_began(recording: Path, pid: int) -> bool:
     """The target's agent writes into the recording (its first line, the step in progress at
     the attach, is flushed within 0.5 s of it)."""
     return (recording / "agent" / f"{pid}.jsonl").exists()
 
 
-def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof, start_when):
+def record_python_attached(record_attached, tmp_path: Path, argv: list, ready_line: str, ready=None) -> tuple[Path, int]:
+    """`record --pid` a Python target that prints `ready_line`, then waits for its start line
+    (see record_attached): (recording, pid)."""
+    recording = tmp_path / "attached.memprof"
+    target = record_attached(argv, recording, ready)
+    assert target.first_line == ready_line
+    assert target.result.returncode == 0, target.result.stderr
+    return recording, target.pid
+
+
+def test_attach_reaches_an_agent_the_program_installed(tmp_path, record_attached):
     script = tmp_path / "attachable.py"
     script.write_text(ATTACHABLE)
-    recording, pid = record_attached(run_memprof, start_when, tmp_path, [sys.executable, str(script)], "ready",
-                                     agent_began)
+    recording, pid = record_python_attached(record_attached, tmp_path, [sys.executable, script], "ready", agent_began)
     _, m = marks(recording)
     steps = m[m["category"] == "step"]
     assert sorted(steps["step"].astype(int)) == list(range(0, 8)), steps  # 0 at attach, then 7 steps
@@ -182,9 +167,9 @@ def test_attach_reaches_an_agent_the_program_installed(tmp_path, run_memprof, st
     assert agent_meta(recording)["detail"]["attached"] == [pid]
 
 
-def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, run_memprof, start_when):
+def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, record_attached):
     argv = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"]
-    recording, pid = record_attached(run_memprof, start_when, tmp_path, argv, "up", recording_began)
+    recording, pid = record_python_attached(record_attached, tmp_path, argv, "up")
     notes = json.loads((recording / "meta.json").read_text())["notes"]
     assert any(f"no memprof agent in Python process(es) {pid}" in n for n in notes), notes
 

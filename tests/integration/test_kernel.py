@@ -251,27 +251,15 @@ def test_leak_in_a_child_process(tmp_path, run_memprof, leaks_json, command, hel
 
 # ---- 4. attaching to a running process ----
 
-def test_attach_with_pid(tmp_path, run_memprof, leaks_json, start_when):
+def test_attach_with_pid(tmp_path, record_attached, leaks_json):
     recording = tmp_path / "attached.memprof"
-    target = subprocess.Popen([KERNEL_LEAK, "-n", "29", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        first = target.stdout.readline()  # printed before it waits for its start line
-        assert first.strip() == f"pid={target.pid}"
-        started = time.monotonic()
-        starter = start_when(target, recording.exists)
-        result = run_memprof("record", "-q", "-o", recording, "--pid", target.pid, cwd=tmp_path)
-        starter.join(timeout=5)
-        assert target.wait(timeout=10) == 0
-        assert f"held=29 pid={target.pid}" in target.stdout.read()
-    finally:
-        if target.poll() is None:
-            target.kill()
-            target.wait()
-        target.stdout.close()
-        target.stdin.close()
+    target = record_attached([KERNEL_LEAK, "-n", "29", "-s"], recording)
+    assert target.first_line == f"pid={target.pid}"  # printed before it waits for its start line
+    assert target.exit_status == 0
+    assert f"held=29 pid={target.pid}" in target.output
+    result = target.result
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 30  # it stopped when the process exited
+    assert target.seconds < 30  # it stopped when the process exited
 
     meta = read_meta(recording)
     assert meta["pid"] == target.pid and meta["command"] is None and meta["status"] == "complete"

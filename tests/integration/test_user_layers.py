@@ -333,25 +333,16 @@ def test_torch_leak_chain_reaches_the_training_loop(torch_leak_recording, leaks_
 
 
 @needs_torch
-def test_attach_to_a_running_torch_process(tmp_path, run_memprof, leaks_json, start_when):
+def test_attach_to_a_running_torch_process(tmp_path, record_attached, leaks_json):
     """`record --pid` on a Python process that has loaded torch already: libc10's probes are
     placed from its mappings. The target starts its loop once the recording exists (the
     probes and the Python-frame reader are in place by then), so every step is seen: 40
     activations and the last step's two fc1 grads; fc1's weight and bias were allocated
     before the attach, so they are not on the timeline."""
-    target = subprocess.Popen([sys.executable, str(TORCH_LEAK), "--steps", "40", "--wait-for-line", "--start-wait", "0"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        pid = int(target.stdout.readline().strip().split("=")[1])  # "pid=N", printed after import
-        recording = tmp_path / "attached.memprof"
-        starter = start_when(target, recording.exists)
-        result = run_memprof("record", "-q", "-o", recording, "--pid", pid, cwd=tmp_path, timeout=90)
-        starter.join(timeout=5)
-        assert result.returncode == 0, result.stderr
-    finally:
-        target.kill() if target.poll() is None else None
-        target.wait()
-        target.stdin.close()
+    recording = tmp_path / "attached.memprof"
+    target = record_attached([sys.executable, TORCH_LEAK, "--steps", "40", "--wait-for-line", "--start-wait", "0"],
+                             recording)
+    assert target.result.returncode == 0, target.result.stderr
     live_bytes, live_count, findings = torch_cpu_totals(leaks_json, recording)
     assert (live_bytes, live_count) == (40 * STEP_BYTES + 1048576 + 2048, 42), describe(findings)
     assert all(f["released_at_exit"] for f in findings), describe(findings)
