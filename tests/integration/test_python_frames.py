@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "py_frames.py"
 NATIVE_BYTES, TENSOR_BYTES, THREAD_A_BYTES, THREAD_B_BYTES = 777_777, 3_333_333, 111_111, 222_222
+DEEP_BYTES, DEEP_FRAMES = 444_444, 40
 THREAD_ROUNDS = 300
 
 
@@ -92,7 +93,7 @@ def describe(found: list[dict]) -> str:
 def venv_recording(tmp_path_factory, run_memprof) -> Path:
     pytest.importorskip("torch")
     return record_example(run_memprof, tmp_path_factory.mktemp("venv"), sys.executable,
-                          "--torch", "--threads", str(THREAD_ROUNDS))
+                          "--torch", "--threads", str(THREAD_ROUNDS), "--deep")
 
 
 def test_libc_block_names_its_three_python_callers(venv_recording, leaks_json):
@@ -130,6 +131,22 @@ def test_two_threads_allocating_at_once_get_their_own_stacks(venv_recording):
             assert frames[:3] == expected(prefix), frames
 
 
+def assert_deep_chain(recording: Path) -> None:
+    """The block allocated DEEP_FRAMES calls of deep() down carries every one of them, innermost
+    first, then deep_outer: frames ~0.5 KiB each, spanning several pages and (3.11+) more than
+    one data-stack chunk, which BPF reads a page at a time."""
+    chains = block_chains(recording, DEEP_BYTES)
+    assert len(chains) == 1, chains
+    frame = lambda name, marker: (name, str(EXAMPLE), LINES[marker])  # noqa: E731
+    want = [frame("deep_inner", "deep_inner"), frame("deep", "deep_bottom"),
+            *[frame("deep", "deep")] * (DEEP_FRAMES - 1), frame("deep_outer", "deep_outer")]
+    assert chains[0][:len(want)] == want, chains[0]
+
+
+def test_forty_large_frames_deep_are_all_named_in_order(venv_recording):
+    assert_deep_chain(venv_recording)
+
+
 def block_chains(recording: Path, size: int) -> list[list[tuple]]:
     """Python frames (function, file, line), innermost first, of each native_heap allocation
     of exactly `size` bytes."""
@@ -161,7 +178,7 @@ def test_another_minor_version_is_here_to_prove_the_offset_tables():
 @pytest.mark.parametrize("minor", [10, 12, 13])
 def test_other_minor_versions_give_the_same_chains(minor, tmp_path, run_memprof, leaks_json):
     python = pyenv_python(minor)
-    recording = record_example(run_memprof, tmp_path, python, "--threads", "50")
+    recording = record_example(run_memprof, tmp_path, python, "--threads", "50", "--deep")
     found = findings(leaks_json, recording)
     native = [f for f in chains_of(found, "native") if f["layer"] == "native_heap" and f["live_bytes"] == NATIVE_BYTES]
     assert len(native) == 1, describe(found)
@@ -173,6 +190,7 @@ def test_other_minor_versions_give_the_same_chains(minor, tmp_path, run_memprof,
     for prefix, size in (("thread_a", THREAD_A_BYTES), ("thread_b", THREAD_B_BYTES)):
         chains = block_chains(recording, size)
         assert len(chains) == 50 and all(frames[:3] == expected(prefix) for frames in chains), chains[:3]
+    assert_deep_chain(recording)
     notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
     assert any(n["frames"] and n["version"].startswith(f"3.{minor}.") for n in notes.values()), notes
 
