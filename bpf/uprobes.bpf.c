@@ -76,6 +76,18 @@ static __always_inline int native_sampled(u64 size)
     return 1;
 }
 
+/* Whether a layer's frees go through the address filter. The libc heap's do: with sampling,
+ * most frees in the process are of blocks that were never recorded, and the filter keeps them
+ * out of the ring buffer. PyTorch's and the driver's do not: every one of their blocks
+ * allocated while recording is recorded, so the filter would pass nearly every free anyway —
+ * at the price of two random reads in an 8 MiB bitmap per block (a cache and TLB miss each
+ * in a training loop: ~240 ns a block measured here). What it would have kept out, frees of
+ * blocks allocated before `record --pid` attached, user space counts as unmatched frees. */
+static __always_inline int filters_frees(u8 layer)
+{
+    return layer == MP_LAYER_NATIVE;
+}
+
 /* `call_site`: the allocator's return address in its caller (the site's key); `skip`: frames
  * of the allocator itself on top of the stack. */
 static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 flags, s8 device, u64 addr, u64 size,
@@ -90,14 +102,15 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 fl
     e->flags = flags;
     e->device = device;
     fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK, call_site, skip);
-    remember_addr(addr ^ layer);
+    if (filters_frees(layer))
+        remember_addr(addr ^ layer);
     submit(e);
     py_learn_after_up(ctx);
 }
 
 static __always_inline void emit_user_free(u8 layer, u64 addr, u8 flags)
 {
-    if (!addr || !maybe_ours(addr ^ layer))
+    if (!addr || (filters_frees(layer) && !maybe_ours(addr ^ layer)))
         return;
     struct mp_event *e = reserve(MP_USER_FREE);
     if (!e)
