@@ -7,11 +7,16 @@ is memprof's cost per tensor: the uprobe traps and the BPF programs (the loop ma
 syscall, so nothing else of memprof's is in it). Much less noisy than a training loop's wall
 time, where this cost is a few percent among the machine's own jitter.
 
+--depth D puts D nested Python calls between the loop's lambda and torch.empty (default 0:
+the lambda calls it), for the cost of reading a deeper Python stack: the stack read at the
+allocation is D + 2 frames (module, lambda, D calls); a training step's allocations are ~5-10
+frames deep.
+
 Runs, alternately, REPEATS times each: unprofiled; `memprof record` (default: one uprobe on
 alloc_cpu's call to NUMAMove, one on free_cpu, Python frames read); `--alloc-probes
 entry-return` (uprobe at entry + uretprobe at return instead); `--no-python-frames`.
 
-    sudo .venv/bin/python bench/torch_alloc_cost.py [--tensors N] [--repeats R]
+    sudo .venv/bin/python bench/torch_alloc_cost.py [--tensors N] [--repeats R] [--depth D]
 """
 from __future__ import annotations
 
@@ -27,14 +32,17 @@ MEMPROF = [sys.executable, "-m", "memprof", "record", "-q", "-f"]
 LOOP = """
 import sys, time, torch
 torch.set_num_threads(1)
-n = int(sys.argv[1])
+n, depth = int(sys.argv[1]), int(sys.argv[2])
+def tensor(calls):
+    return tensor(calls - 1) if calls > 1 else torch.empty(32768)
+make = (lambda: torch.empty(32768)) if depth == 0 else (lambda: tensor(depth))
 for _ in range(1000):
-    torch.empty(32768)
+    make()
 batches = []
 for _ in range(5):
     t = time.perf_counter()
     for _ in range(n):
-        torch.empty(32768)
+        make()
     batches.append((time.perf_counter() - t) / n * 1e6)
 print("us_per_tensor=%.4f" % sorted(batches)[2])  # the median of 5
 """
@@ -46,9 +54,9 @@ RUNS = {
 }
 
 
-def measure(script: Path, tensors: int, args: list[str] | None, out: Path) -> float:
+def measure(script: Path, tensors: int, depth: int, args: list[str] | None, out: Path) -> float:
     """µs per tensor of one run; `args` None: unprofiled."""
-    command = [sys.executable, str(script), str(tensors)]
+    command = [sys.executable, str(script), str(tensors), str(depth)]
     if args is not None:
         command = [*MEMPROF, "-o", str(out), *args, "--", *command]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -62,6 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensors", type=int, default=20000, help="tensors per timed batch")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=0, help="Python calls between the loop and torch.empty")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
         script = Path(tmp) / "alloc_loop.py"
@@ -69,10 +78,10 @@ def main() -> None:
         results: dict[str, list[float]] = {name: [] for name in RUNS}
         for _ in range(args.repeats):
             for name, extra in RUNS.items():
-                results[name].append(measure(script, args.tensors, None if name == "unprofiled" else extra,
+                results[name].append(measure(script, args.tensors, args.depth, None if name == "unprofiled" else extra,
                                              Path(tmp) / "run.memprof"))
     base = statistics.median(results["unprofiled"])
-    print(f"torch.empty(32768) + free, {args.tensors} tensors a batch, median batch of 5, "
+    print(f"torch.empty(32768) + free, {args.depth} Python calls deep, {args.tensors} tensors a batch, median batch of 5, "
           f"median of {args.repeats} alternating runs")
     print(f"{'run':<38}{'µs/tensor':>11}{'added µs':>10}   runs")
     for name, values in results.items():
