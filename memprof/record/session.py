@@ -283,7 +283,11 @@ class Session:
     def _take_signal(self, timeout_s: float) -> int | None:
         """Wait up to `timeout_s` for a signal; pass it on to the command (unless the
         terminal sent it, which reached the command already). Returns it; None for SIGCHLD
-        or a timeout."""
+        or a timeout. A signal another thread was handed (see _BlockedSignals) comes first,
+        and is not passed on: who sent it cannot be told there."""
+        queued = _take_queued_signal()
+        if queued is not None:
+            return queued
         info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
         if info is None or info.si_signo == signal.SIGCHLD:
             return None
@@ -386,14 +390,37 @@ class Session:
 
 
 
+# Signals a thread other than the main one was handed while _BlockedSignals was in force
+# (queued by _queue_signal, taken by _take_queued_signal).
+_QUEUED_SIGNALS: list[int] = []
+
+
+def _queue_signal(signo, frame) -> None:
+    _QUEUED_SIGNALS.append(signo)
+
+
+def _take_queued_signal() -> int | None:
+    return _QUEUED_SIGNALS.pop(0) if _QUEUED_SIGNALS else None
+
+
 class _BlockedSignals:
     """Signals are taken synchronously with sigtimedwait in the loop, never by handlers, so
-    a Ctrl-C cannot interrupt a flush halfway."""
+    a Ctrl-C cannot interrupt a flush halfway.
+
+    Blocking is per thread, and the kernel hands a process's signal to any thread that does
+    not block it: OpenBLAS starts one at numpy's import, before this block. CPython then runs
+    the Python-level handler in the main thread at its next instruction — by default a
+    KeyboardInterrupt in the middle of a flush (seen: `record --pid` stopped by SIGINT while
+    busy exited 130), or, for SIGTERM and SIGHUP, memprof killed with the recording unfinished.
+    So, while blocked, the handlers only queue the signal for the loop."""
 
     def __enter__(self):
-        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS + (signal.SIGCHLD,))
+        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS + (signal.SIGCHLD,))
+        self._old_handlers = {signo: signal.signal(signo, _queue_signal) for signo in FORWARDED_SIGNALS}
         return self
 
     def __exit__(self, *exc):
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        for signo, handler in self._old_handlers.items():
+            signal.signal(signo, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)
         return False

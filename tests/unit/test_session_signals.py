@@ -1,0 +1,50 @@
+"""A signal for the recorder that the kernel hands to a thread other than the main one (one
+started before the recorder blocked its signals, as OpenBLAS's is at numpy's import) stops the
+recording like any other: the loop takes it, no KeyboardInterrupt in the middle of a flush, no
+SIGTERM killing memprof before the recording is finished."""
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from memprof.record import session as S
+
+    started, stop = threading.Event(), threading.Event()
+    def idle():
+        started.set()
+        stop.wait()
+    thread = threading.Thread(target=idle, daemon=True)
+    thread.start()  # before the block: it does not block the signal, the main thread will
+    started.wait()
+
+    class NoCommand:
+        child = None
+
+    with S._BlockedSignals():
+        os.kill(os.getpid(), int(sys.argv[1]))  # the kernel hands it to the idle thread
+        got, deadline = None, time.monotonic() + 10
+        while got is None and time.monotonic() < deadline:
+            sum(range(100_000))  # busy in Python, as a flush is
+            got = S.Session._take_signal(NoCommand(), 0.01)
+    stop.set()
+    thread.join()
+    print("taken", got)
+""")
+
+
+@pytest.mark.parametrize("signo", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_another_thread_was_handed_is_taken_by_the_loop(signo):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(int(signo))], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"taken {int(signo)}"), done.stderr
+
+
+def test_the_handlers_are_restored_after_the_block():
+    from memprof.record import session as S
+    before = signal.getsignal(signal.SIGINT)
+    with S._BlockedSignals():
+        assert signal.getsignal(signal.SIGINT) is S._queue_signal
+    assert signal.getsignal(signal.SIGINT) is before
