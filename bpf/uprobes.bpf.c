@@ -81,7 +81,7 @@ static __always_inline int native_sampled(u64 size)
  * out of the ring buffer. PyTorch's and the driver's do not: every one of their blocks
  * allocated while recording is recorded, so the filter would pass nearly every free anyway —
  * at the price of two random reads in an 8 MiB bitmap per block (a cache and TLB miss each
- * in a training loop: ~240 ns a block measured here). What it would have kept out, frees of
+ * when the addresses vary; see bpf/README.md). What it would have kept out, frees of
  * blocks allocated before `record --pid` attached, user space counts as unmatched frees. */
 static __always_inline int filters_frees(u8 layer)
 {
