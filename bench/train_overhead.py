@@ -20,12 +20,17 @@ step (`step_median_s=`, `step_p10_s=`) over the unprofiled ones, which the host'
 interference moves less than the loop.
 
     sudo .venv/bin/python bench/train_overhead.py [--steps S] [--repeats R] [--runs baseline,memprof,memprof-nopy,memray]
-                                                  [--bpf-stats]
+                                                  [--bpf-stats] [--start-wait MS]
 
 --bpf-stats turns on kernel.bpf_stats_enabled for the run (it costs ~20 ns per program run
 itself, so ratios from such a run are slightly high) and prints each memprof run's mean ns
 per run of its torch probes: the difference between memprof and memprof-nopy is what reading
 the Python frames adds per event.
+
+--start-wait MS makes train.py wait MS milliseconds between its imports and its loop, in
+every run (default 0: the loop starts at once). With a wait, the recorder has worked through
+what the imports allocated (import torch: ~10,800 distinct Python stacks to resolve) before
+the loop starts, instead of while it runs on the other CPU.
 
 memray is installed into this Python's environment (pip install memray) when missing.
 """
@@ -139,6 +144,8 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from {','.join(RUNS)}; "
                     "baseline is always run (ratios need it)")
     ap.add_argument("--bpf-stats", action="store_true", help="count BPF program run time (kernel.bpf_stats_enabled)")
+    ap.add_argument("--start-wait", type=int, default=0, metavar="MS",
+                    help="train.py's wait between its imports and its loop, in every run")
     args = ap.parse_args()
     if args.bpf_stats:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
@@ -146,7 +153,7 @@ def main() -> None:
     skipped: dict[str, str] = {}
     if "memray" in wanted and (why := ensure_memray()):
         skipped["memray"] = why
-    workload = [str(TRAIN), "--steps", str(args.steps), "--start-wait", "0", "--hold", "0"]
+    workload = [str(TRAIN), "--steps", str(args.steps), "--start-wait", str(args.start_wait), "--hold", "0"]
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
     results: dict[str, list[Timing]] = {name: [] for name in wanted}
     metas: dict[str, dict] = {}
@@ -229,7 +236,7 @@ def report(results, skipped, metas, args) -> None:
         return
     base_loop = statistics.median(r.loop for r in results["baseline"])
     base_out = statistics.median(r.wall - r.loop for r in results["baseline"])
-    print(f"examples/train.py --steps {args.steps}, median of {args.repeats} alternating runs")
+    print(f"examples/train.py --steps {args.steps} --start-wait {args.start_wait}, median of {args.repeats} alternating runs")
     print(f"{'run':<14}{'loop s':>9}{'loop x':>8}{'start-up s':>12}{'+s':>8}")
     for name, rows in results.items():
         if not rows:
