@@ -12,10 +12,11 @@
  * tstate->thread_id; cached per thread), then its frame chain, innermost first, no strings.
  * Since 3.11 a thread's frames are pushed one above the other on its data stack, so the
  * frames are read a page at a time (py_frame_at): a user read costs ~70 ns here whatever
- * its size up to a page, and a call chain's frames mostly share one or two pages. A frame is (code object, instruction index); the chain is
- * interned by a 64-bit hash into `py_stacks`, and the event carries the hash. A code object
- * is read once per process, the first time a new chain holds it (in a program of its own,
- * entered by tail call after the event is submitted): its type is checked against
+ * its size up to a page, and a call chain's frames mostly share one or two pages. A frame
+ * is (code object, instruction index); the chain is interned by a 64-bit hash into
+ * `py_stacks`, and the event carries the hash. A code object is read once per process, the
+ * first time a new chain holds it (in a program of its own, entered by tail call after the
+ * event is submitted): its type is checked against
  * PyCode_Type (anything else is not named, and counted), and its name, file, first line and
  * line table are copied into `py_codes`, so that user space can name frames and compute
  * lines even after the process has exited.
