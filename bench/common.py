@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -24,6 +25,19 @@ def run(cmd: list[str]) -> tuple[float, float]:
     return loop, wall
 
 
+# A `name=<number>` line a workload prints (train.py's loop_s=, step_median_s=, ...).
+FIELD_LINE = re.compile(r"^(\w+)=([0-9.]+)$", re.M)
+
+
+def ratio_summary(ratios: list[float], bar: float) -> str:
+    """Per-round ratios in words: median, quartiles, range, and how many are over `bar`."""
+    ratios = sorted(ratios)
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    over = sum(r > bar for r in ratios)
+    return (f"median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}, "
+            f"{over} of {len(ratios)} rounds over {bar:.2f}")
+
+
 def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
     """run(), plus every `name=<number>` line the workload printed (e.g. train.py's
     step_median_s), by name."""
@@ -31,7 +45,7 @@ def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
     loop = loop_seconds(done.returncode, done.stdout, done.stderr)
-    fields = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)=([0-9.]+)$", done.stdout, re.M)}
+    fields = {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(done.stdout)}
     return loop, wall, fields
 
 

@@ -24,7 +24,6 @@ not inject into a process that did not load it (its step marks: ~1.5 µs a step)
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import signal
 import statistics
@@ -35,7 +34,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from common import read_meta  # bench/common.py
+from common import FIELD_LINE, ratio_summary, read_meta  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -55,7 +54,7 @@ def read_fields(target: subprocess.Popen, until: str) -> dict[str, float]:
     """`name=number` lines the target prints, up to the one starting with `until`."""
     fields: dict[str, float] = {}
     for line in target.stdout:
-        if found := re.match(r"(\w+)=([0-9.]+)$", line.strip()):
+        if found := FIELD_LINE.match(line.strip()):
             fields[found.group(1)] = float(found.group(2))
         if line.startswith(until):
             return fields
@@ -117,14 +116,6 @@ def one_round(steps: int, recording: Path | None) -> tuple[Round, dict]:
     return Round(ratio("loop_s"), ratio("step_median_s")), (read_meta(recording) if recording else {})
 
 
-def summary(ratios: list[float]) -> str:
-    ratios = sorted(ratios)
-    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-    over = sum(r > BAR for r in ratios)
-    return (f"median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}, "
-            f"{over} of {len(ratios)} over {BAR:.2f}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="steps of each of the four loops")
@@ -146,8 +137,8 @@ def main() -> None:
           f"A and C; {args.rounds} rounds of each kind, alternating")
     for name, rounds in results.items():
         print(f"{name}:")
-        print(f"  loop:        {summary([r.loop for r in rounds])}")
-        print(f"  median step: {summary([r.step for r in rounds])}")
+        print(f"  loop:        {ratio_summary([r.loop for r in rounds], BAR)}")
+        print(f"  median step: {ratio_summary([r.step for r in rounds], BAR)}")
     ebpf = meta.get("sources", {}).get("ebpf", {})
     python = ebpf.get("detail", {}).get("python", {})
     print(f"last memprof round: ebpf events={ebpf.get('events', 0):,} lost={ebpf.get('lost', 0):,}; "

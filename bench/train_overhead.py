@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from common import read_meta, run_with_fields, sources_line  # bench/common.py
+from common import ratio_summary, read_meta, run_with_fields, sources_line  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -203,12 +203,8 @@ def print_paired_ratios(results) -> None:
     for name, rows in results.items():
         if name == "baseline" or len(rows) != len(base) or len(rows) < 4:
             continue
-        ratios = sorted(r.loop / b for r, b in zip(rows, base))
-        q1, median, q3 = statistics.quantiles(ratios, n=4)
-        over = sum(r > BAR for r in ratios)
         best = min(r.loop for r in rows) / min(base)
-        print(f"{name} per-round loop ratio: median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, "
-              f"range {ratios[0]:.3f}-{ratios[-1]:.3f}, {over} of {len(ratios)} rounds over {BAR:.2f}; "
+        print(f"{name} per-round loop ratio: {ratio_summary([r.loop / b for r, b in zip(rows, base)], BAR)}; "
               f"best over best {best:.3f}")
 
 

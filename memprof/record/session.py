@@ -285,9 +285,8 @@ class Session:
         terminal sent it, which reached the command already). Returns it; None for SIGCHLD
         or a timeout. A signal another thread was handed (see _BlockedSignals) comes first,
         and is not passed on: who sent it cannot be told there."""
-        queued = _take_queued_signal()
-        if queued is not None:
-            return queued
+        if _QUEUED_SIGNALS:
+            return _QUEUED_SIGNALS.pop(0)
         info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
         if info is None or info.si_signo == signal.SIGCHLD:
             return None
@@ -391,16 +390,12 @@ class Session:
 
 
 # Signals a thread other than the main one was handed while _BlockedSignals was in force
-# (queued by _queue_signal, taken by _take_queued_signal).
+# (queued by _queue_signal, taken first by Session._take_signal).
 _QUEUED_SIGNALS: list[int] = []
 
 
 def _queue_signal(signo, frame) -> None:
     _QUEUED_SIGNALS.append(signo)
-
-
-def _take_queued_signal() -> int | None:
-    return _QUEUED_SIGNALS.pop(0) if _QUEUED_SIGNALS else None
 
 
 class _BlockedSignals:
