@@ -202,7 +202,7 @@ class Session:
             events["seq"] = range(self._seq, self._seq + rows)
             self._seq += rows
             self.writer.append("events", events)
-        if stacks["stack_id"]:
+        if len(stacks["stack_id"]):
             self.writer.append("stacks", stacks)
         if frames["frame_id"]:
             self.writer.append("frames", frames)
@@ -329,7 +329,7 @@ class Session:
             self.writer.append("samples", samples)
         self._ingest_agent()
         stacks, frames = self.source.drain_stack_tables()
-        if stacks["stack_id"]:
+        if len(stacks["stack_id"]):
             self.writer.append("stacks", stacks)
         if frames["frame_id"]:
             self.writer.append("frames", frames)

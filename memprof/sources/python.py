@@ -11,7 +11,7 @@ import ctypes
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from memprof.sources import pylines
 from memprof.sources.records import CNT_PY_RELEARNED
@@ -45,10 +45,10 @@ def python_cflags(options: PythonOptions) -> list[str]:
             f"-DPY_CODE_ENTRIES={options.code_entries}", f"-DTASK_FSBASE_OFF={fsbase}"]
 
 
-@dataclass(frozen=True)
-class PyFrame:
+class PyFrame(NamedTuple):
     """One Python frame, innermost first in a stack. `line` is None when unknown. `entry`: the
-    first frame a C-level call of the eval loop ran (the frames up to it replace that call)."""
+    first frame a C-level call of the eval loop ran (the frames up to it replace that call).
+    A tuple, so that hashing one (the interner looks every frame up) is a C-level call."""
 
     function: str
     file: str

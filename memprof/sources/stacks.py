@@ -9,6 +9,7 @@ stored innermost first: kernel frames, then native frames with the Python frames
 eval-loop call was running placed just before it, then any Python frames left over."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -60,7 +61,8 @@ class StackInterner:
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
-    _frame_rows: dict = field(default_factory=dict)  # frame id -> (kind, function, module, file, line)
+    _python_ids: dict = field(default_factory=dict)  # PyFrame -> frame id
+    _eval_ids: set = field(default_factory=set)      # frame ids of the eval loop's native frames
     _batch: dict = field(default_factory=dict)  # symbolized parts of chains, within one drain_tables()
     _new_frames: list = field(default_factory=list)
     _kernel_symbols: KernelSymbols | None = None
@@ -102,20 +104,18 @@ class StackInterner:
         return stack_id
 
     def drain_tables(self) -> tuple[dict, dict]:
-        """Symbolize chains interned since the last call: (stacks columns, frames columns)."""
-        stack_rows: dict[str, list] = {"stack_id": [], "depth": [], "frame_id": []}
+        """Symbolize chains interned since the last call: (stacks columns, frames columns).
+        The stacks columns are int64 numpy arrays (a recording of `import torch` emits over a
+        million rows; Python lists of them cost the recorder ~0.3 s of a flush)."""
         # Parts shared by many chains (one native stack under many Python stacks) are
         # symbolized once per batch: maps can change between batches, not within one.
         self._batch = {}
-        for p in self._pending:
-            for depth, frame_id in enumerate(self._chain(p)):
-                stack_rows["stack_id"].append(p.stack_id)
-                stack_rows["depth"].append(depth)
-                stack_rows["frame_id"].append(frame_id)
+        chains = [self._chain(p) for p in self._pending]
+        stack_ids = np.fromiter((p.stack_id for p in self._pending), dtype=np.int64, count=len(self._pending))
         self._pending = []
         frames = _columns(self._new_frames, ("frame_id", "kind", "function", "module", "file", "line"))
         self._new_frames = []
-        return stack_rows, frames
+        return _stack_rows(stack_ids, chains), frames
 
     def _chain(self, p: _Pending) -> list[int]:
         """Frame ids innermost first: kernel frames, then the task's native and Python frames."""
@@ -125,11 +125,13 @@ class StackInterner:
 
     def _user_and_python_frames(self, p: _Pending) -> list[int]:
         native = self._batched(("n", p.pid, p.ustack), lambda: self._user_frames(p))
-        python = [(self._python_frame_id(f), f.entry) for f in self._python_frames(p)]
-        if not python:
+        frames = self._python_frames(p)
+        if not frames:
             return native
-        merged = merge_chain(native, python, lambda fid: self._frame_rows[fid][1] in EVAL_LOOP_FUNCTIONS,
-                             entry=lambda item: item[1])
+        python = [(self._python_frame_id(f), f.entry) for f in frames]
+        if not self._eval_ids.intersection(native):
+            return native + [fid for fid, _ in python]
+        merged = merge_chain(native, python, self._eval_ids.__contains__, entry=lambda item: item[1])
         return [f if isinstance(f, int) else f[0] for f in merged]
 
     def _batched(self, key: tuple, compute: Callable[[], list]) -> list:
@@ -147,7 +149,12 @@ class StackInterner:
             return []
 
     def _python_frame_id(self, f: PyFrame) -> int:
-        return self._frame_id(_PYTHON, f.function, None, f.file, f.line)
+        """The frame id of a Python frame, looked up by the PyFrame itself (a tuple: one hash
+        of four fields, where the frames' key would be a new tuple per frame)."""
+        frame_id = self._python_ids.get(f)
+        if frame_id is None:
+            frame_id = self._python_ids[f] = self._frame_id(_PYTHON, f.function, None, f.file, f.line)
+        return frame_id
 
     def _kernel_frames(self, p: _Pending) -> list[int]:
         addrs = self._safe_read(p.kstack_id)
@@ -184,12 +191,25 @@ class StackInterner:
         if frame_id is None:
             frame_id = len(self._frame_ids)
             self._frame_ids[key] = frame_id
-            self._frame_rows[frame_id] = key
+            if kind == _NATIVE and function in EVAL_LOOP_FUNCTIONS:
+                self._eval_ids.add(frame_id)
             self._new_frames.append((frame_id, kind, function, module, file, line))
         return frame_id
 
 
 _PYTHON = FrameKind.PYTHON.value
+_NATIVE = FrameKind.NATIVE.value
+
+
+def _stack_rows(stack_ids: np.ndarray, chains: list[list[int]]) -> dict[str, np.ndarray]:
+    """The `stacks` table's columns for chains (frame ids, innermost first) and their ids:
+    one row per frame, depth 0 innermost."""
+    lengths = np.fromiter(map(len, chains), dtype=np.int64, count=len(chains))
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    return {"stack_id": np.repeat(stack_ids, lengths),
+            "depth": np.arange(total, dtype=np.int64) - np.repeat(starts, lengths),
+            "frame_id": np.fromiter(itertools.chain.from_iterable(chains), dtype=np.int64, count=total)}
 
 
 def _read_quietly(read: Callable[[int], list[int]], key: int) -> list[int]:
