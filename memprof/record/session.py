@@ -82,6 +82,21 @@ def default_output(name: str, pid: int, directory: Path = Path(".")) -> Path:
     return directory / f"memprof-{safe}-{pid}.memprof"
 
 
+def _yield_to_target() -> None:
+    """Run the calling thread, and the threads it starts from now on, as SCHED_BATCH.
+
+    The recorder wakes often (the ring buffer poll every POLL_S, the samplers, the flush
+    thread); on a machine with few CPUs, a normal thread waking where the target runs may
+    preempt it on the spot. A batch thread never preempts on wake-up, and keeps its fair
+    share of CPU time under contention (same nice value), so the ring buffer is drained as
+    before. The command was started before this and keeps its own policy. Where the kernel
+    refuses (a seccomp filter, say), the recorder runs as it was."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+
+
 def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
     """Stop listening after the tree exited: the grace passed and frees stopped coming (or
     the most we wait passed)."""
@@ -236,6 +251,7 @@ class Session:
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:
+        _yield_to_target()  # before the sampler and flush threads start: they inherit it
         self.sampler.pids = (root,)
         self.sampler.start()
         start = time.monotonic()

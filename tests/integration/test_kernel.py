@@ -350,6 +350,37 @@ def test_duration_stops_recording_but_waits_for_the_command(tmp_path, run_mempro
     assert 1.0 <= (meta["end_ns"] - meta["start_ns"]) / 1e9 < 2.5
 
 
+# The command reads, once the recording runs, its own scheduling policy and that of each of
+# memprof's threads (its parent's), by thread name.
+_POLICIES = """
+import os, time
+time.sleep(1.0)
+parent = os.getppid()
+threads = {}
+for tid in os.listdir(f"/proc/{parent}/task"):
+    with open(f"/proc/{parent}/task/{tid}/comm") as f:
+        threads.setdefault(f.read().strip(), set()).add(os.sched_getscheduler(int(tid)))
+print("command", os.sched_getscheduler(0))
+for name, policies in sorted(threads.items()):
+    print("memprof", name, *sorted(policies))
+"""
+
+
+def test_the_recorder_yields_the_cpu_and_the_command_keeps_its_policy(tmp_path, run_memprof):
+    """memprof's own threads (main loop, samplers, flush) run SCHED_BATCH, which never
+    preempts on wake-up; the command must not inherit that."""
+    result = run_memprof("record", "-q", "-o", tmp_path / "policy.memprof", "--", sys.executable, "-c", _POLICIES,
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert ["command", str(os.SCHED_OTHER)] in lines
+    ours = {words[1]: words[2:] for words in lines if words[0] == "memprof"}
+    # The main thread is named after the interpreter; Python's threads (samplers, flush)
+    # share that name too: all of them must be batch threads.
+    python_threads = [policies for name, policies in ours.items() if name.startswith("python")]
+    assert python_threads and all(p == [str(os.SCHED_BATCH)] for p in python_threads), ours
+
+
 # ---- 7. errors: one line, an exit code, no traceback ----
 
 @pytest.fixture
