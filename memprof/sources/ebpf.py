@@ -21,10 +21,10 @@ from memprof.sources import records as R
 from memprof.sources import uprobes as U
 from memprof.sources.bpfinfo import prog_stats
 from memprof.sources.procs import ProcessTable
-from memprof.sources.python import PythonFrames, PythonOptions, python_cflags
+from memprof.sources.python import PythonFrames, PythonOptions, python_cflags, python_runtimes
 from memprof.sources.ringbuf import RingBufferConsumer
 from memprof.sources.stacks import StackInterner
-from memprof.sources.symbolize import KernelSymbols
+from memprof.sources.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer, parse_maps, snapshot_maps
 
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
 ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
@@ -32,6 +32,8 @@ USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_ma
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
 BEFORE_START = "before the command started"    # found by path (the command's Python environment, …)
 ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
+# torch/lib files read ahead (SymbolPrewarm): where nearly every frame of a PyTorch chain lies.
+_TORCH_SYMBOL_FILES = ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")
 
 
 def attach_place(bpf, path: str, symbol: str, place: U.Place, program: str | None = None) -> None:
@@ -115,17 +117,22 @@ class EbpfSource:
     # ---- start ----
     def start(self, pids: list[int]) -> None:
         """Compile, attach, and begin following `pids` and their future descendants."""
+        known = self._known_libraries()
+        # ELF symbol tables are read on a thread while bcc compiles, not at the first
+        # flushes, which come while the target runs.
+        self._symbols = SymbolPrewarm(UserSymbolizer(), self._prewarm_paths(known, pids))
         self._bpf = self._compile()
         if self.enabled("kmem"):
             self._attach_tracepoints()
-        self._attach_known_libraries()
+        self._attach_known_libraries(known)
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
-        # kallsyms is read at the first flush, not here: the command waits for start() to return.
         self._python = PythonFrames(self._bpf, self.options.python)
         self._python.install()
         self._python.prewarm(self.command_path)
+        # kallsyms is read at the first flush, not here: the command waits for start() to return.
         self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
-                                     python_frames=self._python.frames, read_user_stack=self._read_user_stack)
+                                     python_frames=self._python.frames, read_user_stack=self._read_user_stack,
+                                     user_symbols=self._symbols.user)
         for pid in pids:
             self.track(pid)
 
@@ -202,11 +209,25 @@ class EbpfSource:
             self._family_map = fams
         return self._family_map
 
-    def _attach_known_libraries(self) -> None:
-        """Probe the libraries we can find before the command starts."""
+    def _known_libraries(self) -> dict[str, list[str]]:
+        """Family name -> the library files we can find before the command starts."""
         known = U.find_known_libraries(self.command_path)
         if self.enabled("native"):
             known["native"] = U.libc_paths()
+        return known
+
+    def _prewarm_paths(self, known: dict[str, list[str]], pids: list[int]) -> list[str]:
+        """The files whose symbols nearly every chain of a PyTorch job needs: torch's main
+        libraries (beside each libc10 found), the Python runtime (the command's, or the one
+        mapped by a process attached to), and libc."""
+        paths = [os.path.join(os.path.dirname(libc10), name)
+                 for libc10 in known.get("torch", []) for name in _TORCH_SYMBOL_FILES]
+        paths += python_runtimes(self.command_path, [_current_maps(pid) for pid in pids])
+        paths += U.libc_paths()
+        return [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
+
+    def _attach_known_libraries(self, known: dict[str, list[str]]) -> None:
+        """Probe the libraries we can find before the command starts."""
         for name, paths in known.items():
             if self.enabled(name):
                 for path in paths:
@@ -354,6 +375,7 @@ class EbpfSource:
         self._refresh_processes(only_stale=False)
 
     def drain_stack_tables(self) -> tuple[dict, dict]:
+        self._symbols.wait()
         self._python.refresh()
         return self._stacks.drain_tables()
 
@@ -484,3 +506,13 @@ class _captured_stderr:
     def text(self) -> str:
         self._file.seek(0)
         return self._file.read().decode(errors="replace")
+
+
+def _current_maps(pid: int) -> list:
+    """A running process's mappings now ([] when they cannot be read: it is then followed as
+    any other, only without symbols read ahead)."""
+    try:
+        text = snapshot_maps(pid)
+    except Exception:  # noqa: BLE001 — NoPrivilegeError, or anything else: only a read-ahead is lost
+        return []
+    return parse_maps(text) if text else []

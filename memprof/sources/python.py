@@ -116,14 +116,13 @@ class PythonFrames:
         """Inspect the interpreter a command will run before it starts (parsing an ELF takes
         0.1-0.3 s; done at exec time, it would cost the target its first Python frames).
         `executable`: the command's file; a script's #! interpreter is followed."""
-        if not self.options.enabled or not executable:
+        if not self.options.enabled:
             return
-        for path in (executable, _shebang_interpreter(executable)):
-            if path and os.path.basename(path).startswith("python"):
-                try:
-                    inspect_python(runtime_file(os.path.realpath(path)))
-                except PythonLayoutError:
-                    pass  # said again, with the reason, when the process maps it
+        for runtime in python_runtimes(executable):
+            try:
+                inspect_python(runtime)
+            except PythonLayoutError:
+                pass  # said again, with the reason, when the process maps it
 
     def defer(self, pid: int) -> None:
         """Give `pid` no Python frames until it execs (memprof's own child before its exec)."""
@@ -230,6 +229,23 @@ class PythonFrames:
         name = decode_str(bytes(bytearray(leaf.name)), int(leaf.name_len), int(leaf.name_state), 0)
         file = decode_str(bytes(bytearray(leaf.file)), int(leaf.file_len), int(leaf.file_state), int(leaf.file_skip))
         return _Code(name or "<unknown>", file, lines)
+
+
+def python_runtimes(executable: str | None, process_maps: Sequence[Sequence[Mapping]] = ()) -> list[str]:
+    """The files holding the CPython runtime (a static build's executable, a shared build's
+    libpython) of the Python that `executable` runs — itself, or a script's #! interpreter —
+    and of each process whose mappings are in `process_maps`. By name only: whether each is a
+    CPython whose layout is known is for inspect_python to say."""
+    found = []
+    if executable:
+        for path in (executable, _shebang_interpreter(executable)):
+            if path and os.path.basename(path).startswith("python"):
+                found.append(runtime_file(os.path.realpath(path)))
+    for maps in process_maps:
+        path = python_file_in_maps(maps)
+        if path is not None:
+            found.append(runtime_file(path))
+    return list(dict.fromkeys(found))
 
 
 def _shebang_interpreter(path: str) -> str | None:

@@ -263,3 +263,35 @@ class UserSymbolizer:
             UFrame(table.name(i), module, off) if ok else UFrame(UNKNOWN, module, rel)
             for i, off, ok, rel in zip(idx.tolist(), offsets.tolist(), found.tolist(), relative.tolist())
         ]
+
+
+# --- Reading ahead ---
+
+
+class SymbolPrewarm:
+    """Reads the ELF symbol tables of `paths` into `user` (a UserSymbolizer) on a thread of
+    its own, while the recorder does other work.
+
+    The recorder starts one before bcc compiles its programs (~4 s here, in a ctypes call
+    that releases the GIL), so that the first flushes after the target starts do not read
+    them: libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.2 s to read and sort, and
+    reading them while the target runs competes with it for what the CPUs share. `user` must
+    not be used by anyone else before `wait()` returns; files that cannot be read are
+    remembered as such, exactly as `UserSymbolizer.symbols_for` would.
+
+    kallsyms is not read ahead: it names the recorder's own BPF programs (on top of every
+    kernel stack, and dropped by name) only once they are loaded."""
+
+    def __init__(self, user: UserSymbolizer, paths: Sequence[str]):
+        import threading
+        self.user = user
+        self._thread = threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols", daemon=True)
+        self._thread.start()
+
+    def _read(self, paths: list[str]) -> None:
+        for path in paths:
+            self.user.symbols_for(path)
+
+    def wait(self) -> None:
+        """Block until every table is read (at once, after the first call)."""
+        self._thread.join()

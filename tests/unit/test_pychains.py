@@ -3,6 +3,7 @@ what BPF copied (str code units, cut line tables), and reports' `--native-frames
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,9 @@ import pytest
 
 from memprof.analysis.leaks import chain_frames
 from memprof.sources import pylines
-from memprof.sources.python import PyFrame, decode_lines, decode_str, merge_chain
+from memprof.sources.pyinterp import runtime_file
+from memprof.sources.python import PyFrame, decode_lines, decode_str, merge_chain, python_runtimes
+from memprof.sources.symbolize import Mapping
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -107,3 +110,18 @@ def test_reports_drop_eval_loop_frames_only_where_the_python_frames_are_there():
     assert [f["function"] for f in chain_frames(stacks, frames, [7])[7]] == ["malloc", EVAL, "main"]
     with pytest.raises(ValueError):
         chain_frames(stacks, frames, [7], native_frames="some")
+
+
+def test_python_runtimes_of_a_command_a_script_and_a_process(tmp_path):
+    """What the recorder reads symbols of ahead: the runtime of the Python a command runs
+    (itself or a script's #! interpreter) and of a process's mapped interpreter; nothing for
+    a command that is not Python."""
+    ours = runtime_file(os.path.realpath(sys.executable))
+    script = tmp_path / "job.py"
+    script.write_text(f"#!{sys.executable}\nprint()\n")
+    assert python_runtimes(sys.executable) == [ours]
+    assert python_runtimes(str(script)) == [ours]
+    assert python_runtimes("/bin/sh") == []
+    mapped = [Mapping(0x1000, 0x2000, 0, "/opt/py/lib/libpython3.12.so.1.0", False),
+              Mapping(0x3000, 0x4000, 0, "/opt/py/bin/python3.12", False)]
+    assert python_runtimes(None, [mapped, []]) == ["/opt/py/lib/libpython3.12.so.1.0"]

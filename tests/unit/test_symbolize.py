@@ -273,3 +273,28 @@ def test_replaced_binary_is_reread(tmp_path, run):
     os.replace(replacement, exe)
     frame = symbolizer.resolve(maps, [leaf])[0]
     assert (frame.function, frame.module) == (UNKNOWN, "prog")
+
+
+def test_symbols_read_ahead_are_not_read_again(monkeypatch, tmp_path):
+    """SymbolPrewarm reads each file once, on its thread; afterwards the symbolizer finds it
+    cached, and a file it could not read stays 'no symbols' (None) without a retry."""
+    import memprof.sources.symbolize as symbolize
+    reads = []
+    real = symbolize.ElfSymbols
+
+    def counting(path):
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(symbolize, "ElfSymbols", counting)
+    libc = os.path.realpath(next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)))
+    garbage = tmp_path / "not-elf.so"
+    garbage.write_bytes(b"not an ELF file")
+    user = UserSymbolizer()
+    ahead = symbolize.SymbolPrewarm(user, [libc, str(garbage)])
+    ahead.wait()
+    assert reads == [libc, str(garbage)]
+    table = user.symbols_for(libc)
+    assert table is not None and user.symbols_for(str(garbage)) is None
+    assert reads == [libc, str(garbage)]  # nothing read twice
+
