@@ -117,6 +117,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     command runs as the invoking user, who also owns the recording. Signals are passed on to
     the command, and memprof exits with its exit status. Recording stops when the command's
     process tree has exited, at --duration, or on Ctrl-C; each finalizes the recording.
+    memprof's own threads run at SCHED_BATCH once it records: they never preempt the command.
     """
     from memprof.cli import console
     from memprof.cli.status import StatusLine
