@@ -105,8 +105,8 @@ class StackInterner:
 
     def drain_tables(self) -> tuple[dict, dict]:
         """Symbolize chains interned since the last call: (stacks columns, frames columns).
-        The stacks columns are int64 numpy arrays (a recording of `import torch` emits over a
-        million rows; Python lists of them cost the recorder ~0.3 s of a flush)."""
+        The stacks columns are int64 numpy arrays: a recording of `import torch` emits over a
+        million rows."""
         # Parts shared by many chains (one native stack under many Python stacks) are
         # symbolized once per batch: maps can change between batches, not within one.
         self._batch = {}

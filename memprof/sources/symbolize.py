@@ -17,6 +17,7 @@ scope here: the frames table keeps them nullable (DESIGN.md §3).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -283,7 +284,6 @@ class SymbolPrewarm:
     kernel stack, and dropped by name) only once they are loaded."""
 
     def __init__(self, user: UserSymbolizer, paths: Sequence[str]):
-        import threading
         self.user = user
         self._thread = threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols", daemon=True)
         self._thread.start()
