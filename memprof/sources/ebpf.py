@@ -218,11 +218,13 @@ class EbpfSource:
 
     def _prewarm_paths(self, known: dict[str, list[str]], pids: list[int]) -> list[str]:
         """The files whose symbols nearly every chain of a PyTorch job needs: torch's main
-        libraries (beside each libc10 found), the Python runtime (the command's, or the one
-        mapped by a process attached to), and libc."""
+        libraries (beside each libc10 found, or mapped by a process attached to), the Python
+        runtime (the command's, or the one such a process maps), and libc."""
+        attached = [_current_maps(pid) for pid in pids]
         paths = [os.path.join(os.path.dirname(libc10), name)
                  for libc10 in known.get("torch", []) for name in _TORCH_SYMBOL_FILES]
-        paths += python_runtimes(self.command_path, [_current_maps(pid) for pid in pids])
+        paths += [m.path for maps in attached for m in maps if os.path.basename(m.path) in _TORCH_SYMBOL_FILES]
+        paths += python_runtimes(self.command_path, attached)
         paths += U.libc_paths()
         return [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
 

@@ -40,3 +40,30 @@ def test_the_interpreter_outside_that_environment_does_not_see_it(venv_with_torc
 
 def test_a_command_that_is_not_python_gets_no_site_packages(venv_with_torch_lib):
     assert find_known_libraries("/bin/true", environ={})["torch"] == []
+
+
+def test_symbols_read_ahead_for_a_command_and_for_a_process_attached_to():
+    """What SymbolPrewarm reads while bcc compiles: torch's main libraries and the Python
+    runtime — found in the command's environment for `record -- CMD`, in the process's
+    mappings for `record --pid` — and libc."""
+    import os
+
+    import torch
+
+    from memprof.sources.ebpf import EbpfSource
+    from memprof.sources.pyinterp import runtime_file
+    from memprof.sources.uprobes import libc_paths
+    torch_lib = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    wanted = {os.path.join(torch_lib, name) for name in ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")}
+    wanted |= {runtime_file(os.path.realpath(sys.executable)), *libc_paths()}
+
+    command = EbpfSource(command_path=sys.executable)
+    assert set(command._prewarm_paths(command._known_libraries(), [])) == wanted
+
+    with subprocess.Popen([sys.executable, "-c", "import torch, sys; print(flush=True); sys.stdin.read()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as process:
+        process.stdout.readline()  # torch is imported: its libraries are mapped
+        attached = EbpfSource(command_path=None)
+        paths = attached._prewarm_paths(attached._known_libraries(), [process.pid])
+        process.stdin.close()
+    assert set(paths) == wanted
