@@ -30,7 +30,8 @@ the Python frames adds per event.
 --start-wait MS makes train.py wait MS milliseconds between its imports and its loop, in
 every run (default 0: the loop starts at once). With a wait, the recorder has worked through
 what the imports allocated (import torch: ~10,800 distinct Python stacks to resolve) before
-the loop starts, instead of while it runs on the other CPU.
+the loop starts, instead of while it runs on the other CPU. (It did not move the ratio
+measurably: see bench/RESULTS.md, where flushing only at the end did not either.)
 
 memray is installed into this Python's environment (pip install memray) when missing.
 """

@@ -217,9 +217,13 @@ class Session:
             events["seq"] = range(self._seq, self._seq + rows)
             self._seq += rows
             self.writer.append("events", events)
+        self._append_chains(stacks, frames)
+
+    def _append_chains(self, stacks: dict, frames: dict) -> None:
+        """New rows of the stacks and frames tables, from a source's interner (either may be empty)."""
         if len(stacks["stack_id"]):
             self.writer.append("stacks", stacks)
-        if frames["frame_id"]:
+        if len(frames["frame_id"]):
             self.writer.append("frames", frames)
 
     def _abandon(self, why: str) -> None:
@@ -344,11 +348,7 @@ class Session:
         if samples["ts_ns"]:
             self.writer.append("samples", samples)
         self._ingest_agent()
-        stacks, frames = self.source.drain_stack_tables()
-        if len(stacks["stack_id"]):
-            self.writer.append("stacks", stacks)
-        if frames["frame_id"]:
-            self.writer.append("frames", frames)
+        self._append_chains(*self.source.drain_stack_tables())
         meta = self.writer.meta
         meta.sources[self.source.name] = self.source.update_stats()
         meta.sources["samplers"] = self.sampler.stats()

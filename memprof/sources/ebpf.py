@@ -13,7 +13,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from memprof.errors import SourceUnavailableError
+from memprof.errors import NoPrivilegeError, SourceUnavailableError
 from memprof.model import Action, Layer, SourceStats
 from memprof.model.schema import Mark
 from memprof.sources import kmem as K
@@ -515,6 +515,6 @@ def _current_maps(pid: int) -> list:
     any other, only without symbols read ahead)."""
     try:
         text = snapshot_maps(pid)
-    except Exception:  # noqa: BLE001 — NoPrivilegeError, or anything else: only a read-ahead is lost
+    except NoPrivilegeError:
         return []
     return parse_maps(text) if text else []

@@ -129,8 +129,6 @@ class StackInterner:
         if not frames:
             return native
         python = [(self._python_frame_id(f), f.entry) for f in frames]
-        if not self._eval_ids.intersection(native):
-            return native + [fid for fid, _ in python]
         merged = merge_chain(native, python, self._eval_ids.__contains__, entry=lambda item: item[1])
         return [f if isinstance(f, int) else f[0] for f in merged]
 
