@@ -264,8 +264,11 @@ def test_attach_with_pid(tmp_path, record_attached, leaks_json):
     meta = read_meta(recording)
     assert meta["pid"] == target.pid and meta["command"] is None and meta["status"] == "complete"
     report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")
-    top = merged(report["findings"])[0]
-    assert "alloc_pipe_info" in functions(top, "kernel"), describe(report["findings"])
+    # Picked by name, as in the other tests, not as the biggest finding: CI once saw 40
+    # socket inodes of the churn reported held (33 KB, above the pipes' 29 KB) — frees the
+    # kernel ran in a softirq while one of this sandbox's PID 1 threads was current, for
+    # which raw-tracepoint programs do not run (bpf/README.md, "Missed frees", point 4).
+    top = pipe_info_finding(report)
     assert top["live_count"] == 29, describe(report["findings"])
     assert top["live_bytes"] == 29 * PIPE_BUFFER_ARRAY_BYTES
     assert top["released_at_exit"] is True  # the end is the process's exit
