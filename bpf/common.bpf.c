@@ -221,11 +221,13 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
 }
 
 /* Native stacks are sampled; the Python stack is read for every event (it is what a reused
- * native stack cannot tell apart: one C call path runs every Python function). */
-static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask)
+ * native stack cannot tell apart: one C call path runs every Python function). `site`: the
+ * kernel call site, or for page allocations (which have none) a stand-in from the order and
+ * gfp flags, see PAGE_SITE. */
+static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
 {
     e->py_stack = py_stack_id();
-    struct site_key key = {.call_site = e->call_site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
+    struct site_key key = {.call_site = site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
         struct site_stack *cached = site_stacks.lookup(&key);
         if (cached) {

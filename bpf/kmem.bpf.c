@@ -22,7 +22,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     e->call_site = call_site;
     e->size = size;
     e->requested = req;
-    fill_stacks(ctx, e, STACK_SAMPLE_MASK);
+    fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site);
     remember_addr(ptr);
     submit(e);
     py_learn_after_tp(ctx);
@@ -144,6 +144,13 @@ int mp_kmem_cache_free_nested(struct bpf_raw_tracepoint_args *ctx)
 }
 
 #define PAGE_BYTES(order) (1U << (PAGE_SHIFT_BYTES + ((order) & 31)))
+/* Page allocations have no call site. Within one syscall path (one user stack pointer) the
+ * kinds of page a kernel path takes differ in order and gfp flags: a pipe's data page is
+ * order 0 and GFP_HIGHUSER|__GFP_ACCOUNT, a new slab for the dentry cache order 2 and
+ * __GFP_RECLAIMABLE|__GFP_COMP. Keyed by those, each kind keeps its own cached stacks: with
+ * the syscall alone, a slab page inherited the pipe page's stack and was reported as a
+ * held pipe page. Never a kernel address, so never a slab call site. */
+#define PAGE_SITE(order, gfp) ((((u64)(order) & 31) << 32) | (u32)(gfp))
 
 /* mm_page_alloc(struct page *page, unsigned int order, gfp_t gfp, int migratetype) */
 int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
@@ -161,7 +168,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     e->size = PAGE_BYTES(order);
     e->requested = e->size;
     e->call_site = 0;
-    fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK);
+    fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp));
     remember_addr(page);
     submit(e);
     py_learn_after_tp(ctx);

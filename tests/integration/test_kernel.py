@@ -204,9 +204,10 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     a socket or pipe allocation that finds its cache full takes a new slab (allocate_slab:
     the slab's pages, its object-extension array), which the cache keeps or frees on its
     own schedule. Those stay within the byte thresholds but are not checked by name. At most
-    16 stray pipe/socket allocations are tolerated, one pipe's buffer ring at most (frees the
-    page tracepoints did not report; CI once saw 4 pages of one pipe's data, released at exit,
-    where 20,000 kept pipes would be 20,000 allocations and megabytes).
+    16 stray pipe/socket allocations are tolerated, one pipe's buffer ring at most (where
+    20,000 kept pipes would be 20,000 allocations and megabytes). CI twice saw order-2 slab
+    pages reported as pipe data pages (4, then 5 of 16 KiB); they had inherited a pipe page's
+    stack, which test_each_kind_of_page_keeps_its_own_stack now rules out.
     """
     recording = tmp_path / "churn.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
@@ -228,6 +229,30 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     # thousands.
     assert sum(f["live_count"] for f in named) <= 16, \
         f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}\n{[(f['confirmed'], f['chain_missed_frees']) for f in named]}"
+
+
+def test_each_kind_of_page_keeps_its_own_stack(tmp_path, run_memprof):
+    """Page allocations have no call site, so their cached stacks are keyed by the syscall's
+    user stack pointer and the page's order and gfp flags. kernel_churn's write() into each
+    new pipe takes one order-0 data page (anon_pipe_write); the same write() call sometimes
+    takes an order-2 slab page. Keyed by the syscall alone, the two shared stacks: two runs
+    attributed only 6,888 and 115 of the 20,000 pipe pages to anon_pipe_write, the rest to
+    allocate_slab (whose pages are "not a leak", so a leaked pipe page could hide there), and
+    one gave 380 slab pages to anon_pipe_write (which the control above then reported as
+    held pipe pages, up to 80 KiB of them)."""
+    from memprof.recording import open_recording
+    recording = tmp_path / "pages.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rec = open_recording(recording)
+    events = rec.events
+    pages = events[(events["layer"] == "kernel_page").to_numpy() & (events["action"] == "alloc").to_numpy()]
+    through = {sid: functions({"stack": rec.stack_frames(int(sid))}, "kernel") for sid in pages["stack_id"].dropna().unique()}
+    pipe = pages[[("anon_pipe_write" in through.get(sid, [])) for sid in pages["stack_id"]]]
+    lost = rec.meta.lost_events
+    # One data page per iteration, plus the line the workload prints into memprof's stdout pipe.
+    assert 20000 - lost <= len(pipe) <= 20002, f"{len(pipe)} pipe pages, {lost} events lost"
+    assert set(pipe["size_bytes"].astype(int)) == {4096}, pipe["size_bytes"].value_counts()
 
 
 # ---- 3. the process tree ----
