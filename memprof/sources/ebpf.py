@@ -20,6 +20,7 @@ from memprof.sources import kmem as K
 from memprof.sources import records as R
 from memprof.sources import uprobes as U
 from memprof.sources.bpfinfo import prog_stats
+from memprof.sources.bpfload import captured_stderr, is_load_failure, load_failure, load_program
 from memprof.sources.procs import ProcessTable
 from memprof.sources.python import PythonFrames, PythonOptions, python_cflags, python_runtimes
 from memprof.sources.ringbuf import RingBufferConsumer
@@ -157,11 +158,13 @@ class EbpfSource:
         src_dir = bpf_source_dir()
         text = program_text(src_dir, kmem=self.enabled("kmem"))
         cflags = [f"-I{src_dir}", *self._cflags()]
-        with _captured_stderr() as diagnostics:
+        with captured_stderr() as diagnostics:
             try:
                 return BPF(text=text, cflags=cflags)
             except Exception as e:  # bcc raises bare Exception on compile failure
                 failure = e
+        if is_load_failure(failure):  # compiled; bcc then loads the classic tracepoint programs
+            raise load_failure(failure) from failure
         first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))
         raise SourceUnavailableError(f"could not compile the eBPF probes: {first_error}",
                                      "run `memprof doctor`: bcc needs kernel headers at /lib/modules/$(uname -r)/build")
@@ -191,7 +194,7 @@ class EbpfSource:
         # tracepoints take two (main + backup), so attach through libbcc directly.
         from bcc.libbcc import lib
         for tp, fn in K.plan_attach():
-            prog = self._bpf.load_func(fn, self._bpf.RAW_TRACEPOINT)
+            prog = load_program(self._bpf, fn, self._bpf.RAW_TRACEPOINT)
             fd = lib.bpf_attach_raw_tracepoint(prog.fd, tp.encode())
             if fd < 0:
                 raise SourceUnavailableError(f"could not attach to tracepoint kmem:{tp} (error {-fd})", "run `memprof doctor`")
@@ -244,13 +247,17 @@ class EbpfSource:
             return
         self._probed.add(key)
         family = self._families()[family_name]
-        attached, missing_required, at_calls = 0, [], {}
+        attached, missing_required, at_calls, refused = 0, [], {}, []
         for probe in family.probes:
             try:
                 how = self._attach_probe(key[0], probe)
                 if how is not None:
                     at_calls[probe.symbol] = how
                 attached += 1
+            except SourceUnavailableError as e:  # the kernel refused the probe's program
+                if placed == BEFORE_START:
+                    raise  # at start-up: say so, before the command runs
+                refused.append(f"{probe.symbol}: {e}")  # mid-recording: keep recording, say which
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
                     missing_required.append(probe.symbol)
@@ -259,12 +266,15 @@ class EbpfSource:
                         "missing": missing_required, "placed": placed}
         if at_calls:
             libs[key[0]]["allocation_probes"] = at_calls
+        if refused:
+            libs[key[0]]["refused"] = refused
 
     def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
         """Attach one probe where U.places() says; returns how an allocator with a call-site
         alternative was probed, in words (None for the others)."""
         found, how = U.places(path, probe, self.options.alloc_probes)
         for place in found:
+            load_program(self._bpf, place.program, self._bpf.KPROBE)  # typed error; bcc caches it for the attach
             attach_place(self._bpf, path, probe.symbol, place)
         return how
 
@@ -487,27 +497,6 @@ def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
 def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
     """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
     return pd.arrays.IntegerArray(values.astype(np.int64), null_mask.astype(bool))
-
-
-class _captured_stderr:
-    """Clang, inside bcc, writes diagnostics to fd 2 (header warnings on every compile);
-    keep them off the user's terminal and show them only when compilation fails."""
-
-    def __enter__(self):
-        import tempfile
-        self._file = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._file.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc):
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        return False
-
-    def text(self) -> str:
-        self._file.seek(0)
-        return self._file.read().decode(errors="replace")
 
 
 def _current_maps(pid: int) -> list:

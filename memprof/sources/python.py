@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from memprof.sources import pylines
+from memprof.sources.bpfload import load_program
 from memprof.sources.records import CNT_PY_RELEARNED
 from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
 from memprof.sources.symbolize import Mapping
@@ -83,7 +84,7 @@ class PythonFrames:
         from bcc import BPF
         for array, fn, kind in (("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT),
                                 ("py_learn_up", "mp_py_learn_up", BPF.KPROBE)):
-            prog = self.bpf.load_func(fn, kind)
+            prog = load_program(self.bpf, fn, kind)
             self.bpf[array][ctypes.c_int(0)] = ctypes.c_int(prog.fd)
 
     # ---- processes ----

@@ -1,0 +1,99 @@
+"""A BPF program the kernel refuses gets a typed error with the remedy that fits, and is never
+mistaken for a uprobe symbol the library lacks (bcc raises a bare Exception for both)."""
+from __future__ import annotations
+
+import pytest
+
+from memprof.errors import SourceUnavailableError
+from memprof.sources.bpfload import load_program
+
+INTERRUPTED = "Failed to load BPF program b'mp_kmalloc': Resource temporarily unavailable"
+REFUSED = "Failed to load BPF program b'mp_kmalloc': Permission denied"
+NO_SYMBOL = "could not determine address of symbol b'malloc' in b'/lib/x86_64-linux-gnu/libc.so.6'"
+
+
+class RefusingBpf:
+    """bcc's BPF, as far as loading and attaching uprobes go, failing with `message`."""
+
+    KPROBE = 2
+
+    def __init__(self, message: str):
+        self.message = message
+        self.attempts = 0
+
+    def load_func(self, name, kind):
+        self.attempts += 1
+        raise Exception(self.message)
+
+    def attach_uprobe(self, **kwargs):
+        raise Exception(self.message)
+
+    attach_uretprobe = attach_uprobe
+
+
+def test_an_interrupted_load_says_what_stops_memprof():
+    with pytest.raises(SourceUnavailableError) as caught:
+        load_program(RefusingBpf(INTERRUPTED), "mp_kmalloc", RefusingBpf.KPROBE)
+    assert "kept interrupting" in str(caught.value) and "mp_kmalloc" in str(caught.value)
+    assert "py-spy without --nonblocking" in caught.value.hint
+
+
+def test_a_refused_program_points_to_doctor():
+    with pytest.raises(SourceUnavailableError) as caught:
+        load_program(RefusingBpf(REFUSED), "mp_kmalloc", RefusingBpf.KPROBE)
+    assert "refused" in str(caught.value) and "Permission denied" in str(caught.value)
+    assert "memprof doctor" in caught.value.hint
+
+
+def test_other_bcc_errors_pass_through_unchanged():
+    with pytest.raises(Exception, match="Unknown program") as caught:
+        load_program(RefusingBpf("Unknown program b'nope'"), "nope", RefusingBpf.KPROBE)
+    assert not isinstance(caught.value, SourceUnavailableError)
+
+
+def _libc_source(message: str):
+    from memprof.sources.ebpf import EbpfOptions, EbpfSource
+    from memprof.sources.uprobes import libc_paths
+    source = EbpfSource(EbpfOptions(families=("native",)))
+    source._bpf = RefusingBpf(message)
+    return source, libc_paths()[0]
+
+
+def test_a_library_probed_at_start_up_fails_the_start_when_its_program_is_refused():
+    from memprof.sources.ebpf import BEFORE_START
+    source, libc = _libc_source(INTERRUPTED)
+    with pytest.raises(SourceUnavailableError, match="kept interrupting"):
+        source._probe_library(libc, "native", BEFORE_START)
+
+
+def test_a_library_mapped_mid_recording_notes_the_refusal_and_names_no_symbol_missing():
+    from memprof.sources.ebpf import ON_MAPPING
+    source, libc = _libc_source(INTERRUPTED)
+    source._probe_library(libc, "native", ON_MAPPING)
+    (entry,) = source.stats.detail["uprobes"].values()
+    assert entry["missing"] == [] and entry["probes"] == 0
+    assert entry["refused"] and all("Resource temporarily unavailable" in r for r in entry["refused"])
+
+
+def test_a_symbol_the_library_lacks_is_still_reported_missing():
+    from memprof.sources.ebpf import ON_MAPPING
+    source, libc = _libc_source(NO_SYMBOL)
+    source._probe_library(libc, "native", ON_MAPPING)
+    (entry,) = source.stats.detail["uprobes"].values()
+    assert "malloc" in entry["missing"] and "refused" not in entry
+
+
+class LoggingBpf(RefusingBpf):
+    """Fails like bcc does: the verifier's log written to fd 2 first."""
+
+    def load_func(self, name, kind):
+        import os
+        os.write(2, b"bpf: Failed to load program\n0: R1=ctx() R10=fp0\n")
+        raise Exception(self.message)
+
+
+@pytest.mark.parametrize("message, log_shown", [(REFUSED, True), (INTERRUPTED, False)], ids=["refused", "interrupted"])
+def test_the_verifiers_log_is_shown_for_a_refusal_only(capfd, message, log_shown):
+    with pytest.raises(SourceUnavailableError):
+        load_program(LoggingBpf(message), "mp_kmalloc", RefusingBpf.KPROBE)
+    assert ("R1=ctx()" in capfd.readouterr().err) is log_shown
