@@ -40,10 +40,21 @@ def recording_notes(meta: RecordingMeta) -> list[str]:
             notes.append(f"{name}: one slab allocation in {stats.stack_sample_every} (pages: one in "
                          f"{stats.detail.get('page_stack_sample_every', 1)}, user-space allocators: one in "
                          f"{stats.detail.get('user_stack_sample_every', 1)}) took its own native stack; the others "
-                         "share the latest one taken at the same call site and stack depth (record --stack-every 1, "
-                         "--user-stack-every 1 for all); Python frames are read for every allocation")
+                         "share the latest one taken at the same call site (pages: of the same order and gfp flags) "
+                         "and stack depth (record --stack-every 1, --user-stack-every 1 for all); Python frames are "
+                         "read for every allocation")
+        notes += _refused_notes(name, stats.detail.get("uprobes") or {})
         notes += _python_notes(name, stats.detail.get("python") or {})
     return notes
+
+
+def _refused_notes(name: str, uprobes: dict) -> list[str]:
+    """Libraries mapped while recording whose probe programs the kernel refused: their
+    allocations through those probes are not in the recording."""
+    return [f"{name}: the kernel refused the probes of {', '.join(r.split(':', 1)[0] for r in lib['refused'])} in "
+            f"{path} ({lib['refused'][0].split(': ', 1)[-1]}); its {lib.get('layer', 'user-space')} allocations through "
+            "them are not recorded"
+            for path, lib in sorted(uprobes.items()) if lib.get("refused")]
 
 
 def _python_notes(name: str, python: dict) -> list[str]:

@@ -97,3 +97,14 @@ def test_the_verifiers_log_is_shown_for_a_refusal_only(capfd, message, log_shown
     with pytest.raises(SourceUnavailableError):
         load_program(LoggingBpf(message), "mp_kmalloc", RefusingBpf.KPROBE)
     assert ("R1=ctx()" in capfd.readouterr().err) is log_shown
+
+
+def test_every_report_notes_a_library_whose_probes_were_refused():
+    from memprof.analysis.loss import recording_notes
+    from memprof.model import RecordingMeta, SourceStats
+    from memprof.sources.ebpf import ON_MAPPING
+    source, libc = _libc_source(INTERRUPTED)
+    source._probe_library(libc, "native", ON_MAPPING)
+    notes = [n for n in recording_notes(RecordingMeta(sources={"ebpf": source.stats})) if "refused" in n]
+    assert len(notes) == 1, notes
+    assert f"in {libc}" in notes[0] and "malloc" in notes[0] and "native_heap allocations" in notes[0], notes[0]
