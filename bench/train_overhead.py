@@ -94,11 +94,12 @@ class EmptyProbes:
         sys.path.insert(0, str(ROOT))
         from bcc import BPF
         from memprof.sources import uprobes as U
-        from memprof.sources.ebpf import _captured_stderr, attach_place  # _captured: clang's header warnings
+        from memprof.sources.bpfload import captured_stderr  # clang's header warnings
+        from memprof.sources.ebpf import attach_place
         libraries = U.find_known_libraries(sys.executable)["torch"]
         if not libraries:
             raise RuntimeError("no libc10.so in this Python's torch")
-        with _captured_stderr():
+        with captured_stderr():
             self.bpf = BPF(text="int empty(void *ctx) { return 0; }")
         for probe in U.TORCH.probes:
             for place in U.places(libraries[0], probe)[0]:

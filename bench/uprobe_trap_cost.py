@@ -70,8 +70,8 @@ def call_offset(binary: Path) -> int:
 
 def run_case(binary: Path, calls: int, which: int, probes, offset: int) -> float:
     from bcc import BPF
-    from memprof.sources.ebpf import _captured_stderr  # clang's header warnings, shown only on failure
-    with _captured_stderr():
+    from memprof.sources.bpfload import captured_stderr  # clang's header warnings, kept off the terminal
+    with captured_stderr():
         bpf = BPF(text=BPF_TEXT) if probes else None
     for kind, symbol, at in probes:
         sym_off = offset if at == "call" else at
