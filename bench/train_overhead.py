@@ -1,6 +1,7 @@
 """Overhead of `memprof record` on examples/train.py (a PyTorch CPU training loop), against memray.
 
-Runs, alternately and REPEATS times each: the loop alone, the loop with empty uprobes where
+Runs, alternately and REPEATS times each: the loop alone, the loop alone again (control: its
+"ratio" is what this host's noise alone reads in this run), the loop with empty uprobes where
 memprof probes libc10 (empty-probes: what the traps alone cost here), under `memprof record -q` (default
 sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda; Python
 frames read in BPF at every event), under `memprof record -q --no-python-frames`
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "empty-probes", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
+RUNS = ("baseline", "control", "empty-probes", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 
@@ -125,6 +126,7 @@ def ensure_memray() -> str | None:
 def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
     return {
         "baseline": [sys.executable, *workload],
+        "control": [sys.executable, *workload],  # unprofiled again: its ratio is this run's noise
         "empty-probes": [sys.executable, *workload],
         "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
         "memprof-entryret": [*MEMPROF, "record", "-q", "--alloc-probes", "entry-return",

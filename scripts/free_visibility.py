@@ -18,7 +18,7 @@ it stops), so a thread's shortfall is never an artefact of the windows. A shortf
 than the main program's recursion misses of the whole round is, at least in part, events
 the kernel neither ran the program for nor counted as skipped.
 
-Tracing settings it changes (buffer size, the event's enable) are put back on exit.
+Tracing settings it changes (buffer size, tracing_on, the event's enable) are put back on exit.
 """
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def ftrace_event(buffer_kb: int):
     state are restored then."""
     counts: collections.Counter = collections.Counter()
     saved_kb = (TRACEFS / "buffer_size_kb").read_text().split()[0]
+    saved_on = (TRACEFS / "tracing_on").read_text().strip()
     (TRACEFS / "tracing_on").write_text("0")
     (TRACEFS / "trace").write_text("")
     (TRACEFS / "buffer_size_kb").write_text(str(buffer_kb))
@@ -83,6 +84,7 @@ def ftrace_event(buffer_kb: int):
         (EVENT / "enable").write_text("0")
         counts.update(ftrace_counts())
         (TRACEFS / "buffer_size_kb").write_text(saved_kb)
+        (TRACEFS / "tracing_on").write_text(saved_on)
 
 
 def ftrace_counts() -> collections.Counter:
