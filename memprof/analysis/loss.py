@@ -49,10 +49,10 @@ def recording_notes(meta: RecordingMeta) -> list[str]:
 
 
 def _refused_notes(name: str, uprobes: dict) -> list[str]:
-    """Libraries mapped while recording whose probe programs the kernel refused: their
-    allocations through those probes are not in the recording."""
-    return [f"{name}: the kernel refused the probes of {', '.join(r.split(':', 1)[0] for r in lib['refused'])} in "
-            f"{path} ({lib['refused'][0].split(': ', 1)[-1]}); its {lib.get('layer', 'user-space')} allocations through "
+    """Libraries mapped while recording whose probe programs the kernel refused (`refused`:
+    symbol -> why): their allocations through those probes are not in the recording."""
+    return [f"{name}: the kernel refused the probes of {', '.join(lib['refused'])} in {path} "
+            f"({next(iter(lib['refused'].values()))}); its {lib.get('layer', 'user-space')} allocations through "
             "them are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("refused")]
 

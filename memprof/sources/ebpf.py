@@ -247,7 +247,7 @@ class EbpfSource:
             return
         self._probed.add(key)
         family = self._families()[family_name]
-        attached, missing_required, at_calls, refused = 0, [], {}, []
+        attached, missing_required, at_calls, refused = 0, [], {}, {}
         for probe in family.probes:
             try:
                 how = self._attach_probe(key[0], probe)
@@ -257,7 +257,7 @@ class EbpfSource:
             except SourceUnavailableError as e:  # the kernel refused the probe's program
                 if placed == BEFORE_START:
                     raise  # at start-up: say so, before the command runs
-                refused.append(f"{probe.symbol}: {e}")  # mid-recording: keep recording, say which
+                refused[probe.symbol] = str(e)  # mid-recording: keep recording, say which
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
                     missing_required.append(probe.symbol)
