@@ -52,7 +52,7 @@ def _refused_notes(name: str, uprobes: dict) -> list[str]:
     """Libraries mapped while recording whose probe programs the kernel refused (`refused`:
     symbol -> why): their allocations through those probes are not in the recording."""
     return [f"{name}: the kernel refused the probes of {', '.join(lib['refused'])} in {path} "
-            f"({next(iter(lib['refused'].values()))}); its {lib.get('layer', 'user-space')} allocations through "
+            f"({next(iter(lib['refused'].values()))}); its {lib['layer']} allocations through "
             "them are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("refused")]
 

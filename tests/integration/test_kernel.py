@@ -189,7 +189,14 @@ def _fd_target(pid: int, fd: str) -> str:
 
 # ---- 2. the control: churn, no leak ----
 
-def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leaks_json):
+@pytest.fixture(scope="module")
+def churn_recording(tmp_path_factory, run_memprof) -> tuple[Path, subprocess.CompletedProcess]:
+    """`record` of kernel_churn 20000, read by the control and by the page-stack test."""
+    path = tmp_path_factory.mktemp("churn") / "churn.memprof"
+    return path, run_memprof("record", "-q", "-o", path, "--", KERNEL_CHURN, "20000", cwd=path.parent)
+
+
+def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json):
     """20,000 iterations of create-and-close pipes and socketpairs (about 800,000 events).
 
     Thresholds: what may remain live at the end is the process's own address space (VMAs,
@@ -209,8 +216,7 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
     pages reported as pipe data pages (4, then 5 of 16 KiB); they had inherited a pipe page's
     stack, which test_each_kind_of_page_keeps_its_own_stack now rules out.
     """
-    recording = tmp_path / "churn.memprof"
-    result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
+    recording, result = churn_recording
     assert result.returncode == 0, result.stderr
     assert "iterations=20000" in result.stdout
 
@@ -231,7 +237,7 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(tmp_path, run_memprof, leak
         f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}\n{[(f['confirmed'], f['chain_missed_frees']) for f in named]}"
 
 
-def test_each_kind_of_page_keeps_its_own_stack(tmp_path, run_memprof):
+def test_each_kind_of_page_keeps_its_own_stack(churn_recording):
     """Page allocations have no call site, so their cached stacks are keyed by the syscall's
     user stack pointer and the page's order and gfp flags. kernel_churn's write() into each
     new pipe takes one order-0 data page (anon_pipe_write); the same write() call sometimes
@@ -241,14 +247,14 @@ def test_each_kind_of_page_keeps_its_own_stack(tmp_path, run_memprof):
     one gave 380 slab pages to anon_pipe_write (which the control above then reported as
     held pipe pages, up to 80 KiB of them)."""
     from memprof.recording import open_recording
-    recording = tmp_path / "pages.memprof"
-    result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_CHURN, "20000", cwd=tmp_path)
+    recording, result = churn_recording
     assert result.returncode == 0, result.stderr
     rec = open_recording(recording)
     events = rec.events
     pages = events[(events["layer"] == "kernel_page").to_numpy() & (events["action"] == "alloc").to_numpy()]
-    through = {sid: functions({"stack": rec.stack_frames(int(sid))}, "kernel") for sid in pages["stack_id"].dropna().unique()}
-    pipe = pages[[("anon_pipe_write" in through.get(sid, [])) for sid in pages["stack_id"]]]
+    pipe_stacks = {sid for sid in pages["stack_id"].dropna().unique()
+                   if any(f["function"] == "anon_pipe_write" for f in rec.stack_frames(int(sid)))}
+    pipe = pages[pages["stack_id"].isin(pipe_stacks).to_numpy(dtype=bool, na_value=False)]
     lost = rec.meta.lost_events
     # One data page per iteration, plus the line the workload prints into memprof's stdout pipe.
     assert 20000 - lost <= len(pipe) <= 20002, f"{len(pipe)} pipe pages, {lost} events lost"
