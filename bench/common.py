@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -36,6 +37,26 @@ def ratio_summary(ratios: list[float], bar: float) -> str:
     over = sum(r > bar for r in ratios)
     return (f"median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}, "
             f"{over} of {len(ratios)} rounds over {bar:.2f}")
+
+
+def ratio_of_medians_interval(values: list[float], base: list[float], level: float = 0.95,
+                               resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A paired bootstrap interval for median(values) / median(base), where values[i] and
+    base[i] were measured in the same round: rounds are drawn with replacement, keeping each
+    round's pair together, so slow drift of the host stays cancelled as in the rounds
+    themselves. Returns the (lower, upper) quantiles at `level`; a fixed seed makes a run's
+    printed interval reproducible from its printed per-round data."""
+    if len(values) != len(base) or len(values) < 4:
+        raise ValueError("need at least 4 paired rounds")
+    rng = random.Random(seed)
+    n = len(values)
+    ratios = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(statistics.median(values[i] for i in picks) / statistics.median(base[i] for i in picks))
+    ratios.sort()
+    tail = (1 - level) / 2
+    return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:

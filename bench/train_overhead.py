@@ -21,7 +21,11 @@ step (`step_median_s=`, `step_p10_s=`) over the unprofiled ones, which the host'
 interference moves less than the loop.
 
     sudo .venv/bin/python bench/train_overhead.py [--steps S] [--repeats R] [--runs baseline,memprof,memprof-nopy,memray]
-                                                  [--bpf-stats] [--start-wait MS]
+                                                  [--bpf-stats] [--start-wait MS] [--json PATH]
+
+Each profiled run's line also gives a 95% interval for its loop ratio (the ratio of medians),
+from a paired bootstrap over the rounds: on a host whose noise is as large as the margin the
+bar leaves, one run's ratio says little without it. --json keeps every round's timings.
 
 --bpf-stats turns on kernel.bpf_stats_enabled for the run (it costs ~20 ns per program run
 itself, so ratios from such a run are slightly high) and prints each memprof run's mean ns
@@ -39,6 +43,7 @@ memray is installed into this Python's environment (pip install memray) when mis
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -47,7 +52,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from common import ratio_summary, read_meta, run_with_fields, sources_line  # bench/common.py
+from common import ratio_of_medians_interval, ratio_summary, read_meta, run_with_fields, sources_line  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -150,6 +155,8 @@ def main() -> None:
     ap.add_argument("--bpf-stats", action="store_true", help="count BPF program run time (kernel.bpf_stats_enabled)")
     ap.add_argument("--start-wait", type=int, default=0, metavar="MS",
                     help="train.py's wait between its imports and its loop, in every run")
+    ap.add_argument("--json", type=Path, metavar="PATH",
+                    help="also write every round's timings (seconds) there, by run, for later analysis")
     args = ap.parse_args()
     if args.bpf_stats:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
@@ -188,6 +195,8 @@ def main() -> None:
         if args.bpf_stats:
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
     report(results, skipped, metas, args)
+    if args.json:
+        args.json.write_text(json.dumps({name: [r._asdict() for r in rows] for name, rows in results.items()}, indent=1))
     if window_steps:
         inside = statistics.median(w[0] for w in window_steps)
         outside = statistics.median(w[1] for w in window_steps)
@@ -208,8 +217,10 @@ def print_paired_ratios(results) -> None:
         if name == "baseline" or len(rows) != len(base) or len(rows) < 4:
             continue
         best = min(r.loop for r in rows) / min(base)
+        low, high = ratio_of_medians_interval([r.loop for r in rows], base)
         print(f"{name} per-round loop ratio: {ratio_summary([r.loop / b for r, b in zip(rows, base)], BAR)}; "
-              f"best over best {best:.3f}")
+              f"best over best {best:.3f}; loop x (ratio of medians) 95% interval {low:.3f}-{high:.3f} "
+              f"(paired bootstrap over rounds), {'under' if high <= BAR else 'not under'} the bar")
 
 
 def print_step_ratios(results) -> None:
