@@ -16,6 +16,13 @@
 # under the 6 minutes a device session allows): every step runs under `timeout`, and set-up
 # steps are cut short to leave HELPER_MIN_S for the checks.
 #
+# GPU_CHECK_BAR_S=N (default 0: not run) adds, after the checks, about N more seconds for the
+# CPU training loop's overhead bar (issue 3 §5) on this machine's CPUs:
+# bench/train_overhead.py --runs baseline,control,empty-probes,memprof, one round per 20 s of
+# N (at least 4; a round is four runs of train.py, ~18 s on a 2-vCPU VM), stopped at N + 60 s.
+# Its output is bar.txt, its rounds bar.json. A host with many
+# cores and cheap exceptions says what the traps cost where the bar was meant to be met.
+#
 # Assumptions about the machine (none is required; what is missing is printed and skipped):
 # - root; Debian/Ubuntu-like with apt-get, or no package manager at all;
 # - maybe no network: installs are tried with short timeouts and no retries, and their
@@ -258,12 +265,32 @@ checks() {
     echo "CHECK helper: FAIL scripts/gpu_check.py exit $? (124: out of time)"
 }
 
+# The CPU loop's overhead bar, in about the seconds GPU_CHECK_BAR_S gives.
+bar() {
+  local bar_s=${GPU_CHECK_BAR_S:-0}
+  [ "$bar_s" -le 0 ] && return
+  section "overhead bar (examples/train.py on the CPU, ${bar_s}s)"
+  if [ -z "$PY" ] || [ -n "$EBPF_WHY" ]; then
+    echo "CHECK bar: SKIP ${EBPF_WHY:-no Python}"
+    return
+  fi
+  local rounds=$((bar_s / 20))
+  [ "$rounds" -lt 4 ] && rounds=4
+  CUDA_VISIBLE_DEVICES= timeout -k 5 "$((bar_s + 60))" "$PY" bench/train_overhead.py --repeats "$rounds" \
+    --runs baseline,control,empty-probes,memprof --json "$DEST/bar.json" >"$DEST/bar.txt" 2>&1
+  local rc=$?
+  cat "$DEST/bar.txt"
+  echo "CHECK bar: $([ $rc = 0 ] && echo INFO || echo "FAIL exit $rc (124: out of time)") $(grep -h '^memprof per-round' "$DEST/bar.txt" | head -1)" |
+    tee -a "$DEST/summary.txt"
+}
+
 main() {
-  echo "memprof GPU check: $ROOT -> $DEST (budget ${BUDGET_S}s)"
+  echo "memprof GPU check: $ROOT -> $DEST (budget ${BUDGET_S}s, bar ${GPU_CHECK_BAR_S:-0}s)"
   environment
   ebpf_setup
   python_setup
   checks
+  bar
   section summary
   grep -h '^CHECK' "$DEST/summary.txt" 2>/dev/null || echo "no summary.txt"
   echo "outputs: $DEST ($(du -sh "$DEST" 2>/dev/null | cut -f1)); took $((SECONDS - T0))s"
