@@ -126,6 +126,7 @@ class EbpfSource:
         if self.enabled("kmem"):
             self._attach_tracepoints()
         self._attach_known_libraries(known)
+        self._verify_programs_of_late_families()
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
         self._python = PythonFrames(self._bpf, self.options.python)
         self._python.install()
@@ -237,6 +238,25 @@ class EbpfSource:
             if self.enabled(name):
                 for path in paths:
                     self._probe_library(path, name, BEFORE_START)
+
+    def _verify_programs_of_late_families(self) -> None:
+        """Load (verify) now the programs of each enabled family none of whose libraries was
+        found before the start, so that when one appears later (torch dlopens libcuda) it is
+        probed with attach calls alone. Verifying the return program takes the kernel ~40-50 ms
+        here (it reads Python frames); an allocation the target makes meanwhile is not seen.
+        A refusal is left to the attach that needs the program, which reports it (mid-recording:
+        in meta.json and the report's notes)."""
+        probed = {family for _, family in self._probed}
+        for name, family in self._families().items():
+            if name in probed:
+                continue
+            for program in U.family_programs(family, self.options.alloc_probes):
+                with captured_stderr():  # a refusal's verifier log is shown by that attach, not twice
+                    try:
+                        self._bpf.load_func(program, self._bpf.KPROBE)  # bcc keeps it for the attach
+                    except Exception as e:  # bcc raises bare Exception
+                        if not is_load_failure(e):
+                            raise
 
     def _probe_library(self, path: str, family_name: str, placed: str) -> None:
         """Uprobes of one family on one library file (once). Missing optional symbols are

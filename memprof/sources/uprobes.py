@@ -122,6 +122,20 @@ def native_family(prefix: str = "", library: str = "libc.so") -> Family:
 FAMILIES = {"torch": TORCH, "cuda": CUDA}
 
 
+def family_programs(family: Family, alloc_probes: str = "call-site") -> tuple[str, ...]:
+    """Every BPF program `places()` may attach for `family` in some library: each probe's
+    call-site program (with `alloc_probes` "call-site"), and its entry and return programs,
+    which stand in wherever a build lacks the call site. In order, without repeats."""
+    names: list[str] = []
+    for probe in family.probes:
+        if probe.at_call is not None and alloc_probes == "call-site":
+            names.append(probe.at_call.program)
+        names.append(probe.program)
+        if probe.return_program:
+            names.append(probe.return_program)
+    return tuple(dict.fromkeys(names))
+
+
 def find_known_libraries(command_path: str | None, environ=os.environ) -> dict[str, list[str]]:
     """Library paths we can probe before the target starts: family name -> paths.
 

@@ -109,3 +109,54 @@ def test_every_report_notes_a_library_whose_probes_were_refused():
     notes = [n for n in recording_notes(RecordingMeta(sources={"ebpf": source.stats})) if "refused" in n]
     assert len(notes) == 1, notes
     assert f"in {libc}" in notes[0] and "malloc" in notes[0] and "native_heap allocations" in notes[0], notes[0]
+
+
+# ---- programs verified before the start, for libraries that appear later ----
+
+class RecordingBpf(RefusingBpf):
+    """Loads every program, remembering the order; refuses those named in `refuse`."""
+
+    def __init__(self, refuse=()):
+        super().__init__(REFUSED)
+        self.loaded: list[str] = []
+        self.refuse = set(refuse)
+
+    def load_func(self, name, kind):
+        if name in self.refuse:
+            import os
+            os.write(2, b"0: R1=ctx() R10=fp0\n")
+            raise Exception(f"Failed to load BPF program b'{name}': Permission denied")
+        self.loaded.append(name)
+
+
+def test_family_programs_are_every_program_a_library_of_the_family_may_need():
+    from memprof.sources.uprobes import CUDA, TORCH, family_programs
+    assert family_programs(TORCH) == ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu")
+    assert family_programs(TORCH, "entry-return") == ("mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu")
+    assert family_programs(CUDA) == (
+        "mp_cu_mem_alloc", "mp_cuda_return", "mp_cu_mem_alloc_pitch", "mp_cu_mem_alloc_managed",
+        "mp_cu_mem_alloc_async", "mp_cu_mem_alloc_host", "mp_cu_mem_host_alloc", "mp_cu_mem_create",
+        "mp_cu_mem_free", "mp_cu_mem_free_host")
+
+
+def test_families_with_no_library_yet_have_their_programs_verified_at_the_start():
+    """torch was probed before the start (its programs load then); cuda had no library yet:
+    its programs are loaded now, so that a libcuda dlopened later needs attach calls only."""
+    from memprof.sources.ebpf import EbpfOptions, EbpfSource
+    from memprof.sources.uprobes import CUDA, family_programs
+    source = EbpfSource(EbpfOptions(families=("torch", "cuda")))
+    source._bpf = RecordingBpf()
+    source._probed.add(("/venv/torch/lib/libc10.so", "torch"))
+    source._verify_programs_of_late_families()
+    assert source._bpf.loaded == list(family_programs(CUDA))
+
+
+def test_a_program_refused_before_the_start_is_left_to_the_attach_that_needs_it(capfd):
+    """Nothing is printed and nothing fails at the start: if libcuda appears, its attach
+    meets the refusal and notes it (test_a_library_mapped_mid_recording_notes_the_refusal…)."""
+    from memprof.sources.ebpf import EbpfOptions, EbpfSource
+    source = EbpfSource(EbpfOptions(families=("cuda",)))
+    source._bpf = RecordingBpf(refuse={"mp_cuda_return"})
+    source._verify_programs_of_late_families()
+    assert "mp_cuda_return" not in source._bpf.loaded and "mp_cu_mem_free" in source._bpf.loaded
+    assert capfd.readouterr().err == ""
