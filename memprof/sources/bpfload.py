@@ -32,10 +32,12 @@ def load_failure(error: Exception) -> SourceUnavailableError:
     return SourceUnavailableError(f"the kernel refused memprof's eBPF programs ({error})", "run `memprof doctor`")
 
 
-def load_program(bpf, name: str, kind: int):
+def load_program(bpf, name: str, kind: int, show_log: bool = True):
     """bcc's load_func; a program the kernel will not load raises SourceUnavailableError.
     When a load fails bcc prints the verifier's log to fd 2: it reaches the terminal for a
-    refusal (it says why), not for an interrupted check (the part of a check cut short)."""
+    refusal (it says why), not for an interrupted check (the part of a check cut short), and
+    never with `show_log` False (a caller that leaves the refusal to a later load of the same
+    program, which shows it)."""
     with captured_stderr() as log:
         try:
             return bpf.load_func(name, kind)
@@ -43,7 +45,7 @@ def load_program(bpf, name: str, kind: int):
             failure = e
     if not is_load_failure(failure):
         raise failure
-    if _INTERRUPTED not in str(failure):
+    if show_log and _INTERRUPTED not in str(failure):
         sys.stderr.write(log.text())
     raise load_failure(failure) from failure
 

@@ -251,12 +251,10 @@ class EbpfSource:
             if name in probed:
                 continue
             for program in U.family_programs(family, self.options.alloc_probes):
-                with captured_stderr():  # a refusal's verifier log is shown by that attach, not twice
-                    try:
-                        self._bpf.load_func(program, self._bpf.KPROBE)  # bcc keeps it for the attach
-                    except Exception as e:  # bcc raises bare Exception
-                        if not is_load_failure(e):
-                            raise
+                try:  # bcc keeps a loaded program for the attach
+                    load_program(self._bpf, program, self._bpf.KPROBE, show_log=False)
+                except SourceUnavailableError:
+                    pass  # the attach that needs it loads it again, and shows why it is refused
 
     def _probe_library(self, path: str, family_name: str, placed: str) -> None:
         """Uprobes of one family on one library file (once). Missing optional symbols are
