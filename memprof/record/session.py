@@ -97,6 +97,23 @@ def _yield_to_target() -> None:
         pass
 
 
+def _next_signal(signals: tuple[int, ...], timeout_s: float) -> signal.struct_siginfo | None:
+    """One pending signal of `signals` (all blocked), waiting up to `timeout_s` seconds for
+    it; None when none came. It may come up to `timeout_s` late.
+
+    It sleeps, then takes the signal with a zero timeout, rather than blocking in
+    sigtimedwait: CPython's sigtimedwait returns a siginfo it never filled in (si_signo 0, or
+    whatever its stack held) when a stop and continue interrupt the wait (Ctrl-Z then `fg`;
+    SIGSTOP then SIGCONT) and its timeout has run out meanwhile. memprof then passed a signal
+    nobody sent on to the command, and os.kill's EINVAL ended the recording as an internal
+    error. A zero timeout never sleeps, so no stop can interrupt it."""
+    info = signal.sigtimedwait(signals, 0)
+    if info is None:
+        time.sleep(timeout_s)
+        info = signal.sigtimedwait(signals, 0)
+    return info
+
+
 def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
     """Stop listening after the tree exited: the grace passed and frees stopped coming (or
     the most we wait passed)."""
@@ -307,7 +324,7 @@ class Session:
         and is not passed on: who sent it cannot be told there."""
         if _QUEUED_SIGNALS:
             return _QUEUED_SIGNALS.pop(0)
-        info = signal.sigtimedwait(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
+        info = _next_signal(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
         if info is None or info.si_signo == signal.SIGCHLD:
             return None
         if self.child is not None and info.si_code != _SI_KERNEL:
