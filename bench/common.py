@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import os
 import re
+import signal
 import statistics
 import subprocess
 import time
@@ -68,6 +70,33 @@ def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
     loop = loop_seconds(done.returncode, done.stdout, done.stderr)
     fields = {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(done.stdout)}
     return loop, wall, fields
+
+
+def run_paused_between(cmd: list[str], pause_at: str, resume_at: str) -> tuple[float, float, dict[str, float]]:
+    """run_with_fields(), but the process `cmd` starts (a profiler) is stopped (SIGSTOP)
+    from the output line starting with `pause_at` until the one starting with `resume_at`,
+    both printed by its workload, which keeps running: what the profiler's own work beside
+    the workload costs it is then the difference from an unpaused run. The process is
+    continued however the run ends."""
+    t0 = time.monotonic()
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith(pause_at):
+                    os.kill(proc.pid, signal.SIGSTOP)
+                elif line.startswith(resume_at):
+                    os.kill(proc.pid, signal.SIGCONT)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+        stderr = proc.stderr.read()
+        returncode = proc.wait()
+    wall = time.monotonic() - t0
+    stdout = "".join(lines)
+    loop = loop_seconds(returncode, stdout, stderr)
+    return loop, wall, {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(stdout)}
 
 
 def read_meta(recording: Path) -> dict:

@@ -5,7 +5,10 @@ Runs, alternately (each round in a rotated order) and REPEATS times each: the lo
 memprof probes libc10 (empty-probes: what the traps alone cost here), under `memprof record -q` (default
 sources: kmem, torch, cuda; the torch probes attach to libc10, cuda finds no libcuda; Python
 frames read in BPF at every event), under `memprof record -q --no-python-frames`
-(memprof-nopy), under `memprof record -q --no-agent` (memprof-noagent: the agent's step marks
+(memprof-nopy), under `memprof record -q` with the recorder stopped (SIGSTOP) from train.py's
+`pid=` to its `loop_s=` line (memprof-paused: the probes and BPF programs run, the ring buffer
+fills, but memprof's own process does nothing beside the loop; memprof / memprof-paused is
+what its decoding, symbolizing and writing on the other CPU cost the loop), under `memprof record -q --no-agent` (memprof-noagent: the agent's step marks
 cost = memprof / memprof-noagent), with a torch.profiler window over 2 of the 300 steps
 (memprof-window), with --alloc-probes entry-return (memprof-entryret: the three-trap way of
 probing c10::alloc_cpu), and under `memray run` in its default mode (Python allocators off, no
@@ -52,13 +55,13 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from common import ratio_of_medians_interval, ratio_summary, read_meta, run_with_fields, sources_line  # bench/common.py
+from common import ratio_of_medians_interval, ratio_summary, read_meta, run_paused_between, run_with_fields, sources_line  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "control", "empty-probes", "memprof", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
+RUNS = ("baseline", "control", "empty-probes", "memprof", "memprof-paused", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 
@@ -145,6 +148,7 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
         "control": [sys.executable, *workload],  # unprofiled again: its ratio is this run's noise
         "empty-probes": [sys.executable, *workload],
         "memprof": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof"), "--", sys.executable, *workload],
+        "memprof-paused": [*MEMPROF, "record", "-q", "-o", str(tmp / f"train-{i}.memprof-paused"), "--", sys.executable, *workload],
         "memprof-entryret": [*MEMPROF, "record", "-q", "--alloc-probes", "entry-return",
                              "-o", str(tmp / f"train-{i}.memprof-entryret"), "--", sys.executable, *workload],
         "memprof-nopy": [*MEMPROF, "record", "-q", "--no-python-frames", "-o", str(tmp / f"train-{i}.memprof-nopy"),
@@ -191,6 +195,8 @@ def main() -> None:
                     if name == "empty-probes":
                         with EmptyProbes():
                             loop, wall, fields = run_with_fields(cmd)
+                    elif name == "memprof-paused":
+                        loop, wall, fields = run_paused_between(cmd, "pid=", "loop_s=")
                     else:
                         loop, wall, fields = run_with_fields(cmd)
                     results[name].append(Timing(loop, wall, fields.get("step_median_s", 0.0), fields.get("step_p10_s", 0.0)))
@@ -281,6 +287,7 @@ def report(results, skipped, metas, args) -> None:
         without = statistics.median(r.loop for r in results["memprof-noagent"])
         print(f"agent (step marks) adds {with_agent / without:.3f}x to memprof's loop, bar {AGENT_BAR:.2f}x: "
               f"{'within' if with_agent / without <= AGENT_BAR else 'OVER'}")
+    print_recorder_share(results)
     for name, why in skipped.items():
         print(f"{name}: not measured ({len(results.get(name, []))} runs done): {why}")
     for name, meta in metas.items():
@@ -297,6 +304,17 @@ def report(results, skipped, metas, args) -> None:
                   f"{python.get('events_without_thread_state', 0)} events from threads without a thread state")
 
 
+
+def print_recorder_share(results) -> None:
+    """memprof over memprof-paused, round by round: what the recorder's own process (decoding,
+    symbolizing, writing, on the other CPU) costs the loop beyond its probes."""
+    running = [r.loop for r in results.get("memprof", [])]
+    paused = [r.loop for r in results.get("memprof-paused", [])]
+    if len(running) != len(paused) or len(running) < 4:
+        return
+    low, high = ratio_of_medians_interval(running, paused)
+    print(f"the recorder's own work beside the loop (memprof over memprof-paused): "
+          f"{statistics.median(running) / statistics.median(paused):.3f}x (95% interval {low:.3f}-{high:.3f})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""bench/common.py's interval for a ratio of medians: the bench's verdict on the overhead bar
-reads its upper end, so it must hold the ratio it brackets and move with the data."""
+"""bench/common.py's interval for a ratio of medians (the bench's verdict on the overhead bar
+reads its upper end, so it must hold the ratio it brackets and move with the data), and its
+runner that pauses the profiler's process for the workload's loop."""
 from __future__ import annotations
 
 import importlib.util
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -11,11 +14,16 @@ COMMON = Path(__file__).resolve().parents[2] / "bench" / "common.py"
 
 
 @pytest.fixture(scope="module")
-def interval():
+def common():
     spec = importlib.util.spec_from_file_location("bench_common", COMMON)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ratio_of_medians_interval
+    return module
+
+
+@pytest.fixture(scope="module")
+def interval(common):
+    return common.ratio_of_medians_interval
 
 
 def test_a_constant_ratio_has_no_spread(interval):
@@ -41,3 +49,27 @@ def test_too_few_or_unpaired_rounds_are_refused(interval):
         interval([1.0, 1.1, 1.2], [1.0, 1.0, 1.0])
     with pytest.raises(ValueError):
         interval([1.0] * 5, [1.0] * 4)
+
+
+# The workload, run by a shell standing in for the profiler: between its pid= and loop_s=
+# lines it reports whether its parent (the "profiler") is stopped, then after loop_s= again.
+_WORKLOAD = textwrap.dedent("""
+    import os, time
+    def parent_stopped():
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[0] == "T")
+    print("pid=", os.getpid(), flush=True)
+    time.sleep(0.3)
+    print(f"stopped_in_loop={parent_stopped()}", flush=True)
+    print("loop_s=0.25", flush=True)
+    time.sleep(0.3)
+    print(f"stopped_after={parent_stopped()}", flush=True)
+""")
+
+
+def test_the_profiler_is_stopped_for_the_loop_alone(common, tmp_path):
+    script = tmp_path / "workload.py"
+    script.write_text(_WORKLOAD)
+    loop, wall, fields = common.run_paused_between(["sh", "-c", f"{sys.executable} {script}; exit 0"], "pid=", "loop_s=")
+    assert loop == 0.25 and wall >= 0.6
+    assert (fields["stopped_in_loop"], fields["stopped_after"]) == (1, 0)
