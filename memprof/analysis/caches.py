@@ -8,6 +8,9 @@
   not the process lives: a leak of kernel objects shows in `kernel_slab`, not in the pages.
 - Page tables and memory areas (VMAs) grow with the memory a process maps and go with its
   address space: what they map shows in the other layers.
+- Kernel memory that memprof's own BPF programs take while they run in the target's context
+  (the kernel's BPF allocator refilling its per-CPU cache, in an irq_work inside one of
+  them, for the programs' per-thread storage) is memprof's, not the target's.
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
@@ -23,10 +26,13 @@ from memprof.model.schema import FrameKind, Layer
 
 _NEVER = np.iinfo(np.int64).max
 
-# Kernel functions that fill reclaimable caches (Linux 5.x–6.18 names): page cache, the
-# xarray nodes that index it, dentries, inodes of filesystems, ext4's extent-status cache.
+# Kernel functions that fill reclaimable caches (Linux 5.x–6.18 names): page cache (also the
+# block device's, where filesystems cache metadata blocks, and the buffer heads of cached
+# blocks), the xarray nodes that index it, dentries, inodes of filesystems, ext4's
+# extent-status cache.
 _KERNEL_CACHE_FUNCTIONS = re.compile(
-    r"^(__filemap_add_folio|filemap_alloc_folio\w*|filemap_add_folio|page_cache_ra_\w+|"
+    r"^(__filemap_add_folio|filemap_alloc_folio\w*|filemap_add_folio|__filemap_get_folio\w*|page_cache_ra_\w+|"
+    r"folio_alloc_buffers|alloc_buffer_head|"
     r"add_to_page_cache_lru|__page_cache_alloc|xas_alloc|xas_nomem|radix_tree_node_alloc\w*|"
     r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
 # The slab allocator taking pages for a cache of objects (Linux 5.x–6.18).
@@ -35,8 +41,14 @@ _SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page"}
 # maple tree that indexes them, anonymous-memory bookkeeping.
 _ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",
                             "__pud_alloc", "__p4d_alloc", "pgd_alloc", "_pgd_alloc",
-                            "vm_area_alloc", "vm_area_dup", "mas_alloc_nodes", "mas_preallocate", "mas_store_prealloc",
-                            "anon_vma_alloc", "anon_vma_clone", "anon_vma_fork", "__anon_vma_prepare"}
+                            "mm_alloc", "vm_area_alloc", "vm_area_dup", "mas_alloc_nodes", "mas_preallocate", "mas_store_prealloc",
+                            "anon_vma_alloc", "anon_vma_clone", "anon_vma_fork", "__anon_vma_prepare",
+                            # munmap's tree of the areas it detaches (6.x): freed at once, but on
+                            # 6.18 through RCU sheaves, which no kmem tracepoint sees (bpf/README.md)
+                            "mas_store_gfp", "do_vmi_align_munmap"}
+# A kernel frame of one of memprof's own BPF programs (all named mp_*): the kernel names a JIT-ed
+# program bpf_prog_<tag>_<name> in kallsyms.
+_MEMPROF_PROGRAM_FRAME = re.compile(r"^bpf_prog_[0-9a-f]+_mp_\w+$")
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
@@ -63,6 +75,15 @@ def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozense
     they follow its mappings (growing as it maps and touches memory, freed with its address
     space), and the memory they map shows in the other layers, so they are never a leak."""
     return _stacks_through(stacks, frames, _ADDRESS_SPACE_FUNCTIONS)
+
+
+def memprof_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids with a kernel frame of one of memprof's BPF programs: an allocation made
+    while memprof's program ran (module docstring), so memprof's memory, never the target's
+    leak. (The target's own allocations are recorded with stacks that start at the
+    allocator, below the tracepoint where memprof's program runs.)"""
+    kernel, names = _kernel_functions(frames)
+    return _stacks_of(stacks, kernel.loc[names.str.match(_MEMPROF_PROGRAM_FRAME).to_numpy(), "frame_id"])
 
 
 def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:

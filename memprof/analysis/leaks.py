@@ -35,7 +35,8 @@ _NEVER = np.iinfo(np.int64).max
 KINDS = ("held_at_end", "grows_per_step", "not_a_leak")
 # Why a finding has its kind: held (live at the end), grows (a rising trend over checkpoints),
 # and the reasons memory held on purpose is not a leak (see memprof.analysis.caches, trend).
-REASONS = ("held", "grows", "cached_segment", "kernel_cache", "slab_pages", "address_space", "plateau", "sawtooth")
+REASONS = ("held", "grows", "cached_segment", "kernel_cache", "slab_pages", "address_space", "memprof_own", "plateau",
+           "sawtooth")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                canonical_stack: Mapping[int, int] | None = None,
                checkpoints: Checkpoints | None = None, cache_stacks: frozenset[int] = frozenset(),
                slab_stacks: frozenset[int] = frozenset(), address_space_stacks: frozenset[int] = frozenset(),
-               confidence: float = 0.99) -> LeakResult:
+               memprof_stacks: frozenset[int] = frozenset(), confidence: float = 0.99) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
@@ -124,7 +125,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     - not_a_leak (in `not_leaks`): held on purpose — cached caching-allocator segments,
       kernel caches that outlived the process (chains in `cache_stacks`, from
       caches.kernel_cache_stacks), the slab allocator's own pages (`slab_stacks`), the
-      process's address space (`address_space_stacks`: page tables, VMAs), a sawtooth,
+      process's address space (`address_space_stacks`: page tables, VMAs), memprof's own
+      (`memprof_stacks`: what its BPF programs allocated while running), a sawtooth,
       or, when the target did not exit while recorded, a plateau; also sawtooth and plateau
       chains not held at the end, by their highest checkpoint.
 
@@ -144,7 +146,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks, slab_stacks, address_space_stacks))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks, slab_stacks, address_space_stacks,
+                                            memprof_stacks))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
@@ -210,10 +213,12 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, cache_stacks: frozenset[int],
-                  slab_stacks: frozenset[int], address_space_stacks: frozenset[int]) -> np.ndarray:
+                  slab_stacks: frozenset[int], address_space_stacks: frozenset[int],
+                  memprof_stacks: frozenset[int] = frozenset()) -> np.ndarray:
     """Per held row: "cached_segment", "kernel_cache" (a cache chain that outlived the
     process), "slab_pages" (kernel pages of the slab allocator's caches), "address_space"
-    (kernel memory of the process's address space), else "held"."""
+    (kernel memory of the process's address space), "memprof_own" (kernel memory memprof's
+    BPF programs took), else "held"."""
     reason = np.full(len(held), "held", dtype=object)
     rows = held.index.to_numpy()
     if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
@@ -227,6 +232,8 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
         reason[is_page & held["stack_id"].isin(list(slab_stacks)).to_numpy()] = "slab_pages"
     if address_space_stacks:
         reason[is_kernel & held["stack_id"].isin(list(address_space_stacks)).to_numpy()] = "address_space"
+    if memprof_stacks:
+        reason[is_kernel & held["stack_id"].isin(list(memprof_stacks)).to_numpy()] = "memprof_own"
     return reason
 
 

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import pandas as pd
 
 from memprof.analysis.attribution import Span
-from memprof.analysis.caches import address_space_stacks, kernel_cache_stacks, slab_page_stacks
+from memprof.analysis.caches import address_space_stacks, kernel_cache_stacks, memprof_stacks, slab_page_stacks
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
@@ -60,7 +60,8 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                         top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
                         checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames),
                         slab_stacks=slab_page_stacks(stacks, frames),
-                        address_space_stacks=address_space_stacks(stacks, frames), confidence=confidence)
+                        address_space_stacks=address_space_stacks(stacks, frames),
+                        memprof_stacks=memprof_stacks(stacks, frames), confidence=confidence)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     return result

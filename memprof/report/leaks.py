@@ -157,6 +157,9 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "address_space":
         return ("the process's own address space (page tables, memory areas): it grows with the memory the "
                 "process maps (shown in the other layers) and goes with it: not a leak")
+    if finding.reason == "memprof_own":
+        return ("kernel memory memprof's own BPF programs took while running in this process (the kernel's "
+                "BPF allocator refilling its cache): memprof's, not the target's: not a leak")
     if finding.reason == "kernel_cache":
         return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
                 "the kernel reclaims it under memory pressure: not a leak")
