@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import re
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,10 +78,12 @@ def run_paused_between(cmd: list[str], pause_at: str, resume_at: str) -> tuple[f
     from the output line starting with `pause_at` until the one starting with `resume_at`,
     both printed by its workload, which keeps running: what the profiler's own work beside
     the workload costs it is then the difference from an unpaused run. The process is
-    continued however the run ends."""
+    continued however the run ends. (Standard error goes to a file: a pipe read only after
+    standard output ends would stall a run that writes more than a pipe holds.)"""
     t0 = time.monotonic()
     lines = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with tempfile.TemporaryFile("w+") as err, \
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
         try:
             for line in proc.stdout:
                 lines.append(line)
@@ -91,8 +94,9 @@ def run_paused_between(cmd: list[str], pause_at: str, resume_at: str) -> tuple[f
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
-        stderr = proc.stderr.read()
         returncode = proc.wait()
+        err.seek(0)
+        stderr = err.read()
     wall = time.monotonic() - t0
     stdout = "".join(lines)
     loop = loop_seconds(returncode, stdout, stderr)

@@ -8,8 +8,9 @@ frames read in BPF at every event), under `memprof record -q --no-python-frames`
 (memprof-nopy), under `memprof record -q` with the recorder stopped (SIGSTOP) from train.py's
 `pid=` to its `loop_s=` line (memprof-paused: the probes and BPF programs run, the ring buffer
 fills, but memprof's own process does nothing beside the loop; memprof / memprof-paused is
-what its decoding, symbolizing and writing on the other CPU cost the loop), under `memprof record -q --no-agent` (memprof-noagent: the agent's step marks
-cost = memprof / memprof-noagent), with a torch.profiler window over 2 of the 300 steps
+what its decoding, symbolizing and writing on the other CPU cost the loop), under
+`memprof record -q --no-agent` (memprof-noagent: the agent's step marks cost =
+memprof / memprof-noagent), with a torch.profiler window over 2 of the 300 steps
 (memprof-window), with --alloc-probes entry-return (memprof-entryret: the three-trap way of
 probing c10::alloc_cpu), and under `memray run` in its default mode (Python allocators off, no
 native stacks). Reports the
@@ -302,7 +303,6 @@ def report(results, skipped, metas, args) -> None:
         if python.get("enabled"):
             print(f"  {name} Python frames: {python.get('frames', 0)} resolved, "
                   f"{python.get('events_without_thread_state', 0)} events from threads without a thread state")
-
 
 
 def print_recorder_share(results) -> None:

@@ -37,8 +37,8 @@ _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
 # The slab allocator taking pages for a cache of objects (Linux 5.x–6.18).
 _SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page"}
-# The process's own address space (Linux 5.x–6.18): page tables, memory areas (VMAs), the
-# maple tree that indexes them, anonymous-memory bookkeeping.
+# The process's own address space (Linux 5.x–6.18): the mm itself, page tables, memory areas
+# (VMAs), the maple tree that indexes them, anonymous-memory bookkeeping.
 _ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",
                             "__pud_alloc", "__p4d_alloc", "pgd_alloc", "_pgd_alloc",
                             "mm_alloc", "vm_area_alloc", "vm_area_dup", "mas_alloc_nodes", "mas_preallocate", "mas_store_prealloc",

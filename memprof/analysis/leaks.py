@@ -214,7 +214,7 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, cache_stacks: frozenset[int],
                   slab_stacks: frozenset[int], address_space_stacks: frozenset[int],
-                  memprof_stacks: frozenset[int] = frozenset()) -> np.ndarray:
+                  memprof_stacks: frozenset[int]) -> np.ndarray:
     """Per held row: "cached_segment", "kernel_cache" (a cache chain that outlived the
     process), "slab_pages" (kernel pages of the slab allocator's caches), "address_space"
     (kernel memory of the process's address space), "memprof_own" (kernel memory memprof's
