@@ -38,7 +38,13 @@ struct ustack_trace {
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_STACK_TRACE(stacks, STACK_ENTRIES);
 BPF_TABLE("lru_hash", u64, struct ustack_trace, ustacks, USTACK_ENTRIES);
-BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_trace, 1);
+/* The user stack being taken on this CPU; `busy` while it is (see python.bpf.c's py_scratch:
+ * an interrupt's allocation nested in the taking goes without a stack of its own). */
+struct ustack_scratch {
+    struct ustack_trace trace;
+    u32 busy;
+};
+BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_scratch, 1);
 BPF_ARRAY(tracked, u64, TRACKED_WORDS);
 BPF_ARRAY(addr_filter, u64, (1 << ADDR_BITS_LOG2) / 64);
 BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
@@ -170,12 +176,27 @@ static __always_inline int stack_sample_due(u64 mask)
 
 /* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
  * its key there, or 0 when it could not be taken. */
+static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip);
+
 static __always_inline u64 take_user_stack(void *ctx, u64 skip)
 {
     u32 zero = 0;
-    struct ustack_trace *buf = ustack_scratch.lookup(&zero);
-    if (!buf)
+    struct ustack_scratch *scratch = ustack_scratch.lookup(&zero);
+    if (!scratch)
         return 0;
+    if (scratch->busy) {
+        count(MP_CNT_SCRATCH_BUSY);
+        return 0;
+    }
+    scratch->busy = 1;
+    u64 key = hash_user_stack(&scratch->trace, ctx, skip);
+    scratch->busy = 0;
+    return key;
+}
+
+/* take_user_stack's work, with the scratch `buf` held. */
+static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip)
+{
     long bytes = bpf_get_stack(ctx, buf->ip, USTACK_DEPTH * sizeof(u64), BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
     if (bytes <= 0) {
         count(MP_CNT_STACK_FAIL);

@@ -29,7 +29,9 @@
 #define MP_CNT_PY_BAD_CODE    9  /* a frame chain led to something that is not a code object: dropped */
 #define MP_CNT_PY_MAP_FULL   10  /* py_stacks or py_codes had no room: the event has no Python frames */
 #define MP_CNT_PY_RELEARNED  11  /* a code object's address now holds another one: user space drops its cache */
-#define MP_N_COUNTERS        12
+#define MP_CNT_SCRATCH_BUSY  12  /* an event nested in another program's use of a per-CPU scratch (an
+                                  * interrupt's allocation): it went without Python frames or its own user stack */
+#define MP_N_COUNTERS        13
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */
 #define MP_TP_KFREE              0

@@ -85,6 +85,12 @@ struct py_scratch {
     u32 window_len;
     struct py_code code;
     u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
+    /* A walk or a learning is using this CPU's scratch. Programs nest: an interrupt that
+     * allocates runs a kmem program inside whichever memprof program it interrupted, on the
+     * same CPU, and its walk would overwrite the depth and frames of the one it interrupted
+     * (which would store a stack of duplicated frames under its hash). The nested event goes
+     * without Python frames instead, and is counted. */
+    u32 busy;
 };
 
 BPF_HASH(py_procs, u32, struct py_conf, 4096);
@@ -288,7 +294,10 @@ static __always_inline u32 py_lasti(struct py_conf *c, u8 *frame, u64 code)
     return lasti;
 }
 
-/* The id (hash) of the calling thread's Python stack, 0 when it has none we can read. */
+static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 tgid);
+
+/* The id (hash) of the calling thread's Python stack, 0 when it has none we can read (or
+ * when this event interrupted another's use of the scratch: see `busy`). */
 static __always_inline u64 py_stack_id(void)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -300,6 +309,19 @@ static __always_inline u64 py_stack_id(void)
     struct py_scratch *s = py_scratch.lookup(&zero);
     if (!s)
         return 0;
+    if (s->busy) {
+        count(MP_CNT_SCRATCH_BUSY);
+        return 0;
+    }
+    s->busy = 1;
+    u64 id = py_walk(c, s, tgid);
+    s->busy = 0;
+    return id;
+}
+
+/* py_stack_id's walk, with the scratch held. */
+static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 tgid)
+{
     u64 tstate = py_thread_state(c);
     if (!tstate)
         return 0;
@@ -356,14 +378,16 @@ static __always_inline int py_learn_codes(void)
     u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
     struct py_scratch *s = py_scratch.lookup(&zero);
     struct py_conf *c = py_procs.lookup(&tgid);
-    if (!s || !c || !s->learn)
+    if (!s || !c || !s->learn || s->busy) /* busy: nested in a walk or a learning (see `busy`) */
         return 0;
+    s->busy = 1;
     s->learn = 0;
     for (int i = 0; i < PY_MAX_FRAMES; i++) {
         if (i >= s->stack.depth)
             break;
         py_learn_code(c, s, tgid, s->stack.code[i & (PY_MAX_FRAMES - 1)]);
     }
+    s->busy = 0;
     return 0;
 }
 

@@ -58,6 +58,7 @@ CNT_PY_NO_THREAD = 8
 CNT_PY_BAD_CODE = 9
 CNT_PY_MAP_FULL = 10
 CNT_PY_RELEARNED = 11
+CNT_SCRATCH_BUSY = 12
 FREE_TRACEPOINTS = ("kfree", "kmem_cache_free", "mm_page_free", "mm_page_free_batched")
 
 # Why an exit mark was emitted (stored in `requested`): 0 exit_group, 1..63 a fatal
