@@ -174,10 +174,11 @@ static __always_inline int stack_sample_due(u64 mask)
     return ((*tick - 1) & mask) == 0;
 }
 
-/* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
- * its key there, or 0 when it could not be taken. */
 static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip);
 
+/* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
+ * its key there, or 0 when it could not be taken (or when this event interrupted another's
+ * taking: see `struct ustack_scratch`). */
 static __always_inline u64 take_user_stack(void *ctx, u64 skip)
 {
     u32 zero = 0;
