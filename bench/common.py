@@ -33,6 +33,11 @@ def run(cmd: list[str]) -> tuple[float, float]:
 FIELD_LINE = re.compile(r"^(\w+)=([0-9.]+)$", re.M)
 
 
+def printed_fields(stdout: str) -> dict[str, float]:
+    """Every `name=<number>` line in a workload's output, by name."""
+    return {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(stdout)}
+
+
 def ratio_summary(ratios: list[float], bar: float) -> str:
     """Per-round ratios in words: median, quartiles, range, and how many are over `bar`."""
     ratios = sorted(ratios)
@@ -69,8 +74,7 @@ def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
     loop = loop_seconds(done.returncode, done.stdout, done.stderr)
-    fields = {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(done.stdout)}
-    return loop, wall, fields
+    return loop, wall, printed_fields(done.stdout)
 
 
 def run_paused_between(cmd: list[str], pause_at: str, resume_at: str) -> tuple[float, float, dict[str, float]]:
@@ -100,7 +104,7 @@ def run_paused_between(cmd: list[str], pause_at: str, resume_at: str) -> tuple[f
     wall = time.monotonic() - t0
     stdout = "".join(lines)
     loop = loop_seconds(returncode, stdout, stderr)
-    return loop, wall, {m.group(1): float(m.group(2)) for m in FIELD_LINE.finditer(stdout)}
+    return loop, wall, printed_fields(stdout)
 
 
 def read_meta(recording: Path) -> dict:

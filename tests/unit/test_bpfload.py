@@ -2,6 +2,8 @@
 mistaken for a uprobe symbol the library lacks (bcc raises a bare Exception for both)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from memprof.errors import SourceUnavailableError
@@ -88,7 +90,6 @@ class LoggingBpf(RefusingBpf):
     """Fails like bcc does: the verifier's log written to fd 2 first."""
 
     def load_func(self, name, kind):
-        import os
         os.write(2, b"bpf: Failed to load program\n0: R1=ctx() R10=fp0\n")
         raise Exception(self.message)
 
@@ -123,7 +124,6 @@ class RecordingBpf(RefusingBpf):
 
     def load_func(self, name, kind):
         if name in self.refuse:
-            import os
             os.write(2, b"0: R1=ctx() R10=fp0\n")
             raise Exception(f"Failed to load BPF program b'{name}': Permission denied")
         self.loaded.append(name)
