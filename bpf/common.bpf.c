@@ -176,9 +176,13 @@ static __always_inline int stack_sample_due(u64 mask)
 
 static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip);
 
+/* take_user_stack() when this event interrupted another's taking (see `struct
+ * ustack_scratch`): no stack, and none to remember for the site either — the site's next
+ * event may well take one. Even, so never a key (keys are odd). */
+#define USTACK_NESTED 2ULL
+
 /* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
- * its key there, or 0 when it could not be taken (or when this event interrupted another's
- * taking: see `struct ustack_scratch`). */
+ * its key there, 0 when it could not be taken, or USTACK_NESTED. */
 static __always_inline u64 take_user_stack(void *ctx, u64 skip)
 {
     u32 zero = 0;
@@ -187,7 +191,7 @@ static __always_inline u64 take_user_stack(void *ctx, u64 skip)
         return 0;
     if (scratch->busy) {
         count(MP_CNT_SCRATCH_BUSY);
-        return 0;
+        return USTACK_NESTED;
     }
     scratch->busy = 1;
     u64 key = hash_user_stack(&scratch->trace, ctx, skip);
@@ -236,6 +240,10 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
         }
     }
     e->ustack = take_user_stack(ctx, skip);
+    if (e->ustack == USTACK_NESTED) {
+        e->ustack = 0;
+        return;
+    }
     e->flags |= MP_FLAG_STACK_SAMPLED;
     struct site_stack taken = {.kstack_id = -1, .ustack = e->ustack};
     if (site_stacks.update(&key, &taken) < 0)
@@ -260,9 +268,15 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
     }
     e->kstack_id = stacks.get_stackid(ctx, 0);
     e->ustack = take_user_stack(ctx, 0);
-    e->flags |= MP_FLAG_STACK_SAMPLED;
     if (e->kstack_id < 0)
         count(MP_CNT_STACK_FAIL);
+    if (e->ustack == USTACK_NESTED) {
+        /* Its kernel stack is its own; a site's cache holds both, so it is left as it was. */
+        e->ustack = 0;
+        e->flags |= MP_FLAG_STACK_SAMPLED;
+        return;
+    }
+    e->flags |= MP_FLAG_STACK_SAMPLED;
     struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack};
     if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
