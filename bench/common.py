@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -65,6 +66,40 @@ def ratio_of_medians_interval(values: list[float], base: list[float], level: flo
     ratios.sort()
     tail = (1 - level) / 2
     return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def pooled_ratio(runs: list[tuple[list[float], list[float]]]) -> float:
+    """Several runs' ratios of medians (each run a (values, base) pair of paired rounds, as
+    ratio_of_medians_interval takes), pooled: their geometric mean weighted by rounds. Each
+    run keeps its own baseline, so a run on a slower hour weighs as a ratio, not as seconds."""
+    if not runs:
+        raise ValueError("no runs to pool")
+    for values, base in runs:
+        if len(values) != len(base) or not values:
+            raise ValueError("each run needs paired rounds")
+    rounds = sum(len(values) for values, _ in runs)
+    logs = sum(len(values) * math.log(statistics.median(values) / statistics.median(base))
+               for values, base in runs)
+    return math.exp(logs / rounds)
+
+
+def pooled_ratio_interval(runs: list[tuple[list[float], list[float]]], level: float = 0.95,
+                          resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap interval for pooled_ratio(runs): each run's rounds are redrawn with
+    replacement, within that run and pairs kept together. What differs between the runs'
+    hours stays as measured: the interval says how well these runs pin their pooled ratio,
+    not what another hour would read."""
+    rng = random.Random(seed)
+    pooled = []
+    for _ in range(resamples):
+        drawn = []
+        for values, base in runs:
+            picks = [rng.randrange(len(values)) for _ in values]
+            drawn.append(([values[i] for i in picks], [base[i] for i in picks]))
+        pooled.append(pooled_ratio(drawn))
+    pooled.sort()
+    tail = (1 - level) / 2
+    return pooled[int(tail * resamples)], pooled[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:

@@ -73,3 +73,33 @@ def test_the_profiler_is_stopped_for_the_loop_alone(common, tmp_path):
     loop, wall, fields = common.run_paused_between(["sh", "-c", f"{sys.executable} {script}; exit 0"], "pid=", "loop_s=")
     assert loop == 0.25 and wall >= 0.6
     assert (fields["stopped_in_loop"], fields["stopped_after"]) == (1, 0)
+
+
+def test_pooling_weighs_each_runs_ratio_by_its_rounds_not_by_its_seconds(common):
+    # A slow hour (base 0.50 s, 1.20x) with 10 rounds and a quick one (base 0.25 s, 1.05x)
+    # with 30: pooled in ratios, 1.05^(3/4) * 1.20^(1/4), whatever the seconds.
+    slow_base, quick_base = [0.50] * 10, [0.25] * 30
+    runs = [([b * 1.20 for b in slow_base], slow_base), ([b * 1.05 for b in quick_base], quick_base)]
+    expected = 1.05 ** 0.75 * 1.20 ** 0.25
+    assert common.pooled_ratio(runs) == pytest.approx(expected)
+    low, high = common.pooled_ratio_interval(runs, resamples=200)
+    assert low == pytest.approx(expected) and high == pytest.approx(expected)
+
+
+def test_the_pooled_interval_holds_the_pooled_ratio_and_is_narrower_than_one_run(common):
+    base = [0.40, 0.42, 0.41, 0.43, 0.40, 0.44, 0.42, 0.41, 0.39, 0.45]
+    wobble = [1.00, 1.20, 0.95, 1.10, 1.05, 0.90, 1.15, 1.00, 1.25, 1.02]
+    one = ([b * w for b, w in zip(base, wobble)], base)
+    shifted = ([b * w for b, w in zip(base, wobble[3:] + wobble[:3])], base)
+    point = common.pooled_ratio([one, shifted])
+    low, high = common.pooled_ratio_interval([one, shifted], resamples=1000)
+    single_low, single_high = common.ratio_of_medians_interval(*one, resamples=1000)
+    assert low < point < high
+    assert high - low < single_high - single_low
+
+
+def test_pooling_refuses_unpaired_or_no_runs(common):
+    with pytest.raises(ValueError):
+        common.pooled_ratio([])
+    with pytest.raises(ValueError):
+        common.pooled_ratio([([1.0, 1.1], [1.0])])
