@@ -38,9 +38,9 @@ def main() -> int:
     for path in args.files:
         try:
             values, base = paired_loops(path, args.run, args.base)
+            low, high = ratio_of_medians_interval(values, base)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"pool_runs: cannot read {path}: {e}")
-        low, high = ratio_of_medians_interval(values, base)
+            raise SystemExit(f"pool_runs: cannot use {path}: {e}")
         print(f"{path}: {len(values)} rounds, {args.run} {pooled_ratio([(values, base)]):.3f}x "
               f"(95% interval {low:.3f}-{high:.3f})")
         runs.append((values, base))
