@@ -63,9 +63,14 @@ def ratio_of_medians_interval(values: list[float], base: list[float], level: flo
     for _ in range(resamples):
         picks = [rng.randrange(n) for _ in range(n)]
         ratios.append(statistics.median(values[i] for i in picks) / statistics.median(base[i] for i in picks))
-    ratios.sort()
+    return central_interval(ratios, level)
+
+
+def central_interval(draws: list[float], level: float) -> tuple[float, float]:
+    """The (lower, upper) quantiles holding the central `level` of a bootstrap's draws."""
+    draws = sorted(draws)
     tail = (1 - level) / 2
-    return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
+    return draws[int(tail * len(draws))], draws[min(len(draws) - 1, int((1 - tail) * len(draws)))]
 
 
 def pooled_ratio(runs: list[tuple[list[float], list[float]]]) -> float:
@@ -97,9 +102,7 @@ def pooled_ratio_interval(runs: list[tuple[list[float], list[float]]], level: fl
             picks = [rng.randrange(len(values)) for _ in values]
             drawn.append(([values[i] for i in picks], [base[i] for i in picks]))
         pooled.append(pooled_ratio(drawn))
-    pooled.sort()
-    tail = (1 - level) / 2
-    return pooled[int(tail * resamples)], pooled[min(resamples - 1, int((1 - tail) * resamples))]
+    return central_interval(pooled, level)
 
 
 def run_with_fields(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
