@@ -48,6 +48,11 @@ def ratio_summary(ratios: list[float], bar: float) -> str:
             f"{over} of {len(ratios)} rounds over {bar:.2f}")
 
 
+def ratio_of_medians(values: list[float], base: list[float]) -> float:
+    """median(values) / median(base): how a profiled run's loop compares with its baseline."""
+    return statistics.median(values) / statistics.median(base)
+
+
 def ratio_of_medians_interval(values: list[float], base: list[float], level: float = 0.95,
                                resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
     """A paired bootstrap interval for median(values) / median(base), where values[i] and
@@ -62,7 +67,7 @@ def ratio_of_medians_interval(values: list[float], base: list[float], level: flo
     ratios = []
     for _ in range(resamples):
         picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(statistics.median(values[i] for i in picks) / statistics.median(base[i] for i in picks))
+        ratios.append(ratio_of_medians([values[i] for i in picks], [base[i] for i in picks]))
     return central_interval(ratios, level)
 
 
@@ -83,8 +88,7 @@ def pooled_ratio(runs: list[tuple[list[float], list[float]]]) -> float:
         if len(values) != len(base) or not values:
             raise ValueError("each run needs paired rounds")
     rounds = sum(len(values) for values, _ in runs)
-    logs = sum(len(values) * math.log(statistics.median(values) / statistics.median(base))
-               for values, base in runs)
+    logs = sum(len(values) * math.log(ratio_of_medians(values, base)) for values, base in runs)
     return math.exp(logs / rounds)
 
 

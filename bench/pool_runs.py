@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import pooled_ratio, pooled_ratio_interval, ratio_of_medians_interval  # bench/common.py
+from common import pooled_ratio, pooled_ratio_interval, ratio_of_medians, ratio_of_medians_interval  # bench/common.py
 
 
 def paired_loops(path: Path, run: str, base: str) -> tuple[list[float], list[float]]:
@@ -41,7 +41,7 @@ def main() -> int:
             low, high = ratio_of_medians_interval(values, base)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"pool_runs: cannot use {path}: {e}")
-        print(f"{path}: {len(values)} rounds, {args.run} {pooled_ratio([(values, base)]):.3f}x "
+        print(f"{path}: {len(values)} rounds, {args.run} {ratio_of_medians(values, base):.3f}x "
               f"(95% interval {low:.3f}-{high:.3f})")
         runs.append((values, base))
     point = pooled_ratio(runs)

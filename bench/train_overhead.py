@@ -56,7 +56,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from common import ratio_of_medians_interval, ratio_summary, read_meta, run_paused_between, run_with_fields, sources_line  # bench/common.py
+from common import ratio_of_medians, ratio_of_medians_interval, ratio_summary, read_meta, run_paused_between, run_with_fields, sources_line  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -314,7 +314,7 @@ def print_recorder_share(results) -> None:
         return
     low, high = ratio_of_medians_interval(running, paused)
     print(f"the recorder's own work beside the loop (memprof over memprof-paused): "
-          f"{statistics.median(running) / statistics.median(paused):.3f}x (95% interval {low:.3f}-{high:.3f})")
+          f"{ratio_of_medians(running, paused):.3f}x (95% interval {low:.3f}-{high:.3f})")
 
 
 if __name__ == "__main__":

@@ -268,15 +268,14 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
     }
     e->kstack_id = stacks.get_stackid(ctx, 0);
     e->ustack = take_user_stack(ctx, 0);
+    e->flags |= MP_FLAG_STACK_SAMPLED;
     if (e->kstack_id < 0)
         count(MP_CNT_STACK_FAIL);
     if (e->ustack == USTACK_NESTED) {
         /* Its kernel stack is its own; a site's cache holds both, so it is left as it was. */
         e->ustack = 0;
-        e->flags |= MP_FLAG_STACK_SAMPLED;
         return;
     }
-    e->flags |= MP_FLAG_STACK_SAMPLED;
     struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack};
     if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
