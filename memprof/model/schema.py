@@ -59,6 +59,9 @@ LAYERS = [layer.value for layer in Layer]
 ACTIONS = [action.value for action in Action]
 
 _category = pa.dictionary(pa.int8(), pa.string())
+# `category` holds the user's mark labels (one per training step is common: `batch 17`), so
+# its index is int32; recordings written before held int8 indices, which readers cast up.
+_labels = pa.dictionary(pa.int32(), pa.string())
 
 EVENTS_SCHEMA = pa.schema([
     ("ts_ns", pa.int64()),
@@ -74,7 +77,7 @@ EVENTS_SCHEMA = pa.schema([
     ("stack_id", pa.int64()),
     ("alloc_id", pa.int64()),
     ("step", pa.int32()),
-    ("category", _category),
+    ("category", _labels),
     # Sampled events stand for this many (1 / the probability they were taken with); null
     # means 1. Totals weight each allocation by it, so sampled estimates stay unbiased.
     ("weight", pa.float64()),

@@ -4,8 +4,9 @@ for every part's rows, and each part's Arrow data is dropped as soon as it is co
 its pandas size (bench/analysis_speed.py measures it).
 
 Types, after the table's schema (memprof.model.schema):
-- dictionary<int8, string> → pandas Categorical (categories in first-seen order, `known`
-  first where given; a null is code -1);
+- dictionary<int8 or int32, string> → pandas Categorical (categories in first-seen order,
+  `known` first where given; a null is code -1). Codes are int16 while the categories fit,
+  int32 past 32,767 of them (a run that marks every step with its own label);
 - integers named nullable → pandas nullable Int64/Int32 (values and a mask);
 - other integers and floats → numpy arrays (a float's nulls are NaN);
 - strings → numpy object arrays (None for nulls).
@@ -56,8 +57,13 @@ class _Masked:
         return pd.arrays.IntegerArray(self.values, self.mask)  # no copy of either
 
 
+_INT16_CODES = np.iinfo(np.int16).max + 1  # categories int16 codes can name
+
+
 class _Codes:
-    """A dictionary column: int codes into categories gathered over all parts."""
+    """A dictionary column: int codes into categories gathered over all parts. The codes are
+    int16 (half the memory of int32 at 10^7 rows) until a part brings the categories past
+    32,768; then they are widened to int32 once, in place of the array."""
 
     def __init__(self, rows: int, known: Iterable[str] = ()):
         self.categories: list[str] = list(known)
@@ -68,10 +74,16 @@ class _Codes:
         for chunk in column.chunks:
             if not isinstance(chunk, pa.DictionaryArray):
                 chunk = chunk.dictionary_encode()
-            to_global = np.array([self._code(v) for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int16)
+            to_global = np.array([self._code(v) for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int64)
+            self._fit(len(self.categories))
             indices = chunk.indices.fill_null(-1).to_numpy().astype(np.int64)  # -1 picks the trailing -1
             self.codes[at:at + len(chunk)] = to_global[indices]
             at += len(chunk)
+
+    def _fit(self, categories: int) -> None:
+        """Widen the codes to int32 when `categories` no longer fit int16 codes."""
+        if categories > _INT16_CODES and self.codes.dtype == np.int16:
+            self.codes = self.codes.astype(np.int32)
 
     def _code(self, value: str) -> int:
         if value not in self.code_of:
