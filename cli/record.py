@@ -142,7 +142,8 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     )
     status = StatusLine(console.err, enabled=not quiet)
     try:
-        result = Session(request, on_status=status.update if status.enabled else None).run()
+        result = Session(request, on_status=status.update if status.enabled else None,
+                         on_notice=console.warning).run()
     finally:
         status.close()
     console.info(_summary(result))

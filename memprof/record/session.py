@@ -6,7 +6,7 @@ import os
 import platform
 import signal
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,6 +14,7 @@ from typing import Callable
 from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
+from memprof.record.asuser import Owner, UserThread
 from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
 from memprof.record.sampling import SamplerThread
@@ -24,7 +25,11 @@ from memprof.sources.pyinterp import python_file_in_maps
 from memprof.sources.procs import descendants, pid_alive, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
-FLUSH_S = 0.5          # at least one flush a second: a SIGKILL loses at most this much
+# A flush starts every FLUSH_S (or as soon as the one before it ends, when it ran longer).
+# A SIGKILL loses what came in since the data of the last completed flush was taken: up to
+# FLUSH_S plus one flush's duration, so 0.5 s while a flush takes under 0.25 s (README:
+# what was measured under load).
+FLUSH_S = 0.25
 # After the target's tree has exited, the kernel still frees what it held: deferred fput,
 # RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
 # and on while they still come in bursts (a loaded machine runs deferred work late) — until
@@ -41,7 +46,8 @@ _SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the 
 
 
 class RecordingWriteError(MemprofError):
-    """The recording could not be written (disk full, permissions)."""
+    """The recording could not be written (disk full, permissions). What was written
+    before stays readable: complete parts and the last complete meta.json."""
 
 
 @dataclass
@@ -129,9 +135,13 @@ def anchor() -> ClockAnchor:
 class Session:
     """Runs one recording. `on_status` is called about four times a second."""
 
-    def __init__(self, request: RecordRequest, on_status: Callable[[Status], None] | None = None):
+    def __init__(self, request: RecordRequest, on_status: Callable[[Status], None] | None = None,
+                 on_notice: Callable[[str], None] | None = None):
+        """`on_notice(text)` hears of trouble the moment it happens (a recording that can no
+        longer be written, while the command runs on)."""
         self.request = request
         self.on_status = on_status or (lambda s: None)
+        self.on_notice = on_notice or (lambda text: None)
         self.source = EbpfSource(request.ebpf)
         self.sampler = SamplerThread()
         # Live bytes feed only the status line: without one, save the recorder's CPU
@@ -141,8 +151,12 @@ class Session:
         self.child: GatedChild | None = None
         self.agent: AgentSource | None = None
         self.run_as = RunAs.from_sudo()
+        # Whose the recording is. Every file operation on it (create, flush, finalize, the
+        # agent's folder) runs on `files`, with that user's filesystem credentials, which
+        # is also the flush thread (docs/SECURITY.md).
+        self.owner = Owner(self.run_as.uid, self.run_as.gid, tuple(self.run_as.groups)) if self.run_as else None
+        self.files = UserThread(self.owner, name="memprof-files")
         self._seq = 0
-        self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-flush")
         self._flushing: Future | None = None
         self._interrupted = False
         self._stop_requested = False
@@ -163,8 +177,10 @@ class Session:
         return self._record_pid(req.pid)
 
     def _check_output_free(self) -> None:
+        """Before anything starts: an existing -o path needs --force (checked as the user:
+        root does not tell the user what exists where they cannot look)."""
         out = self.request.output
-        if out is not None and os.path.lexists(out) and not self.request.force:
+        if out is not None and self.files.run(os.path.lexists, out) and not self.request.force:
             raise UsageError(f"{out} exists", "choose another -o path, or pass --force to overwrite it")
 
     @staticmethod
@@ -247,7 +263,7 @@ class Session:
         """Finalize a recording that never began (so no half-written one is left behind)."""
         self.source.stop()
         self.writer.meta.notes.append(why)
-        self.writer.finalize(time.monotonic_ns())
+        self.files.run(self.writer.finalize, time.monotonic_ns())
 
     def _record_pid(self, pid: int) -> RecordResult:
         tree = descendants(pid)
@@ -260,25 +276,28 @@ class Session:
     def _open_writer(self, name: str, pid: int) -> None:
         from memprof.recording.writer import RecordingWriter
         req = self.request
-        out = req.output or default_output(name, pid)
+        # Absolute: the agent's folder inside it goes on the command's PYTHONPATH, and a
+        # relative entry there would follow the command into any folder it changes to.
+        out = Path(os.path.abspath(req.output or default_output(name, pid)))
         meta = RecordingMeta(
             memprof_version=__version__, command=req.command, pid=pid, host=platform.node(),
             kernel=platform.release(), start_ns=time.monotonic_ns(), clock_anchors=[anchor()],
             sources={self.source.name: self.source.stats},
         )
-        self.writer = RecordingWriter(out, meta, force=req.force)
-        if self.run_as is not None:
-            self.writer.chown(self.run_as.uid, self.run_as.gid)
+        owner_uid = self.owner.uid if self.owner else os.geteuid()
+        self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:
-        _yield_to_target()  # before the sampler and flush threads start: they inherit it
+        _yield_to_target()  # before the sampler thread starts: it inherits it
+        self.files.run(_yield_to_target)  # the file thread runs already
         self.sampler.pids = (root,)
         self.sampler.start()
         start = time.monotonic()
         deadline = start + self.request.duration_s if self.request.duration_s else None
         next_flush = next_status = start
         tree_gone_at = None
+        write_error = None
         try:
             last_event = start
             while True:
@@ -297,9 +316,16 @@ class Session:
                     tree_gone_at = now
                 if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_event):
                     break
+        except RecordingWriteError as e:
+            write_error = e
+            self.on_notice(f"{e.message}; recording stopped, the command runs on and memprof waits for it")
         finally:
-            self._finish()
+            write_error = self._finish() or write_error
         status = self._wait_child_after_recording()
+        self._keep_exit_status(status)
+        self.files.close()
+        if write_error is not None:
+            raise write_error
         meta = self.writer.meta
         return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events, self._interrupted)
 
@@ -355,7 +381,7 @@ class Session:
                 return False
             self._collect_flush()
         self._prepare_flush()
-        self._flushing = self._flusher.submit(self.writer.flush)
+        self._flushing = self.files.submit(self.writer.flush)
         return True
 
     def _prepare_flush(self) -> None:
@@ -380,8 +406,7 @@ class Session:
         try:
             future.result()
         except OSError as e:
-            raise RecordingWriteError(f"cannot write the recording {self.writer.path}: {e.strerror or e}",
-                                      "free disk space or choose another -o path; parts written so far are kept") from e
+            raise _write_error(self.writer.path, e) from e
 
     def _report_status(self, elapsed: float) -> None:
         events = self.source.stats.events
@@ -389,16 +414,20 @@ class Session:
         live = dict(self.live.bytes_by_layer) if self.live is not None else {}
         self.on_status(Status(elapsed, events, rate, live, self.source.stats.lost, self.writer.path))
 
-    def _finish(self) -> None:
-        """Whatever stopped us (tree exited, duration, Ctrl-C, an error): finalize."""
+    def _finish(self) -> RecordingWriteError | None:
+        """Whatever stopped us (tree exited, duration, Ctrl-C, an error): finalize. A write
+        error (disk full) is returned, not raised: the command must still be waited for, and
+        the recording on disk stays readable up to its last complete part."""
+        error = None
         try:
             if self._flushing is not None:
                 self._collect_flush()
             self.sampler.stop()
             self._ingest()
             self._prepare_flush()
+        except RecordingWriteError as e:
+            error = e
         finally:
-            self._flusher.shutdown(wait=True)
             meta = self.writer.meta
             meta.end_ns = time.monotonic_ns()
             meta.clock_anchors.append(anchor())
@@ -407,9 +436,22 @@ class Session:
             if self._interrupted:
                 meta.notes.append("recording stopped by a signal (Ctrl-C)")
             self.source.stop()
-            self.writer.finalize(meta.end_ns)
-            if self.run_as is not None:
-                self.writer.chown(self.run_as.uid, self.run_as.gid)
+            try:
+                self.files.run(self.writer.finalize, meta.end_ns)
+            except OSError as e:
+                error = error or _write_error(self.writer.path, e)
+        return error
+
+    def _keep_exit_status(self, status: int | None) -> None:
+        """The command's exit status, known only once it was waited for (after a Ctrl-C it
+        is still exiting when the recording is finalized), into meta.json."""
+        if status is None or status == self.writer.meta.exit_status or not self.writer.finalized:
+            return
+        self.writer.meta.exit_status = status
+        try:
+            self.files.run(self.writer.rewrite_meta)
+        except OSError as e:
+            self.on_notice(f"could not write the command's exit status {status} into {self.writer.path}: {e.strerror or e}")
 
     def _wait_child_after_recording(self) -> int | None:
         """The recording is safe on disk; a command still running is the user's job: wait for it."""
@@ -420,6 +462,11 @@ class Session:
                 self._take_signal(0.2)
         return self.child.status
 
+
+
+def _write_error(path: Path, e: OSError) -> RecordingWriteError:
+    return RecordingWriteError(f"cannot write the recording {path}: {e.strerror or e}",
+                               "free disk space or choose another -o path; what was written so far is kept and opens")
 
 
 # Signals a thread other than the main one was handed while _BlockedSignals was in force

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Mapping
@@ -56,7 +57,14 @@ class RecordingWriter:
     `flush()`.
     """
 
-    def __init__(self, path: Path | str, meta: RecordingMeta, *, force: bool = False):
+    def __init__(self, path: Path | str, meta: RecordingMeta, *, force: bool = False, owner_uid: int | None = None):
+        """`force` replaces an existing recording at `path`, and only that: a folder holding a
+        memprof meta.json and owned by `owner_uid` (default: this process's euid). A file, a
+        symlink or any other folder is refused (UsageError).
+
+        Under a root recorder, construct, flush and finalize the writer on the recording
+        owner's `memprof.record.asuser.UserThread`: every path is then checked, and every file
+        created, as that user's (docs/SECURITY.md)."""
         self.path = Path(path)
         self.meta = meta
         self._buffers: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
@@ -64,7 +72,7 @@ class RecordingWriter:
         self._lock = threading.Lock()        # guards the buffers and the finalized flag
         self._write_lock = threading.Lock()  # one writer of parts and meta.json at a time
         self._finalized = False
-        _clear_path(self.path, force)
+        _clear_path(self.path, force, os.geteuid() if owner_uid is None else owner_uid)
         _create_dirs(self.path)
         self._write_meta()
 
@@ -115,18 +123,22 @@ class RecordingWriter:
                     return
                 if end_ns is not None:
                     self.meta.end_ns = end_ns
-                self.meta.status = "complete"
+                status, self.meta.status = self.meta.status, "complete"
                 pending = self._take_buffers()
-            self._write(pending)
+            try:
+                self._write(pending)
+            except BaseException:
+                self.meta.status = status  # not complete on disk: meta.json must not say so later
+                raise
             with self._lock:
                 self._finalized = True
 
-    def chown(self, uid: int, gid: int) -> None:
-        """Give the recording to `uid`:`gid` (a recording made under sudo belongs to the invoking user)."""
-        os.chown(self.path, uid, gid, follow_symlinks=False)
-        for root, dirs, files in os.walk(self.path):
-            for name in dirs + files:
-                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    def rewrite_meta(self) -> None:
+        """Write meta.json again, after finalize() too: what is known only later (the
+        command's exit status, once it has been waited for) still reaches the recording.
+        Raises OSError as flush() does."""
+        with self._write_lock:
+            self._write_meta()
 
     def _check_open(self) -> None:
         if self._finalized:
@@ -163,36 +175,73 @@ class RecordingWriter:
         folder = self.path / table_name
         final = folder / part_name(self._parts[table_name])
         tmp = folder / f".{final.name}.tmp"
-        pq.write_table(table, tmp, compression=COMPRESSION)
-        _fsync_file(tmp)
+        with _create_exclusive(tmp) as f:
+            pq.write_table(table, f, compression=COMPRESSION)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(folder)
         self._parts[table_name] += 1
 
     def _write_meta(self) -> None:
         tmp = self.path / f".{META_NAME}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.meta.to_dict(), f, indent=2)
-            f.write("\n")
+        text = json.dumps(self.meta.to_dict(), indent=2) + "\n"
+        with _create_exclusive(tmp) as f:
+            f.write(text.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path / META_NAME)
 
 
-def _clear_path(path: Path, force: bool) -> None:
-    """Make room for a new recording at `path`, removing an old one only with `force`."""
-    if not os.path.lexists(path):
+def _clear_path(path: Path, force: bool, owner_uid: int) -> None:
+    """Make room for a new recording at `path`: with `force`, remove an old recording owned
+    by `owner_uid`; refuse anything else (a file, a symlink, someone else's folder, a folder
+    that is not a recording), so that --force can never delete what memprof did not make."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
         return
+    except OSError as e:
+        raise UsageError(f"cannot create {path}: {e.strerror}", "choose another -o path") from e
     if not force:
         raise UsageError(f"{path} exists", "choose another -o path or pass --force")
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir() and (path / META_NAME).is_file():
-        shutil.rmtree(path)
-    else:
-        raise UsageError(
-            f"{path} exists and is not a memprof recording; refusing to remove it", "choose another -o path"
-        )
+    why_not = _not_a_replaceable_recording(path, info, owner_uid)
+    if why_not:
+        raise UsageError(f"{path} exists and {why_not}; refusing to replace it", "choose another -o path")
+    try:
+        shutil.rmtree(path)  # fd-based on Linux (rmtree.avoids_symlink_attacks): never leaves the folder
+    except OSError as e:
+        raise UsageError(f"cannot remove the old recording {path}: {e.strerror}", "remove it yourself, or choose another -o path") from e
+
+
+MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
+
+
+def _not_a_replaceable_recording(path: Path, info: os.stat_result, owner_uid: int) -> str | None:
+    """Why the existing `path` (lstat `info`) may not be replaced by --force; None if it may."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink, not a memprof recording"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a memprof recording"
+    if info.st_uid != owner_uid:
+        return f"belongs to uid {info.st_uid}, not to you (uid {owner_uid})"
+    try:
+        fd = os.open(path / META_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return "is not a memprof recording (no meta.json)"
+    try:
+        meta_info = os.fstat(fd)
+        if not stat.S_ISREG(meta_info.st_mode) or meta_info.st_size > MAX_META_BYTES:
+            return "is not a memprof recording (its meta.json is not a plain file)"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            meta = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return "is not a memprof recording (its meta.json is not memprof's)"
+    finally:
+        os.close(fd)
+    if not isinstance(meta, dict) or "memprof_version" not in meta:
+        return "is not a memprof recording (its meta.json is not memprof's)"
+    return None
 
 
 def _create_dirs(path: Path) -> None:
@@ -204,12 +253,18 @@ def _create_dirs(path: Path) -> None:
         raise UsageError(f"cannot create {path}: {e.strerror}", "choose another -o path") from e
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _create_exclusive(path: Path):
+    """A new file at `path`, opened for binary writing. Whatever sat at that temporary name
+    (a leftover of a killed recorder, or a symlink or FIFO the profiled program planted) is
+    unlinked — the entry itself, never what it points to — and the file is created with
+    O_EXCL|O_NOFOLLOW, so nothing is followed and no open blocks."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, "wb")
 
 
 def _fsync_dir(path: Path) -> None:
