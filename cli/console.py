@@ -1,16 +1,29 @@
-"""The one owner of the consoles: reports on stdout, diagnostics on stderr."""
+"""The one owner of the consoles: reports on stdout, diagnostics on stderr. Neither writes a
+control character that came from a recording (SafeConsole)."""
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.markup import escape
+
+from memprof.report.safe_text import escape, visible_segments
+
+
+class SafeConsole(Console):
+    """A rich Console that writes no control character it was not itself asked to: whatever
+    a renderer forgot to escape (a name from the recording in a cell, a Text) still reaches
+    the terminal as visible escapes (memprof.report.safe_text). Renderers escape names
+    themselves first (`safe_text.escape`), so that widths are measured on what is shown."""
+
+    def render(self, renderable, options=None):
+        return visible_segments(super().render(renderable, options))
+
 
 # Off a terminal (a pipe, a file, CI logs) nothing is wrapped: a long path or an error stays
 # on one line, and tables get room instead of rich's default 80 columns.
-out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+out = SafeConsole(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = SafeConsole(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def error(message: str, hint: str | None = None) -> None:

@@ -14,12 +14,12 @@ def doctor(pythons):
     Exits 0 when recording can work, 4 when a required source cannot. An interpreter whose
     Python frames cannot be read is a warning: recording works, without those frames.
     """
-    from rich.markup import escape
     from rich.table import Table
 
     from memprof.cli import console
     from memprof.doctor import recording_possible, run_checks
     from memprof.errors import ExitCode
+    from memprof.report.safe_text import escape
 
     checks = run_checks(pythons)
     table = Table(title="memprof doctor", show_lines=False)

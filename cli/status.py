@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes
 
 

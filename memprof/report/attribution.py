@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rich.markup import escape
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
 from memprof.report.layers import one_line  # one chain in one line, allocator frames skipped
+from memprof.report.safe_text import escape, visible
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
@@ -189,8 +189,9 @@ def _folded_line(layer: str, frames: list[dict]) -> str:
 
 
 def _folded_name(name: str) -> str:
-    """';' separates frames and a line is one stack: neither may appear inside a name."""
-    return name.replace(";", ",").replace("\r", " ").replace("\n", " ")
+    """';' separates frames and a line is one stack: neither may appear inside a name (line
+    breaks become spaces), nor any other control character (safe_text.visible)."""
+    return visible(name.replace(";", ",").replace("\r", " ").replace("\n", " "))
 
 
 # --- shared -----------------------------------------------------------------------------------

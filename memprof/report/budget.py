@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
-
 from memprof.analysis.budget import ANY_LEAK, LEAK, PEAK
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:

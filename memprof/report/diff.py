@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.layers import one_line
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:

@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
 from memprof.analysis.gpu import BYTE_TERMS, TERMS, terms_dict
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:

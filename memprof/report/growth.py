@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 # One-line chain naming shared with the layers report (skips allocator frames).
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.layers import one_line
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 from typing import Iterable, TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:

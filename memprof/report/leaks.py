@@ -4,9 +4,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rich.markup import escape
-
 from memprof.model.schema import FRAME_KEYS
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
 if TYPE_CHECKING:

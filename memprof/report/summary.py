@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from memprof.report.layers import one_line
 from memprof.report.leaks import KIND_LABELS, explain, finding_chain
+from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
 if TYPE_CHECKING:
