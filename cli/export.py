@@ -165,14 +165,16 @@ def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
     chains = a.chains(f.stack_id for f in result.findings + result.not_leaks)
     try:
         return write_tables(a.events, findings_frame(result, chains), directory, fmt)
-    except OSError as e:
+    except OSError as e:  # memprof.safe_output.UnsafeOutputError (a link there) passes as it is
         raise MemprofError(f"cannot write {directory}: {e.strerror or e}",
                            "choose a writable directory with -o") from None
 
 
 def _write_file(path: Path, data: bytes) -> None:
+    """Write `data` at `path`, replacing (never following) a link there (memprof.safe_output)."""
     from memprof.errors import MemprofError
+    from memprof.safe_output import write_output
     try:
-        path.write_bytes(data)
+        write_output(path, data)
     except OSError as e:
         raise MemprofError(f"cannot write {path}: {e.strerror or e}", "choose a writable path with -o") from None

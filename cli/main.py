@@ -86,4 +86,22 @@ _register()
 
 
 def main() -> None:
+    _give_up_root(sys.argv[1:])
     cli(prog_name="memprof")
+
+
+def _give_up_root(args: list[str]) -> None:
+    """Run through sudo, only record and doctor keep root: any other command becomes the
+    user for good before it reads or writes anything (memprof.privileges). Here, in the
+    process's entry point, and not in the group's callback: tests run `cli` inside their
+    own process, which must stay as it is. A failure is one line and exit 1."""
+    from memprof.privileges import NEEDS_ROOT, drop_root_if_sudo
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    if command in NEEDS_ROOT:
+        return
+    try:
+        drop_root_if_sudo()
+    except MemprofError as e:
+        from memprof.cli import console
+        console.error(e.message, e.hint)
+        sys.exit(e.exit_code)

@@ -145,13 +145,13 @@ def chains(path, layers, top, fmt, native_frames, at, flame, output):
 def _write_folded(result, chain_map, output: str | None) -> None:
     from memprof.errors import MemprofError
     from memprof.report.attribution import folded_stacks
+    from memprof.safe_output import write_output
 
     text = "".join(line + "\n" for line in folded_stacks(result, chain_map))
     if output is None:
         click.echo(text, nl=False)
         return
     try:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_output(output, text)  # a link at `output` is replaced, never followed
     except OSError as e:
-        raise MemprofError(f"cannot write {output}: {e.strerror}", "choose a writable path for -o") from None
+        raise MemprofError(f"cannot write {output}: {e.strerror or e}", "choose a writable path for -o") from None

@@ -61,10 +61,12 @@ def html(path, output, top, points, min_age, fmt, native_frames):
 
 
 def _write(target, text: str) -> None:
-    """Write the page, or raise UsageError when the place cannot be written."""
+    """Write the page, replacing (never following) a link there (memprof.safe_output), or
+    raise UsageError when the place cannot be written."""
     from memprof.errors import UsageError
+    from memprof.safe_output import write_output
     try:
-        target.write_text(text, encoding="utf-8")
+        write_output(target, text)
     except OSError as e:
         raise UsageError(f"cannot write {target}: {e.strerror or e}",
                          "give -o a path in a writable directory") from None

@@ -18,6 +18,8 @@ from memprof.analysis.leaks import LeakFinding, LeakResult
 from memprof.analysis.lifetimes import label_of
 from memprof.report.attribution import NO_STACK_FRAME, frame_label
 from memprof.report.leaks import explain
+from memprof.report.safe_text import visible
+from memprof.safe_output import output_directory, output_file
 
 FINDING_COLUMNS = ["kind", "reason", "layer", "bytes", "count", "slope_bytes_per_step", "slope_bytes_per_s",
                    "confidence", "released_at_exit", "confirmed", "first_ns", "last_ns", "stack_id",
@@ -54,28 +56,51 @@ def _plain(label: str) -> str:
 
 def write_tables(events: pd.DataFrame, findings: pd.DataFrame, directory: Path, fmt: str) -> list[Path]:
     """Write events.<fmt> and findings.<fmt> ("csv" or "parquet") into `directory` (created
-    if missing); the paths written. OSError propagates (the caller says what to do)."""
+    if missing; a real directory, never a link: memprof.safe_output); the paths written.
+    OSError and UnsafeOutputError propagate (the caller says what to do)."""
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
-    directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, frame in (("events", events), ("findings", findings)):
-        path = directory / f"{name}.{fmt}"
-        _write(arrow_table(frame), path, fmt)
-        paths.append(path)
+    with output_directory(directory) as fd:
+        for name, frame in (("events", events), ("findings", findings)):
+            with output_file(f"{name}.{fmt}", dir_fd=fd) as f:
+                _write(arrow_table(frame), f, fmt)
+            paths.append(directory / f"{name}.{fmt}")
     return paths
 
 
-def _write(table: pa.Table, path: Path, fmt: str) -> None:
+def _write(table: pa.Table, f, fmt: str) -> None:
     if fmt == "parquet":
         import pyarrow.parquet as pq
-        pq.write_table(table, path)
+        pq.write_table(table, f)
         return
     import pyarrow.csv as pcsv
-    # CSV has no dictionaries: each category column is written as its labels.
-    plain = table.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
-                                  for f in table.schema]))
-    pcsv.write_csv(plain, path)
+    pcsv.write_csv(csv_table(table), f)
+
+
+def csv_table(table: pa.Table) -> pa.Table:
+    """`table` for a CSV file: each dictionary column as its labels (CSV has no
+    dictionaries), and every text visible (safe_text.visible: a name from the recording
+    holds no control character, so it cannot drive a terminal that shows the file, nor
+    break a row)."""
+    columns = [_csv_column(table.column(i)) for i in range(table.num_columns)]
+    return pa.table(columns, names=table.column_names) if columns else table
+
+
+def _csv_column(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_dictionary(column.type):
+        return pa.chunked_array([_visible_labels(chunk) for chunk in column.chunks], type=pa.string())
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return pa.chunked_array([_visible_labels(chunk.dictionary_encode()) for chunk in column.chunks],
+                                type=column.type)
+    return column
+
+
+def _visible_labels(chunk: pa.DictionaryArray) -> pa.Array:
+    """`chunk` as plain strings, each label through `visible` once (not each row)."""
+    labels = pa.array([None if text is None else visible(text) for text in chunk.dictionary.to_pylist()],
+                      type=pa.string())
+    return pa.DictionaryArray.from_arrays(chunk.indices, labels).cast(chunk.type.value_type)
 
 
 def arrow_table(frame: pd.DataFrame) -> pa.Table:
