@@ -22,7 +22,7 @@ from memprof.record.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent import AgentOptions, AgentSource
 from memprof.sources.ebpf import EbpfOptions, EbpfSource
 from memprof.sources.pyinterp import python_file_in_maps
-from memprof.sources.procs import descendants, pid_alive, read_comm
+from memprof.sources.procs import descendants, pid_alive, process_uids, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
 # A flush starts every FLUSH_S (or as soon as the one before it ends, when it ran longer).
@@ -173,6 +173,7 @@ class Session:
             self._check_output_free()
             return self._record_command(path)
         self._check_pid(req.pid)
+        self._check_pid_is_users(req.pid)
         self._check_output_free()
         return self._record_pid(req.pid)
 
@@ -189,6 +190,21 @@ class Session:
             raise TargetError(f"no running process with pid {pid}", "check the pid with `ps`")
         if pid == os.getpid():
             raise TargetError("memprof cannot record itself", "give the pid of another process")
+
+    def _check_pid_is_users(self, pid: int) -> None:
+        """Under sudo, `--pid` reaches only the invoking user's own processes (real,
+        effective and saved uid all theirs, as ptrace asks): a site that allows `sudo
+        memprof` does not thereby let every user watch everyone's memory (docs/SECURITY.md)."""
+        if self.run_as is None:
+            return
+        uids = process_uids(pid)
+        if uids is None:
+            raise TargetError(f"no running process with pid {pid}", "check the pid with `ps`")
+        if set(uids) != {self.run_as.uid}:
+            raise TargetError(
+                f"pid {pid} runs as uid {'/'.join(map(str, uids))}, not as you (uid {self.run_as.uid}): "
+                "under sudo, memprof attaches only to your own processes",
+                "record it as its owner, or as root itself (not through sudo)")
 
     def _record_command(self, path: str) -> RecordResult:
         self.source.start([])
@@ -209,27 +225,50 @@ class Session:
             return self._loop(root=self.child.pid)
 
     def _agent_env(self) -> dict[str, str]:
-        """Variables that start memprof's agent in the command's Python processes (none
-        when the agent is off)."""
+        """Variables that start memprof's agent in the command's Python processes. None when
+        the agent is off, or when a folder on the way to its code could be written by someone
+        other than root and the command's user, or its folder cannot be made: a note in
+        meta.json and a warning say so (memprof/sources/agent_folder.py)."""
+        from memprof.sources.agent_folder import unsafe_ancestor
         if not self.request.agent.enabled:
             return {}
-        self.agent = AgentSource(self.writer.path, self.request.agent)
-        ids = (self.run_as.uid, self.run_as.gid) if self.run_as is not None else (None, None)
-        self.agent.prepare(*ids)
-        return self.agent.child_env()
+        uid = self.owner.uid if self.owner is not None else os.geteuid()  # the command's user
+        why = unsafe_ancestor(self.writer.path, uid)
+        try:
+            if why is None:
+                agent = AgentSource(self.writer.path, self.request.agent, agent_uid=uid)
+                agent.prepare(self.files)
+                self.agent = agent
+                return agent.child_env()
+        except OSError as e:
+            why = f"its folder could not be made ({e.strerror or e})"
+        text = (f"memprof's agent was not started: {why}; another user could change the code it would run in the "
+                "command. Training steps, marks and the CUDA history are not recorded (eBPF layers are); record "
+                "into a folder that only you and root can write to")
+        self.writer.meta.notes.append(text)
+        self.on_notice(text)
+        return {}
 
     def _attach_agents(self, pids: list[int]) -> None:
-        """`--pid`: reach the agents of processes that opted in (memprof.agent.install());
-        say which Python processes have none (their steps and CUDA history are not seen)."""
+        """`--pid`: reach the agents of processes that opted in (memprof.agent.install();
+        memprof/sources/agent_attach.py: only verified agents of the recording's user are
+        signalled); say which Python processes have none (their steps and CUDA history are
+        not seen), and which were not reached, and why."""
+        from memprof.sources.agent_attach import NoAgent, Refused
         if not self.request.agent.enabled:
             return
         self.agent = AgentSource(self.writer.path, self.request.agent)
         without = []
         for pid in pids:
             try:
-                if not self.agent.attach(pid) and python_file_in_maps(self.source.processes.maps_of(pid)):
+                self.agent.attach(pid, self.files, self.owner)
+            except NoAgent:
+                if python_file_in_maps(self.source.processes.maps_of(pid)):
                     without.append(pid)
-            except OSError as e:
+            except Refused as e:
+                if python_file_in_maps(self.source.processes.maps_of(pid)):
+                    self.writer.meta.notes.append(str(e))
+            except (OSError, MemprofError) as e:
                 self.agent.note(f"could not reach the agent of pid {pid}: {e}")
         if without:
             self.writer.meta.notes.append(

@@ -62,6 +62,19 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def process_uids(pid: int) -> tuple[int, int, int] | None:
+    """(real, effective, saved) uid of `pid` from /proc/PID/status; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    real, effective, saved = (int(v) for v in line.split()[1:4])
+                    return real, effective, saved
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:
