@@ -2,37 +2,42 @@
 
 `record -- CMD` copies the agent's boot folder (memprof/agent/boot/) into the recording's
 `agent/` folder — owned by the user the command runs as, who may not read memprof's own
-install — and hands the command PYTHONPATH and MEMPROF_AGENT_* variables (`child_env`).
-Every Python process of the tree then starts the agent when it imports torch; each writes
-JSON lines into `agent/<pid>.jsonl` (see memprof_agent.py). At every flush this source reads
-the lines added since the last one (complete lines only) and turns them into event rows:
-step and mark rows now (CLOCK_MONOTONIC already: the agent stamps time.monotonic_ns()),
-CUDA caching-allocator history through memprof/sources/torch_snapshot.py, with its epoch
-times converted once here through the clock anchors. Failures the agent logged go to
-meta.json, never to the target.
+install; see agent_folder.py for how it is made safe — and hands the command PYTHONPATH and
+MEMPROF_AGENT_* variables (`child_env`), all absolute. Every Python process of the tree then
+starts the agent when it imports torch; each writes JSON lines into `agent/<pid>.jsonl` (see
+memprof_agent.py). At every flush this source reads the lines added since the last one
+(complete lines only) and turns them into event rows: step and mark rows now
+(CLOCK_MONOTONIC already: the agent stamps time.monotonic_ns()), CUDA caching-allocator
+history through memprof/sources/torch_snapshot.py, with its epoch times converted once here
+through the clock anchors. Failures the agent logged go to meta.json, never to the target.
+
+The folder is the target user's, and the recorder reads it as root: every file is opened
+relative to a fd of the folder with O_NOFOLLOW|O_NONBLOCK, and only a regular file of the
+agent's uid is read (a FIFO, symlink, device or someone else's file is skipped and counted
+in `skipped_files`); every line is checked (agent_lines.py), and one that cannot be used is
+skipped and counted (`unreadable_lines`: not JSON; `malformed_lines`: fields wrong).
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof.model import ClockAnchor, SourceStats
 from memprof.model.schema import Action, Layer, Mark
+from memprof.record.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
+from memprof.sources import agent_attach, agent_lines
+from memprof.sources.agent_folder import absolute_boot_path, make_attach_folder, make_boot_folder
 
 # `category` of a profiler-window tensor annotation: "tensor:parameter", "tensor:activation", …
 TENSOR_PREFIX = "tensor:"
 
 AGENT_FOLDER = "agent"
-BOOT_FILES = ("sitecustomize.py", "memprof_agent.py")
 MAX_ERRORS_KEPT = 20
-
-
-def boot_dir() -> Path:
-    from memprof.agent import BOOT
-    return Path(BOOT)
+MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the next
+MAX_PROCESSES_KEPT = 4096   # processes described in meta.json
 
 
 @dataclass
@@ -48,13 +53,18 @@ class AgentOptions:
 
 @dataclass
 class AgentSource:
-    """Reads the agent's files under `<recording>/agent/`. Use: prepare() → child_env() →
-    poll()… → stats()."""
+    """Reads the agent's files under `<recording>/agent/` (`recording`: an absolute path).
+    `agent_uid`: the uid the agents run as, the only owner whose files are read. Use:
+    prepare() → child_env() (or attach()) → poll()… → stats()."""
 
     recording: Path
     options: AgentOptions = field(default_factory=AgentOptions)
+    agent_uid: int = field(default_factory=os.geteuid)
     name: str = "agent"
     _offsets: dict = field(default_factory=dict)    # file name -> bytes read
+    _cut: set = field(default_factory=set)          # files whose read stopped inside an overlong line
+    _skipped: set = field(default_factory=set)      # names of files not read (not the agent's regular files)
+    _errors: list = field(default_factory=list)     # failures the agents logged, the first MAX_ERRORS_KEPT
     _stats: SourceStats = field(default_factory=lambda: SourceStats(timestamp_precision_ns=1))
     _processes: dict = field(default_factory=dict)  # pid -> what the agent said of itself
     _cuda_state: object = None  # torch_trace.LiveTraces: ids and mapped pages across polls
@@ -66,152 +76,218 @@ class AgentSource:
     def __post_init__(self):
         from memprof.sources.torch_snapshot import LiveTraces
         self._cuda_state = LiveTraces()
+        self._stats.detail.update(unreadable_lines=0, malformed_lines=0, skipped_files=0, failures=0)
 
-    def prepare(self, uid: int | None = None, gid: int | None = None) -> None:
-        """Create agent/ with a copy of the boot files, owned by the command's user."""
-        boot = self.folder / "boot"
-        boot.mkdir(parents=True, exist_ok=True)
-        for name in BOOT_FILES:
-            shutil.copyfile(boot_dir() / name, boot / name)
-        if uid is not None:
-            for path in (self.folder, boot, *(boot / n for n in BOOT_FILES)):
-                os.chown(path, uid, gid if gid is not None else -1)
+    def prepare(self, files: UserThread) -> None:
+        """Create agent/ and agent/boot/ with copies of the boot files on `files`, the thread
+        with the credentials of the command's user (see agent_folder.py). Raises OSError."""
+        make_boot_folder(files, self.folder)
 
     def child_env(self, environ: dict | None = None) -> dict[str, str]:
-        """The variables that make the command's Python processes start the agent."""
+        """The variables that make the command's Python processes start the agent (absolute
+        paths, symlinks resolved: a relative one would follow a process that changes folder)."""
         environ = os.environ if environ is None else environ
-        boot = str(self.folder / "boot")
+        boot = absolute_boot_path(self.folder)
         path = environ.get("PYTHONPATH")
+        return {
+            "PYTHONPATH": boot + (os.pathsep + path if path else ""),
+            "MEMPROF_AGENT_DIR": os.path.dirname(boot),
+            "MEMPROF_AGENT_OPTIONS": json.dumps(self._agent_options()),
+        }
+
+    def _agent_options(self) -> dict:
         options = {"drain_s": self.options.drain_s, "cuda_max_entries": self.options.cuda_max_entries}
         if self.options.profile_steps:
             options["profile_steps"] = list(self.options.profile_steps)
-        return {
-            "PYTHONPATH": boot + (os.pathsep + path if path else ""),
-            "MEMPROF_AGENT_DIR": str(self.folder),
-            "MEMPROF_AGENT_OPTIONS": json.dumps(options),
-        }
+        return options
 
-    def attach(self, pid: int) -> bool:
-        """`record --pid`: signal `pid`'s agent, if the process opted in beforehand
-        (`memprof.agent.install()` left its ready file), to record into this recording.
-        False when it has no agent."""
-        import signal
-        import tempfile
-        base = os.path.join(tempfile.gettempdir(), f"memprof-agent-{pid}")
-        if not os.path.exists(base + ".ready"):
-            return False
-        uid, gid = _owner(pid)
-        self.prepare(uid, gid)
-        request = base + ".request.json"
-        options = json.loads(self.child_env({})["MEMPROF_AGENT_OPTIONS"])
-        with open(request, "w") as f:
-            json.dump({"dir": str(self.folder), "options": options}, f)
-        os.chown(request, uid, gid)
+    def attach(self, pid: int, files: UserThread, owner: Owner | None) -> None:
+        """`record --pid`: have `pid`'s agent, if the process opted in beforehand
+        (`memprof.agent.install()`), record into this recording (agent_attach.py: the
+        protocol). `files`: the thread with the recording owner's credentials; `owner`: that
+        user (None: root's own recording). Raises agent_attach.NoAgent (none waits),
+        agent_attach.Refused (why it is not reached), or OSError."""
+        pidfd = agent_attach.open_process(pid)
         try:
-            os.kill(pid, signal.SIGUSR2)
-        except ProcessLookupError:
-            return False
+            target = agent_attach.read_target(pid)
+            why = agent_attach.may_attach(target, owner)
+            if why:
+                raise agent_attach.Refused(why)
+            self._attach_checked(target, pidfd, files)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
         self._stats.detail.setdefault("attached", []).append(pid)
-        return True
+
+    def _attach_checked(self, target: agent_attach.Target, pidfd: int | None, files: UserThread) -> None:
+        if not target.handles_attach_signal:
+            raise agent_attach.NoAgent(f"pid {target.pid} has no {agent_attach.ATTACH_SIGNAL.name} handler")
+        with UserThread(target.owner, name="memprof-target-files") as as_target:
+            folder_fd = agent_attach.find_agent_folder(as_target, target)
+            try:
+                self._make_folder_for(target, files)
+                agent_attach.send_request(as_target, folder_fd, {"dir": os.path.realpath(self.folder),
+                                                                 "options": self._agent_options()})
+            finally:
+                os.close(folder_fd)
+        agent_attach.signal_agent(target.pid, pidfd, target)
+
+    def _make_folder_for(self, target: agent_attach.Target, files: UserThread) -> None:
+        """agent/, the first time: writable by the target's user only (given to them by
+        fchown when the recording is root's and the target is not). Later targets must be
+        that same user."""
+        if "attached" not in self._stats.detail and not os.path.lexists(self.folder):
+            self.agent_uid = target.owner.uid
+            mine = files.owner.uid if files.owner is not None else os.geteuid()
+            chown_to = None if mine == target.owner.uid else (target.owner.uid, target.owner.gid)
+            make_attach_folder(files, self.folder, chown_to)
+        elif self.agent_uid != target.owner.uid:
+            raise agent_attach.Refused(f"the agent of pid {target.pid} was not reached: it runs as uid "
+                                       f"{target.owner.uid}, and the recording's agent folder is uid {self.agent_uid}'s")
 
     # ---- reading ----
     def poll(self, anchor: ClockAnchor) -> tuple[dict, dict, dict] | None:
         """Rows added since the last poll: (events, stacks, frames) columns, or None.
         Epoch times (CUDA history, profiler windows) go onto CLOCK_MONOTONIC through `anchor`
-        (the recording's latest clock anchor)."""
-        records = list(self._new_records())
-        if not records:
-            return None
+        (the recording's latest clock anchor). Never raises for what is in the files."""
         rows = AgentRows(anchor.realtime_ns - anchor.monotonic_ns, self._cuda_state)
-        for record in records:
-            self._take(record, rows)
+        for record in self._new_records():
+            try:
+                self._take(record, rows)
+            except agent_lines.BadLine:
+                self._count("malformed_lines")
+        if not rows.count:
+            return None
         self._stats.events += rows.count
         return rows.tables()
 
-    def _take(self, record: dict, rows) -> None:
-        kind = record.get("kind")
+    def _count(self, counter: str, n: int = 1) -> None:
+        self._stats.detail[counter] = self._stats.detail.get(counter, 0) + n
+
+    def _take(self, record, rows: "AgentRows") -> None:
+        """One parsed line into `rows` or the stats, once checked. Raises agent_lines.BadLine."""
+        kind = agent_lines.kind(record)
         if kind in ("step", "mark"):
-            label = Mark.STEP.value if kind == "step" else str(record.get("label") or "mark")
-            rows.mark(int(record["ts_ns"]), int(record.get("pid", 0)), int(record.get("tid", 0)),
-                      label, record.get("step"))
+            ts_ns, pid, tid, label, step = agent_lines.mark_fields(record)
+            rows.mark(ts_ns, pid, tid, Mark.STEP.value if kind == "step" else (label or "mark"), step)
         elif kind == "tensor":
-            rows.tensor(record)
+            rows.tensor(agent_lines.tensor_fields(record))
         elif kind == "cuda_trace":
-            rows.cuda_trace(record.get("entry") or {}, int(record.get("device", 0)), int(record.get("pid", 0)))
+            device, pid, entry = agent_lines.cuda_trace_fields(record)
+            rows.cuda_trace(entry, device, pid)
         elif kind == "info":
-            self._processes.setdefault(int(record.get("pid", 0)), {}).update(
-                {k: v for k, v in record.items() if k not in ("kind", "pid")})
+            self._take_info(*agent_lines.info_fields(record))
         elif kind == "allocator_settings":
-            self._stats.detail["allocator_settings"] = record.get("settings")
+            self._stats.detail["allocator_settings"] = agent_lines.settings_fields(record)
         elif kind == "profile":
-            self._stats.detail.setdefault("profiles", []).append(record.get("path"))
+            self._stats.detail.setdefault("profiles", []).append(agent_lines.profile_name(record))
+        else:
+            raise agent_lines.BadLine("no known kind")
 
-    def _new_records(self):
-        folder = self.folder
-        if not folder.is_dir():
+    def _take_info(self, pid: int, info: dict) -> None:
+        if pid in self._processes or len(self._processes) < MAX_PROCESSES_KEPT:
+            self._processes.setdefault(pid, {}).update(info)
+
+    def _new_records(self, errors_only: bool = False):
+        """Parsed JSON values of the lines added to the agents' files since the last call;
+        failures' lines (<pid>.errors.jsonl) are gathered on the way (only they, with
+        `errors_only`)."""
+        folder = self._open_folder()
+        if folder is None:
             return
-        for path in sorted(folder.glob("*.jsonl")):
-            if path.name.endswith(".errors.jsonl"):
-                continue
-            yield from self._read_new_lines(path)
-
-    def _read_new_lines(self, path: Path):
-        start = self._offsets.get(path.name, 0)
         try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read()
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
+            for name in names:
+                is_errors = name.endswith(".errors.jsonl")
+                if is_errors or not errors_only:
+                    lines = self._read_new_lines(folder, name)
+                    if is_errors:
+                        self._take_errors(lines)
+                    else:
+                        yield from self._parsed(lines)
+        finally:
+            os.close(folder)
+
+    def _open_folder(self) -> int | None:
+        """An fd of agent/, if it is a real folder of the agent's uid (not a symlink put in its place)."""
+        try:
+            fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            return
-        end = data.rfind(b"\n") + 1  # complete lines only: the agent may be mid-write
-        self._offsets[path.name] = start + end
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                self._stats.detail["unreadable_lines"] = self._stats.detail.get("unreadable_lines", 0) + 1
+            return None
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == self.agent_uid:
+            return fd
+        os.close(fd)
+        return None
+
+    def _parsed(self, lines: list[bytes]):
+        for line in lines:
+            if not line.strip():
                 continue
-            if isinstance(record, dict):
-                yield record
+            try:
+                yield agent_lines.parse(line)
+            except agent_lines.BadLine:
+                self._count("unreadable_lines")
+
+    def _read_new_lines(self, folder: int, name: str) -> list[bytes]:
+        """The complete lines of `name` after what was read before (at most MAX_READ_BYTES
+        this time); [] when the file is not the agent's regular file (counted once). A line
+        longer than MAX_READ_BYTES is skipped and counted as unreadable."""
+        try:
+            fd = open_untrusted_regular(name, dir_fd=folder, owner_uid=self.agent_uid)
+        except UntrustedFileError:
+            if name not in self._skipped:
+                self._skipped.add(name)
+                self._count("skipped_files")
+            return []
+        start = self._offsets.get(name, 0)
+        try:
+            data = os.pread(fd, MAX_READ_BYTES, start)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        return self._complete_lines(name, start, data)
+
+    def _complete_lines(self, name: str, start: int, data: bytes) -> list[bytes]:
+        end = data.rfind(b"\n") + 1  # complete lines only: the agent may be mid-write
+        if end == 0 and len(data) == MAX_READ_BYTES:  # no line end in a whole read: an overlong line
+            end = len(data)
+            if name not in self._cut:
+                self._count("unreadable_lines")
+            self._cut.add(name)
+            self._offsets[name] = start + end
+            return []
+        lines = data[:end].splitlines()
+        if name in self._cut and lines:  # the rest of the overlong line read before
+            self._cut.discard(name)
+            lines = lines[1:]
+        self._offsets[name] = start + end
+        return lines
+
+    def _take_errors(self, lines: list[bytes]) -> None:
+        for line in filter(bytes.strip, lines):
+            try:
+                error = agent_lines.error_fields(agent_lines.parse(line))
+            except agent_lines.BadLine:
+                self._count("unreadable_lines")
+                continue
+            self._count("failures")
+            if len(self._errors) < MAX_ERRORS_KEPT:
+                self._errors.append(error)
 
     def note(self, text: str) -> None:
         self._stats.detail.setdefault("notes", []).append(text)
 
     def stats(self) -> SourceStats:
-        """What the agents said: processes, failures (the first few, with where), settings."""
+        """What the agents said: processes, failures (the first few, with where), settings,
+        and what was not read (`skipped_files`, `unreadable_lines`, `malformed_lines`)."""
+        for _ in self._new_records(errors_only=True):  # failures logged since; records wait for poll()
+            pass
         self._stats.detail["processes"] = {str(pid): info for pid, info in sorted(self._processes.items())}
-        errors = self._errors()
-        self._stats.detail["failures"] = len(errors)
-        self._stats.detail["failures_first"] = errors[:MAX_ERRORS_KEPT]
+        self._stats.detail["failures_first"] = list(self._errors)
         self._stats.enabled = self.options.enabled
         return self._stats
-
-    def _errors(self) -> list[dict]:
-        found = []
-        for path in sorted(self.folder.glob("*.errors.jsonl")) if self.folder.is_dir() else []:
-            try:
-                lines = path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                found.append({"pid": e.get("pid"), "where": e.get("where"), "error": e.get("error")})
-        return found
-
-
-def _owner(pid: int) -> tuple[int, int]:
-    """(uid, gid) a process runs as, from /proc (effective ids)."""
-    uid = gid = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Uid:"):
-                uid = int(line.split()[2])
-            elif line.startswith("Gid:"):
-                gid = int(line.split()[2])
-    return uid, gid
 
 
 class AgentRows:
@@ -227,24 +303,24 @@ class AgentRows:
         self._marks: list[tuple] = []
         self._cuda: list[tuple[int, int, dict]] = []  # (device, pid, entry)
 
-    def mark(self, ts_ns: int, pid: int, tid: int, label: str, step) -> None:
-        self._marks.append((ts_ns, pid, tid, label, None if step is None else int(step)))
+    def mark(self, ts_ns: int, pid: int, tid: int, label: str, step: int | None) -> None:
+        self._marks.append((ts_ns, pid, tid, label, step))
         self.count += 1
 
     def tensor(self, record: dict) -> None:
-        """A profiler-window tensor allocation: a `mark` row in its layer, at its address,
-        `category` = "tensor:<role>", its chain = the operator that made it. timeline() hands
-        the role to the allocation another source recorded at that address (within 1 ms)."""
-        device = str(record.get("device") or "cpu")
+        """A profiler-window tensor allocation (agent_lines.tensor_fields): a `mark` row in
+        its layer, at its address, `category` = "tensor:<role>", its chain = the operator that
+        made it. timeline() hands the role to the allocation another source recorded at that
+        address (within 1 ms)."""
+        device = record["device"]
         layer = Layer.TORCH_CPU.value if device == "cpu" else Layer.CUDA_BLOCK.value
-        op = record.get("op")
+        op = record["op"]
         stack_id = None
         if op and self.cuda_state is not None:
-            stack_id = self.cuda_state.interner.intern([{"filename": None, "line": None, "name": str(op)}])
-        ts = int(record["epoch_ns"]) - self.realtime_offset_ns
-        self._tensors.append((ts, int(record.get("pid", 0)), int(record.get("tid", 0)), layer,
-                              int(record.get("addr", 0)), int(record.get("size", 0)), device,
-                              f"{TENSOR_PREFIX}{record.get('role') or 'unknown'}", stack_id, record.get("step")))
+            stack_id = self.cuda_state.interner.intern([{"filename": None, "line": None, "name": op}])
+        ts = record["epoch_ns"] - self.realtime_offset_ns
+        self._tensors.append((ts, record["pid"], record["tid"], layer, record["addr"], record["size"], device,
+                              f"{TENSOR_PREFIX}{record['role']}", stack_id, record["step"]))
         self.count += 1
 
     def cuda_trace(self, entry: dict, device: int, pid: int) -> None:

@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,108 @@ def test_a_record_appended_during_a_flush_waits_for_the_next_one(agent, tmp_path
     agent.flush()
     path = next((tmp_path / "rec.memprof" / "agent").glob("*.jsonl"))
     assert [json.loads(line)["label"] for line in path.read_text().splitlines()] == ["first", "second"]
+
+
+# ---- agent lines are untrusted input -------------------------------------------------------
+
+GOOD = b'{"kind":"mark","ts_ns":%d,"pid":7,"tid":7,"step":1,"label":"good %d"}\n'
+NOT_JSON = [b"not json", b"[" * 100_000, b"\xff\xfe{}", b'{"kind":"mark","ts_ns":NaN}',
+            b'{"kind":"mark","ts_ns":Infinity}', b'{"kind":"mark","ts_ns":' + b"9" * 5000 + b"}"]
+MALFORMED = [b"[1, 2]", b'"a string"', b"17", b"null", b'{"kind": 5}', b'{"kind":"mark"}',
+             b'{"kind":"mark","ts_ns":"12"}', b'{"kind":"mark","ts_ns":1e400}', b'{"kind":"mark","ts_ns":1.5}',
+             b'{"kind":"mark","ts_ns":true}', b'{"kind":"mark","ts_ns":' + b"9" * 30 + b"}",
+             b'{"kind":"mark","ts_ns":5,"pid":-1}', b'{"kind":"mark","ts_ns":5,"step":"3"}',
+             b'{"kind":"mark","ts_ns":5,"label":{"a":1}}', b'{"kind":"tensor","epoch_ns":1,"device":"cuda:999"}',
+             b'{"kind":"tensor","epoch_ns":1,"device":["cpu"]}', b'{"kind":"tensor"}',
+             b'{"kind":"cuda_trace","entry":[]}', b'{"kind":"cuda_trace","device":"0","entry":{}}',
+             b'{"kind":"cuda_trace","entry":{"action":"alloc","addr":-5,"size":1}}',
+             b'{"kind":"cuda_trace","entry":{"action":"alloc","addr":1,"size":1,"time_us":1e300}}',
+             b'{"kind":"cuda_trace","entry":{"action":"alloc","addr":1,"size":1,"frames":"f"}}',
+             b'{"kind":"info","pid":"x"}', b'{"kind":"allocator_settings","settings":' + b"[" * 20 + b"]" * 20 + b"}",
+             b'{"kind":"allocator_settings","settings":{"a":' + b'{"a":' * 10 + b"1" + b"}" * 12,
+             b'{"kind":"profile","path":"../../etc/shadow"}', b'{"kind":"unknown"}']
+
+
+def agent_file(tmp_path, name="7.jsonl") -> "Path":
+    folder = tmp_path / "rec.memprof" / "agent"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
+def test_malformed_agent_lines_are_skipped_and_counted_and_the_rest_recorded(tmp_path):
+    from memprof.model.meta import RecordingMeta
+    from memprof.recording import RecordingWriter, open_recording
+    lines = [GOOD % (10, 1), *NOT_JSON, *MALFORMED,
+             b'{"kind":"cuda_trace","device":0,"pid":7,"entry":{"action":"alloc","addr":4096,"size":512,'
+             b'"time_us":1000,"frames":[{"filename":"t.py","line":3,"name":"f","kind":[1]},{"line":null}]}}',
+             GOOD % (20, 2)]
+    agent_file(tmp_path).write_bytes(b"\n".join(lines) + b"\n")
+    source = AgentSource(tmp_path / "rec.memprof")
+    events, stacks, frames = source.poll(ClockAnchor(monotonic_ns=0, realtime_ns=0))
+    assert list(events["category"])[:2] == ["good 1", "good 2"]
+    assert list(events["action"]) == ["mark", "mark", "alloc"] and events["addr"][2] == 4096
+    detail = source.stats().detail
+    assert (detail["unreadable_lines"], detail["malformed_lines"]) == (len(NOT_JSON), len(MALFORMED))
+    # What poll gave goes into a recording as the session writes it.
+    writer = RecordingWriter(tmp_path / "out.memprof", RecordingMeta(memprof_version="0", command=None, start_ns=0))
+    writer.append("events", {**events, "seq": range(len(events["ts_ns"]))})
+    writer.append("stacks", stacks)
+    writer.append("frames", frames)
+    writer.finalize(end_ns=10**9)
+    assert len(open_recording(tmp_path / "out.memprof").events) == 3
+
+
+def test_a_line_longer_than_one_read_is_skipped_whole(tmp_path, monkeypatch):
+    import memprof.sources.agent as agent_module
+    monkeypatch.setattr(agent_module, "MAX_READ_BYTES", 100)
+    path = agent_file(tmp_path)
+    path.write_bytes(b'{"kind":"mark","label":"' + b"x" * 300 + b'"}\n' + GOOD % (5, 1))
+    source = AgentSource(tmp_path / "rec.memprof")
+    labels = []
+    for _ in range(10):
+        tables = source.poll(ClockAnchor(0, 0))
+        labels += list(tables[0]["category"]) if tables else []
+    assert labels == ["good 1"] and source.stats().detail["unreadable_lines"] == 1
+
+
+def test_fifos_symlinks_and_other_users_files_in_the_agent_folder_are_skipped(tmp_path):
+    import threading
+    secret = tmp_path / "secret.jsonl"
+    secret.write_bytes(GOOD % (1, 99))
+    os.mkfifo(agent_file(tmp_path, "8.jsonl"))  # an open() without O_NONBLOCK waits for a writer
+    agent_file(tmp_path, "9.jsonl").symlink_to(secret)
+    agent_file(tmp_path, "10.jsonl").write_bytes(GOOD % (3, 3))
+    agent_file(tmp_path).write_bytes(GOOD % (2, 1))
+    source = AgentSource(tmp_path / "rec.memprof", agent_uid=os.geteuid())
+    if os.geteuid() == 0:
+        os.chown(agent_file(tmp_path, "10.jsonl"), 12345, 12345)  # another user's file
+    else:
+        source.agent_uid = os.geteuid()
+    found = []
+    reader = threading.Thread(target=lambda: found.append(source.poll(ClockAnchor(0, 0))), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "poll() blocked on the FIFO"
+    labels = list(found[0][0]["category"])
+    skipped = 3 if os.geteuid() == 0 else 2
+    assert labels == (["good 1"] if os.geteuid() == 0 else ["good 3", "good 1"])
+    assert source.stats().detail["skipped_files"] == skipped
+    source.poll(ClockAnchor(0, 0))
+    assert source.stats().detail["skipped_files"] == skipped  # each file counted once
+
+
+def test_an_agent_folder_swapped_for_a_symlink_is_not_read(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "7.jsonl").write_bytes(GOOD % (1, 1))
+    (tmp_path / "rec.memprof").mkdir()
+    (tmp_path / "rec.memprof" / "agent").symlink_to(elsewhere)
+    assert AgentSource(tmp_path / "rec.memprof").poll(ClockAnchor(0, 0)) is None
+
+
+def test_the_agent_environment_holds_absolute_paths_for_a_relative_recording(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = AgentSource(Path("rel.memprof")).child_env({"PYTHONPATH": "/opt/lib"})
+    boot, rest = env["PYTHONPATH"].split(os.pathsep)
+    assert boot == str(tmp_path.resolve() / "rel.memprof" / "agent" / "boot") and rest == "/opt/lib"
+    assert env["MEMPROF_AGENT_DIR"] == str(tmp_path.resolve() / "rel.memprof" / "agent")

@@ -96,9 +96,24 @@ def _open_output():
     recording attached)."""
     key = (_pid(), _dir())
     if _state["file"] is None or _state.get("file_key") != key:
-        _state["file"] = open(os.path.join(_dir(), "%d.jsonl" % _pid()), "a")
+        _state["file"] = _open_append(os.path.join(_dir(), "%d.jsonl" % _pid()))
         _state["file_key"] = key
     return _state["file"]
+
+
+def _open_append(path):
+    """`path` to append text to: created 0600 if new, never through a symlink or into a FIFO."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        import stat
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("%s is not a regular file" % path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def flush():
@@ -138,7 +153,7 @@ def log_failure(where, error):
         record = {"ts_ns": time.monotonic_ns(), "pid": os.getpid(), "where": where,
                   "error": "%s: %s" % (type(error).__name__, error),
                   "traceback": traceback.format_exc(limit=8)}
-        with open(os.path.join(directory, "%d.errors.jsonl" % os.getpid()), "a") as f:
+        with _open_append(os.path.join(directory, "%d.errors.jsonl" % os.getpid())) as f:
             f.write(json.dumps(record) + "\n")
     except Exception:
         pass
@@ -386,46 +401,94 @@ class _TorchWatcher:
 
 
 # ---- attaching (`memprof record --pid`) ----
-# A process opts in with `import memprof.agent; memprof.agent.install()` (no recording yet):
-# it leaves a ready file; a `record --pid` that finds it writes where to record into a request
-# file and sends ATTACH_SIGNAL; the handler points the agent at that recording.
+# A process opts in with `import memprof.agent; memprof.agent.install()` (no recording yet).
+# It makes a private folder, tempfile.mkdtemp(prefix="memprof-agent-<pid>-") (0700, its own
+# uid: no one else can put anything in it, and its name cannot be guessed), and writes a
+# ready file there naming itself. A `record --pid` that verifies folder and file (see
+# memprof/sources/agent_attach.py) writes a request file into the folder, as this process's
+# user, and sends ATTACH_SIGNAL; the handler reads the request relative to the folder's fd
+# (a regular file of this uid only, no symlink followed) and points the agent at the
+# recording. Nothing is ever opened by a predictable name in a shared folder.
 ATTACH_SIGNAL = "SIGUSR2"
+READY, REQUEST = "ready", "request.json"
+MAX_REQUEST_BYTES = 65536
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _attach_paths(pid):
-    import tempfile
-    base = os.path.join(tempfile.gettempdir(), "memprof-agent-%d" % pid)
-    return base + ".ready", base + ".request.json"
+def _start_time():
+    """This process's start time in clock ticks after boot (/proc/self/stat, field 22)."""
+    with open("/proc/self/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[19])
 
 
 def enable_attach():
     """Wait for a `memprof record --pid` (idempotent; never raises)."""
     try:
+        if _state.get("attach_pid") == os.getpid():
+            return
         import signal
-        ready, _ = _attach_paths(os.getpid())
-        previous = signal.getsignal(getattr(signal, ATTACH_SIGNAL))
-
-        def on_attach(signum, frame):
-            _attach_now()
-            if callable(previous):
-                previous(signum, frame)
-
-        if not getattr(previous, "_memprof", False):
-            on_attach._memprof = True
-            signal.signal(getattr(signal, ATTACH_SIGNAL), on_attach)
-        with open(ready, "w") as f:
-            f.write(sys.version.split()[0])
-        atexit.register(_remove_quietly, ready)
+        import tempfile
+        _set_attach_handler(signal)
+        folder = tempfile.mkdtemp(prefix="memprof-agent-%d-" % os.getpid())
+        fd = os.open(folder, _DIR_FLAGS)
+        _state.update(attach_pid=os.getpid(), attach_folder=folder, attach_fd=fd)
+        ready = {"pid": os.getpid(), "start_time": _start_time(), "python": sys.version.split()[0]}
+        _write_new(READY, json.dumps(ready).encode(), fd)
+        atexit.register(_remove_attach_folder)
     except Exception as e:
         log_failure("enable attach", e)
 
 
+def _set_attach_handler(signal):
+    previous = signal.getsignal(getattr(signal, ATTACH_SIGNAL))
+    if getattr(previous, "_memprof", False):
+        return
+
+    def on_attach(signum, frame):
+        _attach_now()
+        if callable(previous):
+            previous(signum, frame)
+
+    on_attach._memprof = True
+    signal.signal(getattr(signal, ATTACH_SIGNAL), on_attach)
+
+
+def _write_new(name, data, dir_fd):
+    fd = os.open(name, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _read_request(dir_fd):
+    """The request in the attach folder: a regular file of this process's uid (never a
+    symlink, FIFO or another user's file), removed once read. Raises on anything else."""
+    import stat
+    fd = os.open(REQUEST, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > MAX_REQUEST_BYTES:
+            raise ValueError("the attach request is not a small regular file of uid %d" % os.geteuid())
+        data = os.read(fd, MAX_REQUEST_BYTES)
+    finally:
+        os.close(fd)
+        os.unlink(REQUEST, dir_fd=dir_fd)
+    wanted = json.loads(data)
+    if not isinstance(wanted.get("dir"), str) or not os.path.isabs(wanted["dir"]):
+        raise ValueError("the attach request names no absolute folder")
+    if not isinstance(wanted.get("options") or {}, dict):
+        raise ValueError("the attach request's options are not an object")
+    return wanted
+
+
 def _attach_now():
     try:
-        _, request = _attach_paths(os.getpid())
-        with open(request) as f:
-            wanted = json.load(f)
-        _remove_quietly(request)
+        if _state.get("attach_pid") != os.getpid():  # a forked child: the request is its parent's
+            return
+        wanted = _read_request(_state["attach_fd"])
         flush()  # what was buffered belongs to the previous recording
         os.environ["MEMPROF_AGENT_DIR"] = wanted["dir"]
         os.environ["MEMPROF_AGENT_OPTIONS"] = json.dumps(wanted.get("options") or {})
@@ -437,9 +500,17 @@ def _attach_now():
         log_failure("attach", e)
 
 
-def _remove_quietly(path):
+def _remove_attach_folder():
+    """At exit: the ready file and the private folder go (not in a forked child: its parent's)."""
+    if _state.get("attach_pid") != os.getpid():
+        return
+    for name in (READY, REQUEST):
+        try:
+            os.unlink(name, dir_fd=_state["attach_fd"])
+        except OSError:
+            pass
     try:
-        os.unlink(path)
+        os.rmdir(_state["attach_folder"])
     except OSError:
         pass
 
