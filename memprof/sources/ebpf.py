@@ -19,6 +19,7 @@ from memprof.model.schema import Mark
 from memprof.sources import kmem as K
 from memprof.sources import records as R
 from memprof.sources import uprobes as U
+from memprof.sources.addrkey import AddressKey
 from memprof.sources.bpfinfo import prog_stats
 from memprof.sources.bpfload import captured_stderr, is_load_failure, load_failure, load_program
 from memprof.sources.procs import ProcessTable
@@ -111,6 +112,9 @@ class EbpfSource:
         self._finalize_probes: set[str] = set()
         self._family_map: dict[str, U.Family] | None = None
         self._python: PythonFrames | None = None
+        # Drawn per recording, never saved: kernel addresses reach the events table only as
+        # their images under it (see addrkey.py).
+        self._address_key = AddressKey.generate()
 
     def enabled(self, family: str) -> bool:
         return family in self.options.families
@@ -365,7 +369,7 @@ class EbpfSource:
             "ts_ns": mem["ts_ns"].astype(np.int64),
             "layer": _categorical(np.where(is_mark, -1, _LAYER_INDEX[layer]).astype(np.int8), LAYER_NAMES),
             "action": _categorical(_KIND_ACTION[k], ACTION_NAMES),
-            "addr": mem["addr"],
+            "addr": self._keyed_addresses(k, mem["addr"]),
             "size_bytes": _masked(size, (~is_alloc & (size == 0)) | is_mark),
             "requested_bytes": _masked(requested, ~is_alloc),
             "device": _categorical(is_device.astype(np.int8), DEVICE_NAMES),
@@ -376,6 +380,19 @@ class EbpfSource:
             "weight": self._weights(is_alloc, layer, size),
         }
         return EventBatch(columns, int(mem.size))
+
+    def _keyed_addresses(self, kinds: np.ndarray, addrs: np.ndarray) -> np.ndarray:
+        """The `addr` column: kernel addresses (slab objects, struct pages) replaced by their
+        images under this recording's key, so that the user's files do not show the kernel's
+        layout; user-space addresses (the target's own) as they are."""
+        kernel = np.isin(kinds, R.KERNEL_KINDS)
+        if not kernel.any():
+            return addrs
+        if kernel.all():  # the kernel-heavy case: one pass, no gather and scatter
+            return self._address_key.apply(addrs)
+        keyed = addrs.copy()
+        keyed[kernel] = self._address_key.apply(addrs[kernel])
+        return keyed
 
     def _weights(self, is_alloc: np.ndarray, layer: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Sampled libc allocations stand for max(1, N/size) allocations; others: null (1)."""

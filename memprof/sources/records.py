@@ -38,6 +38,9 @@ EXIT_MARK = 11
 MAP_EXEC = 12
 
 ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
+# Records whose `addr` is a kernel address (a slab object, a struct page): keyed before it
+# leaves the recorder (memprof/sources/addrkey.py).
+KERNEL_KINDS = (SLAB_ALLOC, SLAB_FREE, PAGE_ALLOC, PAGE_FREE)
 
 # The `layer` byte, indexing these names (MP_LAYER_* in memprof.h).
 LAYER_CODES = ("kernel_slab", "kernel_page", "torch_cpu", "cuda_driver", "native_heap")

@@ -1,0 +1,108 @@
+"""Kernel addresses keyed per recording, as the kernel's `%pK` hides them.
+
+The kmem probes see raw kernel addresses: slab objects (direct-map addresses) and
+`struct page` pointers (vmemmap addresses). Written as they are, a recording the invoking
+user can read would tell them where the kernel's memory lies, which KASLR keeps from
+them (issue 19, item 6). Analysis needs only the *identity* of an address: pairing an
+alloc with its free, and seeing an address handed out again while still live
+(memprof/analysis/lifetimes.py). So every kernel address is replaced, before anything
+reaches the writer, by its image under a keyed permutation of uint64 drawn afresh for
+each recording and never saved:
+
+- a bijection: two addresses never share an image, so pairing stays exact, not merely
+  likely;
+- the low 3 bits pass through unchanged. Kernel objects are at least 8-aligned (slab
+  objects: ARCH_SLAB_MINALIGN; struct page: 64 bytes), so those bits are 0 and say
+  nothing; keeping them keeps the recorder's status line exact, which packs the layer
+  code into them (memprof/record/livebytes.py);
+- the other 61 bits are mixed through ROUNDS rounds of (xor a key word, multiply by an
+  odd key word mod 2^64, xorshift right), then xored with a last key word. Multiplying
+  carries low bits up, the shift carries high bits down: after two rounds every input bit
+  reaches every output bit, so neighbours (adjacent struct pages 64 bytes apart, objects
+  of one slab) land far apart, and differences, offsets within a page and the region an
+  address lies in are gone. Unlike an xor with one key, one known (address, image) pair
+  does not reveal the key: it holds 9 random words (~550 bits).
+
+It is not a vetted block cipher. The reader of a recording knows no kernel address to
+start from (that is what KASLR hides); what must not leak is the layout, and the images
+carry none. Cost: ~21 vectorised passes over a column (bench/RESULTS.md, "Kernel
+addresses keyed per recording").
+"""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+ROUNDS = 4
+# Right shifts of the rounds: near half the word, so that each round's shift carries the
+# upper half into the lower; distinct, so the rounds do not repeat one pattern.
+_SHIFTS = (29, 32, 27, 31)
+ALIGN_BITS = 3  # low bits kept as they are (0 in every kernel address: 8-aligned)
+_LOW = (1 << ALIGN_BITS) - 1
+_HIGH_MASK = np.uint64(~_LOW & 0xFFFF_FFFF_FFFF_FFFF)
+assert len(_SHIFTS) == ROUNDS
+_CHUNK = 1 << 15  # addresses per pass: 256 KiB, within L2
+
+
+class AddressKey:
+    """A secret keyed permutation of uint64 addresses, for one recording.
+
+    `apply(addrs)` returns the images of a uint64 array (a new array, same shape). The key
+    lives in this object only: it has no repr of its words and refuses to be pickled, so it
+    cannot reach meta.json, a log or another process by accident."""
+
+    __slots__ = ("_xors", "_multipliers", "_final")
+
+    def __init__(self, xors: tuple[int, ...], multipliers: tuple[int, ...], final: int):
+        """Key words as given (tests use fixed ones); `generate()` draws them."""
+        if len(xors) != ROUNDS or len(multipliers) != ROUNDS:
+            raise ValueError(f"an address key has {ROUNDS} xor and {ROUNDS} multiplier words")
+        # The xor words have their low bits clear and the multipliers are ≡ 1 mod 8: then
+        # neither touches the low ALIGN_BITS bits (x·m ≡ x mod 8 when m ≡ 1 mod 8), and each
+        # multiplier is odd, so invertible mod 2^64.
+        if any(w & _LOW for w in (*xors, final)) or any(m & _LOW != 1 for m in multipliers):
+            raise ValueError("key words must leave the low bits of an address as they are")
+        self._xors = tuple(np.uint64(w) for w in xors)
+        self._multipliers = tuple(np.uint64(m) for m in multipliers)
+        self._final = np.uint64(final)
+
+    @classmethod
+    def generate(cls) -> "AddressKey":
+        """A fresh key from the system's CSPRNG (secrets)."""
+        def word() -> int:
+            return secrets.randbits(64) & ~_LOW
+        return cls(tuple(word() for _ in range(ROUNDS)), tuple(word() | 1 for _ in range(ROUNDS)), word())
+
+    def apply(self, addrs: np.ndarray) -> np.ndarray:
+        """Images of `addrs` (any integer array, read as uint64), as a new uint64 array."""
+        x = np.array(addrs, dtype=np.uint64, copy=True).reshape(-1)
+        shifted = np.empty(min(x.size, _CHUNK), dtype=np.uint64)
+        # In-place passes a cache-sized chunk at a time: over a whole 10^7-row column each
+        # of the ~21 passes would stream 160 MB through memory (16 ns an address here,
+        # against 6 ns so).
+        for start in range(0, x.size, _CHUNK):
+            self._mix(x[start:start + _CHUNK], shifted)
+        return x.reshape(np.shape(addrs))
+
+    def _mix(self, x: np.ndarray, scratch: np.ndarray) -> None:
+        """Apply the permutation to `x` in place (`scratch`: at least as long)."""
+        shifted = scratch[:x.size]
+        for xor, mul, shift in zip(self._xors, self._multipliers, _SHIFTS):
+            x ^= xor
+            x *= mul  # wraps mod 2^64: the multiplication we mean (numpy does not warn for arrays)
+            np.right_shift(x, np.uint64(shift), out=shifted)
+            shifted &= _HIGH_MASK  # the shift must not reach the low bits (kept as they are)
+            x ^= shifted
+        x ^= self._final
+
+    def words(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """The key words (xors, multipliers, final), for tests that invert `apply`. Never
+        write them anywhere: with them, every image gives its address back."""
+        return (tuple(map(int, self._xors)), tuple(map(int, self._multipliers)), int(self._final))
+
+    def __repr__(self) -> str:
+        return "AddressKey(<secret>)"
+
+    def __reduce__(self):
+        raise TypeError("an AddressKey is never pickled: it must not leave the recorder's memory")
