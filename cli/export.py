@@ -17,7 +17,8 @@ FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "
 @click.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMAT_CHOICES), help="The format to write (below).")
-@click.option("-o", "--output", type=click.Path(path_type=str),
+# readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
+@click.option("-o", "--output", type=click.Path(readable=False, path_type=str),
               help="The file to write (csv and parquet: the directory; '-': stdout, for the single-file formats). "
                    "Default: next to the recording, RECORDING.pftrace, .trace.json, .speedscope.json, .pb.gz, "
                    ".folded or .export/.")

@@ -115,7 +115,8 @@ def peak(path, layers, top, fmt, native_frames):
 @click.option("--flame", is_flag=True,
               help="Print folded stacks for flame-graph tools (flamegraph.pl, inferno, speedscope): one line "
                    "per chain, 'layer;outermost;…;innermost BYTES', every live chain (no --top).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str),
+# readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
+@click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=str),
               help="With --flame: write the folded stacks to this file instead of stdout.")
 def chains(path, layers, top, fmt, native_frames, at, flame, output):
     """Allocation chains holding each layer's live bytes at one moment (the table of

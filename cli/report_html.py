@@ -9,7 +9,9 @@ from memprof.cli.report import report
 
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
-@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False, path_type=str),
+# readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
+@click.option("-o", "--output", "output", default=None,
+              type=click.Path(dir_okay=False, readable=False, path_type=str),
               help="Where to write the page (default: the recording's name with .html, in the current directory).")
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1),
               help="Findings shown, and chains kept per layer in the flame graphs (the rest is one 'other' box).")
