@@ -15,18 +15,22 @@ each recording and never saved:
   objects: ARCH_SLAB_MINALIGN; struct page: 64 bytes), so those bits are 0 and say
   nothing; keeping them keeps the recorder's status line exact, which packs the layer
   code into them (memprof/record/livebytes.py);
-- the other 61 bits are mixed through ROUNDS rounds of (xor a key word, multiply by an
-  odd key word mod 2^64, xorshift right), then xored with a last key word. Multiplying
-  carries low bits up, the shift carries high bits down: after two rounds every input bit
-  reaches every output bit, so neighbours (adjacent struct pages 64 bytes apart, objects
-  of one slab) land far apart, and differences, offsets within a page and the region an
-  address lies in are gone. Unlike an xor with one key, one known (address, image) pair
-  does not reveal the key: it holds 9 random words (~550 bits).
+- the top byte is flipped, not mixed. It is 0xff in every kernel address (x86-64 with 4-
+  or 5-level paging, arm64), so it says nothing either, and flipped to 0 it makes every
+  image < 2^56: no image of a kernel address looks like one (a check for kernel pointers
+  in a recording finds none, by construction, not by chance);
+- the 53 bits between (3..55) are mixed through ROUNDS rounds of (xor a key word,
+  multiply by an odd key word mod 2^56, xorshift right), then xored with a last key word.
+  Multiplying carries low bits up, the shift carries high bits down: after two rounds
+  every input bit reaches every output bit, so neighbours (adjacent struct pages 64 bytes
+  apart, objects of one slab) land far apart, and differences, offsets within a page and
+  the region an address lies in are gone. Unlike an xor with one key, one known (address,
+  image) pair does not reveal the key: it holds 9 random words (~480 bits).
 
 It is not a vetted block cipher. The reader of a recording knows no kernel address to
 start from (that is what KASLR hides); what must not leak is the layout, and the images
-carry none. Cost: ~21 vectorised passes over a column (bench/RESULTS.md, "Kernel
-addresses keyed per recording").
+carry none. Cost: 24 vectorised passes over a column, a cache-sized chunk at a time
+(bench/RESULTS.md, "Kernel addresses keyed per recording").
 """
 from __future__ import annotations
 
@@ -35,13 +39,21 @@ import secrets
 import numpy as np
 
 ROUNDS = 4
-# Right shifts of the rounds: near half the word, so that each round's shift carries the
-# upper half into the lower; distinct, so the rounds do not repeat one pattern.
-_SHIFTS = (29, 32, 27, 31)
-ALIGN_BITS = 3  # low bits kept as they are (0 in every kernel address: 8-aligned)
-_LOW = (1 << ALIGN_BITS) - 1
-_HIGH_MASK = np.uint64(~_LOW & 0xFFFF_FFFF_FFFF_FFFF)
+# Right shifts of the rounds: near half of the 56-bit word, so that each round's shift
+# carries the upper half into the lower; distinct, so the rounds do not repeat one pattern.
+_SHIFTS = (27, 29, 25, 28)
 assert len(_SHIFTS) == ROUNDS
+ALIGN_BITS = 3   # low bits kept as they are (0 in every kernel address: 8-aligned)
+WORD_BITS = 56   # bits below the top byte, which is flipped (0xff in every kernel address)
+_LOW = (1 << ALIGN_BITS) - 1
+_MIXED = (1 << WORD_BITS) - 1 - _LOW                 # bits 3..55: the ones mixed
+_TOP = np.uint64(0xFFFF_FFFF_FFFF_FFFF ^ ((1 << WORD_BITS) - 1))
+_BELOW_TOP = np.uint64((1 << WORD_BITS) - 1)
+# The bits each round's shifted copy may flip: those whose source (bit + shift) is below
+# the top byte and that are not kept. Then a round reads bits 0..55 only and the top byte,
+# which the multiplication dirties, never flows down: bits 0..55 of the image depend on
+# bits 0..55 of the address alone, and the round stays invertible (top down).
+_SHIFT_MASKS = tuple(np.uint64(((1 << (WORD_BITS - s)) - 1) & ~_LOW) for s in _SHIFTS)
 _CHUNK = 1 << 15  # addresses per pass: 256 KiB, within L2
 
 
@@ -58,11 +70,10 @@ class AddressKey:
         """Key words as given (tests use fixed ones); `generate()` draws them."""
         if len(xors) != ROUNDS or len(multipliers) != ROUNDS:
             raise ValueError(f"an address key has {ROUNDS} xor and {ROUNDS} multiplier words")
-        # The xor words have their low bits clear and the multipliers are ≡ 1 mod 8: then
-        # neither touches the low ALIGN_BITS bits (x·m ≡ x mod 8 when m ≡ 1 mod 8), and each
-        # multiplier is odd, so invertible mod 2^64.
-        if any(w & _LOW for w in (*xors, final)) or any(m & _LOW != 1 for m in multipliers):
-            raise ValueError("key words must leave the low bits of an address as they are")
+        # Xor words lie in the mixed bits only; multipliers are < 2^56 and ≡ 1 mod 8, so odd
+        # (invertible mod 2^56) and x·m ≡ x mod 8 (the low bits stay as they are).
+        if any(w & ~_MIXED for w in (*xors, final)) or any(m & ~(_MIXED | 1) or m & _LOW != 1 for m in multipliers):
+            raise ValueError("key words must leave the low bits and the top byte of an address as they are")
         self._xors = tuple(np.uint64(w) for w in xors)
         self._multipliers = tuple(np.uint64(m) for m in multipliers)
         self._final = np.uint64(final)
@@ -71,30 +82,33 @@ class AddressKey:
     def generate(cls) -> "AddressKey":
         """A fresh key from the system's CSPRNG (secrets)."""
         def word() -> int:
-            return secrets.randbits(64) & ~_LOW
+            return secrets.randbits(64) & _MIXED
         return cls(tuple(word() for _ in range(ROUNDS)), tuple(word() | 1 for _ in range(ROUNDS)), word())
 
     def apply(self, addrs: np.ndarray) -> np.ndarray:
-        """Images of `addrs` (any integer array, read as uint64), as a new uint64 array."""
+        """Images of `addrs` (any integer array, read as uint64), as a new uint64 array of the
+        same shape. A kernel address (top byte 0xff) has an image below 2^56."""
         x = np.array(addrs, dtype=np.uint64, copy=True).reshape(-1)
-        shifted = np.empty(min(x.size, _CHUNK), dtype=np.uint64)
+        scratch = np.empty((2, min(x.size, _CHUNK)), dtype=np.uint64)
         # In-place passes a cache-sized chunk at a time: over a whole 10^7-row column each
-        # of the ~21 passes would stream 160 MB through memory (16 ns an address here,
-        # against 6 ns so).
+        # pass would stream 160 MB through memory (16 ns an address here, against 6 ns so).
         for start in range(0, x.size, _CHUNK):
-            self._mix(x[start:start + _CHUNK], shifted)
+            self._mix(x[start:start + _CHUNK], scratch[:, :min(_CHUNK, x.size - start)])
         return x.reshape(np.shape(addrs))
 
     def _mix(self, x: np.ndarray, scratch: np.ndarray) -> None:
-        """Apply the permutation to `x` in place (`scratch`: at least as long)."""
-        shifted = scratch[:x.size]
-        for xor, mul, shift in zip(self._xors, self._multipliers, _SHIFTS):
+        """Apply the permutation to `x` in place (`scratch`: two rows as long as `x`)."""
+        top, shifted = scratch
+        np.bitwise_and(x, _TOP, out=top)
+        for xor, mul, shift, mask in zip(self._xors, self._multipliers, _SHIFTS, _SHIFT_MASKS):
             x ^= xor
-            x *= mul  # wraps mod 2^64: the multiplication we mean (numpy does not warn for arrays)
+            x *= mul  # wraps mod 2^64; bits 0..55 are the product mod 2^56, the one we mean
             np.right_shift(x, np.uint64(shift), out=shifted)
-            shifted &= _HIGH_MASK  # the shift must not reach the low bits (kept as they are)
+            shifted &= mask
             x ^= shifted
-        x ^= self._final
+        x &= _BELOW_TOP
+        x |= top
+        x ^= self._final | _TOP  # the last key word, and the top byte flipped
 
     def words(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """The key words (xors, multipliers, final), for tests that invert `apply`. Never
