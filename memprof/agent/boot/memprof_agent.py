@@ -89,6 +89,9 @@ def _write(record):
 def _start_flusher():
     _state["flusher_pid"] = _pid()
     threading.Thread(target=_flush_loop, name="memprof-agent-flush", daemon=True).start()
+    if not _state.get("flush_at_exit"):  # marks of a process without torch (no install()) too
+        _state["flush_at_exit"] = True
+        atexit.register(flush)
 
 
 def _open_output():
