@@ -4,18 +4,23 @@ recording every report reads.
 A file whose content starts with `{` is a Chrome trace (JSON, memprof/sources/torch_profiler.py);
 any other is a snapshot pickle, loaded without running anything it names
 (memprof/sources/safe_pickle.py) and converted by memprof/sources/torch_snapshot.py. Both may
-be gzip-compressed. Only when every file has been read is the recording written, so a bad file
-leaves nothing behind. Times stay the files' own: epoch ns (CLOCK_REALTIME), recorded as
+be gzip-compressed. Only when every file has been read is the recording written, under a hidden
+temporary name beside the output that is renamed into place once complete: a bad file, a
+failure while writing, or Ctrl-C leaves nothing behind (and never a recording that says
+"recording"). Times stay the files' own: epoch ns (CLOCK_REALTIME), recorded as
 `meta.clock`; a snapshot's rows have pid and tid 0 (it records neither).
 """
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof import __version__
-from memprof.errors import BadInputError
+from memprof.errors import BadInputError, UsageError
 from memprof.model import RecordingMeta, SourceStats
 from memprof.recording import RecordingWriter
 from memprof.sources.frame_interner import FrameInterner
@@ -28,6 +33,14 @@ CLOCK = "CLOCK_REALTIME"
 CLOCK_NOTE = ("imported: times are the files' own epoch clock (CLOCK_REALTIME ns, to the microsecond), not "
               "CLOCK_MONOTONIC; a CUDA snapshot's events have pid and tid 0 (it records neither)")
 _SUFFIXES = (".gz", ".pickle", ".pkl", ".json")
+# The device column holds at most 128 names per part (an int8 dictionary); a recording of
+# more devices than that is not one torch wrote.
+MAX_DEVICES = 128
+# Items (trace entries, blocks, segments, annotations, Chrome trace events) per byte of a
+# file, at most: each costs a real file dozens of bytes, so more are objects shared by
+# reference, which would cost hundreds of bytes of rows each.
+BYTES_PER_ITEM = 8
+_MIN_ITEMS = 4096
 
 
 @dataclass
@@ -57,20 +70,53 @@ def import_snapshots(paths: list[Path | str], output: Path | str | None = None, 
     `force`."""
     if not paths:
         raise BadInputError("no file given", "pass snapshots (torch.cuda.memory._dump_snapshot) or Chrome traces")
+    output = Path(output) if output is not None else default_output(paths[0])
+    if not force and os.path.lexists(output):
+        raise UsageError(f"{output} exists", "choose another -o path or pass --force")
     interner, converted, seq = FrameInterner(), [], 0
     for path in map(Path, paths):
         source, rows = _convert(path, interner, seq)
         converted.append((path, source, rows))
         seq += len(rows.events["ts_ns"])
-    output = Path(output) if output is not None else default_output(paths[0])
-    meta = _meta(converted)
-    writer = RecordingWriter(output, meta, force=force)
-    for _, _, rows in converted:
-        _append(writer, rows)
-        writer.flush()
-    writer.finalize()
     devices = sorted({d for _, _, rows in converted for d in rows.stats["devices"]})
+    if len(devices) > MAX_DEVICES:
+        raise BadInputError(f"the files name {len(devices)} devices, more than the {MAX_DEVICES} a recording holds",
+                            "import the files of one machine's job, as torch.cuda.memory._dump_snapshot wrote them")
+    _write(output, _meta(converted), converted, force)
     return ImportResult(path=output, files=len(converted), events=seq, devices=devices, warnings=_overlaps(converted))
+
+
+def _write(output: Path, meta: RecordingMeta, converted: list[tuple[Path, str, SnapshotRows]], force: bool) -> None:
+    """Write the recording under a hidden sibling name, then rename it to `output` (replacing
+    an old recording there only with `force`, as RecordingWriter does). On any failure the
+    temporary recording is removed and `output` is as it was."""
+    temporary = output.parent / f".{output.name}.import-{secrets.token_hex(6)}"
+    try:
+        writer = RecordingWriter(temporary, meta)
+        for path, _, rows in converted:
+            try:
+                _append(writer, rows)
+            except ValueError as e:  # a value the file holds that no column can store
+                raise BadInputError(f"{path}: {e}", "the file is damaged, or was not written by torch") from None
+            writer.flush()
+        writer.finalize()
+        _move_into_place(temporary, output, force)
+    finally:
+        if os.path.lexists(temporary):
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _move_into_place(temporary: Path, output: Path, force: bool) -> None:
+    """Rename the complete recording at `temporary` to `output`. Raises UsageError."""
+    if os.path.lexists(output):
+        if not force:
+            raise UsageError(f"{output} exists", "choose another -o path or pass --force")
+        from memprof.recording.writer import _clear_path  # the one rule for what --force may replace
+        _clear_path(output, True, os.geteuid())
+    try:
+        os.rename(temporary, output)
+    except OSError as e:
+        raise UsageError(f"cannot create {output}: {e.strerror}", "choose another -o path") from e
 
 
 def _convert(path: Path, interner: FrameInterner, seq_start: int) -> tuple[str, SnapshotRows]:
@@ -80,11 +126,35 @@ def _convert(path: Path, interner: FrameInterner, seq_start: int) -> tuple[str, 
         source, loaded = PROFILER, _json(data, path)
     else:
         source, loaded = SNAPSHOT, loads_plain(data, str(path))
+    _check_items(loaded, len(data), path)
     convert = profiler_rows if source == PROFILER else snapshot_rows
     try:
         return source, convert(loaded, realtime_ns, interner=interner, seq_start=seq_start)
     except BadInputError as e:
         raise type(e)(f"{path}: {e.message}", e.hint) from None
+
+
+def _check_items(loaded, size: int, path: Path) -> None:
+    """Raise BadInputError when the file holds more items than BYTES_PER_ITEM allows."""
+    items = _items(loaded)
+    if items > max(_MIN_ITEMS, size // BYTES_PER_ITEM):
+        raise BadInputError(
+            f"{path}: {items:,} entries in {size:,} bytes: entries shared by reference, not a file torch wrote",
+            "pass a file written by torch.cuda.memory._dump_snapshot or torch.profiler's export_chrome_trace")
+
+
+def _items(loaded) -> int:
+    """Trace entries, blocks, segments, annotations and Chrome trace events in a loaded file."""
+    if isinstance(loaded, list):
+        loaded = {"segments": loaded}
+    if not isinstance(loaded, dict):
+        return 0
+    lists = [loaded.get("traceEvents"), loaded.get("segments"), loaded.get("external_annotations")]
+    traces = loaded.get("device_traces")
+    lists += traces if isinstance(traces, list) else []
+    segments = loaded.get("segments") if isinstance(loaded.get("segments"), list) else []
+    lists += [s.get("blocks") for s in segments if isinstance(s, dict)]
+    return len(lists) + sum(len(x) for x in lists if isinstance(x, list))
 
 
 def _json(data: bytes, path: Path):

@@ -9,12 +9,22 @@ any call that uses it (REDUCE, NEWOBJ, BUILD) can run. The opcodes that build pl
 containers and scalars never call out, so every real snapshot loads.
 
 gzip-compressed files (`snapshot.pickle.gz`) are decompressed first.
+
+No input may cost far more memory than its size (a hostile file is refused before it does):
+- decompression stops, with BadInputError, past `MAX_GZIP_RATIO` times the compressed size
+  (at least `MIN_GZIP_LIMIT` bytes): a 1 MB gzip of zeros would otherwise be 1 GB in memory;
+- the C unpickler sizes its memo by the largest index a PUT or LONG_BINPUT names (9 bytes can
+  ask for 2**26 slots, 1.2 GB), so every such index is checked first: a pickler numbers its
+  memo entries from 0, one per entry, so an index is never as large as the pickle itself.
 """
 from __future__ import annotations
 
-import gzip
 import io
+import os
 import pickle
+import stat
+import reprlib
+import struct
 import zlib
 from pathlib import Path
 from typing import Any
@@ -22,6 +32,9 @@ from typing import Any
 from memprof.errors import BadInputError, UnsafeInputError
 
 _GZIP_MAGIC = b"\x1f\x8b"
+MAX_GZIP_RATIO = 64           # decompressed bytes per compressed byte, at most
+MIN_GZIP_LIMIT = 64 << 20     # bytes a small gzip file may always decompress to
+_GZIP_CHUNK = 16 << 20      # bytes decompressed per step (limits are checked between steps)
 _PROTO = pickle.PROTO
 _UNSAFE_HINT = ("nothing in it was run; torch.cuda.memory._dump_snapshot did not write this file, so do not "
                 "open it with pickle (or torch.load(weights_only=False)) either")
@@ -58,6 +71,7 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
     data = _gunzipped(data, source)
     if not data:
         raise BadInputError(f"{source} is empty", _NOT_SNAPSHOT_HINT)
+    _check_memo(data, source)
     try:
         return _PlainDataUnpickler(io.BytesIO(data), source).load()
     except UnsafeInputError:
@@ -76,23 +90,151 @@ def read_input(path: Path | str) -> bytes:
     """The bytes of the file at `path`, decompressed when gzip. Raises BadInputError."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except FileNotFoundError:
         raise BadInputError(f"{path} does not exist", "check the path") from None
     except IsADirectoryError:
         raise BadInputError(f"{path} is a directory, not a snapshot file", "pass the file inside it") from None
     except OSError as e:
         raise BadInputError(f"cannot read {path}: {e.strerror or e}", "check the path and its permissions") from None
-    return _gunzipped(data, str(path))
+    data = _gunzipped(data, str(path))
+    if data.startswith(_GZIP_MAGIC):  # decompressing again would multiply the limit
+        raise BadInputError(f"{path}: a gzip file inside a gzip file", "decompress it yourself and import the result")
+    return data
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of `path`, which must be a regular file: a FIFO, a device (/dev/zero) or a
+    socket would block or never end. Raises OSError, BadInputError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise IsADirectoryError(21, "Is a directory")
+            raise BadInputError(f"{path} is not a regular file", "pass a snapshot or trace file")
+        return f.read()
+
+
+def gzip_limit(compressed_bytes: int) -> int:
+    """The most bytes a gzip file of `compressed_bytes` may decompress to."""
+    return max(MIN_GZIP_LIMIT, MAX_GZIP_RATIO * compressed_bytes)
 
 
 def _gunzipped(data: bytes, source: str) -> bytes:
+    """`data` decompressed if it is gzip (every member), else `data`. Raises BadInputError
+    for a damaged gzip file, or one that decompresses to more than `gzip_limit` bytes."""
     if not data.startswith(_GZIP_MAGIC):
         return data
+    limit, out, rest = gzip_limit(len(data)), bytearray(), data
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:
+        while rest.startswith(_GZIP_MAGIC):
+            rest = _gunzip_member(rest, out, limit, source)
+    except (EOFError, zlib.error) as e:
         raise BadInputError(f"{source}: truncated or damaged gzip file ({e})", _NOT_SNAPSHOT_HINT) from None
+    if rest.strip(b"\0"):  # gzip(1) ignores trailing zeros only
+        raise BadInputError(f"{source}: damaged gzip file (data after its end)", _NOT_SNAPSHOT_HINT)
+    return bytes(out)
+
+
+def _gunzip_member(data: bytes, out: bytearray, limit: int, source: str) -> bytes:
+    """Decompress the gzip member at the start of `data` onto `out`, never past `limit`
+    bytes in all; the bytes after the member."""
+    stream = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    pending = data
+    while pending:
+        out += stream.decompress(pending, _GZIP_CHUNK)
+        if len(out) > limit:
+            raise BadInputError(
+                f"{source}: decompresses to more than {limit:,} bytes, the limit for a {len(data):,}-byte gzip "
+                "file: a gzip bomb, or an unusually repetitive file",
+                "if it is a real snapshot, gunzip it yourself and import the uncompressed file")
+        if stream.eof:
+            return stream.unused_data
+        pending = stream.unconsumed_tail
+    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+
+
+# Opcode → how its argument is laid out (pickletools.opcodes): a fixed number of bytes, a
+# little-endian length then that many bytes, or text up to a newline (two lines for GLOBAL and INST).
+_FIXED = {op: n for n, ops in {1: b"KhqP\x80\x82", 2: b"M\x83", 4: b"Jjr\x84", 8: b"G\x95"}.items() for op in ops}
+del _FIXED[ord("P")]  # PERSID is a line
+_SIZED = {ord(op): (struct.Struct(fmt), struct.calcsize(fmt)) for op, fmt in (
+    ("T", "<i"), ("U", "<B"), ("X", "<I"), ("\x8c", "<B"), ("\x8d", "<Q"), ("B", "<I"), ("C", "<B"), ("\x8e", "<Q"),
+    ("\x96", "<Q"), ("\x8a", "<B"), ("\x8b", "<i"))}
+_LINE, _TWO_LINES = frozenset(b"ILFSVpgP"), frozenset(b"ci")
+_LONG_BINPUT, _PUT, _STOP = ord("r"), ord("p"), ord(".")
+_U32 = struct.Struct("<I")
+
+
+def _check_memo(data: bytes, source: str) -> None:
+    """Raise BadInputError if a PUT or LONG_BINPUT names a memo index of len(data) or more
+    (module docstring), or an opcode's length runs past the end of the file (the unpickler
+    reserves that length first: BYTEARRAY8 can ask for 2^63 bytes). Walks the opcodes
+    without building anything; stops at STOP or at bytes it cannot read (the unpickler then
+    says what is wrong with them)."""
+    index, cut = _scan(data)
+    if cut is not None:
+        raise BadInputError(f"{source}: truncated pickle (the opcode at byte {cut:,} holds more bytes than the file)",
+                            _NOT_SNAPSHOT_HINT)
+    if index >= len(data):
+        raise BadInputError(
+            f"{source}: damaged or hostile pickle (memo index {index:,} in a {len(data):,}-byte file: "
+            f"loading it would reserve {index * 16:,} bytes)", _NOT_SNAPSHOT_HINT)
+
+
+def _scan(data: bytes) -> tuple[int, int | None]:
+    """(the largest memo index a PUT or LONG_BINPUT of `data` names, -1 for none; the offset
+    of an opcode whose length runs past the end of `data`, None if there is none)."""
+    i, n, top = 0, len(data), -1
+    while i < n:
+        op = data[i]
+        i += 1
+        width = _FIXED.get(op)
+        if width is not None:
+            if op == _LONG_BINPUT and i + 4 <= n:
+                top = max(top, _U32.unpack_from(data, i)[0])
+            i += width
+        elif op in _SIZED:
+            layout, width = _SIZED[op]
+            size = layout.unpack_from(data, i)[0] if i + width <= n else -1
+            if size < 0 or i + width + size > n:
+                return top, i - 1  # the unpickler would reserve `size` bytes before finding them missing
+            i += width + size
+        elif op in _LINE or op in _TWO_LINES:
+            end = data.find(b"\n", i)
+            if op in _TWO_LINES and end >= 0:
+                end = data.find(b"\n", end + 1)
+            if end < 0:
+                break
+            if op == _PUT:
+                top = max(top, _put_index(data[i:end], n))
+            i = end + 1
+        elif op == _STOP:
+            break
+    return top, None
+
+
+def _put_index(text: bytes, size: int) -> int:
+    """The memo index of a PUT's text argument (as int() reads it; -1 if it cannot be read)."""
+    if len(text) > 24:
+        return size  # longer than any index of a real pickle
+    try:
+        return int(text)
+    except ValueError:
+        return -1
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel, _REPR.maxlong = 60, 60, 3, 40
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr of untrusted data for messages: at most a few dozen characters, never
+    an error (values nested a million deep, shared a billion times, or 10^5000 included)."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a repr that raises (an int past Python's digit limit, …)
+        return f"<{type(value).__name__}>"
 
 
 def _why(error: BaseException, data: bytes) -> str:

@@ -21,6 +21,8 @@ unmatched free, as for every source.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -28,14 +30,17 @@ from typing import Any
 from memprof.errors import BadInputError
 from memprof.model import Action, FrameKind, Layer
 from memprof.sources.frame_interner import FrameInterner
+from memprof.sources.safe_pickle import short_repr
 from memprof.sources.torch_snapshot import SnapshotRows
-from memprof.sources.torch_trace import Rows, ToNs
+from memprof.sources.torch_trace import MAX_STACK_DEPTH, Rows, ToNs, text
 
 _HINT = "pass a file written by torch.profiler's export_chrome_trace (profile_memory=True)"
 _SPAN_CATEGORIES = {"python_function": FrameKind.PYTHON.value, "cpu_op": FrameKind.NATIVE.value}
 _PYTHON_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 _DEVICES = {0: (Layer.TORCH_CPU.value, "cpu"), 1: (Layer.CUDA_BLOCK.value, "cuda:{}")}
 _MEMORY, _OOM = "[memory]", "[OutOfMemory]"
+_MAX_NS = 2**63 - 1  # ts_ns is int64
+_MAX_US = 2**53      # µs: beyond this a float has no µs left, and no trace runs that long
 
 
 def check_trace(obj: Any) -> dict:
@@ -44,8 +49,8 @@ def check_trace(obj: Any) -> dict:
         what = f"a JSON {type(obj).__name__}" if not isinstance(obj, dict) else "JSON without a traceEvents list"
         raise BadInputError(f"holds {what}, not a torch.profiler Chrome trace", _HINT)
     base = obj.get("baseTimeNanoseconds", 0)
-    if isinstance(base, bool) or not isinstance(base, int):
-        raise BadInputError(f"baseTimeNanoseconds is {base!r}, not epoch nanoseconds", _HINT)
+    if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base <= _MAX_NS:
+        raise BadInputError(f"baseTimeNanoseconds is {short_repr(base)}, not epoch nanoseconds", _HINT)
     return obj
 
 
@@ -60,7 +65,7 @@ def profiler_rows(trace: Any, to_ns: ToNs, *, interner: FrameInterner | None = N
     chains = _chains(memory, spans)
     rows, pids, tids, counts = Rows(), [], [], Counter()
     for (where, event), chain in zip(memory, chains):
-        ts = int(to_ns((base_ns + round(_number(event, "ts", where) * 1000)) // 1000))
+        ts = _epoch_ns(base_ns, event["ts"], to_ns, where)
         if _row(rows, event, where, ts, lambda: interner.intern(chain), counts):
             pids.append(_int_or_zero(event.get("pid")))
             tids.append(_int_or_zero(event.get("tid")))
@@ -74,16 +79,30 @@ def profiler_rows(trace: Any, to_ns: ToNs, *, interner: FrameInterner | None = N
     return SnapshotRows(events, stacks, frames, stats)
 
 
+def _epoch_ns(base_ns: int, ts_us: float, to_ns: ToNs, where: str) -> int:
+    """An event's `ts` (µs after `base_ns`) on the recording's clock. Raises BadInputError
+    when it is not a time the recording can hold."""
+    ns = (base_ns + round(ts_us * 1000)) // 1000
+    ns = int(to_ns(ns)) if 0 <= ns <= _MAX_NS // 1000 else -1
+    if not 0 <= ns <= _MAX_NS:
+        raise BadInputError(f"{where}: ts {short_repr(ts_us)} is not a time in the trace", _HINT)
+    return ns
+
+
 def _window(events: list, base_ns: int, to_ns: ToNs) -> tuple[int, int] | None:
-    """(first, last) time of the trace's events, starts and ends, on the recording's clock."""
+    """(first, last) time of the trace's events, starts and ends, on the recording's clock;
+    None when none has a time the recording can hold."""
     starts = [e["ts"] for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")
-              and _is_number(e.get("ts"))]
+              and _is_us(e.get("ts"))]
     ends = [e["ts"] + e["dur"] for e in events if isinstance(e, dict) and e.get("ph") == "X"
-            and _is_number(e.get("ts")) and _is_number(e.get("dur"))]
+            and _is_us(e.get("ts")) and _is_us(e.get("dur"))]
     if not starts:
         return None
-    convert = lambda us: int(to_ns((base_ns + round(us * 1000)) // 1000))  # noqa: E731
-    return convert(min(starts)), convert(max(starts + ends))
+    try:
+        return (_epoch_ns(base_ns, min(starts), to_ns, "the first event"),
+                _epoch_ns(base_ns, max(starts + ends), to_ns, "the last event"))
+    except BadInputError:
+        return None
 
 
 def _split(events: list) -> tuple[list[tuple[str, dict]], list[dict]]:
@@ -93,37 +112,62 @@ def _split(events: list) -> tuple[list[tuple[str, dict]], list[dict]]:
         if not isinstance(e, dict):
             continue
         if e.get("name") in (_MEMORY, _OOM) and e.get("ph") in ("i", "I"):
+            if not _is_us(e.get("ts")):
+                raise BadInputError(f"traceEvents[{i}]: ts is {short_repr(e.get('ts'))}, not a number of µs", _HINT)
             memory.append((f"traceEvents[{i}]", e))
-        elif e.get("ph") == "X" and e.get("cat") in _SPAN_CATEGORIES and _is_number(e.get("ts")) \
-                and _is_number(e.get("dur")):
+        elif e.get("ph") == "X" and isinstance(e.get("cat"), str) and e["cat"] in _SPAN_CATEGORIES \
+                and _is_us(e.get("ts")) and _is_us(e.get("dur")):
             spans.append(e)
-    memory.sort(key=lambda item: item[1]["ts"] if _is_number(item[1].get("ts")) else 0)
+    memory.sort(key=lambda item: item[1]["ts"])
     return memory, spans
 
 
 def _chains(memory: list[tuple[str, dict]], spans: list[dict]) -> list[list[dict]]:
     """Per memory event, the frames of the spans open on its thread at its time, innermost
-    first: one sweep per thread over span starts and memory events in time order."""
+    first (at most MAX_STACK_DEPTH): one sweep per thread over span starts and memory events
+    in time order."""
     by_thread: dict[tuple, list] = {}
     for s in spans:  # at equal times a span starts before an event inside it, outer spans first
-        by_thread.setdefault((s.get("pid"), s.get("tid")), []).append((s["ts"], 0, -s["dur"], s))
+        by_thread.setdefault(_thread(s), []).append((s["ts"], 0, -s["dur"], s))
     for index, (_, e) in enumerate(memory):
-        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((e.get("ts", 0), 1, index, e))
+        by_thread.setdefault(_thread(e), []).append((e["ts"], 1, index, e))
     chains: list[list[dict]] = [[] for _ in memory]
+    frames: dict[int, dict] = {}  # id(span) -> its frame, made once however many chains hold it
     for items in by_thread.values():
-        open_spans: list[dict] = []
-        for ts, kind, key, item in sorted(items, key=lambda t: t[:3]):
-            # Spans ended by now leave, wherever they are (spans that do not nest stay correct).
-            open_spans = [s for s in open_spans if s["ts"] + s["dur"] >= ts]
-            if kind == 0:
-                open_spans.append(item)
-            else:
-                chains[key] = [_frame(s) for s in reversed(open_spans)]
+        _sweep(sorted(items, key=lambda t: t[:3]), chains, frames)
     return chains
 
 
+def _sweep(items: list[tuple], chains: list[list[dict]], frames: dict[int, dict]) -> None:
+    """One thread's sweep: spans open in start order, each leaving once its end has passed
+    (wherever it is: spans that do not nest stay correct), found by a heap of ends."""
+    open_spans: dict[int, dict] = {}  # start order
+    ends: list[tuple[float, int]] = []
+    for order, (ts, kind, key, item) in enumerate(items):
+        while ends and ends[0][0] < ts:
+            open_spans.pop(heapq.heappop(ends)[1], None)
+        if kind == 0:
+            open_spans[order] = item
+            heapq.heappush(ends, (item["ts"] + item["dur"], order))
+            continue
+        chain = []
+        for span in reversed(open_spans.values()):
+            if len(chain) == MAX_STACK_DEPTH:
+                break
+            if id(span) not in frames:
+                frames[id(span)] = _frame(span)
+            chain.append(frames[id(span)])
+        chains[key] = chain
+
+
+def _thread(event: dict) -> tuple:
+    """(pid, tid) of an event, as a key whatever the file holds there."""
+    return tuple(v if v is None or isinstance(v, (int, str)) else short_repr(v)
+                 for v in (event.get("pid"), event.get("tid")))
+
+
 def _frame(span: dict) -> dict:
-    name = str(span.get("name", "?"))
+    name = text(span.get("name", "?"))
     if span.get("cat") == "python_function":
         m = _PYTHON_NAME.match(name)
         if m:
@@ -137,23 +181,24 @@ def _row(rows: Rows, e: dict, where: str, ts: int, stack_of, counts: Counter) ->
     args = e.get("args")
     if not isinstance(args, dict):
         raise BadInputError(f"{where}: a {e['name']} event without args", _HINT)
-    size = _number(args, "Bytes", where)
+    size = _bytes(args, where)
     device_type = args.get("Device Type")
-    if device_type not in _DEVICES:
-        counts[f"device type {device_type}"] += 1
+    if isinstance(device_type, bool) or not isinstance(device_type, int) or device_type not in _DEVICES:
+        counts[f"device type {short_repr(device_type)}"] += 1
         return False
     layer, device = _DEVICES[device_type]
-    device = device.format(_int_or_zero(args.get("Device Id")))
+    if device_type == 1:
+        device = device.format(_device_id(args, where))
     stack = stack_of()
     if e["name"] == _OOM:
-        rows.add(ts, layer, Action.OOM.value, 0, abs(int(size)), device, abs(int(size)), stack)
+        rows.add(ts, layer, Action.OOM.value, 0, abs(size), device, abs(size), stack)
         counts["oom"] += 1
         return True
     addr = args.get("Addr")
     if isinstance(addr, bool) or not isinstance(addr, int) or not 0 <= addr < 2**64 or size == 0:
-        raise BadInputError(f"{where}: Addr {addr!r} and Bytes {size!r} are not an allocation", _HINT)
+        raise BadInputError(f"{where}: Addr {short_repr(addr)} and Bytes {size} are not an allocation", _HINT)
     action = Action.ALLOC.value if size > 0 else Action.FREE.value
-    rows.add(ts, layer, action, addr, abs(int(size)), device, abs(int(size)) if size > 0 else None, stack)
+    rows.add(ts, layer, action, addr, abs(size), device, abs(size) if size > 0 else None, stack)
     counts[action] += 1
     return True
 
@@ -181,15 +226,27 @@ def _stats(rows: Rows, counts: Counter, has_spans: bool) -> dict[str, Any]:
     return stats
 
 
-def _number(d: dict, key: str, where: str) -> float:
-    value = d.get(key)
-    if not _is_number(value):
-        raise BadInputError(f"{where}: {key} is {value!r}, not a number", _HINT)
+def _bytes(args: dict, where: str) -> int:
+    """A memory event's Bytes: an integral number under 2^63 either way (negative: a free)."""
+    value = args.get("Bytes")
+    if not _is_us(value) or value != int(value) or not -2**63 < value < 2**63:
+        raise BadInputError(f"{where}: Bytes is {short_repr(value)}, not a byte count", _HINT)
+    return int(value)
+
+
+def _device_id(args: dict, where: str) -> int:
+    """A CUDA memory event's Device Id (absent: device 0)."""
+    value = args.get("Device Id", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**16:
+        raise BadInputError(f"{where}: Device Id is {short_repr(value)}, not a CUDA device index", _HINT)
     return value
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_us(value: Any) -> bool:
+    """A finite number, of at most 2^53 either way (µs of a trace, or bytes)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or math.isfinite(value)) and -_MAX_US <= value <= _MAX_US
 
 
 def _int_or_zero(value: Any) -> int:

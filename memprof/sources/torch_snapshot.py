@@ -22,14 +22,17 @@ history[0]; older history entries have no times and are only counted.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, NamedTuple
 
 from memprof.errors import BadInputError
 from memprof.model import Action, Layer
 from memprof.sources.frame_interner import FrameInterner
+from memprof.sources.safe_pickle import short_repr
 from memprof.sources.torch_trace import (
-    MAX_LABELS, LiveTraces, Rows, ToNs, TraceConverter, _size, _u64, agent_trace_tables, realtime_ns, trace_rows,
+    MAX_LABELS, LiveTraces, Rows, ToNs, TraceConverter, _size, _u64, agent_trace_tables, clean_frames, is_time_us,
+    realtime_ns, text, trace_rows,
 )
 from memprof.units import format_bytes
 
@@ -40,6 +43,10 @@ _HINT = "pass a file written by torch.cuda.memory._dump_snapshot(FILE)"
 _ACTIVE = {"active_allocated": False, "active_pending_free": True, "active_awaiting_free": True}  # -> pending
 _BLOCK, _SEGMENT = Layer.CUDA_BLOCK.value, Layer.CUDA_SEGMENT.value
 _ALLOC, _FREE_REQUESTED = Action.ALLOC.value, Action.FREE_REQUESTED.value
+_ADDRESS_SPACE = 2**64
+# allocator_settings are kept in meta.json as given, up to this many values (a hostile file's
+# settings can be nested or shared without end: the rest becomes "…").
+MAX_SETTINGS_VALUES = 10_000
 
 
 class SnapshotRows(NamedTuple):
@@ -104,14 +111,10 @@ def snapshot_rows(snapshot: Any, to_ns: ToNs, *, interner: FrameInterner | None 
 def _time_range(snap: dict) -> tuple[int | None, int | None]:
     """Earliest and latest `time_us` of the trace entries and annotations (None: no times)."""
     times = [e["time_us"] for trace in snap.get("device_traces") or [] if isinstance(trace, list)
-             for e in trace if isinstance(e, dict) and _is_time(e.get("time_us"))]
+             for e in trace if isinstance(e, dict) and is_time_us(e.get("time_us"))]
     times += [a["time_us"] for a in snap.get("external_annotations") or []
-              if isinstance(a, dict) and _is_time(a.get("time_us"))]
+              if isinstance(a, dict) and is_time_us(a.get("time_us"))]
     return (int(min(times)), int(max(times))) if times else (None, None)
-
-
-def _is_time(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _annotation_rows(annotations: list, converters: dict[int, TraceConverter], to_ns: ToNs,
@@ -126,16 +129,20 @@ def _annotation_rows(annotations: list, converters: dict[int, TraceConverter], t
         if device not in converters:
             converters[device] = TraceConverter(device, to_ns, interner, default_ns=first_ns, labels=labels)
         converter = converters[device]
-        ts = int(to_ns(int(a["time_us"]))) if _is_time(a.get("time_us")) else first_ns
-        name = str(a.get("name", "?"))
-        converter.mark(rows, ts, name + (":end" if str(a.get("stage", "")).upper() == "END" else ""))
+        time_us = a.get("time_us")
+        if time_us is not None and not is_time_us(time_us):
+            raise BadInputError(f"{where}: time_us is {short_repr(time_us)}, not epoch microseconds", _HINT)
+        ts = first_ns if time_us is None else int(to_ns(int(time_us)))
+        stage = a.get("stage")
+        end = isinstance(stage, str) and stage.upper() == "END"
+        converter.mark(rows, ts, text(a.get("name", "?")) + (":end" if end else ""))
     return rows
 
 
 def _device(d: dict, where: str) -> int:
     device = d.get("device", 0)
     if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < 2**16:
-        raise BadInputError(f"{where}: device is {device!r}, not a CUDA device index", _HINT)
+        raise BadInputError(f"{where}: device is {short_repr(device)}, not a CUDA device index", _HINT)
     return device
 
 
@@ -149,12 +156,21 @@ class _EndState:
         self.before, self.after = Rows(), Rows()
         self.counts: Counter = Counter()
         self.expandable = False
+        self._stacks: dict[int, int | None] = {}  # id(frames) -> stack id: blocks share frame lists
+
+    def _stack(self, frames: Any) -> int | None:
+        key = id(frames)  # the snapshot outlives the conversion, so ids are not reused meanwhile
+        if key not in self._stacks:
+            self._stacks[key] = self.interner.intern(clean_frames(frames))
+        return self._stacks[key]
 
     def segment(self, seg: Any, where: str) -> None:
         if not isinstance(seg, dict):
             raise BadInputError(f"{where} is a {type(seg).__name__}, not a segment dict", _HINT)
         device, address = _device(seg, where), _u64(seg, "address", where)
         total = _size(seg, where, "total_size")
+        if address + total > _ADDRESS_SPACE:
+            raise BadInputError(f"{where}: address {address:#x} + total_size {total} runs past the address space", _HINT)
         self.expandable |= bool(seg.get("is_expandable"))
         converter = self.converters.get(device)
         blocks = seg.get("blocks", [])
@@ -164,7 +180,7 @@ class _EndState:
         for j, block in enumerate(blocks):
             offset = self._block(block, f"{where}.blocks[{j}]", device, offset, converter)
         gaps = _uncovered(address, total, converter)
-        stack = self.interner.intern(seg.get("frames")) if gaps else None
+        stack = self._stack(seg.get("frames")) if gaps else None
         for gap, size in gaps:
             self.before.add(self.first_ns, _SEGMENT, _ALLOC, gap, size, f"cuda:{device}", None, stack)
             self.counts["segments"] += 1
@@ -177,8 +193,11 @@ class _EndState:
         size = _size(block, where)
         addr = _u64(block, "address", where) if "address" in block else offset
         requested, frames, addr = self._block_origin(block, where, size, addr)
-        if block.get("state") in _ACTIVE:
-            self._held(device, addr, size, requested, frames, _ACTIVE[block["state"]], converter)
+        if addr + size > _ADDRESS_SPACE:
+            raise BadInputError(f"{where}: address {addr:#x} + size {size} runs past the address space", _HINT)
+        state = _state(block)
+        if state in _ACTIVE:
+            self._held(device, addr, size, requested, frames, _ACTIVE[state], converter)
         return addr + size
 
     def _block_origin(self, block: dict, where: str, size: int, addr: int) -> tuple[int, Any, int]:
@@ -187,7 +206,7 @@ class _EndState:
         if "frames" in block or not isinstance(history, list) or not history or not isinstance(history[0], dict):
             requested = _size(block, where, "requested_size") if "requested_size" in block else size
             return requested, block.get("frames"), addr
-        held = 1 if block.get("state") in _ACTIVE else 0
+        held = 1 if _state(block) in _ACTIVE else 0
         self.counts["legacy_past"] += len(history) - held
         self.counts["legacy_blocks"] += 1
         newest = history[0]
@@ -200,7 +219,7 @@ class _EndState:
         seen = converter.blocks.get(addr) if converter else None
         if seen in (_ALLOC, _FREE_REQUESTED):
             return  # its alloc is in the trace
-        name, stack = f"cuda:{device}", self.interner.intern(frames)
+        name, stack = f"cuda:{device}", self._stack(frames)
         if seen is None and converter is not None and addr in converter.freed:
             # The trace freed it last, the snapshot holds it: trust the snapshot from its time on.
             self.after.add(self.last_ns, _BLOCK, _ALLOC, addr, size, name, requested, stack)
@@ -211,6 +230,11 @@ class _EndState:
         self.counts["block_bytes"] += size
         if pending and seen is None:  # its free was requested before the snapshot, when is unknown
             self.after.add(self.last_ns, _BLOCK, _FREE_REQUESTED, addr, size, name, requested, None)
+
+
+def _state(block: dict) -> str | None:
+    state = block.get("state")
+    return state if isinstance(state, str) else None
 
 
 def _uncovered(start: int, total: int, converter: TraceConverter | None) -> list[tuple[int, int]]:
@@ -296,16 +320,41 @@ def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def plain(value: Any, depth: int = 0) -> Any:
-    """`value` as JSON-ready data: str keys, lists for tuples and sets, text for bytes."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if depth > 20:
-        return repr(value)
-    if isinstance(value, dict):
-        return {str(k): plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [plain(v, depth + 1) for v in value]
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    return repr(value)
+def plain(value: Any, budget: int = MAX_SETTINGS_VALUES) -> Any:
+    """`value` as JSON-ready data that meta.json can hold and read back: str keys, lists for
+    tuples and sets, text for bytes, a string for NaN, infinities, integers outside int64 and
+    anything else; at most 20 levels deep and `budget` values in all, "…" for the rest."""
+    return _Plain(budget).value(value, 0)
+
+
+class _Plain:
+    """One `plain` conversion: counts the values it has converted against its budget."""
+
+    def __init__(self, budget: int):
+        self.left = budget
+
+    def value(self, value: Any, depth: int) -> Any:
+        self.left -= 1
+        if self.left < 0 or depth > 20:
+            return "…"
+        if value is None or isinstance(value, (str, bool)):
+            return value
+        if isinstance(value, int):
+            return value if -2**63 <= value < 2**63 else short_repr(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else repr(value)
+        if isinstance(value, dict):
+            return {text(k): self.value(v, depth + 1) for k, v in _bounded(value.items(), self)}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self.value(v, depth + 1) for v in _bounded(value, self)]
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value[:4096]).decode("utf-8", "replace")
+        return short_repr(value)
+
+
+def _bounded(items, budget: _Plain):
+    """`items` while the budget lasts."""
+    for item in items:
+        if budget.left <= 0:
+            return
+        yield item

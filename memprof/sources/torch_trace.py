@@ -33,12 +33,14 @@ Entry points: `trace_rows` (one list of entries), `TraceConverter` (one device, 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from typing import Any, Callable
 
 from memprof.errors import BadInputError
 from memprof.model import Action, Layer
 from memprof.sources.frame_interner import FrameInterner
+from memprof.sources.safe_pickle import short_repr
 
 ToNs = Callable[[int], int]
 
@@ -50,6 +52,11 @@ _OOM, _MARK = Action.OOM.value, Action.MARK.value
 # A category column holds at most 128 labels per batch; annotation names beyond this are dropped.
 MAX_LABELS = 100
 _U64 = 2**64
+MAX_TIME_US = (2**63 - 1) // 1000  # the latest epoch µs whose ns still fit the int64 ts_ns column
+# Frames kept per chain, innermost first: torch's tracebacks are far shorter, and a hostile
+# file's million-frame list would otherwise cost a million rows per stack.
+MAX_STACK_DEPTH = 256
+_MAX_SKIPPED_NAMES = 32  # distinct unknown action names counted by name; the rest as "(other)"
 
 
 def realtime_ns(epoch_us: int) -> int:
@@ -126,13 +133,13 @@ class TraceConverter:
         ts = self._ts(entry, where)
         handler = _HANDLERS.get(action) if isinstance(action, str) else None
         if handler is None:
-            self.skipped[str(action)] += 1
+            self._skip(action)
             return
         self.actions[action] += 1
         frames = entry.get("frames")
         key = id(frames)  # torch shares one list per distinct traceback, and pickle keeps it shared
         if key not in stacks:
-            stacks[key] = (frames, self.interner.intern(frames))
+            stacks[key] = (frames, self.interner.intern(clean_frames(frames)))
         handler(self, entry, where, ts, stacks[key][1], rows)
 
     def _ts(self, entry: dict, where: str) -> int:
@@ -140,10 +147,17 @@ class TraceConverter:
         if time_us is None:
             self.untimed += 1
             return self.last_ns
-        if isinstance(time_us, bool) or not isinstance(time_us, (int, float)):
-            raise BadInputError(f"{where}: time_us is {time_us!r}, not a number of microseconds", _HINT)
+        if not is_time_us(time_us):
+            raise BadInputError(f"{where}: time_us is {short_repr(time_us)}, not epoch microseconds", _HINT)
         self.last_ns = int(self.to_ns(int(time_us)))
         return self.last_ns
+
+    def _skip(self, action: Any) -> None:
+        """Count an entry of an action without rows, by name (a bounded number of names)."""
+        name = action if isinstance(action, str) and len(action) <= 64 else short_repr(action)
+        if name not in self.skipped and len(self.skipped) >= _MAX_SKIPPED_NAMES:
+            name = "(other)"
+        self.skipped[name] += 1
 
     def _alloc(self, e, where, ts, stack, rows):
         addr, size = _u64(e, "addr", where), _size(e, where)
@@ -317,12 +331,51 @@ def agent_trace_tables(entries: list[tuple[int, int, dict]], to_ns: ToNs,
 def _u64(entry: dict, key: str, where: str) -> int:
     value = entry.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _U64:
-        raise BadInputError(f"{where}: {key} is {value!r}, not an address", _HINT)
+        raise BadInputError(f"{where}: {key} is {short_repr(value)}, not an address", _HINT)
     return value
 
 
 def _size(entry: dict, where: str, key: str = "size") -> int:
     value = entry.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise BadInputError(f"{where}: {key} is {value!r}, not a byte count", _HINT)
+        raise BadInputError(f"{where}: {key} is {short_repr(value)}, not a byte count", _HINT)
     return value
+
+
+def is_time_us(value: Any) -> bool:
+    """Whether `value` is a time these files can hold: epoch µs, a finite int or float in
+    [0, MAX_TIME_US] (inf, NaN and 10^30 are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or math.isfinite(value)) and 0 <= value <= MAX_TIME_US
+
+
+def text(value: Any) -> str:
+    """`value` as text for a label or name: itself when a str, else a bounded repr."""
+    return value if isinstance(value, str) else short_repr(value)
+
+
+def clean_frames(frames: Any) -> list[dict] | None:
+    """Frames as FrameInterner reads them ({filename, line, name, kind?} with str, int or
+    None values), at most MAX_STACK_DEPTH, innermost first; None when there are none. A frame
+    that is not a dict becomes one named by its bounded repr."""
+    if not isinstance(frames, (list, tuple)) or not frames:
+        return None
+    return [_clean_frame(f) for f in frames[:MAX_STACK_DEPTH]]
+
+
+def _clean_frame(frame: Any) -> dict:
+    if not isinstance(frame, dict):
+        return {"filename": None, "line": None, "name": text(frame)}
+    filename, line, kind = frame.get("filename"), frame.get("line"), frame.get("kind")
+    clean = {"filename": None if filename is None else _frame_text(filename), "name": _frame_text(frame.get("name")),
+             "line": line if isinstance(line, int) and not isinstance(line, bool) and 0 < line < 2**31 else None}
+    if isinstance(kind, str):
+        clean["kind"] = kind
+    return clean
+
+
+def _frame_text(value: Any) -> str | None:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return None if value is None else text(value)
