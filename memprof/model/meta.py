@@ -9,6 +9,61 @@ from typing import Any
 FORMAT_VERSION = 1
 KNOWN_FORMAT_VERSIONS = (1,)
 
+# --- meta.json's schema (JSON Schema 2020-12), checked by the reader before anything uses it ---
+_INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_PID = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+_TEXT = {"type": "string"}
+_OPTIONAL = lambda schema: {"anyOf": [{"type": "null"}, schema]}  # noqa: E731
+_OBJECT = {"type": "object"}
+_SOURCE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "enabled": {"type": "boolean"}, "events": _COUNT, "lost": _COUNT,
+        "missed": {"type": "object", "additionalProperties": _COUNT},
+        "stack_sample_every": {**_COUNT, "minimum": 1}, "timestamp_precision_ns": {**_COUNT, "minimum": 1},
+        # The keys of `detail` that reports read (memprof/analysis/loss.py, gpu.py); the rest is free.
+        "detail": {"type": "object", "properties": {
+            "stack_failures": _OPTIONAL(_COUNT), "site_cache_full": _OPTIONAL(_COUNT),
+            "page_stack_sample_every": {**_COUNT, "minimum": 1}, "user_stack_sample_every": {**_COUNT, "minimum": 1},
+            "uprobes": _OPTIONAL({"type": "object", "additionalProperties": {
+                "type": "object", "properties": {"refused": _OPTIONAL({"type": "object",
+                                                                       "additionalProperties": _TEXT}),
+                                                 "layer": _TEXT}}}),
+            "python": _OPTIONAL({"type": "object", "properties": {
+                "enabled": {"type": "boolean"}, "stacks_evicted": _OPTIONAL(_COUNT), "map_full": _OPTIONAL(_COUNT),
+                "interpreters": _OPTIONAL({"type": "object", "additionalProperties": _OBJECT})}}),
+            "nvml": _OPTIONAL(_OBJECT),
+        }},
+    },
+}
+META_SCHEMA = {
+    "type": "object",
+    "required": ["format_version"],
+    "properties": {
+        "format_version": {"type": "integer"},
+        "memprof_version": _TEXT,
+        "status": {"enum": ["recording", "complete"]},
+        "command": _OPTIONAL({"type": "array", "items": _TEXT}),
+        "pid": _OPTIONAL(_PID),
+        "host": _TEXT, "kernel": _TEXT, "clock": _TEXT,
+        "start_ns": _INT64, "end_ns": _OPTIONAL(_INT64), "exit_status": _OPTIONAL(_INT64),
+        "clock_anchors": {"type": "array", "items": {
+            "type": "object", "required": ["monotonic_ns", "realtime_ns"], "additionalProperties": False,
+            "properties": {"monotonic_ns": _INT64, "realtime_ns": _INT64}}},
+        "sources": {"type": "object", "additionalProperties": _SOURCE_SCHEMA},
+        "notes": {"type": "array", "items": _TEXT},
+        "processes": {"type": "array", "items": {"type": "object", "properties": {
+            "pid": _OPTIONAL(_PID), "ppid": _OPTIONAL(_PID), "comm": _OPTIONAL(_TEXT), "exe": _OPTIONAL(_TEXT),
+            "start_ns": _OPTIONAL(_INT64), "exit_ns": _OPTIONAL(_INT64)}}},
+        "exits": {"type": "array", "items": {"type": "object", "properties": {
+            "pid": _OPTIONAL(_PID), "ts_ns": _OPTIONAL(_INT64), "reason": _OPTIONAL(_TEXT)}}},
+    },
+}
+# Beyond the schema, anywhere in meta.json (free-form `detail` included): at most this deep,
+# and every integer an int64 (what every column and export holds).
+MAX_META_DEPTH = 32
+
 
 @dataclass
 class ClockAnchor:

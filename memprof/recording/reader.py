@@ -6,6 +6,8 @@ is a `BadRecordingError` naming the path, with a hint.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
-from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, RecordingMeta
+from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, MAX_META_DEPTH, META_SCHEMA, RecordingMeta
 from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.columns import column_filler
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
@@ -30,6 +32,8 @@ _NULLABLE_INTEGERS = {
     "frames": ("line",),
 }
 _ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
+MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -109,10 +113,50 @@ def read_meta(path: Path | str) -> RecordingMeta:
     if version is None:
         raise BadRecordingError(f"{path}: {META_NAME} has no format_version", _damaged_hint())
     _check_version(path, version)
+    _check_meta(path, data)
     try:
         return RecordingMeta.from_dict(data)
     except (TypeError, ValueError, AttributeError) as e:
         raise BadRecordingError(f"{path}: {META_NAME} has unexpected fields ({e})", _damaged_hint()) from e
+
+
+def _check_meta(path: Path, data: dict[str, Any]) -> None:
+    """Raise BadRecordingError naming the first field of meta.json that is too deep, an
+    integer outside int64, or not what META_SCHEMA says."""
+    where = _out_of_bounds(data)
+    if where:
+        raise BadRecordingError(f"{path}: {META_NAME} field {where}", _damaged_hint())
+    from jsonschema import Draft202012Validator  # late: only readers of recordings need it
+    error = next(iter(sorted(Draft202012Validator(META_SCHEMA).iter_errors(data), key=lambda e: e.path)), None)
+    if error is not None:
+        field = _field_name(error.absolute_path)
+        why = error.message if len(error.message) <= 200 else error.message[:200] + "…"
+        raise BadRecordingError(f"{path}: {META_NAME} field {field} is invalid: {why}", _damaged_hint())
+
+
+def _out_of_bounds(data: Any) -> str | None:
+    """'NAME is nested too deep' or 'NAME is outside int64' for the first such value, else None.
+    Iterative: meta.json's depth is what is being checked."""
+    pending = [((), data)]
+    while pending:
+        where, value = pending.pop()
+        if len(where) > MAX_META_DEPTH:
+            return f"{_field_name(where[:MAX_META_DEPTH])} is nested more than {MAX_META_DEPTH} deep"
+        if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+            return f"{_field_name(where)} is outside int64"
+        if isinstance(value, dict):
+            pending += [((*where, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            pending += [((*where, i), v) for i, v in enumerate(value)]
+    return None
+
+
+def _field_name(where) -> str:
+    """sources.ebpf.lost, processes[3].pid, … (the top level: 'meta')."""
+    name = ""
+    for key in where:
+        name += f"[{key}]" if isinstance(key, int) else (f".{key}" if name else str(key))
+    return name[:200] or "meta"
 
 
 def find_latest_recording(directory: Path | str = ".") -> Path:
@@ -136,12 +180,31 @@ def _load_meta_json(path: Path) -> dict[str, Any]:
             "pass a NAME.memprof directory written by `memprof record`",
         )
     try:
-        data = json.loads((path / META_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadRecordingError(f"{path}: {META_NAME} is not readable JSON ({e})", _damaged_hint()) from e
+        data = json.loads(_read_meta_bytes(path / META_NAME).decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = _first_line(e) if not isinstance(e, RecursionError) else "nested too deep"
+        raise BadRecordingError(f"{path}: {META_NAME} is not readable JSON ({why[:200]})", _damaged_hint()) from None
     if not isinstance(data, dict):
         raise BadRecordingError(f"{path}: {META_NAME} is not a JSON object", _damaged_hint())
     return data
+
+
+def _read_meta_bytes(meta: Path) -> bytes:
+    """meta.json's bytes: a regular file of at most MAX_META_BYTES (a FIFO would block the
+    reader forever). Raises OSError, ValueError."""
+    fd = os.open(meta, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_META_BYTES:
+            raise ValueError(f"{info.st_size:,} bytes, more than memprof writes")
+        return f.read(MAX_META_BYTES + 1)
+
+
+def _no_constant(name: str):
+    """json's hook for NaN, Infinity and -Infinity, which no memprof writes."""
+    raise ValueError(f"{name} is not a number memprof writes")
 
 
 def _check_version(path: Path, version: Any) -> None:
@@ -169,6 +232,9 @@ def _damaged_hint() -> str:
 def _part_paths(folder: Path) -> list[Path]:
     """Complete parts in write order; temporary files (dot-names, *.tmp) of a killed writer are skipped."""
     if not folder.is_dir():
+        if os.path.lexists(folder):
+            raise BadRecordingError(f"{folder} is not a directory: the {folder.name} table cannot be read",
+                                    _damaged_hint())
         return []
     parts = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART_NAME.match(p.name))]
     return [p for _, p in sorted(parts)]
