@@ -213,3 +213,17 @@ def test_an_html_page_cannot_be_broken_out_of_by_a_name(tmp_path):
     assert code == 0
     page = (tmp_path / "page.html").read_text()
     assert "alert(1)" in page and "<script>alert" not in page and "<!--x.py" not in page
+
+
+def test_pprof_string_table_holds_names_escaped(hostile, tmp_path):
+    """`go tool pprof -top` prints the string table's names to a terminal."""
+    import gzip
+
+    from memprof.report.exports.pprof import profile_class
+    code, _ = invoke("export", hostile, "--format", "pprof", "-o", tmp_path / "p.pb.gz")
+    assert code == 0
+    profile = profile_class()()
+    profile.ParseFromString(gzip.decompress((tmp_path / "p.pb.gz").read_bytes()))
+    strings = list(profile.string_table)
+    assert _forbidden("".join(strings)) == []
+    assert "train\\x1b]0;pwned\\x07" in strings and "evil\\x1b]52;c;cm0gLXJmIH4=\\x07.py" in strings

@@ -21,6 +21,7 @@ import pandas as pd
 
 from memprof.errors import MemprofError
 from memprof.report.attribution import NO_STACK_FRAME
+from memprof.report.safe_text import visible
 
 SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"),
                 ("inuse_objects", "count"), ("inuse_space", "bytes"))
@@ -108,7 +109,9 @@ class _Builder:
         self._locations: dict[tuple, int] = {}
 
     def string(self, text: str | None) -> int:
-        text = "" if text is None else str(text)
+        """The id of `text` in the string table. `go tool pprof -top` prints these names to a
+        terminal, so they are stored visible (safe_text.visible: no control character)."""
+        text = "" if text is None else visible(text)
         if text not in self._string_ids:
             self._string_ids[text] = len(self.strings)
             self.strings.append(text)
