@@ -157,7 +157,8 @@ def test_folded_stacks_to_a_file_are_escaped(hostile, tmp_path):
 def test_csv_export_escapes_names_and_labels(hostile, tmp_path):
     code, out = invoke("export", hostile, "--format", "csv", "-o", tmp_path / "tables")
     assert code == 0, out
-    events, findings = (tmp_path / "tables" / "events.csv").read_bytes(), (tmp_path / "tables" / "findings.csv").read_bytes()
+    tables = tmp_path / "tables"
+    events, findings = (tables / "events.csv").read_bytes(), (tables / "findings.csv").read_bytes()
     assert_no_controls(events)
     assert_no_controls(findings)
     labels = [row["category"] for row in csv.DictReader(io.StringIO(events.decode()))]
