@@ -1,5 +1,5 @@
 """Writing an output file (an export, a report page, folded stacks) without following a
-planted symbolic link: the one way report, export, diff, check and import write files.
+planted symbolic link: the one way `memprof report` and `memprof export` write files.
 
 A path like `run.memprof.pftrace` sits in a folder its owner controls. Opened by name, a
 symbolic link planted there would make whoever runs memprof (root, or a colleague) write
@@ -11,8 +11,9 @@ name; it never writes through it. A reader never sees a half-written file either
 Two things are written in place rather than replaced: a device or FIFO that already exists
 (`-o /dev/null`, a named pipe), and a link that only root could have made (owned by root, in
 a folder only root can write: `/dev/stdout`). Nothing else at the final name is followed.
-Symbolic links in the folders above the final name are followed: `memprof` run through
-sudo checks them as the user (memprof.privileges), as the user's own shell would.
+The folders above it are opened one at a time (`open_folder`), following only links that
+root or this process's user made: root run without sudo is not led into /etc by a folder a
+user swapped for a link. (Run through sudo, memprof is that user by then: memprof.privileges.)
 
 An output directory (`run.memprof.export/`) is created if missing and must be a real
 directory: a link there is refused (UnsafeOutputError). Its files are written as above,
@@ -32,11 +33,14 @@ from memprof.errors import MemprofError
 
 _TEMP_ATTEMPTS = 16
 _NAME_KEPT = 200  # of the final name, in the temporary one (names are at most 255 bytes)
+_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own limit on links in one lookup (ELOOP past it)
 
 
 class UnsafeOutputError(MemprofError):
-    """An output path that memprof will not write through (a symbolic link to a directory,
-    something that is not a directory where one is needed)."""
+    """An output path that memprof will not write through: a symbolic link where a directory
+    is needed, another user's link on the way to the folder, a file where a directory is
+    needed."""
 
 
 @contextmanager
@@ -46,7 +50,7 @@ def output_file(path: str | os.PathLike, *, dir_fd: int | None = None) -> Iterat
     left behind. New files get mode 0666 less the umask, and belong to the process's user.
     OSError (no such folder, permission denied, a directory at `path`) propagates."""
     folder, name = _split(path)
-    parent = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    parent = open_folder(folder, dir_fd=dir_fd)
     try:
         in_place = _open_in_place(parent, name)
         if in_place is not None:
@@ -71,7 +75,7 @@ def output_directory(path: str | os.PathLike) -> Iterator[int]:
     for `output_file(name, dir_fd=fd)`. UnsafeOutputError when `path` is a symbolic link or
     not a directory; other OSError propagates."""
     folder, name = _split(path)
-    parent = _open_folder(folder)
+    parent = open_folder(folder, create=True)
     try:
         fd = _open_directory(parent, name, path)
     finally:
@@ -91,14 +95,78 @@ def _split(path: str | os.PathLike) -> tuple[str, str]:
     return folder or ".", name
 
 
-def _open_folder(folder: str) -> int:
-    """A descriptor of `folder`, made first (with its parents) when missing."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+def open_folder(folder: str, *, dir_fd: int | None = None, create: bool = False) -> int:
+    """An O_PATH descriptor of the directory `folder` (relative to `dir_fd`), opened one
+    component at a time, never through a link that someone other than root or this
+    process's user made (UnsafeOutputError): a folder of the user's swapped for a link
+    cannot lead root into /etc. With `create`, missing components are made (mode 0777 less
+    the umask). OSError (no such folder, permission denied, not a directory) propagates."""
+    start = os.open("/" if folder.startswith("/") else ".", _PATH_FLAGS, dir_fd=dir_fd)
     try:
-        return os.open(folder, flags)
+        return _walk(start, folder, create, _MAX_LINKS)
+    finally:
+        os.close(start)
+
+
+def _walk(start: int, path: str, create: bool, links_left: int) -> int:
+    """A new descriptor of `path` from `start` (which stays open), one component at a time."""
+    fd = os.dup(start)
+    try:
+        for name in (part for part in path.split("/") if part not in ("", ".")):
+            step = _step(fd, name, create, links_left)
+            os.close(fd)
+            fd = step
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _step(fd: int, name: str, create: bool, links_left: int) -> int:
+    """The directory `name` under `fd`; a trusted link is followed (its target walked from
+    `fd`), any other is UnsafeOutputError."""
+    try:
+        return os.open(name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
     except FileNotFoundError:
-        os.makedirs(folder, exist_ok=True)
-        return os.open(folder, flags)
+        if not create:
+            raise
+        _make(fd, name)
+        return _step(fd, name, False, links_left)
+    except OSError as e:
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        link = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISLNK(link.st_mode):
+            raise
+    return _follow(fd, name, link, create, links_left)
+
+
+def _make(fd: int, name: str) -> None:
+    try:
+        os.mkdir(name, 0o777, dir_fd=fd)
+    except FileExistsError:
+        pass
+
+
+def _follow(fd: int, name: str, link: os.stat_result, create: bool, links_left: int) -> int:
+    """The directory a link leads to, when root or this process's user made the link."""
+    if link.st_uid not in (0, os.geteuid()):
+        raise UnsafeOutputError(f"{name} is a symbolic link of user {link.st_uid}: memprof does not write "
+                                "through another user's link", "give the path without that link")
+    if links_left <= 0:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
+    target = os.readlink(name, dir_fd=fd)
+    if target.startswith("/"):
+        return _walk_absolute(target, create, links_left - 1)
+    return _walk(fd, target, create, links_left - 1)
+
+
+def _walk_absolute(target: str, create: bool, links_left: int) -> int:
+    root = os.open("/", _PATH_FLAGS)
+    try:
+        return _walk(root, target, create, links_left)
+    finally:
+        os.close(root)
 
 
 def _open_in_place(parent: int, name: str) -> int | None:

@@ -180,6 +180,22 @@ def test_root_without_sudo_replaces_a_planted_link_too(make_user, canaries, memp
     assert not default.is_symlink() and default.lstat().st_uid == 0
 
 
+def test_root_without_sudo_does_not_follow_a_folder_the_user_swapped_for_a_link(make_user, canaries,
+                                                                               memprof_as_root):
+    """The user's folder on the -o path is a link to a root-only folder: root would create
+    its files there (a systemd or cron drop-in folder). Refused, nothing created."""
+    user = make_user()
+    recording = _users_recording(user)
+    _plant(user, user.home / "out", canaries.tree)
+
+    for fmt, name in (("perfetto", "run.pftrace"), ("csv", "tables")):
+        result = memprof_as_root(user, "export", recording, "--format", fmt, "-o", user.home / "out" / name,
+                                 cwd=user.home, env=_root_env(user))
+        assert result.returncode == 1, result.stderr
+        assert_one_clear_line(result, "out is a symbolic link of user")
+    canaries.assert_untouched()
+
+
 # --- report … -o, and the html report's default ---------------------------------------------
 
 def test_report_html_default_output_replaces_a_planted_link(make_user, canaries, memprof_as_root):

@@ -140,6 +140,35 @@ def test_a_root_link_in_a_folder_others_can_write_is_replaced(tmp_path):
     assert target.read_text() == "root only" and not (folder / "out").is_symlink()
 
 
+def test_a_folder_reached_through_my_own_links_is_written(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "rel").symlink_to("real")
+    (tmp_path / "abs").symlink_to(tmp_path / "rel")  # a chain: absolute, then relative
+    write_output(tmp_path / "abs" / "out", "x")
+    assert (tmp_path / "real" / "out").read_text() == "x"
+
+
+@as_root
+def test_a_folder_behind_another_users_link_is_refused(tmp_path):
+    """A user swaps a folder of theirs for a link to a root-only one: root does not follow it."""
+    (tmp_path / "etc").mkdir()
+    _planted(tmp_path / "sub", tmp_path / "etc")
+    with pytest.raises(UnsafeOutputError, match="sub is a symbolic link of user 65534"):
+        write_output(tmp_path / "sub" / "run.memprof.pftrace", b"x")
+    with pytest.raises(UnsafeOutputError):
+        with output_directory(tmp_path / "sub" / "deeper" / "run.export"):
+            pass
+    assert list((tmp_path / "etc").iterdir()) == []
+
+
+def test_a_link_loop_in_the_folder_is_an_error(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(OSError) as caught:
+        write_output(tmp_path / "a" / "out", b"x")
+    assert caught.value.errno == errno.ELOOP
+
+
 def test_an_output_directory_is_made_with_its_parents_and_files_go_in_by_descriptor(tmp_path):
     with output_directory(tmp_path / "a" / "b.export") as fd:
         write_output("events.csv", "x,y\n", dir_fd=fd)
