@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import signal
 import stat
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,6 +36,11 @@ T = TypeVar("T")
 
 # setgroups(2) by number: glibc's wrapper would change the groups of every thread.
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159, "ppc64le": 81, "s390x": 206, "riscv64": 159}
+
+
+# Raised by a fault in the thread itself; never blocked (a blocked one would kill the process).
+_SYNCHRONOUS_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS,
+                        signal.SIGABRT}
 
 
 class CredentialError(MemprofError):
@@ -116,6 +122,10 @@ class UserThread:
         return cls(owner, name)
 
     def _initialize(self) -> None:
+        # Asynchronous signals go to the thread that takes them (the recorder's main loop):
+        # the kernel hands a process's signal to any thread not blocking it, and a signal
+        # taken here could not be passed on to the command.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS_SIGNALS)
         try:
             if self.owner is not None:
                 become_on_this_thread(self.owner)
