@@ -37,6 +37,7 @@ CHAINS = {
         ("python", "load\x7f\x00", None, "d\x85ata\x1b[2J.py", 7)],
 }
 MARK_LABEL = f"epoch{OSC_TITLE}"
+CATEGORY = f"activation{CSI_8BIT}"
 
 
 def _forbidden(text: str) -> list[str]:
@@ -54,7 +55,8 @@ def _write(path: Path, *, scale: int = 1) -> Path:
     heap = dict(layer="native_heap", device="cpu")
     events = events_frame([
         ev(1_000 * MS, "alloc", 0x1000, 4096 * scale, 2, **heap), ev(2_000 * MS, "alloc", 0x2000, 4096, 2, **heap),
-        ev(3_000 * MS, "alloc", 0x3000, 4096, 3, **heap), {**mark(5_000 * MS, 100, MARK_LABEL), "layer": None},
+        ev(3_000 * MS, "alloc", 0x3000, 4096, 3, category=CATEGORY, **heap),
+        {**mark(5_000 * MS, 100, MARK_LABEL), "layer": None},
         {**mark(6_000 * MS, 100, "step"), "step": 1, "layer": None},
     ])
     meta = RecordingMeta(memprof_version="0.1.0", command=[f"python{OSC_TITLE}", f"t{OSC_CLIPBOARD}.py"], pid=100,
@@ -133,6 +135,13 @@ def test_reports_print_names_escaped(hostile, args):
     assert code == 0, out
     assert_no_controls(out)
     assert SHOWN_NAMES in out.decode()
+
+
+def test_top_by_category_shows_categories_escaped(hostile):
+    code, out = invoke("report", "top", "--by", "category", hostile)
+    assert code == 0, out
+    assert_no_controls(out)
+    assert "activation\\x9b2J" in out.decode()
 
 
 def test_top_by_function_shows_files_and_modules_escaped(hostile):
