@@ -164,7 +164,9 @@ def memprof_as_root(user: User, *args, cwd, timeout: float = 90, env: dict | Non
     runs in its own session, so on timeout it and what it started are killed together."""
     popen_kw.setdefault("stdout", subprocess.PIPE)
     popen_kw.setdefault("stderr", subprocess.PIPE)
-    cmd = [sys.executable, "-m", "memprof", *map(str, args)]
+    # -P: `python -m` would put the current folder (the user's) first on root's sys.path,
+    # where the user could plant a module; the installed `memprof` command has no such entry.
+    cmd = [sys.executable, "-P", "-m", "memprof", *map(str, args)]
     with subprocess.Popen(cmd, cwd=cwd, text=True, env=env or user.sudo_env(), start_new_session=True,
                           **popen_kw) as proc:
         try:
