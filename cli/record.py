@@ -74,7 +74,9 @@ def _step_range(ctx, param, value):
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
                    "driver), native (libc heap; costly, off by default). A list replaces the default; "
                    "+NAME adds to it (--sources +native).")
-@click.option("-f", "--force", is_flag=True, help="Overwrite an existing recording at --output.")
+@click.option("-f", "--force", is_flag=True,
+              help="Replace an existing memprof recording of yours at --output (never a file, a link or any "
+                   "other folder).")
 @click.option("--stack-every", default=64, show_default=True, callback=_power_of_two,
               help="Take a full stack for one slab allocation in N (1 = every one); the others share their call site's latest stack.")
 @click.option("--page-stack-every", default=8, show_default=True, callback=_power_of_two,
@@ -114,7 +116,9 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
       sudo memprof record -o run.memprof --duration 60 --pid 4242
 
     Probes attach before COMMAND starts, and follow it through fork and exec. Under sudo the
-    command runs as the invoking user, who also owns the recording. Signals are passed on to
+    command runs as the invoking user, who also owns the recording: it is created and written
+    with that user's permissions, and --pid reaches only their own processes (see
+    docs/SECURITY.md). Signals are passed on to
     the command, and memprof exits with its exit status. Recording stops when the command's
     process tree has exited, at --duration, or on Ctrl-C; each finalizes the recording.
     memprof's own threads run at SCHED_BATCH once it records: they never preempt the command.
