@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,34 @@ def test_a_symlink_at_the_old_ready_name_cannot_truncate_the_users_file(make_use
     finally:
         stop(target)
         subprocess.run(["rm", "-f", f"/tmp/memprof-agent-{target.pid}.ready"])
+
+
+def test_root_recording_another_users_process_gives_its_agent_a_folder_of_its_own(make_user, memprof_as_root,
+                                                                                 request):
+    """Root itself (not through sudo) records a user's process: the agent gets the
+    recording's agent/ folder made 0700 and given to the user by fchown on its fd, writes
+    there, and root reads it; nothing else in the recording is the user's."""
+    user = make_user()
+    target = user_python(user, WITH_AGENT)
+    try:
+        target.stdin.write("install\n")
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == "installed"
+        env = {k: v for k, v in user.sudo_env().items() if not k.startswith("SUDO_")}
+        place = Path(tempfile.mkdtemp(prefix="memprof-sec-root-"))  # root's, 0755: the user may pass
+        request.addfinalizer(lambda: shutil.rmtree(place, ignore_errors=True))
+        os.chmod(place, 0o755)
+        recording = place / "root.memprof"
+        result = memprof_as_root(user, "record", "-q", "-o", recording, "--pid", target.pid, "--duration", "3",
+                                 cwd=place, env=env)
+        assert result.returncode == 0, result.stderr
+        assert target.stdout.readline().strip() == "agent dir True"
+        folder = os.lstat(recording / "agent")
+        assert (folder.st_uid, folder.st_mode & 0o777) == (user.uid, 0o700)
+        assert os.lstat(recording / "meta.json").st_uid == 0
+        from memprof.recording import open_recording
+        events = open_recording(recording).events
+        marks = events[(events["action"] == "mark") & (events["pid"] == target.pid)]
+        assert list(marks["category"].astype(str)) == ["step"]  # its memprof.mark("attached"): its first step
+    finally:
+        stop(target)
