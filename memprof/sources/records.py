@@ -41,6 +41,7 @@ ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
 # Records whose `addr` is a kernel address (a slab object, a struct page): keyed before it
 # leaves the recorder (memprof/sources/addrkey.py).
 KERNEL_KINDS = (SLAB_ALLOC, SLAB_FREE, PAGE_ALLOC, PAGE_FREE)
+assert KERNEL_KINDS == tuple(range(SLAB_ALLOC, SLAB_ALLOC + 4))  # the decoder tests a range
 
 # The `layer` byte, indexing these names (MP_LAYER_* in memprof.h).
 LAYER_CODES = ("kernel_slab", "kernel_page", "torch_cpu", "cuda_driver", "native_heap")
