@@ -21,8 +21,8 @@ each recording and never saved:
   in a recording finds none, by construction, not by chance);
 - the 53 bits between (3..55) are mixed through ROUNDS rounds of (xor a key word,
   multiply by an odd key word mod 2^56, xorshift right), then xored with a last key word.
-  Multiplying carries low bits up, the shift carries high bits down: after two rounds
-  every input bit reaches every output bit, so neighbours (adjacent struct pages 64 bytes
+  Multiplying carries low bits up, the shift carries high bits down: after three rounds
+  every input bit reaches every output bit (measured: after two, all but one), so neighbours (adjacent struct pages 64 bytes
   apart, objects of one slab) land far apart, and differences, offsets within a page and
   the region an address lies in are gone. Unlike an xor with one key, one known (address,
   image) pair does not reveal the key: it holds 9 random words (~480 bits).

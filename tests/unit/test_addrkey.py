@@ -100,6 +100,8 @@ def test_one_flipped_bit_flips_about_half_of_the_others():
             continue
         assert 23 <= changed.mean() <= 30, (bit, changed.mean())
         assert changed.min() >= 4, (bit, changed.min())
+        reached = int(np.bitwise_or.reduce(flipped))
+        assert reached == A._MIXED, (bit, f"{reached:#x}")  # every mixed bit depends on it
 
 
 def test_each_recording_draws_its_own_key():
