@@ -68,6 +68,7 @@ class AgentSource:
     _stats: SourceStats = field(default_factory=lambda: SourceStats(timestamp_precision_ns=1))
     _processes: dict = field(default_factory=dict)  # pid -> what the agent said of itself
     _cuda_state: object = None  # torch_trace.LiveTraces: ids and mapped pages across polls
+    _attach_folder_made: bool = False
 
     @property
     def folder(self) -> Path:
@@ -135,12 +136,13 @@ class AgentSource:
     def _make_folder_for(self, target: agent_attach.Target, files: UserThread) -> None:
         """agent/, the first time: writable by the target's user only (given to them by
         fchown when the recording is root's and the target is not). Later targets must be
-        that same user."""
-        if "attached" not in self._stats.detail and not os.path.lexists(self.folder):
-            self.agent_uid = target.owner.uid
+        that same user. Raises OSError (FileExistsError: something is at agent/ already)."""
+        if not self._attach_folder_made:
             mine = files.owner.uid if files.owner is not None else os.geteuid()
             chown_to = None if mine == target.owner.uid else (target.owner.uid, target.owner.gid)
             make_attach_folder(files, self.folder, chown_to)
+            self._attach_folder_made = True
+            self.agent_uid = target.owner.uid
         elif self.agent_uid != target.owner.uid:
             raise agent_attach.Refused(f"the agent of pid {target.pid} was not reached: it runs as uid "
                                        f"{target.owner.uid}, and the recording's agent folder is uid {self.agent_uid}'s")
