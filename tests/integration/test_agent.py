@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,8 @@ def test_attach_reaches_an_agent_the_program_installed(tmp_path, record_attached
     assert sorted(steps["step"].astype(int)) == list(range(0, 8)), steps  # 0 at attach, then 7 steps
     assert len(m[m["category"] == "attached run done"]) == 1
     assert agent_meta(recording)["detail"]["attached"] == [pid]
+    # Its private attach folder (tempfile.mkdtemp) went with it: nothing is left in /tmp.
+    assert not list(Path(tempfile.gettempdir()).glob(f"memprof-agent-{pid}-*"))
 
 
 def test_attach_to_python_without_an_agent_says_what_it_cannot_see(tmp_path, record_attached):
