@@ -62,7 +62,7 @@ def watched_recording(tmp_path_factory, run_memprof) -> tuple[Path, np.ndarray]:
         watcher.attach_raw_tracepoint(tp=b"mm_page_alloc", fn_name=b"watch_page")
         path = tmp_path_factory.mktemp("kaddr") / "leak.memprof"
         result = run_memprof("record", "-q", "-o", path, "--", KERNEL_LEAK, cwd=path.parent)
-        raw = np.array([k.value for k in watcher["seen"].keys()], dtype=np.uint64)
+        raw = np.array([k.value for k in watcher[b"seen"].keys()], dtype=np.uint64)
     finally:
         watcher.cleanup()
     assert result.returncode == 0, result.stderr
