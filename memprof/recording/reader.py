@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
@@ -34,6 +35,9 @@ _NULLABLE_INTEGERS = {
 _ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
 MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+# Columns that are never negative (DESIGN.md §3: times are CLOCK_MONOTONIC or epoch ns, sizes
+# are bytes with the direction in `action`): a part holding a negative value is damaged.
+_NON_NEGATIVE = {"events": ("ts_ns", "size_bytes", "requested_bytes"), "samples": ("ts_ns",)}
 
 
 @dataclass(eq=False)
@@ -237,6 +241,9 @@ def _part_paths(folder: Path) -> list[Path]:
                                     _damaged_hint())
         return []
     parts = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART_NAME.match(p.name))]
+    for _, part in parts:
+        if not part.is_file():  # a FIFO would block the reader forever, a device never end
+            raise BadRecordingError(f"{part} is not a regular file", _damaged_hint())
     return [p for _, p in sorted(parts)]
 
 
@@ -303,7 +310,17 @@ def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     except pa.ArrowException as e:
         message = f"{part}: {name} part has columns of unexpected types ({_first_line(e)})"
         raise BadRecordingError(message, _damaged_hint()) from e
-    return pa.Table.from_arrays(arrays, schema=schema)
+    conformed = pa.Table.from_arrays(arrays, schema=schema)
+    _check_non_negative(part, name, conformed)
+    return conformed
+
+
+def _check_non_negative(part: Path, name: str, table: pa.Table) -> None:
+    for column in _NON_NEGATIVE.get(name, ()):
+        lowest = pc.min(table[column]).as_py()
+        if lowest is not None and lowest < 0:
+            raise BadRecordingError(f"{part}: {name}.{column} holds {lowest}, and it is never negative",
+                                    _damaged_hint())
 
 
 def _corrupt_part(part: Path, error: Exception) -> BadRecordingError:

@@ -12,11 +12,13 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.series import CounterSeries, ExportTimeline
-from memprof.errors import MemprofError
+from memprof.errors import BadRecordingError, MemprofError
 from memprof.report.exports import counters_pid, instant_title, process_names, track_name
 
 SEQUENCE_ID = 1  # one writer: every packet is on one trusted sequence
 _MONOTONIC, _BOOTTIME = 3, 6  # perfetto BuiltinClock ids
+_UINT64_END = 2**64  # packet timestamps are uint64 ns
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1  # counter_value and int_value are int64
 
 
 def _protos():
@@ -72,9 +74,14 @@ class _Uuids:
 
 
 def _packet(trace, timestamp_ns: int | None = None):
+    """A new packet on the sequence, at `timestamp_ns` if given. Raises BadRecordingError for
+    a time a Perfetto timestamp (uint64 ns) cannot hold."""
     packet = trace.packet.add()
     packet.trusted_packet_sequence_id = SEQUENCE_ID
     if timestamp_ns is not None:
+        if not 0 <= int(timestamp_ns) < _UINT64_END:
+            raise BadRecordingError(f"a time of {int(timestamp_ns)} ns cannot be written to a Perfetto trace",
+                                    "the recording is damaged (times are never negative); record again")
         packet.timestamp = int(timestamp_ns)
         packet.timestamp_clock_id = _MONOTONIC
     return packet
@@ -113,9 +120,9 @@ def _counter_track(trace, pb, uuid: int, parent: int, series: CounterSeries) -> 
         event = _packet(trace, ts).track_event
         event.type = pb.TrackEvent.TYPE_COUNTER
         event.track_uuid = uuid
-        if as_int:
+        if as_int and _INT64_MIN <= value <= _INT64_MAX:
             event.counter_value = int(value)
-        else:
+        else:  # a float, or a uint64 count past int64: the viewer shows doubles as well
             event.double_counter_value = float(value)
 
 
@@ -145,5 +152,5 @@ def _annotate(event, row) -> None:
         value = getattr(row, key)
         if isinstance(value, str):
             event.debug_annotations.add(name=key, string_value=value)
-    if not pd.isna(row.size_bytes):
+    if not pd.isna(row.size_bytes) and _INT64_MIN <= int(row.size_bytes) <= _INT64_MAX:
         event.debug_annotations.add(name="size_bytes", int_value=int(row.size_bytes))
