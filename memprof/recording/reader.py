@@ -130,8 +130,8 @@ def _check_meta(path: Path, data: dict[str, Any]) -> None:
     where = _out_of_bounds(data)
     if where:
         raise BadRecordingError(f"{path}: {META_NAME} field {where}", _damaged_hint())
-    from jsonschema import Draft202012Validator  # late: only readers of recordings need it
-    error = next(iter(sorted(Draft202012Validator(META_SCHEMA).iter_errors(data), key=lambda e: e.path)), None)
+    from jsonschema import Draft202012Validator, exceptions  # late: only readers of recordings need it
+    error = exceptions.best_match(Draft202012Validator(META_SCHEMA).iter_errors(data))
     if error is not None:
         field = _field_name(error.absolute_path)
         why = error.message if len(error.message) <= 200 else error.message[:200] + "…"
