@@ -24,7 +24,11 @@ def import_(files, output, force):
 
     Each FILE is a pickle written by torch.cuda.memory._dump_snapshot (gzip allowed). It is
     loaded without running anything it names: a pickle that names a function or class (a
-    snapshot never does) is refused with exit status 5, as is a file that is not a snapshot.
+    snapshot never does) is refused with exit status 5, as is a file that is not a snapshot,
+    a damaged one, or one that would cost memory out of proportion to its size (a gzip FILE
+    may decompress to 64 times its size, at least 64 MiB: gunzip a larger one first).
+    The recording is written under a hidden temporary name beside -o and renamed when it is
+    complete: a refused FILE or an interrupted import leaves nothing behind.
 
     A FILE whose content starts with `{` is a Chrome trace from torch.profiler's
     export_chrome_trace (profile_memory=True; with_stack=True adds Python frames): its

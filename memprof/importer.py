@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof import __version__
-from memprof.errors import BadInputError, UsageError
+from memprof.errors import BadInputError, MemprofError, UsageError
 from memprof.model import RecordingMeta, SourceStats
 from memprof.recording import RecordingWriter
 from memprof.sources.frame_interner import FrameInterner
@@ -89,7 +89,8 @@ def import_snapshots(paths: list[Path | str], output: Path | str | None = None, 
 def _write(output: Path, meta: RecordingMeta, converted: list[tuple[Path, str, SnapshotRows]], force: bool) -> None:
     """Write the recording under a hidden sibling name, then rename it to `output` (replacing
     an old recording there only with `force`, as RecordingWriter does). On any failure the
-    temporary recording is removed and `output` is as it was."""
+    temporary recording is removed and `output` is as it was. Raises MemprofError when the
+    recording cannot be written (OSError), UsageError when `output` cannot be replaced."""
     temporary = output.parent / f".{output.name}.import-{secrets.token_hex(6)}"
     try:
         writer = RecordingWriter(temporary, meta)
@@ -101,6 +102,9 @@ def _write(output: Path, meta: RecordingMeta, converted: list[tuple[Path, str, S
             writer.flush()
         writer.finalize()
         _move_into_place(temporary, output, force)
+    except OSError as e:  # disk full, quota, a folder gone: nothing was written
+        raise MemprofError(f"cannot write {output}: {e.strerror or e}",
+                           "free some space, or choose another -o path") from None
     finally:
         if os.path.lexists(temporary):
             shutil.rmtree(temporary, ignore_errors=True)

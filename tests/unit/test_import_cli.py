@@ -203,3 +203,81 @@ def test_bad_inputs_exit_5_with_one_clear_line(tmp_path, make, expected):
     assert len(lines) == 2 and lines[0].startswith("memprof: error: ") and lines[1].startswith("hint: ")
     assert expected in lines[0]
     assert not (tmp_path / "out.memprof").exists()
+
+
+# --- nothing half-written (issue 19) -------------------------------------------------------
+
+def _siblings(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_failure_while_writing_leaves_no_recording_and_no_temporary_one(tmp_path, monkeypatch, error):
+    from memprof.recording.writer import RecordingWriter
+
+    def fail(self):
+        raise error
+    monkeypatch.setattr(RecordingWriter, "finalize", fail)
+    code, _, err = invoke("import", LEAK, "-o", tmp_path / "out.memprof")
+    if isinstance(error, OSError):
+        assert code == 1 and f"cannot write {tmp_path / 'out.memprof'}: No space left on device" in err
+    else:
+        assert code == 130
+    assert "internal error" not in err and _siblings(tmp_path) == []
+
+
+def test_a_failed_import_with_force_keeps_the_old_recording(tmp_path):
+    out = tmp_path / "out.memprof"
+    assert invoke("import", LEAK, "-o", out)[0] == 0
+    bad = _write(tmp_path, "bad.pickle", pickle.dumps({"device_traces": [[{"action": "alloc", "time_us": float("nan")}]]}))
+    code, _, err = invoke("import", bad, "-o", out, "--force")
+    assert code == 5 and "device_traces[0][0]: time_us is nan, not epoch microseconds" in err
+    assert len(open_recording(out).events) == 102
+    assert _siblings(tmp_path) == ["bad.pickle", "out.memprof"]
+
+
+def test_force_replaces_an_old_recording_with_the_complete_new_one(tmp_path):
+    out = tmp_path / "out.memprof"
+    assert invoke("import", DATA / "handbuilt_snapshot_expandable.pickle", "-o", out)[0] == 0
+    assert invoke("import", LEAK, "-o", out, "--force")[0] == 0
+    rec = open_recording(out)
+    assert rec.complete and len(rec.events) == 102
+    assert _siblings(tmp_path) == ["out.memprof"]
+
+
+def test_force_never_replaces_what_is_not_a_recording(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious.txt").write_text("mine")
+    code, _, err = invoke("import", LEAK, "-o", keep, "--force")
+    assert code == 2 and "refusing to replace it" in err
+    assert (keep / "precious.txt").read_text() == "mine" and _siblings(tmp_path) == ["keep"]
+
+
+# --- files that would cost memory out of all proportion (issue 19) -----------------------
+
+@pytest.mark.parametrize("data, expected", [
+    (b"\x80\x02Nr\x00\x00\x00\x04.", "memo index 67,108,864 in a 9-byte file"),
+    (b"\x80\x05\x96" + (2**40).to_bytes(8, "little") + b"x.", "truncated pickle (the opcode at byte 2"),
+    (gzip.compress(b"\0" * (80 << 20)), "decompresses to more than 67,108,864 bytes"),
+    (gzip.compress(gzip.compress(b"x")), "a gzip file inside a gzip file"),
+])
+def test_amplifying_files_are_refused_before_they_cost_memory(tmp_path, data, expected):
+    path = _write(tmp_path, "in.pickle", data)
+    code, _, err = invoke("import", path, "-o", tmp_path / "out.memprof")
+    assert code == 5 and expected in err
+    assert _siblings(tmp_path) == ["in.pickle"]
+
+
+def test_more_than_128_devices_are_refused(tmp_path):
+    entry = {"action": "alloc", "addr": 4096, "size": 64, "time_us": 1}
+    path = _write(tmp_path, "many.pickle", pickle.dumps({"device_traces": [[entry]] * 129}))
+    code, _, err = invoke("import", path, "-o", tmp_path / "out.memprof")
+    assert code == 5 and "the files name 129 devices, more than the 128 a recording holds" in err
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "fifo.pickle")
+    code, _, err = invoke("import", tmp_path / "fifo.pickle", "-o", tmp_path / "out.memprof")
+    assert code == 5 and "is not a regular file" in err
