@@ -143,7 +143,8 @@ def _check_items(loaded, size: int, path: Path) -> None:
     items = _items(loaded)
     if items > max(_MIN_ITEMS, size // BYTES_PER_ITEM):
         raise BadInputError(
-            f"{path}: {items:,} entries in {size:,} bytes: entries shared by reference, not a file torch wrote",
+            f"{path}: {items:,} entries in {size:,} bytes, more than one per {BYTES_PER_ITEM} bytes: not a file "
+            "torch wrote (entries shared by reference, or empty ones)",
             "pass a file written by torch.cuda.memory._dump_snapshot or torch.profiler's export_chrome_trace")
 
 

@@ -71,7 +71,7 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
     data = _gunzipped(data, source)
     if not data:
         raise BadInputError(f"{source} is empty", _NOT_SNAPSHOT_HINT)
-    _check_memo(data, source)
+    _check_opcodes(data, source)
     try:
         return _PlainDataUnpickler(io.BytesIO(data), source).load()
     except UnsafeInputError:
@@ -166,7 +166,7 @@ _LONG_BINPUT, _PUT, _STOP = ord("r"), ord("p"), ord(".")
 _U32 = struct.Struct("<I")
 
 
-def _check_memo(data: bytes, source: str) -> None:
+def _check_opcodes(data: bytes, source: str) -> None:
     """Raise BadInputError if a PUT or LONG_BINPUT names a memo index of len(data) or more
     (module docstring), or an opcode's length runs past the end of the file (the unpickler
     reserves that length first: BYTEARRAY8 can ask for 2^63 bytes). Walks the opcodes

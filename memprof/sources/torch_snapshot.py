@@ -170,7 +170,8 @@ class _EndState:
         device, address = _device(seg, where), _u64(seg, "address", where)
         total = _size(seg, where, "total_size")
         if address + total > _ADDRESS_SPACE:
-            raise BadInputError(f"{where}: address {address:#x} + total_size {total} runs past the address space", _HINT)
+            raise BadInputError(f"{where}: address {address:#x} + total_size {total} runs past the address space",
+                                _HINT)
         self.expandable |= bool(seg.get("is_expandable"))
         converter = self.converters.get(device)
         blocks = seg.get("blocks", [])

@@ -53,9 +53,10 @@ _OOM, _MARK = Action.OOM.value, Action.MARK.value
 MAX_LABELS = 100
 _U64 = 2**64
 MAX_TIME_US = (2**63 - 1) // 1000  # the latest epoch µs whose ns still fit the int64 ts_ns column
-# Frames kept per chain, innermost first: torch's tracebacks are far shorter, and a hostile
-# file's million-frame list would otherwise cost a million rows per stack.
-MAX_STACK_DEPTH = 256
+# Frames kept per chain, innermost first: torch's tracebacks (Python and C++) are far shorter,
+# and a hostile file's list of a million references to one frame would otherwise cost a
+# million rows per stack.
+MAX_STACK_DEPTH = 1024
 _MAX_SKIPPED_NAMES = 32  # distinct unknown action names counted by name; the rest as "(other)"
 
 

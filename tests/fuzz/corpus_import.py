@@ -18,7 +18,8 @@ from pathlib import Path
 T0 = 1_700_000_000_000_000  # epoch µs
 BASE = 0x7F00_0000_0000
 MIB = 1 << 20
-FRAMES = [{"filename": "/w/train.py", "line": 42, "name": "step"}, {"filename": "/w/train.py", "line": 9, "name": "main"}]
+FRAMES = [{"filename": "/w/train.py", "line": 42, "name": "step"},
+          {"filename": "/w/train.py", "line": 9, "name": "main"}]
 PLACEHOLDER = "@@HOSTILE@@"
 
 
@@ -108,7 +109,8 @@ SNAPSHOT_FIELDS = {
     "block_address": ("segments", 0, "blocks", 0, "address"), "block_history": ("segments", 0, "blocks", 0, "history"),
     "settings": ("allocator_settings",), "settings_value": ("allocator_settings", "max_split_size"),
     "annotation_time": ("external_annotations", 0, "time_us"), "annotation_name": ("external_annotations", 0, "name"),
-    "annotation_stage": ("external_annotations", 0, "stage"), "annotation_device": ("external_annotations", 0, "device"),
+    "annotation_stage": ("external_annotations", 0, "stage"),
+    "annotation_device": ("external_annotations", 0, "device"),
     "device_traces": ("device_traces",), "trace": ("device_traces", 0), "segments": ("segments",),
 }
 
@@ -129,7 +131,8 @@ def snapshot_mutations() -> dict[str, bytes]:
     for field_index, (field, path) in enumerate(SNAPSHOT_FIELDS.items()):
         values = list(PICKLE_VALUES.items()) + list(RAW_VALUES.items())
         # Every field gets the numeric and structural extremes; the rest rotate through the fields.
-        chosen = values[:9] + values[14:19] + [values[9 + field_index % 5]] + list(RAW_VALUES.items())[field_index % 4:][:2]
+        raw = list(RAW_VALUES.items())[field_index % 4:][:2]
+        chosen = values[:9] + values[14:19] + [values[9 + field_index % 5]] + raw
         for name, value in chosen:
             if name in RAW_VALUES:
                 files[f"snap-{field}-{name}.pickle"] = pickle_with(replaced(base, path, PLACEHOLDER), value)
@@ -157,11 +160,13 @@ def snapshot_structures() -> dict[str, bytes]:
         "labels-5000.pickle": pickle.dumps({"device_traces": [[{**entry, "category": f"c{i}"} for i in range(5000)]]}),
         "annotations-5000-names.pickle": pickle.dumps({"segments": [], "external_annotations": [
             {"name": f"a{i}", "device": 0, "time_us": T0 + i} for i in range(5000)]}),
-        "actions-5000-names.pickle": pickle.dumps({"device_traces": [[{**entry, "action": f"x{i}"} for i in range(5000)]]}),
+        "actions-5000-names.pickle": pickle.dumps(
+            {"device_traces": [[{**entry, "action": f"x{i}"} for i in range(5000)]]}),
         "segment-past-2_64.pickle": pickle.dumps({"segments": [
             {**base["segments"][0], "address": 2**64 - MIB, "total_size": 2 * MIB, "blocks": []}]}),
         "blocks-past-2_64.pickle": pickle.dumps({"segments": [
-            {**base["segments"][0], "address": 2**64 - MIB, "total_size": MIB, "blocks": [{"size": MIB}, {"size": 2**62}]}]}),
+            {**base["segments"][0], "address": 2**64 - MIB, "total_size": MIB,
+             "blocks": [{"size": MIB}, {"size": 2**62}]}]}),
         "legacy-history-hostile.pickle": pickle.dumps({"segments": [{**base["segments"][0], "blocks": [
             {"size": MIB, "state": "active_allocated", "history": [{"addr": 2**70, "real_size": -5}]}]}]}),
         "top-list-of-garbage.pickle": pickle.dumps([{"blocks": 1}] * 10),

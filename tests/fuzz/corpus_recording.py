@@ -43,11 +43,13 @@ META_FIELDS = {
     ("sources", "ebpf", "missed"): set(), ("sources", "ebpf", "missed", "kfree"): set(),
     ("sources", "ebpf", "stack_sample_every"): set(), ("sources", "ebpf", "enabled"): {"true"},
     ("sources", "ebpf", "detail"): {"dict"}, ("sources", "ebpf", "detail", "stack_failures"): {"null"},
-    ("sources", "ebpf", "detail", "uprobes"): {"null", "dict"}, ("sources", "ebpf", "detail", "python"): {"null", "dict"},
+    ("sources", "ebpf", "detail", "uprobes"): {"null", "dict"},
+    ("sources", "ebpf", "detail", "python"): {"null", "dict"},
     ("sources", "ebpf", "detail", "nvml"): {"null", "dict"}, ("sources", "ebpf", "detail", "free_form"): {
         "1e30_float", "neg", "half", "str", "list", "dict", "null", "true"},
     ("notes",): set(), ("notes", 0): {"str"}, ("processes",): set(), ("processes", 0): {"dict"},
-    ("processes", 0, "pid"): {"null"}, ("processes", 0, "comm"): {"str", "null"}, ("processes", 0, "exe"): {"str", "null"},
+    ("processes", 0, "pid"): {"null"}, ("processes", 0, "comm"): {"str", "null"},
+    ("processes", 0, "exe"): {"str", "null"},
     ("processes", 0, "start_ns"): {"neg", "null"}, ("exits",): set(), ("exits", 0, "ts_ns"): {"neg", "null"},
 }
 

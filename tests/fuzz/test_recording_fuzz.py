@@ -60,7 +60,8 @@ def test_a_recording_the_tampering_left_readable_is_read(outcomes):
 @pytest.mark.parametrize("name, says", [
     ("meta-start_ns-nan.memprof", "meta.json is not readable JSON (NaN is not a number memprof writes)"),
     ("meta-start_ns-1e30_int.memprof", "meta.json field start_ns is outside int64"),
-    ("meta-sources.ebpf.lost-str.memprof", "meta.json field sources.ebpf.lost is invalid: 'x' is not of type 'integer'"),
+    ("meta-sources.ebpf.lost-str.memprof",
+     "meta.json field sources.ebpf.lost is invalid: 'x' is not of type 'integer'"),
     ("meta-processes.0.pid-neg.memprof", "meta.json field processes[0].pid is invalid: -1 is less than the minimum"),
     ("meta-notes-deep_40.memprof", "meta.json field notes"),
     ("meta-exit_status-digits_5000.memprof", "meta.json is not readable JSON (Exceeds the limit (4300 digits)"),

@@ -229,7 +229,8 @@ def test_a_failure_while_writing_leaves_no_recording_and_no_temporary_one(tmp_pa
 def test_a_failed_import_with_force_keeps_the_old_recording(tmp_path):
     out = tmp_path / "out.memprof"
     assert invoke("import", LEAK, "-o", out)[0] == 0
-    bad = _write(tmp_path, "bad.pickle", pickle.dumps({"device_traces": [[{"action": "alloc", "time_us": float("nan")}]]}))
+    nan_time = {"device_traces": [[{"action": "alloc", "time_us": float("nan")}]]}
+    bad = _write(tmp_path, "bad.pickle", pickle.dumps(nan_time))
     code, _, err = invoke("import", bad, "-o", out, "--force")
     assert code == 5 and "device_traces[0][0]: time_us is nan, not epoch microseconds" in err
     assert len(open_recording(out).events) == 102
