@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import pickle
+import random
 import struct
 import zlib
 from pathlib import Path
@@ -347,6 +348,78 @@ def _bad_crc(data: bytes) -> bytes:
     return data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
 
 
+# --- random mutations of real fixtures (seeded) ----------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FIXTURES = ("handbuilt_snapshot_leak.pickle", "handbuilt_snapshot_legacy_history.pickle",
+            "handbuilt_snapshot_expandable.pickle", "handbuilt_snapshot_oom.pickle",
+            "handbuilt_profiler_trace_cuda.json")
+
+
+def byte_mutations(count: int, seed: int = 19) -> dict[str, bytes]:
+    """Fixtures with bytes overwritten, cut out, inserted or repeated (some then gzipped)."""
+    rng, files = random.Random(seed), {}
+    sources = {name: (DATA / name).read_bytes() for name in FIXTURES}
+    for i in range(count):
+        name = rng.choice(FIXTURES)
+        data = bytearray(sources[name])
+        for _ in range(rng.choice([1, 2, 4, 16])):
+            at, what = rng.randrange(len(data)), rng.random()
+            if what < 0.5:
+                data[at] = rng.randrange(256)
+            elif what < 0.7:
+                del data[at:at + rng.randrange(1, 64)]
+            elif what < 0.9:
+                data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16)))
+            else:
+                data[at:at] = data[rng.randrange(len(data)):][:rng.randrange(1, 256)]
+        blob = gzip.compress(bytes(data), mtime=0) if rng.random() < 0.1 else bytes(data)
+        files[f"rand-bytes-{i:03d}-{name}"] = blob
+    return files
+
+
+def tree_mutations(count: int, seed: int = 19) -> dict[str, bytes]:
+    """Fixtures loaded, one to three of their values (anywhere in the tree) replaced by hostile
+    values, written again (pickle protocol 2, 3 or 4; JSON)."""
+    from memprof.sources.safe_pickle import load_plain
+    rng, files = random.Random(seed), {}
+    trees = {name: (json.loads((DATA / name).read_text()) if name.endswith(".json") else load_plain(DATA / name))
+             for name in FIXTURES}
+    json_values = [v for k, v in JSON_VALUES.items() if k != "deep_100k"]
+    for i in range(count):
+        name = rng.choice(FIXTURES)
+        is_json = name.endswith(".json")
+        tree = pickle.loads(pickle.dumps(trees[name]))
+        paths = [p for p in _paths(tree) if p]
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            path = rng.choice(paths)
+            try:
+                _put(tree, path, PLACEHOLDER if is_json else rng.choice(list(PICKLE_VALUES.values())))
+            except (KeyError, IndexError, TypeError):
+                pass  # a path an earlier replacement removed
+        if is_json:
+            text = json.dumps(tree)
+            while json.dumps(PLACEHOLDER) in text:
+                text = text.replace(json.dumps(PLACEHOLDER), rng.choice(json_values), 1)
+            files[f"rand-tree-{i:03d}-{name}"] = text.encode()
+        else:
+            files[f"rand-tree-{i:03d}-{name}"] = pickle.dumps(tree, protocol=rng.choice([2, 3, 4]))
+    return files
+
+
+def _paths(tree, prefix: tuple = ()):
+    yield prefix
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, value in items:
+        yield from _paths(value, prefix + (key,))
+
+
+def _put(tree, path: tuple, value) -> None:
+    for key in path[:-1]:
+        tree = tree[key]
+    tree[path[-1]] = value
+
+
 # --- everything -----------------------------------------------------------------------------
 
 def import_corpus(folder: Path) -> list[tuple[str, list[str]]]:
@@ -355,7 +428,8 @@ def import_corpus(folder: Path) -> list[tuple[str, list[str]]]:
     folder.mkdir(parents=True, exist_ok=True)
     good = pickle.dumps(snapshot())
     files = {**handmade_pickles(), **snapshot_mutations(), **snapshot_structures(), **trace_mutations(),
-             **trace_structures(), **gzip_files(good, handmade_pickles()["global-os-system.pickle"])}
+             **trace_structures(), **gzip_files(good, handmade_pickles()["global-os-system.pickle"]),
+             **byte_mutations(150), **tree_mutations(150)}
     cases = []
     for name, data in sorted(files.items()):
         (folder / name).write_bytes(data)
@@ -398,7 +472,10 @@ LENIENT_FILES = {
 
 
 def expected(name: str) -> str:
-    """"imported" (exit 0, a complete recording) or "refused" (exit 5 or 2, nothing written)."""
+    """"imported" (exit 0, a complete recording), "refused" (exit 5 or 2, nothing written), or
+    "either" (a random mutation: one or the other)."""
+    if name.startswith("rand-"):
+        return "either"
     if name in LENIENT_FILES:
         return "imported"
     for prefix in ("snap", "trace"):

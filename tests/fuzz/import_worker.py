@@ -4,8 +4,10 @@ peak RSS: `python -m tests.fuzz.import_worker CASES.json RESULTS.json OUT_DIR`.
 CASES.json: [[name, [import arguments]], …]. Before each import the kernel's high-water mark
 of this process's RSS is reset (writing 5 to /proc/self/clear_refs, Linux >= 4.0) to the RSS
 now, so VmHWM read after it is that import's peak, the interpreter and every library memprof
-loaded included. RESULTS.json: [{name, exit_code, output, peak_rss_kb, left}], `left` naming
-whatever the import left in OUT_DIR (it must leave nothing when it fails)."""
+loaded included. RESULTS.json: [{name, exit_code, output, peak_rss_kb, peak_reset, left,
+report_exit_code}]: `left` names whatever the import left in OUT_DIR (it must leave nothing
+when it fails); `report_exit_code` is that of `report summary` on what it imported (None when
+it imported nothing)."""
 from __future__ import annotations
 
 import json
@@ -44,9 +46,14 @@ def run_case(cli, name: str, args: list[str], out_dir: Path) -> dict:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         code = f"raised {type(result.exception).__name__}: {result.exception}"
     left = sorted(p.name for p in out_dir.iterdir())
+    report = None
+    if code == 0:  # what was imported must be a recording the reports read
+        done = CliRunner().invoke(cli, ["report", "summary", str(out_dir / "out.memprof")], catch_exceptions=True)
+        report = done.exit_code if done.exception is None or isinstance(done.exception, SystemExit) else \
+            f"raised {type(done.exception).__name__}: {done.exception}"
     shutil.rmtree(out_dir)
     return {"name": name, "exit_code": code, "output": result.output[-2000:], "peak_rss_kb": peak,
-            "peak_reset": reset, "left": left}
+            "peak_reset": reset, "left": left, "report_exit_code": report}
 
 
 def main(cases_path: str, results_path: str, out_dir: str) -> None:

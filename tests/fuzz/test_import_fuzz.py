@@ -66,11 +66,23 @@ def test_a_refused_file_leaves_nothing_behind(results):
     assert left == {}
 
 
-def test_files_imported_leniently_give_complete_recordings(results, tmp_path):
+def test_files_imported_leniently_give_complete_recordings_the_reports_read(results):
     """Odd but readable files (text where a name goes, unknown actions, big but honest
-    structures) import to a complete recording and nothing else."""
-    wrong = {name: (r["exit_code"], r["output"][-300:]) for name, r in results.items()
-             if expected(name) == "imported" and (r["exit_code"] != 0 or r["left"] != ["out.memprof"])}
+    structures) import to a complete recording, and nothing else, that `report summary` reads."""
+    wrong = {name: (r["exit_code"], r["report_exit_code"], r["left"], r["output"][-300:])
+             for name, r in results.items() if expected(name) == "imported"
+             and (r["exit_code"], r["report_exit_code"], r["left"]) != (0, 0, ["out.memprof"])}
+    assert wrong == {}
+
+
+def test_random_mutations_of_real_files_are_imported_whole_or_refused(results):
+    """Seeded byte and tree mutations of the fixtures: either a recording the reports read, or
+    exit 5 and nothing written."""
+    cases = {name: r for name, r in results.items() if expected(name) == "either"}
+    assert len(cases) == 300
+    wrong = {name: (r["exit_code"], r["report_exit_code"], r["left"], r["output"][-300:])
+             for name, r in cases.items()
+             if (r["exit_code"], r["report_exit_code"], r["left"]) not in ((0, 0, ["out.memprof"]), (5, None, []))}
     assert wrong == {}
 
 
