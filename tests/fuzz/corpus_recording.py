@@ -3,13 +3,14 @@ with one field replaced by a hostile JSON value or broken as a file, and Parquet
 extreme values, wrong types, missing columns, garbage bytes, or paths that are not files.
 
 `recording_corpus(folder)` writes them and returns [(name, recording path, expected)], with
-expected "refused" (exit 5 from every command) or "readable" (the tampering leaves a recording
-that every command must read: exit 0).
+expected "refused" (exit 5 from every command), "readable" (the tampering leaves a recording
+that every command must read: exit 0) or "either" (random bytes overwritten in a part).
 """
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -215,13 +216,30 @@ def _many_labels(rec: Path, count: int) -> None:
     shutil.rmtree(rec.parent / (rec.name + ".tmp"))
 
 
+def random_part_cases(base: Path, folder: Path, count: int, seed: int = 19) -> list[tuple[str, Path, str]]:
+    """Parts with one to eight random bytes overwritten (seeded): read or refused, either way
+    never an internal error."""
+    rng, cases = random.Random(seed), []
+    parts = sorted(p.relative_to(base) for p in base.rglob("part-*.parquet"))
+    for i in range(count):
+        rec = _copy(base, folder / f"rand-part-{i:03d}.memprof")
+        part = rec / rng.choice(parts)
+        data = bytearray(part.read_bytes())
+        for _ in range(rng.choice([1, 2, 4, 8])):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        part.write_bytes(bytes(data))
+        cases.append((rec.name, rec, "either"))
+    return cases
+
+
 def _copy(base: Path, to: Path) -> Path:
     shutil.copytree(base, to, symlinks=True)
     return to
 
 
 def recording_corpus(folder: Path) -> list[tuple[str, Path, str]]:
-    """Every tampered recording under `folder`: [(name, path, "refused" | "readable")]."""
+    """Every tampered recording under `folder`: [(name, path, "refused" | "readable" | "either")]."""
     folder.mkdir(parents=True, exist_ok=True)
     base = base_recording(folder / "base.memprof")
-    return [*meta_cases(base, folder), *meta_file_cases(base, folder), *part_cases(base, folder)]
+    return [*meta_cases(base, folder), *meta_file_cases(base, folder), *part_cases(base, folder),
+            *random_part_cases(base, folder, 120)]

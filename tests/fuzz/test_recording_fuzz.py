@@ -1,7 +1,8 @@
 """Tampered recordings (tests/fuzz/corpus_recording.py) through the commands that read them:
 `report summary`, `report leaks` and `export --format perfetto`. Never an internal error; a
 recording the tampering damaged is refused with exit 5 and one line naming what is wrong
-(meta.json's field, the part and its column); one it left readable is read (exit 0)."""
+(meta.json's field, the part and its column); one it left readable is read (exit 0); random
+bytes in a part give one or the other."""
 from __future__ import annotations
 
 import pytest
@@ -49,6 +50,12 @@ def test_a_damaged_recording_exits_5_from_every_command_with_one_line(outcomes):
             assert len(lines) == 2 and lines[0].startswith("memprof: error: ") and lines[1].startswith("hint: "), name
     refused = sum(expected == "refused" for expected, _ in outcomes.values())
     assert refused >= MIN_REFUSED, f"only {refused} tampered recordings refused"
+
+
+def test_random_bytes_in_a_part_are_read_or_refused(outcomes):
+    cases = {name: runs for name, (expected, runs) in outcomes.items() if expected == "either"}
+    assert len(cases) == 120
+    assert {code for runs in cases.values() for _, code, _ in runs} <= {0, 5}
 
 
 def test_a_recording_the_tampering_left_readable_is_read(outcomes):
