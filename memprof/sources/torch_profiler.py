@@ -230,9 +230,9 @@ def _stats(rows: Rows, counts: Counter, has_spans: bool) -> dict[str, Any]:
 
 
 def _bytes(args: dict, where: str) -> int:
-    """A memory event's Bytes: an integral number under 2^63 either way (negative: a free)."""
+    """A memory event's Bytes: a whole number of at most 2^53 either way (negative: a free)."""
     value = args.get("Bytes")
-    if not _is_us(value) or value != int(value) or not -2**63 < value < 2**63:
+    if not _is_us(value) or value != int(value):
         raise BadInputError(f"{where}: Bytes is {short_repr(value)}, not a byte count", _HINT)
     return int(value)
 
