@@ -5,6 +5,7 @@ is a `BadRecordingError` naming the path, with a hint.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -20,7 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
-from memprof.model.meta import FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, MAX_META_DEPTH, META_SCHEMA, RecordingMeta
+from memprof.model.meta import (
+    FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, MAX_META_DEPTH, META_SCHEMA, RecordingMeta, row_field_error,
+)
 from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.columns import column_filler
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
@@ -126,16 +129,25 @@ def read_meta(path: Path | str) -> RecordingMeta:
 
 def _check_meta(path: Path, data: dict[str, Any]) -> None:
     """Raise BadRecordingError naming the first field of meta.json that is too deep, an
-    integer outside int64, or not what META_SCHEMA says."""
+    integer outside int64, or not what META_SCHEMA (and ROW_FIELDS) says."""
     where = _out_of_bounds(data)
     if where:
         raise BadRecordingError(f"{path}: {META_NAME} field {where}", _damaged_hint())
-    from jsonschema import Draft202012Validator, exceptions  # late: only readers of recordings need it
-    error = exceptions.best_match(Draft202012Validator(META_SCHEMA).iter_errors(data))
+    from jsonschema.exceptions import best_match
+    error = best_match(_meta_validator().iter_errors(data))
+    if error is None and (row := row_field_error(data)):
+        raise BadRecordingError(f"{path}: {META_NAME} field {row[0]} is invalid: {row[1]}", _damaged_hint())
     if error is not None:
         field = _field_name(error.absolute_path)
         why = error.message if len(error.message) <= 200 else error.message[:200] + "…"
         raise BadRecordingError(f"{path}: {META_NAME} field {field} is invalid: {why}", _damaged_hint())
+
+
+@functools.cache
+def _meta_validator():
+    """A jsonschema validator of META_SCHEMA (imported late: only readers of recordings need it)."""
+    from jsonschema import Draft202012Validator
+    return Draft202012Validator(META_SCHEMA)
 
 
 def _out_of_bounds(data: Any) -> str | None:
