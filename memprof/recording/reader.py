@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
@@ -38,9 +37,6 @@ _NULLABLE_INTEGERS = {
 _ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
 MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
-# Columns that are never negative (DESIGN.md §3: times are CLOCK_MONOTONIC or epoch ns, sizes
-# are bytes with the direction in `action`): a part holding a negative value is damaged.
-_NON_NEGATIVE = {"events": ("ts_ns", "size_bytes", "requested_bytes"), "samples": ("ts_ns",)}
 
 
 @dataclass(eq=False)
@@ -331,16 +327,7 @@ def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
         conformed.validate(full=True)
     except pa.ArrowException as e:
         raise _corrupt_part(part, e) from e
-    _check_non_negative(part, name, conformed)
     return conformed
-
-
-def _check_non_negative(part: Path, name: str, table: pa.Table) -> None:
-    for column in _NON_NEGATIVE.get(name, ()):
-        lowest = pc.min(table[column]).as_py()
-        if lowest is not None and lowest < 0:
-            raise BadRecordingError(f"{part}: {name}.{column} holds {lowest}, and it is never negative",
-                                    _damaged_hint())
 
 
 def _corrupt_part(part: Path, error: Exception) -> BadRecordingError:

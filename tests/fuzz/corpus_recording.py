@@ -4,7 +4,8 @@ extreme values, wrong types, missing columns, garbage bytes, or paths that are n
 
 `recording_corpus(folder)` writes them and returns [(name, recording path, expected)], with
 expected "refused" (exit 5 from every command), "readable" (the tampering leaves a recording
-that every command must read: exit 0) or "either" (random bytes overwritten in a part).
+that every command must read: exit 0), "no-perfetto" (read, but the Perfetto export exits 5)
+or "either" (random bytes overwritten in a part).
 """
 from __future__ import annotations
 
@@ -146,12 +147,14 @@ def _set_column(rec: Path, column: str, array: pa.Array | None, table: str = "ev
     pq.write_table(data, part)
 
 
-# (table, column, value, expected): one cell replaced by an extreme value of its own type.
+# (table, column, value, expected): one cell replaced by an extreme value of its own type. A
+# negative time is read (one bogus row must not make a recording unreadable) but cannot be in a
+# Perfetto trace ("no-perfetto": that export exits 5).
 EXTREME_CELLS = [
-    ("events", "ts_ns", INT64_MAX, "readable"), ("events", "ts_ns", INT64_MIN, "refused"),
-    ("events", "ts_ns", -1, "refused"), ("events", "addr", UINT64_MAX, "readable"),
-    ("events", "size_bytes", INT64_MAX, "readable"), ("events", "size_bytes", INT64_MIN, "refused"),
-    ("events", "size_bytes", -1, "refused"), ("events", "requested_bytes", -1, "refused"),
+    ("events", "ts_ns", INT64_MAX, "readable"), ("events", "ts_ns", INT64_MIN, "no-perfetto"),
+    ("events", "ts_ns", -1, "no-perfetto"), ("events", "addr", UINT64_MAX, "readable"),
+    ("events", "size_bytes", INT64_MAX, "readable"), ("events", "size_bytes", INT64_MIN, "readable"),
+    ("events", "size_bytes", -1, "readable"), ("events", "requested_bytes", -1, "readable"),
     ("events", "pid", -2**31, "readable"), ("events", "pid", 2**31 - 1, "readable"), ("events", "tid", -1, "readable"),
     ("events", "seq", INT64_MIN, "readable"), ("events", "stack_id", INT64_MAX, "readable"),
     ("events", "stack_id", -1, "readable"), ("events", "alloc_id", INT64_MIN, "readable"),
@@ -160,7 +163,7 @@ EXTREME_CELLS = [
     ("frames", "line", -2**31, "readable"), ("frames", "kind", "martian", "readable"),
     ("frames", "function", "\x1b[2J" * 1000, "readable"), ("samples", "value", float("nan"), "readable"),
     ("samples", "value", float("inf"), "readable"), ("samples", "value", -1e308, "readable"),
-    ("samples", "ts_ns", INT64_MIN, "refused"), ("samples", "metric", "", "readable"),
+    ("samples", "ts_ns", INT64_MIN, "no-perfetto"), ("samples", "metric", "", "readable"),
 ]
 
 
@@ -238,7 +241,7 @@ def _copy(base: Path, to: Path) -> Path:
 
 
 def recording_corpus(folder: Path) -> list[tuple[str, Path, str]]:
-    """Every tampered recording under `folder`: [(name, path, "refused" | "readable" | "either")]."""
+    """Every tampered recording under `folder`: [(name, path, expected)] (module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
     base = base_recording(folder / "base.memprof")
     return [*meta_cases(base, folder), *meta_file_cases(base, folder), *part_cases(base, folder),
