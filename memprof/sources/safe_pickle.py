@@ -13,17 +13,21 @@ gzip-compressed files (`snapshot.pickle.gz`) are decompressed first.
 No input may cost far more memory than its size (a hostile file is refused before it does):
 - decompression stops, with BadInputError, past `MAX_GZIP_RATIO` times the compressed size
   (at least `MIN_GZIP_LIMIT` bytes): a 1 MB gzip of zeros would otherwise be 1 GB in memory;
+  a gzip file inside a gzip file is refused (decompressing twice would square the ratio);
 - the C unpickler sizes its memo by the largest index a PUT or LONG_BINPUT names (9 bytes can
   ask for 2**26 slots, 1.2 GB), so every such index is checked first: a pickler numbers its
-  memo entries from 0, one per entry, so an index is never as large as the pickle itself.
+  memo entries from 0, one per entry, so an index is never as large as the pickle itself;
+- it reserves a BYTEARRAY8's length before reading it, so an opcode whose length runs past
+  the end of the file is refused as truncated first.
+Only regular files are read: a FIFO would block, /dev/zero never end.
 """
 from __future__ import annotations
 
 import io
 import os
 import pickle
-import stat
 import reprlib
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -32,9 +36,9 @@ from typing import Any
 from memprof.errors import BadInputError, UnsafeInputError
 
 _GZIP_MAGIC = b"\x1f\x8b"
-MAX_GZIP_RATIO = 64           # decompressed bytes per compressed byte, at most
-MIN_GZIP_LIMIT = 64 << 20     # bytes a small gzip file may always decompress to
-_GZIP_CHUNK = 16 << 20      # bytes decompressed per step (limits are checked between steps)
+MAX_GZIP_RATIO = 64        # decompressed bytes per compressed byte, at most
+MIN_GZIP_LIMIT = 64 << 20  # bytes a small gzip file may always decompress to
+_GZIP_CHUNK = 16 << 20     # bytes decompressed per step (the limit is checked between steps)
 _PROTO = pickle.PROTO
 _UNSAFE_HINT = ("nothing in it was run; torch.cuda.memory._dump_snapshot did not write this file, so do not "
                 "open it with pickle (or torch.load(weights_only=False)) either")
@@ -67,7 +71,8 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
     """Unpickle `data` allowing only plain data. `source` names it in errors.
 
     Raises UnsafeInputError for a pickle that names a global or persistent id, BadInputError
-    for empty, truncated or non-pickle data (each a one-line message with a hint)."""
+    for empty, truncated, non-pickle or amplifying data (module docstring; each a one-line
+    message with a hint)."""
     data = _gunzipped(data, source)
     if not data:
         raise BadInputError(f"{source} is empty", _NOT_SNAPSHOT_HINT)
