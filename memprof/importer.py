@@ -115,8 +115,8 @@ def _move_into_place(temporary: Path, output: Path, force: bool) -> None:
     if os.path.lexists(output):
         if not force:
             raise UsageError(f"{output} exists", "choose another -o path or pass --force")
-        from memprof.recording.writer import _clear_path  # the one rule for what --force may replace
-        _clear_path(output, True, os.geteuid())
+        from memprof.recording.writer import clear_for_new_recording  # the one rule for what --force may replace
+        clear_for_new_recording(output, True, os.geteuid())
     try:
         os.rename(temporary, output)
     except OSError as e:

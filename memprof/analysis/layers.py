@@ -26,6 +26,18 @@ from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.model.schema import LAYERS
 
+# Estimates past this are damage (a tampered part, a bogus u64 size), not memory: clipped
+# so the int64 cast stays defined.
+_MAX_WEIGHTED_BYTES = float(1 << 62)
+
+
+def weighted_bytes(size: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Bytes each allocation stands for: rint(size × weight) as int64. A weight that is not
+    a finite number (a damaged part) counts as 0 bytes, and products are clipped to ±2^62,
+    so no cast of NaN, infinity or an overflow yields an undefined value."""
+    product = np.nan_to_num(size * weight, nan=0.0, posinf=_MAX_WEIGHTED_BYTES, neginf=-_MAX_WEIGHTED_BYTES)
+    return np.rint(np.clip(product, -_MAX_WEIGHTED_BYTES, _MAX_WEIGHTED_BYTES)).astype(np.int64)
+
 _NEVER = np.iinfo(np.int64).max
 
 
@@ -105,7 +117,7 @@ class _Columns(NamedTuple):
         size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
         return cls(alloc_ts=allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
                    end_ts=allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
-                   size=np.rint(size * weight).astype(np.int64),  # estimated bytes it stands for
+                   size=weighted_bytes(size, weight),  # estimated bytes it stands for
                    has_stack=stack.notna().to_numpy(), stack=stack.to_numpy(dtype=np.int64, na_value=0),
                    weight=weight)
 

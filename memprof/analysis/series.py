@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
-from memprof.analysis.layers import live_curve
+from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of, labels
 from memprof.model.schema import LAYERS, Action, Mark
 
@@ -111,7 +111,7 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS) -> 
 def _weighted_bytes(allocations: pd.DataFrame) -> np.ndarray:
     """Bytes each allocation stands for: rint(size_bytes × weight), 0 where no size."""
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
-    return np.rint(size * allocations["weight"].to_numpy(dtype=float)).astype(np.int64)
+    return weighted_bytes(size, allocations["weight"].to_numpy(dtype=float))
 
 
 def _device_label(code: int, names: np.ndarray) -> str:

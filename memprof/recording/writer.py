@@ -72,7 +72,7 @@ class RecordingWriter:
         self._lock = threading.Lock()        # guards the buffers and the finalized flag
         self._write_lock = threading.Lock()  # one writer of parts and meta.json at a time
         self._finalized = False
-        _clear_path(self.path, force, os.geteuid() if owner_uid is None else owner_uid)
+        clear_for_new_recording(self.path, force, os.geteuid() if owner_uid is None else owner_uid)
         _create_dirs(self.path)
         self._write_meta()
 
@@ -193,8 +193,8 @@ class RecordingWriter:
         os.replace(tmp, self.path / META_NAME)
 
 
-def _clear_path(path: Path, force: bool, owner_uid: int) -> None:
-    """Make room for a new recording at `path`: with `force`, remove an old recording owned
+def clear_for_new_recording(path: Path, force: bool, owner_uid: int) -> None:
+    """Make room for a new recording at `path` (the writer's rule, and `memprof import`'s): with `force`, remove an old recording owned
     by `owner_uid`; refuse anything else (a file, a symlink, someone else's folder, a folder
     that is not a recording), so that --force can never delete what memprof did not make."""
     try:

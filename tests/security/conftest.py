@@ -16,6 +16,7 @@ Tests that load eBPF are skipped, with the reason, where this machine cannot rec
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
@@ -67,6 +68,14 @@ class User:
     def popen(self, argv: list, **kw) -> subprocess.Popen:
         kw.setdefault("cwd", self.home)
         return subprocess.Popen(self.argv(argv), **kw)
+
+    def report_leaks(self, recording: Path, timeout: float = 300) -> dict:
+        """`memprof report leaks --format json` of `recording`, run as this user (the
+        recording must open for its owner): the parsed JSON; fails the test unless exit 0."""
+        result = self.run([sys.executable, "-m", "memprof", "report", "leaks", str(recording), "--format", "json"],
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}, timeout=timeout)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
 
     def write(self, path: Path, text: str) -> Path:
         """A file created as this user (so the user owns it, as if they had written it)."""

@@ -16,19 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import REPO
-
 pytestmark = pytest.mark.ebpf
 
 PLANTED = "print('PWNED: planted code ran', flush=True)\n"
-
-
-def report_opens(user, recording: Path) -> dict:
-    """`memprof report leaks --format json` of the recording, as its user, must exit 0."""
-    result = user.run([sys.executable, "-m", "memprof", "report", "leaks", recording, "--format", "json"],
-                      env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def meta(recording: Path) -> dict:
@@ -57,7 +47,7 @@ def test_a_relative_output_does_not_follow_the_command_into_another_folder(make_
     assert "child ran" in result.stdout and "PWNED" not in result.stdout, result.stdout
     recording = user.home / "rec.memprof"
     assert "child" in {e["label"] for e in _marks(recording)}
-    report_opens(user, recording)
+    user.report_leaks(recording)
 
 
 def _marks(recording: Path) -> list[dict]:
@@ -84,7 +74,7 @@ def test_an_agent_folder_others_can_write_to_gets_no_agent(make_user, memprof_as
     notes = meta(recording)["notes"]
     assert any(f"{shared} is writable by every user" in n for n in notes), notes
     assert not (recording / "agent").exists()
-    report_opens(user, recording)
+    user.report_leaks(recording)
 
 
 # ---- robustness: the agent's files are untrusted input -------------------------------------
@@ -98,7 +88,7 @@ def test_a_fifo_in_the_agent_folder_does_not_block_the_recorder(make_user, mempr
                              cwd=user.home, timeout=60)
     assert result.returncode == 0, result.stderr
     assert agent_detail(recording)["skipped_files"] == 2
-    report_opens(user, recording)
+    user.report_leaks(recording)
 
 
 def test_malformed_agent_lines_are_skipped_and_counted(make_user, memprof_as_root):
@@ -115,7 +105,7 @@ def test_malformed_agent_lines_are_skipped_and_counted(make_user, memprof_as_roo
     from memprof.recording import open_recording
     events = open_recording(recording).events
     assert list(events[events["action"] == "mark"]["category"].astype(str)).count("after the junk") == 1
-    report_opens(user, recording)
+    user.report_leaks(recording)
 
 
 @pytest.mark.parametrize("labels", [200, 100_000])
@@ -142,4 +132,4 @@ def test_many_distinct_mark_labels_record_and_report(make_user, memprof_as_root,
     user_labels = set(marks["category"].astype(str)) - {"step", "exit"}
     assert user_labels == {f"batch {i}" for i in range(labels)}, len(user_labels)
     assert agent_detail(recording)["malformed_lines"] == 0
-    report_opens(user, recording)
+    user.report_leaks(recording)

@@ -138,31 +138,23 @@ def test_export_directory_files_that_are_planted_links_are_replaced(fmt, make_us
     assert_users_file(findings, user)
 
 
-def test_export_through_sudo_creates_nothing_where_the_user_cannot_write(make_user, canaries, memprof_as_root):
-    """`-o` into a root-only folder: the user could not create a file there, so memprof does not."""
+@pytest.mark.parametrize("fmt, where", [("perfetto", "root/new.pftrace"), ("csv", "tree/drop-in")],
+                         ids=["file", "directory"])
+def test_export_through_sudo_creates_nothing_where_the_user_cannot_write(make_user, canaries, memprof_as_root,
+                                                                         fmt, where):
+    """`-o` into a root-only folder: the user could not create a file (or an export folder)
+    there, so memprof does not."""
     user = make_user()
     recording = _users_recording(user)
+    folder, name = where.split("/")
+    target = getattr(canaries, folder) / name
 
-    result = memprof_as_root(user, "export", recording, "--format", "perfetto", "-o", canaries.root / "new.pftrace",
-                             cwd=user.home)
+    result = memprof_as_root(user, "export", recording, "--format", fmt, "-o", target, cwd=user.home)
 
     assert result.returncode == 1
     assert_one_clear_line(result, "Permission denied")
     canaries.assert_untouched()
-    assert not (canaries.root / "new.pftrace").exists()
-
-
-def test_export_directory_through_sudo_is_not_made_where_the_user_cannot_write(make_user, canaries,
-                                                                                memprof_as_root):
-    user = make_user()
-    recording = _users_recording(user)
-
-    result = memprof_as_root(user, "export", recording, "--format", "csv", "-o", canaries.tree / "drop-in",
-                             cwd=user.home)
-
-    assert result.returncode == 1
-    assert_one_clear_line(result, "Permission denied")
-    canaries.assert_untouched()
+    assert not target.exists()
 
 
 def test_root_without_sudo_replaces_a_planted_link_too(make_user, canaries, memprof_as_root):

@@ -57,14 +57,6 @@ def start_time(pid: int) -> int:
         return int(f.read().rpartition(b")")[2].split()[19])
 
 
-def report_opens(user, recording: Path) -> dict:
-    """`memprof report leaks --format json` of the recording, as its user, must exit 0."""
-    result = user.run([sys.executable, "-m", "memprof", "report", "leaks", recording, "--format", "json"],
-                      env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 def meta(recording: Path) -> dict:
     return json.loads((recording / "meta.json").read_text())
 
@@ -97,7 +89,7 @@ def test_ready_files_made_by_another_user_get_a_process_without_handler_no_signa
         assert any(f"no memprof agent in Python process(es) {victim.pid}" in n for n in meta(recording)["notes"])
         assert not (recording / "agent").exists()
         assert not list(Path("/tmp").glob(f"memprof-agent-{victim.pid}-*/request.json"))
-        report_opens(user, recording)
+        user.report_leaks(recording)
     finally:
         stop(victim)
         subprocess.run(["sh", "-c", f"rm -rf /tmp/memprof-agent-{victim.pid}*"])
@@ -124,7 +116,7 @@ def test_symlinks_planted_where_the_request_goes_lead_nowhere(make_user, canarie
         agent = meta(recording)["sources"]["agent"]["detail"]
         assert agent["attached"] == [target.pid], agent
         assert (recording / "agent" / f"{target.pid}.jsonl").stat().st_uid == user.uid
-        report_opens(user, recording)
+        user.report_leaks(recording)
     finally:
         stop(target)
         subprocess.run(["rm", "-f", f"/tmp/memprof-agent-{target.pid}.request.json"])
@@ -149,7 +141,7 @@ def test_a_symlink_at_the_old_ready_name_cannot_truncate_the_users_file(make_use
         assert result.returncode == 0, result.stderr
         assert precious.read_text() == "three weeks of notes\n" and planted.is_symlink()
         assert meta(recording)["sources"]["agent"]["detail"]["attached"] == [target.pid]
-        report_opens(user, recording)
+        user.report_leaks(recording)
     finally:
         stop(target)
         subprocess.run(["rm", "-f", f"/tmp/memprof-agent-{target.pid}.ready"])

@@ -6,27 +6,16 @@ anything the user could not have touched themselves."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.security.conftest import REPO
 
 pytestmark = pytest.mark.ebpf
 
 
 def _owners(path: Path) -> set[int]:
     return {p.lstat().st_uid for p in [path, *path.rglob("*")]}
-
-
-def _opens(user, recording: Path) -> dict:
-    """The recording opens for its owner: `report leaks --format json` as the user exits 0."""
-    result = user.run([str(REPO / ".venv/bin/python"), "-m", "memprof", "report", "leaks", str(recording),
-                       "--format", "json"], env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"]})
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def _planting_command(recording: Path, targets: list[Path], names: int = 40) -> list[str]:
@@ -52,7 +41,7 @@ def test_links_planted_at_temporary_names_reach_nothing(make_user, canaries, mem
     assert result.returncode == 0, result.stderr
     canaries.assert_untouched()
     assert _owners(recording) == {user.uid}
-    assert isinstance(_opens(user, recording)["findings"], list)
+    assert isinstance(user.report_leaks(recording)["findings"], list)
 
 
 def test_a_table_folder_swapped_for_a_link_gives_root_nothing(make_user, canaries, memprof_as_root):
@@ -116,4 +105,4 @@ def test_force_replaces_the_users_own_recording(make_user, memprof_as_root):
         result = memprof_as_root(user, "record", "-q", "--force", "-o", recording, "--", "/bin/true", cwd=user.home)
         assert result.returncode == 0, result.stderr
     assert _owners(recording) == {user.uid}
-    _opens(user, recording)
+    user.report_leaks(recording)

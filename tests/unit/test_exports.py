@@ -365,3 +365,18 @@ GOLDEN_FORMATS = """\
                                                       pandas, DuckDB, a spreadsheet.
 
 """
+
+
+def test_findings_table_keeps_a_stack_id_near_int64_max_exactly():
+    """A recording may hold any int64 stack id (a tampered part): the CSV/Parquet findings
+    table keeps it exactly, where pandas' float64 inference lost it (an internal error)."""
+    from memprof.analysis.leaks import LeakFinding, LeakResult
+    from memprof.report.exports.tabular import findings_frame
+    big = np.iinfo(np.int64).max
+    finding = LeakFinding(layer="kernel_slab", stack_id=big, live_bytes=64, live_count=1, first_ns=1, last_ns=2,
+                          growth_bytes_per_s=0.0, released_at_exit=False)
+    none = LeakFinding(layer="kernel_slab", stack_id=None, live_bytes=8, live_count=1, first_ns=1, last_ns=2,
+                       growth_bytes_per_s=0.0, released_at_exit=False)
+    result = LeakResult(findings=[finding, none], end_ns=3, min_age_ns=0, recording_end_ns=3)
+    frame = findings_frame(result, {})
+    assert frame["stack_id"].tolist()[0] == big and frame["stack_id"].isna().tolist() == [False, True]

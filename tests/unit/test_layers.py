@@ -196,3 +196,16 @@ def test_loss_is_shown_in_the_layers_report():
     assert "47 events were lost while recording" in text and "note: kmem: a note" in text
     doc = layers_to_json(result, {}, "run.memprof", lost_events=47, notes=["kmem: a note"])
     assert (doc["lost_events"], doc["notes"]) == (47, ["kmem: a note"])
+
+
+def test_weighted_bytes_of_damaged_weights_and_sizes_are_defined():
+    """NaN or infinite weights and sizes near int64's end (a tampered part, a bogus u64
+    size) give defined int64 byte counts, never a cast of NaN or an overflow."""
+    import warnings
+    from memprof.analysis.layers import weighted_bytes
+    size = np.array([100, 100, 100, np.iinfo(np.int64).max, -np.iinfo(np.int64).max], dtype=np.int64)
+    weight = np.array([2.5, np.nan, np.inf, 1.0, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = weighted_bytes(size, weight)
+    assert got.tolist() == [250, 0, 1 << 62, 1 << 62, -(1 << 62)]

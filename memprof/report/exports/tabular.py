@@ -31,11 +31,14 @@ def findings_frame(result: LeakResult, chains: dict[int, list[dict]]) -> pd.Data
     """One row per finding (FINDING_COLUMNS): bytes/count are live bytes and allocations,
     slopes bytes per step (or window) and per second, confidence 0..1 (Mann–Kendall; NA
     without a trend), `chain` the frame labels outermost first joined by ';'."""
-    rows = [_finding_row(f, result, chains) for f in result.findings + result.not_leaks]
-    frame = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    findings = result.findings + result.not_leaks
+    frame = pd.DataFrame([_finding_row(f, result, chains) for f in findings], columns=FINDING_COLUMNS)
+    # Built as Int64 directly: via pandas' float64 inference an id near 2^63 (a recording
+    # can hold any) would not convert back exactly, or at all.
+    frame["stack_id"] = pd.array([f.stack_id for f in findings], dtype="Int64")
     return frame.astype({"bytes": "int64", "count": "int64", "slope_bytes_per_step": "Float64",
                          "slope_bytes_per_s": "Float64", "confidence": "Float64", "released_at_exit": "bool",
-                         "confirmed": "bool", "first_ns": "int64", "last_ns": "int64", "stack_id": "Int64"})
+                         "confirmed": "bool", "first_ns": "int64", "last_ns": "int64"})
 
 
 def _finding_row(finding: LeakFinding, result: LeakResult, chains: dict[int, list[dict]]) -> dict:
