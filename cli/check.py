@@ -40,18 +40,23 @@ def _max_leak(ctx, param, value):
 @click.option("--max-leak", metavar="SIZE", callback=_max_leak,
               help="The bytes of the leak findings (as `report leaks` finds them) must be at most SIZE in every layer.")
 @click.option("--fail-on-leak", is_flag=True, help="Any leak finding fails the check.")
+@click.option("--allow-absent-layer", "allow_absent", is_flag=True,
+              help="Skip a --max-peak SIZE:LAYER whose layer has no allocations in the recording, instead of "
+                   "failing it (it is not counted as met either).")
 @click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
               help="table: for people; json: every number, for scripts.")
 @click.pass_context
-def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
+def check(ctx, path, peaks, max_leak, fail_on_leak, allow_absent, min_age, fmt):
     """Hold a recording (default: the newest in the current directory) to memory budgets.
 
     Prints one `FAIL …` line per budget broken (per layer) and exits with status 6, or
     `ok: N budgets met` and exits 0. Budgets are judged per layer, since layers nest and
     their bytes never add up. A leak is a chain still holding memory when the target began
-    to exit (`memprof report leaks`), whether its exit released it or not.
+    to exit (`memprof report leaks`), whether its exit released it or not. A budget on a
+    layer with no allocations in the recording fails (a typo, or a source not recorded),
+    unless --allow-absent-layer skips it.
 
     \b
       memprof check run.memprof --max-peak 2GiB --max-peak 512MiB:cuda_block --fail-on-leak
@@ -62,7 +67,7 @@ def check(ctx, path, peaks, max_leak, fail_on_leak, min_age, fmt):
     from memprof.errors import ExitCode, UsageError
     from memprof.report.budget import check_to_json, render_check
 
-    budgets = Budgets(peaks=peaks, max_leak_bytes=max_leak, fail_on_leak=fail_on_leak)
+    budgets = Budgets(peaks=peaks, max_leak_bytes=max_leak, fail_on_leak=fail_on_leak, allow_absent=allow_absent)
     if not budgets.count:
         raise UsageError("no budget to check", "give --max-peak SIZE[:LAYER], --max-leak SIZE or --fail-on-leak")
     rec, events, lifetimes, canonical = analysed(path)

@@ -5,8 +5,11 @@ budget is judged per layer, because bytes are never added across layers (a tenso
 in torch_cpu and again in native_heap).
 
 - peak: a layer's peak is its highest live bytes (layers.layer_summary); a PeakBudget without
-  a layer holds every layer to its limit, one with a layer that layer only (a layer with no
-  allocations peaks at 0).
+  a layer holds every layer to its limit, one with a layer that layer only.
+- absent layers: a PeakBudget naming a layer with no allocations in the recording is not met
+  (it is most likely a typo, or a source that was not recorded: `cuda_block` needs the agent
+  and CUDA): an ABSENT violation, unless `allow_absent`, which skips it (CheckResult.skipped)
+  rather than counting it as met.
 - leaks: the findings of `memprof report leaks` (overview.leak_report) — chains holding memory when the target began to
   exit, at least `min_age_ns` old then — all of them, whether the exit's teardown released
   them or not (a budget is about what the program kept, not who cleaned up after it), and
@@ -25,7 +28,7 @@ from memprof.analysis.lifetimes import Lifetimes
 from memprof.model.schema import LAYERS
 
 NOT_A_LEAK = "not_a_leak"
-PEAK, LEAK, ANY_LEAK = "peak", "leak", "fail_on_leak"  # Violation.budget
+PEAK, LEAK, ANY_LEAK, ABSENT = "peak", "leak", "fail_on_leak", "absent_layer"  # Violation.budget
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,14 @@ class PeakBudget:
 @dataclass(frozen=True)
 class Budgets:
     """What `check` holds a recording to (module docstring). `count` is how many budgets
-    were given: one per PeakBudget, one for max_leak_bytes, one for fail_on_leak."""
+    were given: one per PeakBudget, one for max_leak_bytes, one for fail_on_leak.
+    `allow_absent`: a peak budget on a layer the recording has no allocations in is skipped,
+    not failed (module docstring)."""
 
     peaks: tuple[PeakBudget, ...] = ()
     max_leak_bytes: int | None = None
     fail_on_leak: bool = False
+    allow_absent: bool = False
 
     @property
     def count(self) -> int:
@@ -56,8 +62,9 @@ class Budgets:
 
 @dataclass(frozen=True)
 class Violation:
-    """One budget broken in one layer. `budget`: PEAK, LEAK or ANY_LEAK; `actual_bytes`: the
-    layer's peak, or its counted leak bytes; `limit_bytes`: the budget (0 for ANY_LEAK);
+    """One budget broken in one layer. `budget`: PEAK, LEAK, ANY_LEAK or ABSENT (a peak budget
+    on a layer without allocations); `actual_bytes`: the layer's peak, or its counted leak
+    bytes (0 for ABSENT); `limit_bytes`: the budget (0 for ANY_LEAK);
     `at_ns`: when the peak was first reached (PEAK only); `findings`: leak findings counted."""
 
     budget: str
@@ -71,14 +78,22 @@ class Violation:
 @dataclass
 class CheckResult:
     """`budgets` checked (Budgets.count) and the violations, in the order budgets were given
-    (peaks, then max_leak, then fail_on_leak; layers outermost first within one)."""
+    (peaks, then max_leak, then fail_on_leak; layers outermost first within one). `skipped`:
+    the layer of each peak budget skipped as absent (Budgets.allow_absent); neither met nor
+    broken."""
 
     budgets: int
     violations: list[Violation] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return not self.violations
+
+    @property
+    def met(self) -> int:
+        """Budgets met: those checked, less those skipped (a passed check has no violation)."""
+        return self.budgets - len(self.skipped)
 
 
 @dataclass(frozen=True)
@@ -94,25 +109,38 @@ def check_recording(lifetimes: Lifetimes, budgets: Budgets, leaks: Callable[[], 
     """Judge `budgets` on one recording: peaks as `layers.layer_summary` computes them, leaks
     as `leaks()` finds them (the caller's `overview.leak_report`, as `memprof report leaks`
     shows them: held at the end and growing per step). Only what a budget needs is computed."""
-    violations = []
+    violations, skipped = [], []
     if budgets.peaks:
         peaks = {s.layer: (s.peak_bytes, s.peak_ns) for s in layer_summary(lifetimes, None, top=0).layers}
-        violations += peak_violations(budgets.peaks, peaks)
+        judged = budgets.peaks
+        if budgets.allow_absent:
+            judged = tuple(b for b in budgets.peaks if not _absent(b, peaks))
+            skipped = [b.layer for b in budgets.peaks if _absent(b, peaks)]
+        violations += peak_violations(judged, peaks)
     if budgets.on_leaks:
         violations += leak_violations(budgets, leak_totals(leaks()))
-    return CheckResult(budgets=budgets.count, violations=violations)
+    return CheckResult(budgets=budgets.count, violations=violations, skipped=skipped)
 
 
 def peak_violations(budgets: tuple[PeakBudget, ...], peaks: Mapping[str, tuple[int, int]]) -> list[Violation]:
-    """Violations of peak budgets, given layer -> (peak_bytes, peak_ns) in layer order."""
+    """Violations of peak budgets, given layer -> (peak_bytes, peak_ns) of the layers with
+    allocations, in layer order. A budget on a layer not in `peaks` is an ABSENT violation."""
     violations = []
     for budget in budgets:
+        if _absent(budget, peaks):
+            violations.append(Violation(ABSENT, budget.layer, 0, budget.limit_bytes))
+            continue
         layers = list(peaks) if budget.layer is None else [budget.layer]
         for layer in layers:
             peak_bytes, peak_ns = peaks.get(layer, (0, None))
             if peak_bytes > budget.limit_bytes:
                 violations.append(Violation(PEAK, layer, int(peak_bytes), budget.limit_bytes, at_ns=peak_ns))
     return violations
+
+
+def _absent(budget: PeakBudget, peaks: Mapping[str, tuple[int, int]]) -> bool:
+    """The budget names a layer with no allocations in the recording."""
+    return budget.layer is not None and budget.layer not in peaks
 
 
 def leak_totals(result: LeakResult) -> list[LeakTotal]:

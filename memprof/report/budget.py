@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memprof.analysis.budget import ANY_LEAK, LEAK, PEAK
+from memprof.analysis.budget import ABSENT, ANY_LEAK, LEAK, PEAK
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 def check_to_json(result: CheckResult, recording_path, *, start_ns: int, lost_events: int = 0) -> dict:
     """JSON-ready dict: recording, passed, budgets (how many were checked), violations (each
     with budget, layer, actual_bytes, limit_bytes, at_ns — CLOCK_MONOTONIC ns, null but for
-    peaks —, findings, and its `reason` line), lost_events."""
+    peaks —, findings, and its `reason` line), skipped (the layer of each peak budget skipped
+    as absent, --allow-absent-layer), lost_events."""
     return {
         "recording": str(recording_path),
         "passed": result.passed,
         "budgets": int(result.budgets),
         "violations": [_violation_json(v, start_ns) for v in result.violations],
+        "skipped": list(result.skipped),
         "lost_events": int(lost_events),
     }
 
@@ -43,21 +45,36 @@ def _violation_json(violation: Violation, start_ns: int) -> dict[str, Any]:
 
 
 def render_check(result: CheckResult, console: Console, *, start_ns: int, lost_events: int = 0) -> None:
-    """Print one line per violation, or `ok: N budgets met`; then a note when events were
-    lost (the numbers judged miss them). Times relative to `start_ns` (recording start)."""
+    """Print one line per violation, or `ok: N budgets met` (with how many were skipped as
+    absent, and which layers); then a note when events were lost (the numbers judged miss
+    them). Times relative to `start_ns` (recording start)."""
     for violation in result.violations:
         console.print(f"[red]{escape(violation_line(violation, start_ns))}[/]", highlight=False, soft_wrap=True)
     if result.passed:
-        console.print(f"ok: {result.budgets} budget{'s' if result.budgets != 1 else ''} met", highlight=False)
+        console.print(escape(ok_line(result)), highlight=False, soft_wrap=True)
     if lost_events:
         console.print(f"[yellow]note: {lost_events:,} events were lost while recording: peaks and leaks "
                       "miss those allocations[/]", highlight=False, soft_wrap=True)
 
 
+def ok_line(result: CheckResult) -> str:
+    """'ok: 2 budgets met', or 'ok: 1 budget met, 1 skipped (no allocations in cuda_block)'. Not escaped."""
+    text = f"ok: {_count(result.met, 'budget', 'budgets')} met"
+    if result.skipped:
+        layers = ", ".join(dict.fromkeys(result.skipped))
+        text += f", {len(result.skipped)} skipped (no allocations in {layers})"
+    return text
+
+
 def violation_line(violation: Violation, start_ns: int) -> str:
     """'FAIL peak torch_cpu 1.2 GiB > budget 1.0 GiB (at +12.30s)',
+    'FAIL peak cuda_block: no cuda_block allocations in this recording …',
     'FAIL leak native_heap 2.0 MiB in 3 findings > budget 1.0 MiB',
     'FAIL leak native_heap 2.0 MiB in 3 findings held at the end (--fail-on-leak)'. Not escaped."""
+    if violation.budget == ABSENT:
+        return (f"FAIL peak {violation.layer}: no {violation.layer} allocations in this recording, so its "
+                f"budget {format_bytes(violation.limit_bytes)} cannot be judged (a typo, or a source that was "
+                "not recorded?); --allow-absent-layer skips such a budget")
     actual, limit = _sizes(violation.actual_bytes, violation.limit_bytes)
     if violation.budget == PEAK:
         when = "" if violation.at_ns is None else f" (at {format_relative_ns(violation.at_ns, start_ns)})"

@@ -49,9 +49,32 @@ def test_max_peak_holds_every_layer(recording):
 
 def test_max_peak_of_one_layer(recording):
     assert invoke(recording, "--max-peak", "1MiB:native_heap", "--max-peak", "2MiB:torch_cpu")[:2] == (6, [NATIVE_PEAK])
-    # A layer without allocations peaks at 0.
-    assert invoke(recording, "--max-peak", "3MiB:native_heap", "--max-peak", "1B:cuda_block")[:2] == \
+    assert invoke(recording, "--max-peak", "3MiB:native_heap", "--max-peak", "2MiB:torch_cpu")[:2] == \
         (0, ["ok: 2 budgets met"])
+
+
+ABSENT_CUDA = ("FAIL peak cuda_block: no cuda_block allocations in this recording, so its budget 512.0 MiB cannot be "
+               "judged (a typo, or a source that was not recorded?); --allow-absent-layer skips such a budget")
+
+
+def test_budget_on_an_absent_layer_fails_unless_allowed(recording):
+    """Issue 20, point 9: a budget on a layer the recording has no allocations in is neither
+    met nor silently passed: it fails (exit 6) and says why, or, with --allow-absent-layer,
+    is skipped and counted apart."""
+    assert invoke(recording, "--max-peak", "512MiB:cuda_block")[:2] == (6, [ABSENT_CUDA])
+    assert invoke(recording, "--max-peak", "3MiB:native_heap", "--max-peak", "512MiB:cuda_block",
+                  "--allow-absent-layer")[:2] == (0, ["ok: 1 budget met, 1 skipped (no allocations in cuda_block)"])
+    # A broken budget still fails beside a skipped one.
+    assert invoke(recording, "--max-peak", "1MiB:native_heap", "--max-peak", "512MiB:cuda_block",
+                  "--allow-absent-layer")[:2] == (6, [NATIVE_PEAK])
+    code, lines, _ = invoke(recording, "--max-peak", "512MiB:cuda_block", "--format", "json")
+    report = json.loads("\n".join(lines))
+    assert (code, report["passed"], report["skipped"]) == (6, False, [])
+    assert [(v["budget"], v["layer"], v["limit_bytes"], v["reason"]) for v in report["violations"]] == \
+        [("absent_layer", "cuda_block", 512 * MiB, ABSENT_CUDA)]
+    code, lines, _ = invoke(recording, "--max-peak", "512MiB:cuda_block", "--allow-absent-layer", "--format", "json")
+    report = json.loads("\n".join(lines))
+    assert (code, report["passed"], report["violations"], report["skipped"]) == (0, True, [], ["cuda_block"])
 
 
 def test_sizes_take_decimal_and_binary_units(recording):
