@@ -5,6 +5,8 @@ from pathlib import Path
 
 import click
 
+from memprof.cli.typos import CommandAfterOptions
+
 DEFAULT_SOURCES = ("kmem", "torch", "cuda")
 KNOWN_SOURCES = ("kmem", "torch", "cuda", "native")
 
@@ -66,7 +68,7 @@ def _step_range(ctx, param, value):
     return a, b
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+@click.command(cls=CommandAfterOptions, context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Recording path (default ./memprof-NAME-PID.memprof).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
 @click.option("-d", "--duration", callback=_duration, help="Stop after this long (e.g. 60, 90s, 500ms, 5m).")

@@ -6,13 +6,17 @@ import json
 import click
 
 from memprof.cli.common import LAYER_CHOICES, analysed, min_age_ns, native_frames_option
+from memprof.cli.typos import refuse_misspelt_command
 
 
 class _SummaryByDefault(click.Group):
-    """`memprof report [PATH] [--format json]` with no sub-report runs `summary`."""
+    """`memprof report [PATH] [--format json]` with no sub-report runs `summary`; a first word
+    close to a sub-report's name that is no path is a typo (cli/typos.py)."""
 
     def parse_args(self, ctx, args):
         if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            if args:
+                refuse_misspelt_command(ctx, args[0], self.commands)  # `report leak`: not a path
             args = ["summary", *args]
         return super().parse_args(ctx, args)
 
