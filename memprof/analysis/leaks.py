@@ -14,7 +14,7 @@ outlived the process (kernel caches, pipes kept by another process, driver memor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -55,6 +55,9 @@ class LeakFinding:
     `confidence` (Mann–Kendall, 0..1), `rises` (checkpoints above the one before, out of
     `points` − 1), `resets` (falls by half the range), `plateau_from` (label of the
     checkpoint where a plateau was reached).
+
+    `younger_count`/`younger_bytes` are the chain's allocations (same layer and fate) that
+    were live at the end but younger than `min_age_ns`: left out of live_bytes/live_count.
     """
 
     layer: str
@@ -79,6 +82,8 @@ class LeakFinding:
     points: int = 0
     resets: int = 0
     plateau_from: int | None = None
+    younger_count: int = 0
+    younger_bytes: int = 0
 
     @property
     def confirmed(self) -> bool:
@@ -98,6 +103,11 @@ class LeakResult:
     `unconfirmed_frees` (per layer) is for the caller to fill from the recording's kernel
     counters (frees the kernel skipped): up to that many findings' allocations may have been freed.
     `checkpoints` are where trends were judged (None: too few steps or windows for a trend).
+
+    What the filters left out: `top` (None: no cut) kept the biggest of `findings_total`
+    findings and of `not_leaks_total` not-leaks; `younger_count`/`younger_bytes` are all the
+    allocations live at the end but younger than `min_age_ns` (of any chain, a finding's or
+    not), which no finding counts.
     """
 
     findings: list[LeakFinding]
@@ -108,6 +118,11 @@ class LeakResult:
     unconfirmed_frees: dict[str, int] = field(default_factory=dict)
     not_leaks: list[LeakFinding] = field(default_factory=list)
     checkpoints: Checkpoints | None = None
+    top: int | None = None
+    findings_total: int = 0
+    not_leaks_total: int = 0
+    younger_count: int = 0
+    younger_bytes: int = 0
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = 500_000_000,
@@ -151,12 +166,16 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
+    younger = _younger(allocations, ends, exited, held)
+    kinds = _with_younger(kinds, younger)
     leaks = [f for f in kinds if f.is_leak]
-    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations, top)
+    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations, None)
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
     return LeakResult(findings=leaks[:top], not_leaks=_biggest_first(not_leaks)[:top], end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
-                      checkpoints=checkpoints if trends.judged else None)
+                      checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
+                      not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
+                      younger_bytes=int(round(younger["size_bytes"].sum())))
 
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
@@ -207,6 +226,29 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_a
     held = held.assign(size_bytes=held["size_bytes"].astype(float) * held["weight"])
     released = (end_ts[rows] != _NEVER) | (exited[rows] & np.isin(layer, _PROCESS_LAYERS))
     return held.assign(layer=layer, released_at_exit=released, judged_ns=ends[rows])
+
+
+def _younger(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, held: pd.DataFrame) -> pd.DataFrame:
+    """The allocations live at their end that `held` left out for being younger than
+    min_age (a growing chain's are held at any age), with the columns of `_held`."""
+    live = _held(allocations, ends, exited, 0)
+    return live.loc[live.index.difference(held.index)]
+
+
+def _with_younger(findings: list[LeakFinding], younger: pd.DataFrame) -> list[LeakFinding]:
+    """Each finding with the younger allocations of its chain (same layer, stack and fate) it
+    left out; a chain's are given to its first (biggest) finding only."""
+    if younger.empty:
+        return findings
+    groups = younger.groupby(["layer", "stack_id", "released_at_exit"], dropna=False).agg(
+        nbytes=("size_bytes", "sum"), count=("weight", "sum"))
+    left = {(layer, None if pd.isna(sid) else int(sid), bool(released)): (int(round(b)), int(round(n)))
+            for (layer, sid, released), b, n in zip(groups.index, groups["nbytes"], groups["count"])}
+    out = []
+    for finding in findings:
+        nbytes, count = left.pop((finding.layer, finding.stack_id, finding.released_at_exit), (0, 0))
+        out.append(replace(finding, younger_bytes=nbytes, younger_count=count) if count else finding)
+    return out
 
 
 _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
