@@ -26,11 +26,12 @@ def doctor(pythons):
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")
     for c in checks:
-        status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else f"[yellow]{escape(c.absent)}[/]")
+        colour = "green" if c.ok else ("red" if c.required else "yellow")
+        status = f"[{colour}]{escape(c.status)}[/]"
         table.add_row(escape(c.name), status, escape(c.detail), "" if c.ok else escape(c.fix))
     console.out.print(table)
     if recording_possible(checks):
         console.out.print("Recording can work here.")
         return
-    console.out.print("[red]Recording cannot work here[/]: fix the MISSING items above.")
+    console.out.print("[red]Recording cannot work here[/]: fix the items in red above.")
     raise SystemExit(ExitCode.SOURCE_UNAVAILABLE)

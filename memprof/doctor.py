@@ -18,23 +18,29 @@ class Check:
     detail: str
     fix: str = ""
     required: bool = True  # recording cannot work without it
-    absent: str = "absent"  # the status word of an optional check that failed
+    absent: str = ""  # the status word of a failed check; "" for MISSING (required) or "absent"
+
+    @property
+    def status(self) -> str:
+        """The word shown for the check: ok, or why not."""
+        if self.ok:
+            return "ok"
+        return self.absent or ("MISSING" if self.required else "absent")
 
 
 def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
     """Every check, in display order; `pythons`: interpreter paths to check for Python frames
     besides the one running memprof."""
-    from memprof.sources import kmem
+    tracefs = _tracefs_check()
     checks = [
         Check("privileges", can_record(), "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
               "run as root: sudo memprof …  (or grant CAP_BPF and CAP_PERFMON)"),
         _bcc_check(),
         _headers_check(),
-        Check("tracefs", kmem.tracefs_root() is not None, kmem.tracefs_root() or "not mounted",
-              "mount -t tracefs nodev /sys/kernel/tracing"),
+        tracefs,
         _btf_check(),
     ]
-    checks += [_tracepoint_check(tp) for tp in kmem.ALL_TRACEPOINTS]
+    checks += _tracepoint_checks(tracefs)
     checks += [
         Check("uprobes", os.path.exists("/sys/bus/event_source/devices/uprobe"), "uprobe PMU",
               "a kernel with CONFIG_UPROBES", required=False),
@@ -73,12 +79,60 @@ def _btf_check() -> Check:
         return Check("BTF", False, e.message, "a kernel built with CONFIG_DEBUG_INFO_BTF=y")
 
 
+def _tracefs_check() -> Check:
+    """Where tracefs is, or why it cannot be read: not mounted (mount it), or mounted but
+    readable only by root (tracefs is mode 0700: run doctor as root; nothing else is wrong)."""
+    from memprof.sources import kmem
+    root = kmem.tracefs_root()
+    if root is not None:
+        return Check("tracefs", True, root)
+    unreadable = [d for d in mounted_tracefs() if not os.access(d, os.R_OK | os.X_OK)]
+    if unreadable:
+        return Check("tracefs", False, f"mounted at {unreadable[0]}, but readable only by root (you are uid "
+                     f"{os.geteuid()}), so the tracepoints below cannot be checked",
+                     "run doctor as root: sudo memprof doctor", absent="unreadable")
+    return Check("tracefs", False, "not mounted", "mount -t tracefs nodev /sys/kernel/tracing")
+
+
+def mounted_tracefs(mounts: str = "/proc/self/mounts") -> list[str]:
+    """The mount points of tracefs among the places memprof looks (kmem.TRACEFS_DIRS), from
+    `mounts` (the kernel's mount table; [] when it cannot be read)."""
+    from memprof.sources import kmem
+    try:
+        with open(mounts) as f:
+            points = [fields[1] for fields in (line.split() for line in f) if len(fields) > 2 and fields[2] == "tracefs"]
+    except OSError:
+        return []
+    return [d for d in kmem.TRACEFS_DIRS if d in points]
+
+
+def _tracepoint_checks(tracefs: Check) -> list[Check]:
+    """One check per kmem tracepoint; when tracefs could not be read, one that says they
+    were not checked (their absence would say nothing of the kernel)."""
+    from memprof.sources import kmem
+    if tracefs.absent == "unreadable":
+        return [Check("kmem tracepoints", False, "not checked: tracefs is readable only by root",
+                      "run doctor as root: sudo memprof doctor", absent="unchecked")]
+    return [_tracepoint_check(tp) for tp in kmem.ALL_TRACEPOINTS]
+
+
+# Tracepoints a recording does without: the _node ones were merged into kmalloc and
+# kmem_cache_alloc (Linux 6.1+); mm_page_free_batched is only an extra source of page frees.
+_OPTIONAL_TRACEPOINTS = {"kmalloc_node": "merged into kmem:kmalloc on this kernel",
+                         "kmem_cache_alloc_node": "merged into kmem:kmem_cache_alloc on this kernel",
+                         "mm_page_free_batched": "not on this kernel"}
+
+
 def _tracepoint_check(tp: str) -> Check:
+    """A tracepoint recording needs (MISSING when absent, with a fix), or an optional one
+    (absent is expected there: said so, and no fix offered)."""
     from memprof.sources import kmem
     present = kmem.tracepoint_exists("kmem", tp)
-    optional = tp.endswith("_node") or tp == "mm_page_free_batched"
-    detail = "present" if present else ("absent (merged into the non-_node tracepoint on this kernel)" if optional else "absent")
-    return Check(f"tracepoint kmem:{tp}", present, detail, "a kernel with CONFIG_TRACEPOINTS and tracefs mounted", required=not optional)
+    if tp in _OPTIONAL_TRACEPOINTS:
+        detail = "present" if present else f"{_OPTIONAL_TRACEPOINTS[tp]} (not needed; nothing to fix)"
+        return Check(f"tracepoint kmem:{tp}", present, detail, required=False, absent="not needed")
+    return Check(f"tracepoint kmem:{tp}", present, "present" if present else "absent",
+                 "a kernel with CONFIG_TRACEPOINTS and tracefs mounted")
 
 
 def _module_check(name: str, fix: str) -> Check:
