@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
-from memprof.report.layers import one_line  # one chain in one line, allocator frames skipped
+from memprof.report.labels import frame_label, one_line  # frame and chain names: one place for every view
 from memprof.report.safe_text import escape, visible
 from memprof.units import format_bytes, format_relative_ns
 
@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
     from memprof.analysis.attribution import Attribution, CategoryRow, ChainRow, FunctionRow, LayerLive
 
-_KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
-_KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
 NO_STACK_FRAME = "[no stack]"
 _NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories")}
 
@@ -195,22 +193,6 @@ def _folded_name(name: str) -> str:
 
 
 # --- shared -----------------------------------------------------------------------------------
-
-def frame_label(frame: dict) -> str:
-    """Plain text (not escaped): '[py] step (train.py:42)', '[n] at::empty (libtorch_cpu.so)',
-    '[k] alloc_pipe_info'; a Python frame without a line shows its file alone."""
-    kind, function = frame.get("kind"), frame.get("function") or "??"
-    module, file, line = frame.get("module"), frame.get("file"), frame.get("line")
-    where = f"{file}:{line}" if file and line is not None else file
-    if kind == "python":
-        detail = where or module
-    elif kind == "kernel" and (module in _KERNEL_IMAGE or module is None):
-        detail = where
-    else:
-        detail = " ".join(part for part in (module, where) if part)
-    text = f"{function} ({detail})" if detail else function
-    return f"[{_KIND_TAGS.get(kind, '?')}] {text}"
-
 
 def _frames(stack_id: int | None, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if stack_id is None else chains.get(stack_id, [])

@@ -1,12 +1,12 @@
 """Renderers of the per-layer summary (memprof.analysis.layers): JSON and the terminal. Render only."""
 from __future__ import annotations
 
-import re
 from typing import Iterable, TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
+from memprof.report.labels import one_line  # one chain in one line, allocator frames skipped
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
@@ -14,21 +14,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.layers import ChainBytes, LayerStats, LayerSummary, MetricStats
-
-CHAIN_FRAMES = 3
-# Frames inside an allocator, skipped when a chain is shown in one line so that it names the
-# code that asked for memory: libc's malloc family, C++ operator new, the kernel's slab and
-# page allocators, c10's CPU allocator, the CUDA driver/runtime allocators, CPython's own.
-_ALLOCATOR = re.compile(r"""^(?:
-    (?:__libc_|_int_|__)?(?:malloc|calloc|realloc|reallocarray|memalign|posix_memalign|aligned_alloc|valloc|pvalloc)\w*
-  | operator\ new.* | _Zn[wa]\w*
-  | _*kmalloc\w* | _*kmem_cache_alloc\w* | _*slab_alloc\w* | _*kvmalloc\w* | _*vmalloc\w*
-  | _*alloc_pages\w* | _*folio_alloc\w* | __get_free_pages | get_page_from_freelist | rmqueue\w*
-  | c10::alloc_cpu | c10::(?:\w+::)*\w*Allocator\w*::.+
-  | cuMem\w+ | cudaMalloc\w*
-  | _?PyMem_\w+ | _?PyObject_(?:Malloc|Calloc|Realloc)\w* | pymalloc_\w+
-)$""", re.VERBOSE)
-_OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")  # kernel symbols come as "kmalloc_trace+0x2f"
 
 
 def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path, *,
@@ -104,26 +89,6 @@ def _chain_lines(top: list[ChainBytes], chains: dict[int, list[dict]]) -> list[s
         count = f"{chain.live_count:,} allocation{'s' if chain.live_count != 1 else ''}"
         lines.append(f"  {index}. {format_bytes(chain.live_bytes)} in {count}  {one_line(_frames(chain, chains))}")
     return lines
-
-
-def one_line(frames: list[dict]) -> str:
-    """The innermost CHAIN_FRAMES callers outside the allocators, 'fn ← fn ← fn'; escaped.
-    A chain made only of allocator frames shows its innermost ones."""
-    if not frames:
-        return "(no stack recorded)"
-    names = [_function(frame) for frame in frames]
-    callers = [name for name, frame in zip(names, frames) if not _in_allocator(name, frame)] or names
-    shown = " ← ".join(escape(name) for name in callers[:CHAIN_FRAMES])
-    return shown + (" ← …" if len(callers) > CHAIN_FRAMES else "")
-
-
-def _function(frame: dict) -> str:
-    return _OFFSET.sub("", frame.get("function") or "??")
-
-
-def _in_allocator(name: str, frame: dict) -> bool:
-    """Native or kernel frame of an allocator (C++ arguments ignored); Python frames never are."""
-    return frame.get("kind") != "python" and bool(_ALLOCATOR.match(name.split("(", 1)[0].strip()))
 
 
 def _metrics_table(metrics: list[MetricStats], start_ns: int) -> Table:

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from memprof.analysis.leaks import LeakFinding, LeakResult
 from memprof.analysis.lifetimes import label_of
-from memprof.report.attribution import NO_STACK_FRAME, frame_label
+from memprof.report.attribution import NO_STACK_FRAME
+from memprof.report.labels import frame_label
 from memprof.report.leaks import explain
 from memprof.report.safe_text import visible
 from memprof.safe_output import output_directory, output_file
