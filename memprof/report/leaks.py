@@ -5,6 +5,7 @@ import re
 from typing import TYPE_CHECKING, Any, Iterable
 
 from memprof.model.schema import FRAME_KEYS
+from memprof.report.labels import chain_name, frame_label
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
@@ -14,16 +15,17 @@ if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding, LeakResult
 
 MAX_FRAMES = 12
-_KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
-_KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
 
 
 def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_path, lost_events: int) -> dict:
     """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
-    per step, with stacks innermost frame first), not_leaks (memory held on purpose, same
-    keys), checkpoints (where trends were judged, or null), missed_frees, unconfirmed_frees,
-    min_age_ns, end_ns. Times are CLOCK_MONOTONIC ns, slopes bytes per step (or window) and
-    bytes per second."""
+    per step, each named in one line as every view names it, with stacks innermost frame
+    first and the younger allocations of its chain that --min-age left out), not_leaks
+    (memory held on purpose, same keys), checkpoints (where trends were judged, or null),
+    missed_frees, unconfirmed_frees, min_age_ns, end_ns, and left_out (what the filters cut:
+    younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
+    findings_total/not_leaks_total it cut from). Times are CLOCK_MONOTONIC ns, slopes bytes
+    per step (or window) and bytes per second."""
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -34,7 +36,15 @@ def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_p
         "unconfirmed_frees": {str(k): int(v) for k, v in result.unconfirmed_frees.items()},
         "min_age_ns": int(result.min_age_ns),
         "end_ns": int(result.end_ns),
+        "left_out": left_out_json(result),
     }
+
+
+def left_out_json(result: LeakResult) -> dict[str, Any]:
+    """What --min-age and --top left out of `result` (see LeakResult)."""
+    return {"younger_count": int(result.younger_count), "younger_bytes": int(result.younger_bytes),
+            "top": result.top, "findings_total": int(result.findings_total),
+            "not_leaks_total": int(result.not_leaks_total)}
 
 
 def _checkpoints_json(result: LeakResult) -> dict | None:
@@ -47,6 +57,7 @@ def _checkpoints_json(result: LeakResult) -> dict | None:
 def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: LeakResult) -> dict[str, Any]:
     return {
         "layer": finding.layer,
+        "name": chain_name(finding_chain(finding, chains)),
         "kind": finding.kind,
         "reason": finding.reason,
         "explanation": explain(finding, result),
@@ -55,6 +66,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "confidence": finding.confidence,
         "live_bytes": int(finding.live_bytes),
         "live_count": int(finding.live_count),
+        "younger_count": int(finding.younger_count),
+        "younger_bytes": int(finding.younger_bytes),
         "first_ns": int(finding.first_ns),
         "last_ns": int(finding.last_ns),
         "growth_bytes_per_s": float(finding.growth_bytes_per_s),
@@ -75,15 +88,19 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
     relative to `start_ns` (recording start)."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(_heading(result, start_ns))
-    for warning in _warnings(result, lost_events):
-        out(f"[yellow]! {escape(warning)}[/]")
+    younger = min_age_left_out(result)
+    if younger:
+        out(f"[dim]{younger}[/]")
+    for warning, changes_results in _warnings(result, lost_events):
+        out(f"[yellow]! {escape(warning)}[/]" if changes_results else f"[dim]note: {escape(warning)}[/]")
     if not result.findings:
         out(f"No leaks: nothing older than {_short(result.min_age_ns)} was live at the end"
             + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
     if result.not_leaks:
         out("")
-        out(f"[bold]Not leaks[/]: memory held on purpose ({_count(len(result.not_leaks), 'chain', 'chains')})")
+        out(f"[bold]Not leaks[/]: memory held on purpose "
+            f"({shown_of(len(result.not_leaks), result.not_leaks_total, result.top, 'chain', 'chains')})")
         _render_blocks(out, result.not_leaks, "~", result, chains, start_ns)
     for note in notes:
         out(f"[dim]note: {escape(str(note))}[/]")
@@ -98,9 +115,25 @@ def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_n
 
 def _heading(result: LeakResult, start_ns: int) -> str:
     why = "the target began to exit" if _target_exited(result) else "end of recording"
-    count = len(result.findings)
+    count = shown_of(len(result.findings), result.findings_total, result.top, "finding", "findings")
     return (f"[bold]Leaks[/] at {format_relative_ns(result.end_ns, start_ns)} ({why}), allocations older than "
-            f"{_short(result.min_age_ns)}{_trend_basis(result)}: {_count(count, 'finding', 'findings')}")
+            f"{_short(result.min_age_ns)}{_trend_basis(result)}: {count}")
+
+
+def shown_of(shown: int, total: int, top: int | None, one: str, many: str) -> str:
+    """'21 findings', or 'showing 10 of 21 findings (--top 10)' when --top cut the list."""
+    if shown >= total:
+        return _count(shown, one, many)
+    return f"showing {shown} of {_count(total, one, many)} (--top {top})"
+
+
+def min_age_left_out(result: LeakResult) -> str:
+    """One line on the allocations live at the end that --min-age left out ('' when none)."""
+    if not result.younger_count:
+        return ""
+    return (f"--min-age {_short(result.min_age_ns)} left out {_count(result.younger_count, 'allocation', 'allocations')} "
+            f"({format_bytes(result.younger_bytes)}) live at the end but younger than that: in flight, not counted "
+            "(--min-age 0 counts them)")
 
 
 def _trend_basis(result: LeakResult) -> str:
@@ -113,22 +146,35 @@ def _trend_basis(result: LeakResult) -> str:
             f"{_short(int(checkpoints.period_ns))} (no step marks)")
 
 
-def _warnings(result: LeakResult, lost_events: int) -> list[str]:
+def _warnings(result: LeakResult, lost_events: int) -> list[tuple[str, bool]]:
+    """(text, whether it changes the findings below) for each kind of loss."""
     warnings = []
     if lost_events > 0:
-        warnings.append(f"{_count(lost_events, 'event was', 'events were')} lost while recording (ring buffer "
-                        "full): some allocations below may have been freed, and some leaks may be missing.")
+        warnings.append((f"{_count(lost_events, 'event was', 'events were')} lost while recording (ring buffer "
+                         "full): some allocations below may have been freed, and some leaks may be missing.", True))
     skipped = sum(result.unconfirmed_frees.values())
     if skipped > 0:
-        warnings.append(f"{_count(skipped, 'free was', 'frees were')} skipped by the kernel while recording"
-                        f"{_by_layer(result.unconfirmed_frees)}; up to {skipped} of the allocations below "
-                        "may have been freed.")
+        warnings.append((f"{_count(skipped, 'free was', 'frees were')} skipped by the kernel while recording"
+                         f"{_by_layer(result.unconfirmed_frees)}; up to {skipped} of the allocations below "
+                         "may have been freed.", True))
     missed = sum(result.missed_frees.values())
     if missed > 0:
-        warnings.append(f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: "
-                        "an address was handed out again while still live. Other frees may have been "
-                        "missed too, so some allocations below may have been freed.")
+        warnings.append(_unseen_frees(result, missed))
     return warnings
+
+
+def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
+    """What frees that were never seen mean for the findings, and whether to act."""
+    what = (f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: their "
+            "addresses were handed out again while still counted live (the kernel frees some memory in bulk "
+            "where its probes cannot see), so memprof closed those allocations itself.")
+    unconfirmed = sum(1 for f in result.findings if not f.confirmed)
+    if not unconfirmed:
+        return f"{what} None of the findings below is affected: nothing to do.", False
+    return (f"{what} {_count(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
+            f"{'its size is' if unconfirmed == 1 else 'their sizes are'} an upper bound, as some of "
+            f"{'its' if unconfirmed == 1 else 'their'} allocations may already be free. This is not a fault of "
+            "your program; trust an unconfirmed finding once it also grows from step to step.", True)
 
 
 KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
@@ -181,6 +227,10 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         + _rate(finding, result),
         f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
+    if finding.younger_count:
+        lines.append(f"    [dim]+ {_count(finding.younger_count, 'younger allocation', 'younger allocations')} of "
+                     f"this chain ({format_bytes(finding.younger_bytes)}) not counted: made less than "
+                     f"{_short(result.min_age_ns)} before the end (--min-age)[/]")
     if not finding.confirmed:
         lines.append(f"    [yellow]unconfirmed[/]: {_count(finding.chain_missed_frees, 'free', 'frees')} of this chain "
                      "went unseen (its address was handed out again), so some of these may already be free")
@@ -188,7 +238,7 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         return lines + ["    (no stack recorded)"]
     shown, hidden = _visible(chain)
     for frame in shown:
-        lines.append(f"    … {_count(hidden, 'more frame', 'more frames')}" if frame is None else f"    {_frame(frame)}")
+        lines.append(f"    … {_count(hidden, 'more frame', 'more frames')}" if frame is None else f"    {escape(frame_label(frame))}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
         lines.append("    [dim](no Python frames: the interpreter's layout was not confirmed, or the thread "
                      "had no Python state; see `memprof doctor`)[/]")
@@ -232,21 +282,6 @@ def _through_interpreter(chain: list[dict]) -> bool:
     libpython3.X), or is one of torch's (stopped inside libtorch, which Python drives)."""
     modules = (str(frame.get("module") or "") for frame in chain if frame.get("kind") == "native")
     return any(m.startswith(("python", "libpython", "libtorch", "libc10")) for m in modules)
-
-
-def _frame(frame: dict) -> str:
-    """'[k] alloc_pipe_info+0x3f', '[n] main (kernel_leak)', '[py] step (train.py:42)'; escaped."""
-    kind, function = frame.get("kind"), frame.get("function") or "??"
-    module, file, line = frame.get("module"), frame.get("file"), frame.get("line")
-    where = f"{file}:{line}" if file and line is not None else file
-    if kind == "python":
-        detail = where or module
-    elif kind == "kernel" and module in _KERNEL_IMAGE:
-        detail = where
-    else:
-        detail = " ".join(part for part in (module, where) if part)
-    text = f"{function} ({detail})" if detail else function
-    return f"{escape('[' + _KIND_TAGS.get(kind, '?') + ']')} {escape(text)}"
 
 
 def _target_exited(result: LeakResult) -> bool:

@@ -2,13 +2,12 @@
 terminal. Render only."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from memprof.report.layers import one_line
-from memprof.report.leaks import KIND_LABELS, explain, finding_chain
+from memprof.report.labels import chain_name
+from memprof.report.leaks import KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, shown_of
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
@@ -18,15 +17,16 @@ if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding
     from memprof.analysis.overview import Summary
 
-_PYTHON_FRAMES = 2
 _GPU_LAYERS = {"cuda_block", "cuda_segment", "cuda_driver"}
 
 
 def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_path) -> dict[str, Any]:
     """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
     peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
-    live_bytes, live_count, slope_bytes_per_step, confidence, explanation, chain: one line),
-    not_leaks (count), notes, next (command → what it shows)."""
+    live_bytes, live_count, younger_count, younger_bytes, slope_bytes_per_step, confidence,
+    explanation, chain: its one-line name), not_leaks (count), left_out (what --min-age and
+    --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
+    next (command → what it shows)."""
     return {
         "recording": str(recording_path),
         "duration_ns": int(summary.duration_ns),
@@ -39,16 +39,18 @@ def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_p
                     for m in summary.layers.metrics],
         "findings": [_finding_json(f, chains, summary) for f in summary.leaks.findings],
         "not_leaks": len(summary.leaks.not_leaks),
-        "notes": list(summary.notes),
+        "left_out": left_out_json(summary.leaks),
+        "notes": [{"severity": getattr(note, "severity", "caveat"), "text": str(note)} for note in summary.notes],
         "next": dict(next_commands(summary, recording_path)),
     }
 
 
 def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], summary: Summary) -> dict[str, Any]:
     return {"kind": finding.kind, "layer": finding.layer, "live_bytes": finding.live_bytes,
-            "live_count": finding.live_count, "slope_bytes_per_step": finding.slope_bytes_per_step,
+            "live_count": finding.live_count, "younger_count": finding.younger_count,
+            "younger_bytes": finding.younger_bytes, "slope_bytes_per_step": finding.slope_bytes_per_step,
             "confidence": finding.confidence, "explanation": explain(finding, summary.leaks),
-            "chain": _plain(_where(finding_chain(finding, chains)))}
+            "chain": chain_name(finding_chain(finding, chains))}
 
 
 def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
@@ -115,7 +117,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
     if not leaks.findings:
         out("[green]No leaks found[/] (held at the end, or growing from step to step).")
     else:
-        out(f"[bold]Top leaks[/] ({len(leaks.findings)} shown; `memprof report leaks` for all, with chains)")
+        shown = shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings")
+        out(f"[bold]Top leaks[/] ({shown}; `memprof report leaks` for all, with chains)")
     for index, finding in enumerate(leaks.findings, 1):
         rate = ""
         if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
@@ -123,22 +126,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
             rate = f", +{format_bytes(finding.slope_bytes_per_step)}/{unit}"
         out(f"  {index}. {escape(finding.layer)} {KIND_LABELS.get(finding.kind, finding.kind)}: "
             f"{format_bytes(finding.live_bytes)} in {finding.live_count:,}{rate}  "
-            f"{_where(finding_chain(finding, chains))}", no_wrap=True, overflow="ellipsis")
+            f"{escape(chain_name(finding_chain(finding, chains)))}", no_wrap=True, overflow="ellipsis")
+    if min_age_left_out(leaks):
+        out(f"  [dim]{min_age_left_out(leaks)}[/]")
     if leaks.not_leaks:
         out(f"  [dim]and {len(leaks.not_leaks)} chains held on purpose (caches, pools, buffers): not leaks[/]")
-
-
-def _where(chain: list[dict]) -> str:
-    """The chain in one line as its author reads it: its innermost Python frames with their
-    lines when it has any (escaped), else its innermost callers outside the allocators."""
-    python = [frame for frame in chain if frame.get("kind") == "python"]
-    if not python:
-        return one_line(chain)
-    shown = [f"{frame.get('function') or '??'} ({Path(frame.get('file') or '?').name}:{frame.get('line')})"
-             for frame in python[:_PYTHON_FRAMES]]
-    return escape(" ← ".join(shown)) + (" ← …" if len(python) > _PYTHON_FRAMES else "")
-
-
-def _plain(markup: str) -> str:
-    """Undo rich escaping for JSON (`\\[` → `[`)."""
-    return markup.replace("\\[", "[")

@@ -153,13 +153,13 @@ def test_json_keys_and_types():
     result.unconfirmed_frees["kernel_slab"] = 12
     doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=3)
     assert set(doc) == {"recording", "lost_events", "findings", "not_leaks", "checkpoints", "missed_frees",
-                        "unconfirmed_frees", "min_age_ns", "end_ns"}
+                        "unconfirmed_frees", "min_age_ns", "end_ns", "left_out"}
     assert doc["not_leaks"] == [] and doc["checkpoints"] is None
     assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3
     assert doc["unconfirmed_frees"] == {"kernel_slab": 12} and doc["missed_frees"] == {}
     assert (doc["min_age_ns"], doc["end_ns"]) == (500_000_000, 10 * S)
     first, second = doc["findings"]
-    assert set(first) == {"layer", "kind", "reason", "explanation", "slope_bytes_per_step", "slope_bytes_per_s",
+    assert set(first) == {"layer", "name", "younger_count", "younger_bytes", "kind", "reason", "explanation", "slope_bytes_per_step", "slope_bytes_per_s",
                           "confidence", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
                           "released_at_exit", "confirmed", "chain_missed_frees", "python_frames", "stack"}
     assert (first["kind"], first["reason"], first["confidence"]) == ("held_at_end", "held", None)
