@@ -26,7 +26,7 @@ from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.leaks import LeakResult, chain_frames
 from memprof.analysis.lifetimes import Lifetimes
-from memprof.analysis.loss import recording_notes
+from memprof.analysis.loss import Severity, recording_notes
 from memprof.analysis.overview import leak_report, recording_span
 from memprof.analysis.series import CounterSeries, layer_series, sample_series
 from memprof.model.meta import RecordingMeta
@@ -117,7 +117,8 @@ def _held_at(series: Series, times: np.ndarray) -> np.ndarray:
 class HtmlData:
     """Everything the page shows (module docstring). `span` = (start_ns, end_ns of the
     target, end of the recording); `frames` = distinct (kind, function, where) triples the
-    flame nodes point to; `warnings` what the recording lost or sampled, in plain words."""
+    flame nodes point to; `warnings` what the recording lost, sampled or estimated (what
+    changes the results), `notes` how it was recorded (information), both in plain words."""
 
     span: tuple[int, int, int]
     series: list[Series]
@@ -131,6 +132,7 @@ class HtmlData:
     gpu: GpuBreakdown
     warnings: list[str] = field(default_factory=list)
     max_points: int = MAX_POINTS
+    notes: list[str] = field(default_factory=list)
 
 
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
@@ -149,12 +151,14 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
     shown += [row.stack_id for a in attributions.values() for layer in a.layers for row in layer.rows]
     chains = chain_frames(stacks, frames, shown, native_frames)
     flames, frame_table = flame_trees(attributions, chains)
+    notes = recording_notes(meta)
     return HtmlData(span=(span.start_ns, span.end_ns, span.recording_end_ns),
                     series=curves, stacks=stacked_layers(curves),
                     steps=_thinned(step_marks(events)), ooms=_thinned(oom_events(events)), leaks=leaks,
                     chains=chains, flames=flames, frames=frame_table,
                     gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
-                    warnings=loss_warnings(meta, lifetimes) + recording_notes(meta))
+                    warnings=loss_warnings(meta, lifetimes) + [n for n in notes if n.severity is Severity.CAVEAT],
+                    notes=[n for n in notes if n.severity is Severity.INFO])
 
 
 # ---- curves ---------------------------------------------------------------------------------

@@ -1,7 +1,30 @@
-"""What the recording could not see, per layer, from its metadata."""
+"""What the recording could not see, per layer, from its metadata, and the notes every
+report carries about it, each with its severity."""
 from __future__ import annotations
 
+from enum import Enum
+
 from memprof.model import Layer, RecordingMeta
+
+
+class Severity(str, Enum):
+    """How much a note matters: INFO says how the recording works (the results hold as
+    shown); CAVEAT says something that changes the results (missing or estimated data)."""
+
+    INFO = "info"
+    CAVEAT = "caveat"
+
+
+class Note(str):
+    """A note's text (it is a str, so every renderer prints it as it is) with its `severity`."""
+
+    severity: Severity
+
+    def __new__(cls, text: str, severity: Severity = Severity.CAVEAT) -> "Note":
+        note = super().__new__(cls, text)
+        note.severity = severity
+        return note
+
 
 # Which layer's frees each kernel tracepoint reports.
 _FREE_TRACEPOINT_LAYER = {
@@ -24,28 +47,36 @@ def skipped_frees_by_layer(meta: RecordingMeta) -> dict[str, int]:
     return out
 
 
-def recording_notes(meta: RecordingMeta) -> list[str]:
-    """Plain-words notes on how complete the chains are, for every report."""
-    notes = list(meta.notes)
+def recording_notes(meta: RecordingMeta) -> list[Note]:
+    """Plain-words notes on how complete the recording is, for every report: those that
+    change the results (CAVEAT) first, then those that only say how it was recorded (INFO).
+    The recording's own notes (meta.notes) are caveats."""
+    notes = [Note(text) for text in meta.notes]
     for name, stats in meta.sources.items():
         failures = int(stats.detail.get("stack_failures", 0) or 0)
         if failures:
-            notes.append(f"{name}: {failures} stacks could not be captured (kernel: the stack map full, or its bucket taken "
-                         "by another stack; user: the walk failed); the allocations at those sites are shown without those "
-                         "frames (a kernel one keeps its call site, Python frames are kept)")
+            notes.append(Note(f"{name}: {failures} stacks could not be captured (kernel: the stack map full, or its bucket "
+                              "taken by another stack; user: the walk failed); the allocations at those sites are shown "
+                              "without those frames (a kernel one keeps its call site, Python frames are kept)"))
         if stats.detail.get("site_cache_full"):
-            notes.append(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "
-                         "more allocations than usual took a fresh stack")
+            notes.append(Note(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "
+                              "more allocations than usual took a fresh stack", Severity.INFO))
         if stats.stack_sample_every > 1:
-            notes.append(f"{name}: one slab allocation in {stats.stack_sample_every} (pages: one in "
-                         f"{stats.detail.get('page_stack_sample_every', 1)}, user-space allocators: one in "
-                         f"{stats.detail.get('user_stack_sample_every', 1)}) took its own native stack; the others "
-                         "share the latest one taken at the same call site (pages: of the same order and gfp flags) "
-                         "and stack depth (record --stack-every 1, --user-stack-every 1 for all); Python frames are "
-                         "read for every allocation")
-        notes += _refused_notes(name, stats.detail.get("uprobes") or {})
-        notes += _python_notes(name, stats.detail.get("python") or {})
-    return notes
+            notes.append(_shared_stacks_note(name, stats))
+        notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
+        notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
+    return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
+
+
+def _shared_stacks_note(name: str, stats) -> Note:
+    """Stack sharing, the recorder's normal way to keep its cost low, in plain words."""
+    detail = stats.detail
+    return Note(f"{name}: to keep its cost low, memprof walked the call stack of one kernel allocation in "
+                f"{stats.stack_sample_every} (memory pages: one in {detail.get('page_stack_sample_every', 1)}, "
+                f"malloc and friends: one in {detail.get('user_stack_sample_every', 1)}); the others reuse the "
+                "stack last walked at the same place in the code. This is normal: every allocation and its size "
+                "are recorded, and Python frames are read for each (record --stack-every 1 --user-stack-every 1 "
+                "walks every stack).", Severity.INFO)
 
 
 def _refused_notes(name: str, uprobes: dict) -> list[str]:

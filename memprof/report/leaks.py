@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
+from memprof.analysis.loss import Severity
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label
 from memprof.report.safe_text import escape
@@ -103,7 +104,15 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
             f"({shown_of(len(result.not_leaks), result.not_leaks_total, result.top, 'chain', 'chains')})")
         _render_blocks(out, result.not_leaks, "~", result, chains, start_ns)
     for note in notes:
-        out(f"[dim]note: {escape(str(note))}[/]")
+        out(note_line(note))
+
+
+def note_line(note: str) -> str:
+    """A note as markup: one that changes the results (a loss.Note of severity CAVEAT) is a
+    yellow '!', information (INFO, or plain text of no known severity) a dim 'note:'."""
+    if getattr(note, "severity", Severity.INFO) is Severity.CAVEAT:
+        return f"[yellow]! {escape(str(note))}[/]"
+    return f"[dim]note: {escape(str(note))}[/]"
 
 
 def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_ns: int) -> None:
@@ -165,9 +174,10 @@ def _warnings(result: LeakResult, lost_events: int) -> list[tuple[str, bool]]:
 
 def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
     """What frees that were never seen mean for the findings, and whether to act."""
-    what = (f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: their "
-            "addresses were handed out again while still counted live (the kernel frees some memory in bulk "
-            "where its probes cannot see), so memprof closed those allocations itself.")
+    whose = "its address was" if missed == 1 else "their addresses were"
+    what = (f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: {whose} "
+            "handed out again while still counted live (the kernel frees some memory in bulk where its probes "
+            "cannot see), so memprof closed those allocations itself.")
     unconfirmed = sum(1 for f in result.findings if not f.confirmed)
     if not unconfirmed:
         return f"{what} None of the findings below is affected: nothing to do.", False

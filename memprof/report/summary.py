@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from memprof.report.labels import chain_name
-from memprof.report.leaks import KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, shown_of
+from memprof.report.leaks import KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, note_line, shown_of
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 
@@ -85,7 +85,7 @@ def render_summary(summary: Summary, chains: dict[int, list[dict]], console: Con
         out("No allocations recorded.")
     _render_findings(out, summary, chains)
     for note in summary.notes:
-        out(f"[dim]note: {escape(str(note))}[/]", overflow="ellipsis", no_wrap=True)
+        out(note_line(note), overflow="ellipsis", no_wrap=True)
     out("")
     out("[bold]Next[/]")
     table = Table(show_header=False, box=None, padding=(0, 2, 0, 2), highlight=False)

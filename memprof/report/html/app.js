@@ -83,6 +83,14 @@
     });
     rows.forEach(function (r) { dl.appendChild(el("dt", {}, r[0])); dl.appendChild(el("dd", {}, r[1] === null ? "–" : r[1])); });
     document.getElementById("meta").appendChild(dl);
+    drawNotes();
+  }
+  function drawNotes() {  // information on how it was recorded: the results hold as shown
+    if (!(data.notes || []).length) return;
+    var box = document.getElementById("meta"), ul = el("ul", {"class": "notes"});
+    box.appendChild(el("h3", {}, "Notes"));
+    data.notes.forEach(function (n) { ul.appendChild(el("li", {"class": "note"}, n)); });
+    box.appendChild(ul);
   }
 
   // ---- timeline ---------------------------------------------------------------------------
@@ -257,8 +265,10 @@
   var KIND_LABELS = {held_at_end: "held at the end", grows_per_step: "grows per step", not_a_leak: "not a leak"};
 
   function drawLeaks() {
-    var box = document.getElementById("leaks"), leaks = data.leaks;
+    var box = document.getElementById("leaks"), leaks = data.leaks, text = data.leaks_text || {};
+    if (leaks.findings.length) box.appendChild(el("p", {"class": "leak-count"}, text.count));
     if (!leaks.findings.length) box.appendChild(el("p", {"class": "empty"}, "No leaks found."));
+    if (text.min_age) box.appendChild(el("p", {"class": "note"}, text.min_age));
     leaks.findings.forEach(function (f) { box.appendChild(finding(f)); });
     if (leaks.not_leaks.length) {
       box.appendChild(el("h3", {}, "Not leaks: memory held on purpose"));
@@ -272,11 +282,9 @@
     var slope = f.slope_bytes_per_step === null ? "" : ", " + bytes(f.slope_bytes_per_step) + "/step";
     var confidence = f.confidence === null ? "" : ", " + (100 * f.confidence).toFixed(1) + "% confidence";
     summary.appendChild(document.createTextNode(" " + f.layer + ": " + bytes(f.live_bytes) + " in " + f.live_count +
-      (f.live_count === 1 ? " allocation" : " allocations") + slope + confidence + (f.confirmed ? "" : ", unconfirmed") + " — "));
-    // The innermost Python frame names the user's code; without one, the innermost frame.
-    var own = f.stack.filter(function (frame) { return frame.kind === "python"; })[0] || f.stack[0];
-    var top = own ? own.function : "(no stack recorded)";
-    summary.appendChild(el("code", {}, top));
+      (f.live_count === 1 ? " allocation" : " allocations") + younger(f) + slope + confidence +
+      (f.confirmed ? "" : ", unconfirmed") + " — "));
+    summary.appendChild(el("code", {"class": "chain-name"}, f.name));  // as the terminal names the chain
     summary.appendChild(el("div", {"class": "explanation"}, f.explanation));
     details.appendChild(summary);
     var list = el("ol", {"class": "chain"});
@@ -284,6 +292,11 @@
     if (!f.stack.length) list.appendChild(el("li", {"class": "empty"}, "no stack recorded"));
     details.appendChild(list);
     return details;
+  }
+
+  function younger(f) {  // what --min-age left out of this finding
+    if (!f.younger_count) return "";
+    return " (+ " + f.younger_count + " younger, " + bytes(f.younger_bytes) + ", not counted)";
   }
 
   function frameItem(frame) {

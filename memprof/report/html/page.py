@@ -14,7 +14,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from memprof.report.gpu import gpu_to_json
-from memprof.report.leaks import leaks_to_json
+from memprof.report.leaks import leaks_to_json, min_age_left_out, shown_of
 
 if TYPE_CHECKING:
     from memprof.analysis.html_data import Flame, HtmlData, Series, Stack
@@ -38,7 +38,9 @@ def html_page(data: HtmlData, meta: RecordingMeta, recording_path) -> str:
 def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
     """The page's data blob. Absolute times (`*_ns`) are CLOCK_MONOTONIC ns; a series' `t`
     and a mark's `t` are ns after `span.start_ns` (small enough for a JavaScript number);
-    sizes are bytes. `leaks` and `gpu` are what `memprof report leaks|gpu --format json` print."""
+    sizes are bytes. `leaks` and `gpu` are what `memprof report leaks|gpu --format json` print;
+    `leaks_text` the lines the terminal prints about what the filters left out. `warnings` change
+    the results (the page's banner), `notes` are information."""
     start = int(data.span[0])
     return {
         "version": DATA_VERSION,
@@ -46,6 +48,7 @@ def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
         "meta": _meta_json(meta),
         "span": {"start_ns": start, "end_ns": int(data.span[1]), "recording_end_ns": int(data.span[2])},
         "warnings": list(data.warnings),
+        "notes": list(data.notes),
         "max_points": int(data.max_points),
         "series": [_series_json(s, start) for s in data.series],
         "stacks": [_stack_json(s, start) for s in data.stacks],
@@ -53,10 +56,18 @@ def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
         "ooms": [{"t": int(row.ts_ns) - start, "layer": row.layer, "device": row.device,
                   "size_bytes": int(row.size_bytes)} for row in data.ooms.itertuples(index=False)],
         "leaks": leaks_to_json(data.leaks, data.chains, recording_path, meta.lost_events),
+        "leaks_text": _leaks_text(data),
         "frames": [list(frame) for frame in data.frames],
         "flames": {at: [_flame_json(f, start) for f in flames] for at, flames in data.flames.items()},
         "gpu": gpu_to_json(data.gpu, recording_path, lost_events=meta.lost_events),
     }
+
+
+def _leaks_text(data: HtmlData) -> dict:
+    """The lines `report leaks` prints on what --top and --min-age left out ('' for none)."""
+    leaks = data.leaks
+    return {"count": shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings"),
+            "min_age": min_age_left_out(leaks)}
 
 
 def _meta_json(meta: RecordingMeta) -> dict:

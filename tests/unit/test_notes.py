@@ -1,0 +1,88 @@
+"""Issue 20 point 12: notes have a severity (information, or something that changes the
+results) and plain words; the normal stack-sampling note is information, not first and not
+in the page's warning banner; the unseen-frees warning says what it means and whether to act."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from rich.console import Console
+
+from memprof.analysis.leaks import find_leaks
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.analysis.loss import Severity, recording_notes
+from memprof.cli.main import cli
+from memprof.model.meta import RecordingMeta, SourceStats
+from memprof.report.leaks import render_leaks_table
+from tests.diff_factories import write_recording
+from tests.factories import ev, events_frame, mark
+
+S = 1_000_000_000
+
+
+def sampled_meta() -> RecordingMeta:
+    """A recording whose eBPF source shared stacks (one slab stack in 64) and lost 5 stacks."""
+    stats = SourceStats(events=10, stack_sample_every=64,
+                        detail={"page_stack_sample_every": 8, "user_stack_sample_every": 16, "stack_failures": 5})
+    return RecordingMeta(memprof_version="0.1.0", pid=100, start_ns=0, sources={"ebpf": stats},
+                         notes=["torch: 2 blocks had no alloc in the trace"])
+
+
+def test_sampling_note_is_information_in_plain_words_and_comes_last():
+    notes = recording_notes(sampled_meta())
+    sampling = notes[-1]
+    assert sampling.severity is Severity.INFO
+    assert "normal" in sampling and "every allocation and its size are recorded" in sampling
+    assert "took its own native stack" not in sampling  # the old jargon
+    assert [n.severity for n in notes[:-1]] == [Severity.CAVEAT, Severity.CAVEAT]
+    assert str(notes[0]) == "torch: 2 blocks had no alloc in the trace"  # notes are still text
+
+
+def test_summary_json_gives_each_note_its_severity(tmp_path):
+    path = write_recording(tmp_path / "r.memprof", events_frame([ev(S, "alloc", 0x10, 64, 1)]))
+    meta_path = path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["sources"] = {"ebpf": {"events": 1, "stack_sample_every": 64}}
+    meta_path.write_text(json.dumps(meta))
+    result = CliRunner().invoke(cli, ["report", str(path), "--format", "json"], catch_exceptions=False)
+    [note] = json.loads(result.stdout)["notes"]
+    assert note["severity"] == "info" and "normal" in note["text"]
+
+
+def _render(result) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    render_leaks_table(result, {}, console, start_ns=0, lost_events=0, notes=[])
+    return console.export_text()
+
+
+def test_unseen_frees_of_other_chains_say_no_finding_is_affected_and_nothing_to_do():
+    # stack 1's address is handed out again to stack 2: one free never seen, on stack 1's chain
+    lifetimes = pair_lifetimes(events_frame([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 2)],
+                                            layer="kernel_slab"))
+    text = _render(find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S))
+    assert "1 free was never seen (kernel_slab)" in text
+    assert "None of the findings below is affected: nothing to do" in text
+    assert "! 1 free" not in text  # information, not a warning
+
+
+def test_unseen_frees_of_a_findings_chain_say_which_findings_and_what_to_do():
+    lifetimes = pair_lifetimes(events_frame([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 1)],
+                                            layer="kernel_slab"))
+    text = _render(find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S))
+    assert "! 1 free was never seen (kernel_slab)" in text
+    assert "1 finding below is marked unconfirmed: its size is an upper bound" in text
+    assert "not a fault of your program" in text
+
+
+def test_html_puts_the_sampling_note_apart_from_the_warnings(tmp_path):
+    rows = [ev(S, "alloc", 0x10, 64, 1), mark(5 * S, 100)]
+    path = write_recording(tmp_path / "r.memprof", events_frame(rows), lost=3)
+    meta_path = path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["sources"]["ebpf"]["stack_sample_every"] = 64
+    meta_path.write_text(json.dumps(meta))
+    result = CliRunner().invoke(cli, ["report", "html", str(path), "--format", "json"], catch_exceptions=False)
+    doc = json.loads(result.stdout)
+    assert any("3 events were lost" in w for w in doc["warnings"])
+    assert not any("stack" in w for w in doc["warnings"])
+    assert any("normal" in n for n in doc["notes"])
