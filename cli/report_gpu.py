@@ -6,6 +6,7 @@ import json
 
 import click
 
+from memprof.analysis.growth_forecast import forecast_bar  # light: the bar --help states
 from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
 from memprof.cli.report import report
 
@@ -43,7 +44,8 @@ def gpu(path, points, fmt):
     render_gpu_table(result, console.out, start_ns=rec.meta.start_ns, **loss)
 
 
-@report.command()
+@report.command(epilog=f"{forecast_bar()} Otherwise the report says why there is none: too few points, a poor "
+                        "fit (its R² below the bar), not growing, not within the horizon, or the capacity unknown.")
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES),
               help="Only these layers (repeatable).")

@@ -17,11 +17,13 @@ Models, fitted by least squares:
 Each carries R² computed in the original space (the power model's over the points with
 x > 0), so the two compare; the better fit is the higher R² (a tie goes to the line).
 
-Forecast, from the better model extrapolated from the last point: the device is full when
-its level there (the most of the series' last bytes and, for a GPU, NVML's last
-`gpu_used_bytes`) plus the model's further growth reaches the capacity (`gpu_total_bytes`
-for cuda:N; `host_memory_total_bytes`, the machine's RAM, for cpu). Memory the rest of the
-machine uses is unknown for cpu, so its forecast is the latest it could be.
+Forecast, only from a fit that passes the bar of memprof.analysis.growth_forecast (enough points,
+R², a positive linear slope; else the forecast says which failed): from the better model
+extrapolated from the last point, the device is full when its level there (the most of the
+series' last bytes and, for a GPU, NVML's last `gpu_used_bytes`) plus the model's further
+growth reaches the capacity (`gpu_total_bytes` for cuda:N; `host_memory_total_bytes`, the
+machine's RAM, for cpu), within FORECAST_HORIZON_YEARS. Memory the rest of the machine uses
+is unknown for cpu, so its forecast is the latest it could be.
 """
 from __future__ import annotations
 
@@ -34,13 +36,13 @@ import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.checkpoints import step_marks
+from memprof.analysis.growth_forecast import SECOND, STEP, Forecast, SeriesContext, forecast
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.model.schema import LAYERS
 
 _NEVER = np.iinfo(np.int64).max
 MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
-STEP, SECOND = "step", "s"
 
 
 @dataclass(frozen=True)
@@ -64,23 +66,6 @@ class Fit:
     def growing(self) -> bool:
         """Rising with x: a positive slope (linear), a > 0 and b > 0 (power)."""
         return self.b > 0 if self.model == "linear" else (self.a > 0 and self.b > 0)
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """When the series' growth fills its device.
-
-    `status`: "full" (at `full_at_x`, a step number or seconds since the start, `full_in_ns`
-    after the last point; 0 when already there), "not_growing", "no_capacity" or "no_fit";
-    `reason` says it in words. `level_bytes` is where the device stood at the last point."""
-
-    status: str
-    reason: str
-    capacity_bytes: int | None = None
-    level_bytes: int | None = None
-    model: str | None = None
-    full_at_x: float | None = None
-    full_in_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +120,7 @@ def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | N
         return result
     wanted = set(layers) if layers else None
     for (layer, device), cols in _groups(allocations, wanted):
-        context = _Context(x, x_unit, step_ns, *device_capacity(samples, device), _device_used(samples, device))
+        context = SeriesContext(x, x_unit, step_ns, *device_capacity(samples, device), _device_used(samples, device))
         result.series += _layer_series(layer, device, cols, times, context, top)
     return result
 
@@ -215,18 +200,6 @@ def _device_used(samples: pd.DataFrame | None, device: str) -> int | None:
 
 # ---- series ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Context:
-    """What every series of one (layer, device) shares."""
-
-    x: np.ndarray
-    x_unit: str
-    step_ns: int | None
-    capacity: int | None
-    no_capacity_reason: str
-    device_used: int | None
-
-
 def _groups(allocations: pd.DataFrame, wanted: set[str] | None):
     """((layer, device), columns frame) for each present pair, layers in schema order."""
     layer_codes, layer_names = category_codes(allocations["layer"])
@@ -258,7 +231,7 @@ def _series_columns(allocations: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _layer_series(layer: str, device: str, cols: pd.DataFrame, times: np.ndarray, ctx: _Context,
+def _layer_series(layer: str, device: str, cols: pd.DataFrame, times: np.ndarray, ctx: SeriesContext,
                   top: int) -> list[GrowthSeries]:
     """The (layer, device) total, then its `top` chains by bytes live at the last point."""
     total = _curve_at(cols, times)
@@ -284,14 +257,14 @@ def _top_chains(cols: pd.DataFrame, ts_ns: int, top: int) -> list[int]:
     return held["stack"].head(max(top, 0)).tolist()
 
 
-def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: np.ndarray, ctx: _Context,
+def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: np.ndarray, ctx: SeriesContext,
             level: int) -> GrowthSeries:
     linear, power = fit_linear(ctx.x, values), fit_power(ctx.x, values)
     better = better_fit(linear, power)
     best = linear if better == "linear" else power
     return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values,
                         linear=linear, power=power, better=better,
-                        forecast=_forecast(best, ctx, float(ctx.x[-1]), level, device))
+                        forecast=forecast(linear, best, ctx, level, device))
 
 
 # ---- fits -----------------------------------------------------------------------------------
@@ -342,47 +315,3 @@ def better_fit(linear: Fit | None, power: Fit | None) -> str | None:
     if linear is None and power is None:
         return None
     return "power" if power is not None and score(power) > score(linear) else ("linear" if linear else "power")
-
-
-# ---- forecast -------------------------------------------------------------------------------
-
-def _forecast(fit: Fit | None, ctx: _Context, x_last: float, level: int, device: str) -> Forecast:
-    """When `level` (bytes at `x_last`) plus the fit's growth after `x_last` reaches the
-    device's capacity (module docstring)."""
-    if ctx.capacity is None:
-        return Forecast("no_capacity", ctx.no_capacity_reason)
-    known = dict(capacity_bytes=ctx.capacity, level_bytes=level)
-    if fit is None:
-        return Forecast("no_fit", f"too few points to fit (need {MIN_POINTS})", **known)
-    if not fit.growing:
-        return Forecast("not_growing", "not growing", model=fit.model, **known)
-    x_full = _x_reaching(fit, x_last, ctx.capacity - level)
-    if not math.isfinite(x_full):
-        return Forecast("not_growing", "growing too slowly to ever fill it", model=fit.model, **known)
-    return _full(fit, ctx, x_last, x_full, device, known)
-
-
-def _x_reaching(fit: Fit, x_last: float, headroom: float) -> float:
-    """The x at which the fit has grown by `headroom` bytes since `x_last` (x_last when the
-    headroom is already used up)."""
-    if headroom <= 0:
-        return x_last
-    if fit.model == "linear":
-        return x_last + headroom / fit.b
-    with np.errstate(over="ignore"):
-        return float(((fit.at(x_last) + headroom) / fit.a) ** (1.0 / fit.b))
-
-
-def _full(fit: Fit, ctx: _Context, x_last: float, x_full: float, device: str, known: dict) -> Forecast:
-    """A "full" forecast: at a whole step (the first step at or past x_full) or a time."""
-    if ctx.x_unit == STEP:
-        at = float(math.ceil(x_full))
-        in_ns = None if ctx.step_ns is None else int(round((at - x_last) * ctx.step_ns))
-        where = f"step {int(at):,}"
-    else:
-        at = x_full
-        in_ns = int(round((x_full - x_last) * 1e9))
-        where = f"{x_full:,.1f} s"
-    name = "the machine's RAM" if device == "cpu" else device
-    return Forecast("full", f"at this rate {name} is full at {where}", model=fit.model, full_at_x=at,
-                    full_in_ns=in_ns, **known)

@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from rich import box
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-# One-line chain naming shared with the layers report (skips allocator frames).
+from memprof.analysis.growth_forecast import (
+    FORECAST_HORIZON_NS, FORECAST_HORIZON_YEARS, FORECAST_MIN_POINTS, FORECAST_MIN_R2, forecast_bar, span_words,
+)
 from memprof.model.schema import FRAME_KEYS
+# One-line chain naming shared with the layers report (skips allocator frames).
 from memprof.report.layers import one_line
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns
@@ -17,18 +21,21 @@ from memprof.units import format_bytes, format_duration_ns
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.growth import Fit, Forecast, GrowthResult, GrowthSeries
+    from memprof.analysis.growth import Fit, GrowthResult, GrowthSeries
+    from memprof.analysis.growth_forecast import Forecast
 
 _NONE = "–"
-_SHORT = {"not_growing": "not growing", "no_capacity": "capacity unknown", "no_fit": "too few points"}
-_HOUR_NS, _DAY_NS = 3600 * 10**9, 86400 * 10**9
+# On a narrow console the series column keeps at least this many cells (chains are cut with
+# "…") and the forecast column wraps, down to _FORECAST_MIN: a short line costs lines, not columns.
+_SERIES_MIN, _FORECAST_MIN = 20, 12
 
 
 def growth_to_json(result: GrowthResult, chains: dict[int, list[dict]], recording_path, *, lost_events: int = 0,
                    notes: Iterable[str] = ()) -> dict:
     """JSON-ready dict: recording, lost_events, notes, x_unit ("step" or "s"), step_ns,
-    origin_ns and every series with its points, both fits (linear: a + b·x; power: a·x^b;
-    bytes), the better one and the forecast. Chains carry their stack, innermost frame first."""
+    origin_ns, the forecast bar (min_points, min_r2, horizon_ns) and every series with its
+    points, both fits (linear: a + b·x; power: a·x^b; bytes), the better one and the
+    forecast. Chains carry their stack, innermost frame first."""
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -36,6 +43,8 @@ def growth_to_json(result: GrowthResult, chains: dict[int, list[dict]], recordin
         "x_unit": result.x_unit,
         "step_ns": result.step_ns,
         "origin_ns": int(result.origin_ns),
+        "forecast_bar": {"min_points": FORECAST_MIN_POINTS, "min_r2": FORECAST_MIN_R2,
+                         "horizon_ns": FORECAST_HORIZON_NS},
         "series": [_series_json(s, chains) for s in result.series],
     }
 
@@ -58,14 +67,16 @@ def _fit_json(fit: Fit | None) -> dict | None:
 
 def _forecast_json(forecast: Forecast) -> dict:
     return {"status": forecast.status, "reason": forecast.reason, "capacity_bytes": forecast.capacity_bytes,
-            "level_bytes": forecast.level_bytes, "model": forecast.model, "full_at_x": forecast.full_at_x,
-            "full_in_ns": forecast.full_in_ns}
+            "level_bytes": forecast.level_bytes, "model": forecast.model, "points": forecast.points,
+            "r2": forecast.r2, "full_at_x": forecast.full_at_x, "full_in_ns": forecast.full_in_ns}
 
 
 def render_growth_table(result: GrowthResult, chains: dict[int, list[dict]], console: Console, *,
                         lost_events: int = 0, notes: Iterable[str] = ()) -> None:
     """One table: each (layer, device) and under it its top chains, with bytes at the last
-    point, both fits and the forecast; then the forecasts in words and why some are missing."""
+    point, both fits and the forecast (or why there is none); then the bar a forecast must
+    pass, each total's forecast in words and why some capacities are unknown. Readable from
+    80 columns: the numbers keep their width, the series column at least _SERIES_MIN."""
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): the curves miss them.[/]")
@@ -74,9 +85,10 @@ def render_growth_table(result: GrowthResult, chains: dict[int, list[dict]], con
     if not result.series:
         out("No allocations to fit.")
         return
-    console.print(_table(result, chains))
+    console.print(_narrowed(_table(result, chains), console))
+    out("")
     for line in _forecast_lines(result):
-        out(line)
+        out(Padding(Text.from_markup(line), (0, 0, 0, 2)))  # wrapped lines keep the indent
 
 
 def _title(result: GrowthResult) -> str:
@@ -87,19 +99,36 @@ def _title(result: GrowthResult) -> str:
 
 
 def _table(result: GrowthResult, chains: dict[int, list[dict]]) -> Table:
-    """The numbers keep their full width (fixed: rich would crush them); the series names
-    take the rest of the line, chains cut with an ellipsis."""
+    """The numbers keep their full width (fixed: rich would crush them); the series column is
+    as wide as its longest name (see _narrowed); the forecast wraps when the line is short."""
     rows = [[format_bytes(s.bytes[-1]), _slope(s.linear), _r2(s.linear, s.better), _exponent(s.power),
              _r2(s.power, s.better), escape(_short(s.forecast, result.x_unit))] for s in result.series]
+    names = [_name(s, chains) for s in result.series]
     table = Table(title=_title(result), title_justify="left", highlight=False, box=box.SIMPLE_HEAD,
-                  padding=(0, 1), pad_edge=False, collapse_padding=True, expand=True)
-    table.add_column("series", no_wrap=True, overflow="ellipsis", ratio=1)
-    headers = ("last", f"linear /{result.x_unit}", "R²", "power b", "R²", "forecast")
+                  padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False)
+    table.add_column("series", no_wrap=True, overflow="ellipsis", width=_widest("series", names))
+    headers = ("last", f"per {result.x_unit}", "R²", "power b", "R²")
     for i, name in enumerate(headers):
-        width = max([len(name)] + [Text.from_markup(row[i]).cell_len for row in rows])
-        table.add_column(name, justify="left" if name == "forecast" else "right", no_wrap=True, width=width)
-    for series, row in zip(result.series, rows):
-        table.add_row(_name(series, chains), *row)
+        table.add_column(name, justify="right", no_wrap=True, width=_widest(name, [row[i] for row in rows]))
+    table.add_column("full at step" if result.x_unit == "step" else "full in", min_width=_FORECAST_MIN)
+    for name, row in zip(names, rows):
+        table.add_row(name, *row)
+    return table
+
+
+def _widest(header: str, cells: list[str]) -> int:
+    """Cells (rich markup) of the widest of a column's header and cells."""
+    return max([len(header)] + [Text.from_markup(cell).cell_len for cell in cells])
+
+
+def _narrowed(table: Table, console: Console) -> Table:
+    """Narrow the series column (chains end in "…") by what the table is wider than the
+    console, down to _SERIES_MIN; past that the forecast column wraps."""
+    series = table.columns[0]
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    excess = natural - console.width
+    if excess > 0:
+        series.width = max(min(_SERIES_MIN, series.width), series.width - excess)
     return table
 
 
@@ -114,47 +143,62 @@ def _slope(fit: Fit | None) -> str:
 
 
 def _exponent(fit: Fit | None) -> str:
-    return _NONE if fit is None else f"{fit.b:.2f}"
+    """b to 2 places; past ±1000 (a fit no one would read) in powers of ten, so it stays short."""
+    if fit is None:
+        return _NONE
+    return f"{fit.b:.2f}" if abs(fit.b) < 1000 else f"{fit.b:.0e}"
 
 
 def _r2(fit: Fit | None, better: str | None) -> str:
-    """R² to 3 places; the better fit's in bold."""
+    """R² to 2 places, "<0" below 0 (worse than the mean: how much worse says nothing); the
+    better fit's in bold."""
     if fit is None or fit.r2 is None:
         return _NONE
-    text = f"{fit.r2:.3f}"
+    text = "<0" if fit.r2 < 0 else f"{fit.r2:.2f}"
     return f"[bold]{text}[/]" if fit.model == better else text
 
 
 def _short(forecast: Forecast, unit: str) -> str:
-    if forecast.status == "full":
-        where = f"step {int(forecast.full_at_x):,}" if unit == "step" else f"{forecast.full_at_x:,.0f} s"
-        return f"full at {where}" + ("" if forecast.full_in_ns is None else f" (in {_duration(forecast.full_in_ns)})")
-    return _SHORT[forecast.status]
+    """The forecast cell, under "full at step" or "full in" (time): the step and how long until
+    then, or "– " and why there is none; short enough for 80 columns."""
+    status = forecast.status
+    if status == "full":
+        when = "" if forecast.full_in_ns is None else span_words(forecast.full_in_ns)
+        return (f"{int(forecast.full_at_x):,}" + (f" ({when})" if when else "")) if unit == "step" else when
+    why = {"too_few_points": f"{forecast.points} points < {FORECAST_MIN_POINTS}",
+           "poor_fit": f"R² {_r2_words(forecast.r2)} < {FORECAST_MIN_R2:.2f}",
+           "not_growing": "not growing", "no_capacity": "no capacity",
+           "beyond_horizon": f"over {FORECAST_HORIZON_YEARS} years"}
+    return f"{_NONE} {why[status]}"
+
+
+def _r2_words(r2: float | None) -> str:
+    return "undefined" if r2 is None else f"{r2:.2f}"
 
 
 def _forecast_lines(result: GrowthResult) -> list[str]:
-    """Each (layer, device) total's forecast in words, and each unknown capacity's reason once."""
-    lines, unknown = [], {}
+    """The bar; each (layer, device) total's forecast in words (or why there is none); each
+    unknown capacity's reason once. Rich markup, one line each."""
+    lines, unknown = [f"[dim]{escape(forecast_bar())}[/]"], {}
     for series in result.series:
         forecast = series.forecast
         if forecast.status == "no_capacity":
             unknown.setdefault(series.device, forecast.reason)
-        elif not series.chain and forecast.status == "full":
-            when = "" if forecast.full_in_ns is None else f" (in {_duration(forecast.full_in_ns)})"
-            lines.append(f"  {escape(series.layer)} {escape(series.device)}: {escape(forecast.reason)}{when}, "
-                         f"by the {forecast.model} fit, from {format_bytes(forecast.level_bytes)} of "
-                         f"{format_bytes(forecast.capacity_bytes)}")
-    lines += [f"  [dim]{escape(device)}: {escape(why)}[/]" for device, why in unknown.items()]
+        elif not series.chain:
+            lines.append(f"{escape(series.layer)} {escape(series.device)}: {escape(_words(forecast))}")
+    lines += [f"[dim]{escape(device)}: {escape(why)}[/]" for device, why in unknown.items()]
     return lines
 
 
-def _duration(ns: int) -> str:
-    """Durations up to days: format_duration_ns stops at minutes."""
-    if ns >= 2 * _DAY_NS:
-        return f"{ns / _DAY_NS:.1f} days"
-    if ns >= 2 * _HOUR_NS:
-        return f"{ns / _HOUR_NS:.1f} h"
-    return format_duration_ns(ns)
+def _words(forecast: Forecast) -> str:
+    """A total's forecast in one sentence: its reason, and for a date the fit and the level it
+    starts from."""
+    if forecast.status == "beyond_horizon":
+        return forecast.reason
+    if forecast.status != "full":
+        return f"no forecast: {forecast.reason}"
+    return (f"{forecast.reason}, by the {forecast.model} fit (R² {_r2_words(forecast.r2)}, {forecast.points} points), "
+            f"from {format_bytes(forecast.level_bytes)} of {format_bytes(forecast.capacity_bytes)}")
 
 
 def _frames(series: GrowthSeries, chains: dict[int, list[dict]]) -> list[dict]:

@@ -1,5 +1,6 @@
-"""growth (fits and forecasts), its renderers and `memprof report growth`: known slopes,
-exponents and fill steps on synthetic timelines."""
+"""growth (fits and forecasts) and `memprof report growth`: known slopes, exponents and fill
+steps on synthetic timelines, and the bar a fit must pass before a forecast. The rendered
+report (goldens, widths) is tests/unit/test_growth_report.py."""
 from __future__ import annotations
 
 import json
@@ -8,18 +9,17 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from rich.console import Console
 
 from memprof.analysis.checkpoints import step_marks as marks_of
 from memprof.analysis.growth import fit_linear, fit_power, growth, median_step_ns
-from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
-from memprof.report.growth import growth_to_json, render_growth_table
-from tests.factories import ev, leak, stacks_frames
+from memprof.units import format_bytes
+from tests.factories import ev, leak
 from tests.gpu_factories import (
     GiB, MiB, S, leak_per_step, power_law_steps, samples_frame, step_marks, timeline_of, write_recording,
 )
+from tests.growth_factories import ram, slow_power_law, steps_holding
 
 
 def fitted(rows, samples=None, **kwargs):
@@ -97,9 +97,9 @@ def test_series_are_per_layer_and_device_and_layers_can_be_chosen():
 
 
 def test_too_few_points_give_no_fit():
-    (total, _) = fitted(leak_per_step(2), samples_frame([(0, "host_memory_total_bytes", "cpu", 1.0 * GiB)])).series
+    (total, _) = fitted(leak_per_step(2), ram(GiB)).series
     assert (total.linear, total.power, total.better) == (None, None, None)
-    assert (total.forecast.status, total.forecast.reason) == ("no_fit", "too few points to fit (need 3)")
+    assert (total.forecast.status, total.forecast.reason) == ("too_few_points", "too few points to forecast: 2 < 8")
 
 
 def test_steps_marked_by_several_processes_count_once_and_gaps_count_as_steps():
@@ -122,7 +122,8 @@ def test_forecast_step_for_a_known_gpu_capacity():
     forecast = fitted(rows, GPU_100_MIB).series[0].forecast
     assert (forecast.status, forecast.model, forecast.full_at_x, forecast.full_in_ns) == ("full", "linear", 101, 91 * S)
     assert (forecast.capacity_bytes, forecast.level_bytes) == (100 * MiB, 9 * MiB)
-    assert forecast.reason == "at this rate cuda:0 is full at step 101"
+    assert forecast.reason == "at this rate cuda:0 is full at step 101, in 91 s"
+    assert (forecast.points, forecast.r2) == (10, pytest.approx(1.0))
     # Other processes hold 30 MiB of the GPU (NVML): 70 MiB of room, full at step 80.
     used = samples_frame([(S, "gpu_used_bytes", "cuda:0", 30.0 * MiB), (2 * S, "gpu_used_bytes", "cuda:0", 30.0 * MiB)])
     forecast = fitted(rows, pd.concat([GPU_100_MIB, used])).series[0].forecast
@@ -130,88 +131,90 @@ def test_forecast_step_for_a_known_gpu_capacity():
 
 
 def test_forecast_for_the_machines_ram_and_a_power_law():
-    ram = samples_frame([(0, "host_memory_total_bytes", "cpu", 64.0 * MiB)])
-    forecast = fitted(leak_per_step(10), ram).series[0].forecast
-    assert (forecast.full_at_x, forecast.reason) == (65, "at this rate the machine's RAM is full at step 65")
+    forecast = fitted(leak_per_step(10), ram(64 * MiB)).series[0].forecast
+    assert (forecast.full_at_x, forecast.reason) == (65, "at this rate the machine's RAM is full at step 65, in 55 s")
     # 1000·x^1.5 reaches 10^6 bytes at x = 100.
-    ram = samples_frame([(0, "host_memory_total_bytes", "cpu", 1e6)])
-    forecast = fitted(power_law_steps(10), ram).series[0].forecast
+    forecast = fitted(power_law_steps(10), ram(1e6)).series[0].forecast
     assert forecast.model == "power" and forecast.full_at_x == 100
 
 
 def test_no_forecast_when_not_growing():
     shrinking = [ev(S // 2, "alloc", 0x1000 + i, MiB, 7) for i in range(10)] + step_marks(range(1, 11))
     shrinking += [ev(k * S + S // 2, "free", 0x1000 + k) for k in range(10)]
-    (total,) = fitted(shrinking, samples_frame([(0, "host_memory_total_bytes", "cpu", 1e9)])).series  # no chain holds bytes at the end
+    (total,) = fitted(shrinking, ram(1e9)).series  # no chain holds bytes at the end
     assert total.linear.b == pytest.approx(-MiB)
-    assert (total.forecast.status, total.forecast.reason, total.forecast.full_at_x) == ("not_growing", "not growing", None)
+    assert (total.forecast.status, total.forecast.full_at_x) == ("not_growing", None)
+    assert total.forecast.reason == "not growing: -1.0 MiB per step"
 
 
 def test_no_forecast_when_the_capacity_is_unknown():
-    cpu = fitted(leak_per_step(5)).series[0].forecast
+    cpu = fitted(leak_per_step(10)).series[0].forecast
     assert (cpu.status, cpu.full_at_x) == ("no_capacity", None)
     assert cpu.reason == "capacity unknown: no host_memory_total_bytes sample (recorded before memprof sampled MemTotal)"
-    gpu = fitted(leak_per_step(5, layer="cuda_block", device="cuda:1")).series[0].forecast
+    gpu = fitted(leak_per_step(10, layer="cuda_block", device="cuda:1")).series[0].forecast
     assert gpu.reason == "capacity of cuda:1 unknown: no gpu_total_bytes sample (no NVML when recorded)"
 
 
-# ---- rendering ------------------------------------------------------------------------------
+# ---- the bar a forecast must pass -----------------------------------------------------------
 
-STACKS, FRAMES = stacks_frames({
-    7: [("native", "malloc", "libc.so.6", None, None), ("python", "cache_batch", None, "train.py", 42),
-        ("python", "train_step[epoch]", None, "train.py", 60)],
-    9: [("python", "Tensor.to", None, "t.py", 1)],
-})
-
-GOLDEN = """\
-growth per step (median step 1.00s)
-
- series                      last  linear /step     R²  power b     R²  forecast
- ──────────────────────────────────────────────────────────────────────────────────────────────────
- cuda_block cuda:0        9.0 MiB       1.0 MiB  1.000     1.34  0.991  full at step 80 (in 1.2min)
-   ↳ Tensor.to            9.0 MiB       1.0 MiB  1.000     1.34  0.991  full at step 80 (in 1.2min)
- native_heap cpu          9.0 MiB       1.0 MiB  1.000     1.34  0.991  capacity unknown
-   ↳ cache_batch ← trai…  9.0 MiB       1.0 MiB  1.000     1.34  0.991  capacity unknown
- kernel_slab cpu          1.0 MiB           0 B  1.000     0.00  1.000  capacity unknown
-   ↳ (no stack recorded)  1.0 MiB           0 B  1.000     0.00  1.000  capacity unknown
-
-  cuda_block cuda:0: at this rate cuda:0 is full at step 80 (in 1.2min), by the linear fit, from
-30.0 MiB of 100.0 MiB
-  cpu: capacity unknown: no host_memory_total_bytes sample (recorded before memprof sampled
-MemTotal)
-"""
+RAM_1_GIB = ram(GiB)
 
 
-def golden_result():
-    rows = (leak_per_step(10) + leak_per_step(10, layer="cuda_block", device="cuda:0", stack_id=9, churn_stack=10)
-            + [ev(S // 2, "alloc", 0x5, MiB, None, layer="kernel_slab")])
-    samples = samples_frame([(S, "gpu_total_bytes", "cuda:0", 100.0 * MiB), (S, "gpu_used_bytes", "cuda:0", 30.0 * MiB)])
-    result = fitted(rows, samples, top=1)
-    return result, chain_frames(STACKS, FRAMES, [s.stack_id for s in result.series if s.chain], "merged")
+def test_five_noisy_points_give_no_forecast():
+    """The issue's "RAM full at step 971": 5 points, growing 128 KiB a step on the line, R²
+    near 0. The old code forecast from it; too few points now, said in words."""
+    live = [MiB + d * 128 * 1024 for d in (4, -6, 9, -4, 8)]
+    (total, _) = fitted(steps_holding(live), RAM_1_GIB).series
+    assert total.linear.b == pytest.approx(128 * 1024) and total.linear.r2 < 0.1  # the line: 128 KiB a step
+    forecast = total.forecast
+    assert (forecast.status, forecast.full_at_x, forecast.full_in_ns) == ("too_few_points", None, None)
+    assert forecast.reason == "too few points to forecast: 5 < 8"
 
 
-def rendered(result, chains, **kwargs) -> str:
-    console = Console(width=100, record=True, color_system=None)
-    render_growth_table(result, chains, console, **kwargs)
-    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+def test_a_poor_fit_gives_no_forecast_and_says_its_r2():
+    live = [MiB + d * 128 * 1024 for d in (0, 10, -1, 10, 5, 11, 0, 18, 7, 13, 6, 19)]  # 127 KiB a step, R² 0.29
+    (total, _) = fitted(steps_holding(live), RAM_1_GIB).series
+    r2 = total.best.r2
+    assert total.linear.b == pytest.approx(127.1 * 1024, rel=1e-3) and r2 == pytest.approx(0.29, abs=0.005)
+    assert (total.forecast.status, total.forecast.r2, total.forecast.full_at_x) == ("poor_fit", r2, None)
+    assert total.forecast.reason == f"fit too poor to forecast: R² {r2:.2f} < 0.80"
 
 
-def test_golden_table_at_100_columns():
-    result, chains = golden_result()
-    assert rendered(result, chains) == GOLDEN
+def test_no_forecast_while_the_line_falls_even_when_the_power_law_rises():
+    """Step 0 holds 100 MiB (freed after it), then 1 MiB·k^0.5: the power law, over k > 0,
+    fits best and rises, the line falls. The old report said "full" beside a negative slope."""
+    live = [100 * MiB] + [round(MiB * k ** 0.5) for k in range(1, 11)]
+    (total, _) = fitted(steps_holding(live, first_step=0), ram(16 * MiB)).series
+    assert total.better == "power" and total.power.b == pytest.approx(0.5, abs=1e-3) and total.power.r2 > 0.99
+    assert total.linear.b < 0
+    assert (total.forecast.status, total.forecast.full_at_x) == ("not_growing", None)
+    assert total.forecast.reason == f"not growing: {format_bytes(total.linear.b)} per step"
 
 
-def test_json_has_points_fits_forecasts_and_stacks():
-    result, chains = golden_result()
-    data = json.loads(json.dumps(growth_to_json(result, chains, "r.memprof", lost_events=2)))
-    assert (data["x_unit"], data["step_ns"], data["lost_events"]) == ("step", S, 2)
-    block, block_chain = data["series"][:2]
-    assert block["bytes"] == [(k - 1) * MiB for k in range(1, 11)] and block["x"] == list(range(1, 11))
-    assert block["linear"]["model"] == "linear" and block["better"] == "linear"
-    assert block["forecast"] == {"status": "full", "reason": "at this rate cuda:0 is full at step 80",
-                                 "capacity_bytes": 100 * MiB, "level_bytes": 30 * MiB, "model": "linear",
-                                 "full_at_x": 80.0, "full_in_ns": 70 * S}
-    assert "stack" not in block and block_chain["stack"][0]["function"] == "Tensor.to"
+def test_a_fill_past_the_horizon_is_no_date():
+    """64 B a step, one step a second, 64 GiB of RAM: full in 34 years: no date, 'not within 10
+    years'. The old code gave the step and "(in 12427.6 days)"."""
+    forecast = fitted(leak_per_step(10, 64), ram(64 * GiB)).series[0].forecast
+    assert (forecast.status, forecast.full_at_x, forecast.full_in_ns) == ("beyond_horizon", None, None)
+    assert forecast.reason == "at this rate the machine's RAM is not full within 10 years"
+    # 1 MiB a step fills the same RAM within the horizon, at whole steps, said in hours.
+    forecast = fitted(leak_per_step(10), ram(16 * GiB)).series[0].forecast
+    assert (forecast.status, forecast.full_at_x, forecast.full_in_ns) == ("full", 16_385, 16_375 * S)
+    assert forecast.reason == "at this rate the machine's RAM is full at step 16,385, in 4.5 h"
+
+
+def test_without_steps_a_power_law_too_slow_to_fill_in_10_years_is_no_date():
+    events = slow_power_law()
+    result = growth(pair_lifetimes(events), events, ram(64 * GiB))
+    total = result.series[0]
+    assert result.x_unit == "s" and total.better == "power" and total.power.b == pytest.approx(0.05, abs=0.01)
+    assert (total.forecast.status, total.forecast.full_in_ns) == ("beyond_horizon", None)
+
+
+def test_a_device_already_full_is_full_now():
+    forecast = fitted(leak_per_step(10), ram(4 * MiB)).series[0].forecast
+    assert (forecast.status, forecast.full_at_x, forecast.full_in_ns) == ("full", 10, 0)
+    assert forecast.reason == "the machine's RAM is already full"
 
 
 # ---- the command ----------------------------------------------------------------------------
@@ -222,8 +225,7 @@ def invoke(*args):
 
 
 def test_cli_fits_a_recording(tmp_path):
-    samples = samples_frame([(0, "host_memory_total_bytes", "cpu", 64.0 * MiB)])
-    path = write_recording(tmp_path / "leak.memprof", timeline_of(leak_per_step(10)), samples)
+    path = write_recording(tmp_path / "leak.memprof", timeline_of(leak_per_step(10)), ram(64 * MiB))
     code, out, err = invoke("report", "growth", path, "--format", "json", "--top", "1")
     assert code == 0, err
     total = json.loads(out)["series"][0]

@@ -1,0 +1,172 @@
+"""Forecasts of growth fits (memprof.analysis.growth): when a series' growth fills its
+device, and the bar a fit must pass before memprof says so. Pure Python (no numpy, no pandas),
+so that the command's `--help` states the same thresholds the analysis applies.
+
+The bar: a forecast is given only from a fit with at least FORECAST_MIN_POINTS points, an R²
+of at least FORECAST_MIN_R2 and a positive linear slope, and only when the device fills within
+FORECAST_HORIZON_YEARS; otherwise the forecast says which of these failed. Times are ns, sizes
+bytes, x a step number or seconds since the recording's origin.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memprof.units import format_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from memprof.analysis.growth import Fit
+
+# Five noisy steps once gave "RAM full at step 971": fewer points than this are chance.
+FORECAST_MIN_POINTS = 8
+# The fit must explain this share of the variance of live bytes; below it a date is noise.
+FORECAST_MIN_R2 = 0.8
+# Further out than this, a date is no forecast (a near-flat power law gave "in 9.1e58 days").
+FORECAST_HORIZON_YEARS = 10
+
+STEP, SECOND = "step", "s"  # the unit of x: step marks, else seconds
+_MINUTE_S, _HOUR_S, _DAY_S = 60, 3600, 86400
+_YEAR_S = 365.25 * _DAY_S
+FORECAST_HORIZON_NS = int(FORECAST_HORIZON_YEARS * _YEAR_S * 1e9)
+
+
+def forecast_bar() -> str:
+    """The bar in one sentence, for the report and for `--help`."""
+    return (f"A forecast needs a fit of at least {FORECAST_MIN_POINTS} points with R² ≥ {FORECAST_MIN_R2:.2f} "
+            f"and a positive linear slope, and a device that fills within {FORECAST_HORIZON_YEARS} years.")
+
+
+def span_words(ns: float) -> str:
+    """A span of `ns` nanoseconds (≥ 0, at most about the horizon) in the largest unit that
+    keeps it short: '45 s', '12 min', '3.2 h', '18 days', '2.5 years'."""
+    s = ns / 1e9
+    if s < 100:
+        return f"{s:.0f} s"
+    if s < 2 * _HOUR_S:
+        return f"{s / _MINUTE_S:.0f} min"
+    if s < 2 * _DAY_S:
+        return f"{s / _HOUR_S:.1f} h"
+    if s < _YEAR_S:
+        return f"{s / _DAY_S:.0f} days"
+    return f"{s / _YEAR_S:.1f} years"
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """When the series' growth fills its device, or why memprof will not say.
+
+    `status`: "full" (at `full_at_x`, a step number or seconds since the start, `full_in_ns`
+    after the last point; 0 when already there); "beyond_horizon" (not within
+    FORECAST_HORIZON_YEARS); or no forecast: "too_few_points", "poor_fit" (R² below the bar),
+    "not_growing" (linear slope ≤ 0, or the better model falls), "no_capacity". `reason` says
+    it in words. `level_bytes` is where the device stood at the last point. `model`, `points`
+    and `r2` are those of the fit judged (the better one), None without a fit."""
+
+    status: str
+    reason: str
+    capacity_bytes: int | None = None
+    level_bytes: int | None = None
+    model: str | None = None
+    points: int | None = None
+    r2: float | None = None
+    full_at_x: float | None = None
+    full_in_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class SeriesContext:
+    """What every series of one (layer, device) shares: the points' x (steps or seconds since
+    the origin, ascending), their unit ("step" or "s"), the median step (ns), the device's
+    capacity (bytes; None with the reason why) and, for a GPU, NVML's last used bytes."""
+
+    x: np.ndarray
+    x_unit: str
+    step_ns: int | None
+    capacity: int | None
+    no_capacity_reason: str
+    device_used: int | None
+
+
+# ---- forecast -------------------------------------------------------------------------------
+
+def forecast(linear: Fit | None, best: Fit | None, ctx: SeriesContext, level: int, device: str) -> Forecast:
+    """When `level` (bytes at the last point) plus the growth of `best` (the better fit) after
+    the last point reaches the device's capacity; or, when `best` fails the bar (module
+    docstring) or the capacity is unknown, why there is no forecast."""
+    known = dict(capacity_bytes=ctx.capacity, level_bytes=level)
+    refused = _below_bar(linear, best, ctx, known)
+    if refused is not None:
+        return refused
+    known.update(model=best.model, points=best.points, r2=best.r2)
+    if ctx.capacity is None:
+        return Forecast("no_capacity", ctx.no_capacity_reason, **known)
+    x_last = float(ctx.x[-1])
+    x_full = _x_reaching(best, x_last, ctx.capacity - level)
+    if not math.isfinite(x_full) or _span_ns(x_full - x_last, ctx) > FORECAST_HORIZON_NS:
+        reason = f"at this rate {_device_name(device)} is not full within {FORECAST_HORIZON_YEARS} years"
+        return Forecast("beyond_horizon", reason, **known)
+    return _full(ctx, x_last, x_full, device, known)
+
+
+def _below_bar(linear: Fit | None, best: Fit | None, ctx: SeriesContext, known: dict) -> Forecast | None:
+    """The forecast that says why `best` is not good enough to forecast from: too few points,
+    an R² under FORECAST_MIN_R2, or no growth (the line's slope ≤ 0, or `best` falling);
+    None when it passes."""
+    points = len(ctx.x) if best is None else best.points
+    if points < FORECAST_MIN_POINTS:
+        return Forecast("too_few_points", f"too few points to forecast: {points} < {FORECAST_MIN_POINTS}", **known)
+    judged = dict(known, model=best.model, points=best.points, r2=best.r2)
+    if best.r2 is None or best.r2 < FORECAST_MIN_R2:
+        r2 = "undefined" if best.r2 is None else f"{best.r2:.2f}"
+        return Forecast("poor_fit", f"fit too poor to forecast: R² {r2} < {FORECAST_MIN_R2:.2f}", **judged)
+    if linear is None or linear.b <= 0 or not best.growing:
+        slope = "" if linear is None else f": {format_bytes(linear.b)} per {_unit_words(ctx.x_unit)}"
+        return Forecast("not_growing", f"not growing{slope}", **judged)
+    return None
+
+
+def _unit_words(x_unit: str) -> str:
+    return "step" if x_unit == STEP else "second"
+
+
+def _span_ns(dx: float, ctx: SeriesContext) -> float:
+    """`dx` steps or seconds as ns; a step takes the median step time, at least 1 ns (so that
+    marks sharing a time still bound the step number)."""
+    return dx * max(ctx.step_ns or 0, 1) if ctx.x_unit == STEP else dx * 1e9
+
+
+def _device_name(device: str) -> str:
+    return "the machine's RAM" if device == "cpu" else device
+
+
+def _x_reaching(fit: Fit, x_last: float, headroom: float) -> float:
+    """The x at which the fit has grown by `headroom` bytes since `x_last` (x_last when the
+    headroom is already used up); inf when it never does (overflow)."""
+    if headroom <= 0:
+        return x_last
+    if fit.model == "linear":
+        return x_last + headroom / fit.b
+    try:
+        return ((fit.a * x_last ** fit.b + headroom) / fit.a) ** (1.0 / fit.b)
+    except OverflowError:
+        return math.inf
+
+
+def _full(ctx: SeriesContext, x_last: float, x_full: float, device: str, known: dict) -> Forecast:
+    """A "full" forecast: at a whole step (the first step at or past x_full) or a time, and
+    how long after the last point, in words."""
+    if x_full <= x_last:
+        return Forecast("full", f"{_device_name(device)} is already full", full_at_x=x_last, full_in_ns=0, **known)
+    if ctx.x_unit == STEP:
+        at = float(math.ceil(x_full))
+        in_ns = None if ctx.step_ns is None else int(round((at - x_last) * ctx.step_ns))
+        where = f"at step {int(at):,}" + ("" if in_ns is None else f", in {span_words(in_ns)}")
+    else:
+        at = x_full
+        in_ns = int(round((x_full - x_last) * 1e9))
+        where = f"in {span_words(in_ns)}"
+    reason = f"at this rate {_device_name(device)} is full {where}"
+    return Forecast("full", reason, full_at_x=at, full_in_ns=in_ns, **known)
