@@ -118,7 +118,7 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         out("[green]No leaks found[/] (held at the end, or growing from step to step).")
     else:
         shown = shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings")
-        out(f"[bold]Top leaks[/] ({shown}; `memprof report leaks` for all, with chains)")
+        out(f"[bold]Top leaks[/]: {shown} (`memprof report leaks` for all, with chains)")
     for index, finding in enumerate(leaks.findings, 1):
         rate = ""
         if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:

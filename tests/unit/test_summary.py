@@ -70,7 +70,7 @@ def test_summary_table_golden(recording):
         '┡━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━┩',
         '│ torch_cpu │ 3.5 MiB │ +20.25s │ 3.5 MiB │          21 │',
         '└───────────┴─────────┴─────────┴─────────┴─────────────┘',
-        'Top leaks (2 findings; `memprof report leaks` for all, with chains)',
+        'Top leaks: 2 findings (`memprof report leaks` for all, with chains)',
         '  1. torch_cpu grows per step: 2.5 MiB in 20, +128.0 KiB/step  train_step (train.py:34) ← main (tra…',
         '  2. torch_cpu held at the end: 1.0 MiB in 1  build[model] (model.py:9)',
         '',
@@ -87,7 +87,7 @@ def test_report_without_a_sub_report_is_the_summary_and_has_json(recording):
     runner = CliRunner()
     table = runner.invoke(cli, ["report", str(recording)])
     assert table.exit_code == 0, table.output
-    assert "Top leaks (2 findings" in table.output and "grows per step" in table.output
+    assert "Top leaks: 2 findings" in table.output and "grows per step" in table.output
     doc = json.loads(runner.invoke(cli, ["report", str(recording), "--format", "json"]).output)
     assert [(f["kind"], f["live_bytes"], f["chain"]) for f in doc["findings"]] == [
         ("grows_per_step", 20 * 128 * KiB, "train_step (train.py:34) ← main (train.py:56)"),
