@@ -160,13 +160,13 @@ def _r2(fit: Fit | None, better: str | None) -> str:
 
 def _short(forecast: Forecast, unit: str) -> str:
     """The forecast cell, under "full at step" or "full in" (time): the step and how long until
-    then, or "– " and why there is none; short enough for 80 columns."""
+    then, or "– " and why there is none; short enough for 80 columns (the thresholds are in
+    the bar's sentence under the table)."""
     status = forecast.status
     if status == "full":
         when = "" if forecast.full_in_ns is None else span_words(forecast.full_in_ns)
         return (f"{int(forecast.full_at_x):,}" + (f" ({when})" if when else "")) if unit == "step" else when
-    why = {"too_few_points": f"{forecast.points} points < {FORECAST_MIN_POINTS}",
-           "poor_fit": f"R² {_r2_words(forecast.r2)} < {FORECAST_MIN_R2:.2f}",
+    why = {"too_few_points": f"only {forecast.points} points", "poor_fit": f"R² {_r2_words(forecast.r2)}",
            "not_growing": "not growing", "no_capacity": "no capacity",
            "beyond_horizon": f"over {FORECAST_HORIZON_YEARS} years"}
     return f"{_NONE} {why[status]}"
