@@ -55,20 +55,23 @@ def _render(result) -> str:
     return console.export_text()
 
 
+def _unseen_free_text(second_stack: int) -> str:
+    """The leaks table when stack 1's address is handed out again, while still live, to
+    `second_stack`: one free never seen, on stack 1's chain."""
+    rows = [(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, second_stack)]
+    lifetimes = pair_lifetimes(events_frame(rows, layer="kernel_slab"))
+    return _render(find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S))
+
+
 def test_unseen_frees_of_other_chains_say_no_finding_is_affected_and_nothing_to_do():
-    # stack 1's address is handed out again to stack 2: one free never seen, on stack 1's chain
-    lifetimes = pair_lifetimes(events_frame([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 2)],
-                                            layer="kernel_slab"))
-    text = _render(find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S))
+    text = _unseen_free_text(second_stack=2)  # the finding is stack 2's: its frees were all seen
     assert "1 free was never seen (kernel_slab)" in text
     assert "None of the findings below is affected: nothing to do" in text
     assert "! 1 free" not in text  # information, not a warning
 
 
 def test_unseen_frees_of_a_findings_chain_say_which_findings_and_what_to_do():
-    lifetimes = pair_lifetimes(events_frame([(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, 1)],
-                                            layer="kernel_slab"))
-    text = _render(find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S))
+    text = _unseen_free_text(second_stack=1)  # the finding is stack 1's, whose free went unseen
     assert "! 1 free was never seen (kernel_slab)" in text
     assert "1 finding below is marked unconfirmed: its size is an upper bound" in text
     assert "not a fault of your program" in text
