@@ -100,8 +100,8 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
     if result.not_leaks:
         out("")
-        out(f"[bold]Not leaks[/]: memory held on purpose "
-            f"({shown_of(len(result.not_leaks), result.not_leaks_total, result.top, 'chain', 'chains')})")
+        out(f"[bold]Not leaks[/]: memory held on purpose, "
+            f"{shown_of(len(result.not_leaks), result.not_leaks_total, result.top, 'chain', 'chains')}")
         _render_blocks(out, result.not_leaks, "~", result, chains, start_ns)
     for note in notes:
         out(note_line(note))
