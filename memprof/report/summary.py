@@ -24,7 +24,7 @@ def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_p
     """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
     peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
     live_bytes, live_count, younger_count, younger_bytes, slope_bytes_per_step, confidence,
-    explanation, chain: its one-line name), not_leaks (count), left_out (what --min-age and
+    explanation, chain: its one-line name), not_leaks (how many, before --top), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
     next (command → what it shows)."""
     return {
@@ -38,7 +38,7 @@ def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_p
         "metrics": [{"metric": m.metric, "device": m.device, "peak": m.peak, "final": m.final}
                     for m in summary.layers.metrics],
         "findings": [_finding_json(f, chains, summary) for f in summary.leaks.findings],
-        "not_leaks": len(summary.leaks.not_leaks),
+        "not_leaks": int(summary.leaks.not_leaks_total),
         "left_out": left_out_json(summary.leaks),
         "notes": [{"severity": getattr(note, "severity", "caveat"), "text": str(note)} for note in summary.notes],
         "next": dict(next_commands(summary, recording_path)),
@@ -130,4 +130,4 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
     if min_age_left_out(leaks):
         out(f"  [dim]{min_age_left_out(leaks)}[/]")
     if leaks.not_leaks:
-        out(f"  [dim]and {len(leaks.not_leaks)} chains held on purpose (caches, pools, buffers): not leaks[/]")
+        out(f"  [dim]and {leaks.not_leaks_total} chains held on purpose (caches, pools, buffers): not leaks[/]")

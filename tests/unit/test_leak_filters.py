@@ -86,3 +86,13 @@ def test_html_data_carries_what_the_filters_left_out(many_chains, forty_tensors)
     assert doc["leaks"]["left_out"]["findings_total"] == 21 and len(doc["leaks"]["findings"]) == 10
     doc = json.loads(invoke("report", "html", forty_tensors, "--format", "json"))
     assert doc["leaks"]["findings"][0]["younger_count"] == 20
+
+
+def test_summary_counts_every_chain_held_on_purpose_not_only_the_top(tmp_path):
+    """Five cached CUDA segments (no block inside: not leaks), the one-screen report at --top 3."""
+    rows = [ev(S, "alloc", 0x1000_0000 + k * 0x100_0000, (k + 1) << 20, k + 1, layer="cuda_segment", device="cuda:0")
+            for k in range(5)]
+    path = write_recording(tmp_path / "seg.memprof", events_frame(rows + [mark(EXIT_NS, 100)]), end_ns=11 * S)
+    assert "and 5 chains held on purpose" in invoke("report", path)
+    assert json.loads(invoke("report", path, "--format", "json"))["not_leaks"] == 5
+    assert "memory held on purpose, showing 3 of 5 chains (--top 3)" in invoke("report", "leaks", path, "--top", "3")
