@@ -106,7 +106,8 @@ def _step_range(ctx, param, value):
                    "PYTHONPATH): training steps, memprof.mark(), CUDA caching-allocator history.")
 @click.option("--torch-profile-steps", callback=_step_range, metavar="A-B",
               help="Run a torch.profiler window (memory, shapes, Python stacks) over steps A to B only.")
-@click.option("-q", "--quiet", is_flag=True, help="No live status line.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
@@ -149,7 +150,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     status = StatusLine(console.err, enabled=not quiet)
     try:
         result = Session(request, on_status=status.update if status.enabled else None,
-                         on_notice=console.warning).run()
+                         on_notice=console.warning, on_phase=status.phase).run()
     finally:
         status.close()
     console.info(_summary(result))

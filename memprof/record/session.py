@@ -73,6 +73,26 @@ class Status:
     path: Path
 
 
+# Phase.name: what a recording is doing, in order.
+LOADING, RECORDING, STOPPING, FINALIZING = "loading probes", "recording", "stopping", "finalizing"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of the recording as it begins (`on_phase`). LOADING: compiling and attaching
+    the probes (seconds, usually). RECORDING: the target runs; `seconds` is how long LOADING
+    took. STOPPING: `why` it stops ("the command exited", "--duration reached", "interrupted");
+    when the target exited, the kernel's last frees are collected for at most `seconds`
+    (TEARDOWN_MAX_S). FINALIZING: the last events
+    and chains are written; `frames` is how many frames the recording's chains have,
+    symbolized (kernel, native and Python)."""
+
+    name: str
+    seconds: float | None = None
+    why: str | None = None
+    frames: int | None = None
+
+
 @dataclass
 class RecordResult:
     path: Path
@@ -136,12 +156,16 @@ class Session:
     """Runs one recording. `on_status` is called about four times a second."""
 
     def __init__(self, request: RecordRequest, on_status: Callable[[Status], None] | None = None,
-                 on_notice: Callable[[str], None] | None = None):
+                 on_notice: Callable[[str], None] | None = None, on_phase: Callable[[Phase], None] | None = None):
         """`on_notice(text)` hears of trouble the moment it happens (a recording that can no
-        longer be written, while the command runs on)."""
+        longer be written, while the command runs on); `on_phase(phase)` of each Phase as it
+        begins, once each, in order (STOPPING and FINALIZING only once the target ran)."""
         self.request = request
         self.on_status = on_status or (lambda s: None)
         self.on_notice = on_notice or (lambda text: None)
+        self.on_phase = on_phase or (lambda phase: None)
+        self._loading_since = time.monotonic()
+        self._frames = 0  # rows of the frames table written so far
         self.source = EbpfSource(request.ebpf)
         self.sampler = SamplerThread()
         # Live bytes feed only the status line: without one, save the recorder's CPU
@@ -207,6 +231,7 @@ class Session:
                 "record it as its owner, or as root itself (not through sudo)")
 
     def _record_command(self, path: str) -> RecordResult:
+        self._begin_loading()
         self.source.start([])
         self.child = GatedChild(self.request.command, path, self.run_as)
         try:
@@ -222,7 +247,15 @@ class Session:
             except TargetError:
                 self._abandon("the command could not be executed: nothing of it ran")
                 raise
+            self._begin_recording()
             return self._loop(root=self.child.pid)
+
+    def _begin_loading(self) -> None:
+        self._loading_since = time.monotonic()
+        self.on_phase(Phase(LOADING))
+
+    def _begin_recording(self) -> None:
+        self.on_phase(Phase(RECORDING, seconds=time.monotonic() - self._loading_since))
 
     def _agent_env(self) -> dict[str, str]:
         """Variables that start memprof's agent in the command's Python processes. None when
@@ -297,6 +330,7 @@ class Session:
             self.writer.append("stacks", stacks)
         if len(frames["frame_id"]):
             self.writer.append("frames", frames)
+            self._frames += len(frames["frame_id"])
 
     def _abandon(self, why: str) -> None:
         """Finalize a recording that never began (so no half-written one is left behind)."""
@@ -306,10 +340,12 @@ class Session:
 
     def _record_pid(self, pid: int) -> RecordResult:
         tree = descendants(pid)
+        self._begin_loading()
         self.source.start(tree)
         self._open_writer(read_comm(pid) or "pid", pid)
         self._attach_agents(tree)
         with _BlockedSignals():
+            self._begin_recording()
             return self._loop(root=pid)
 
     def _open_writer(self, name: str, pid: int) -> None:
@@ -350,9 +386,13 @@ class Session:
                 if now >= next_flush and self._flush():
                     next_flush = now + FLUSH_S
                 if self._stop_requested or (deadline is not None and now >= deadline):
+                    if tree_gone_at is None:
+                        self.on_phase(Phase(STOPPING, why="interrupted" if self._stop_requested else "--duration reached"))
                     break
                 if tree_gone_at is None and self._tree_exited(root):
                     tree_gone_at = now
+                    why = "the command exited" if self.child else "the process exited"
+                    self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
                 if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_event):
                     break
         except RecordingWriteError as e:
@@ -464,6 +504,7 @@ class Session:
             self.sampler.stop()
             self._ingest()
             self._prepare_flush()
+            self.on_phase(Phase(FINALIZING, frames=self._frames))
         except RecordingWriteError as e:
             error = e
         finally:

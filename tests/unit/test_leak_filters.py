@@ -96,3 +96,5 @@ def test_summary_counts_every_chain_held_on_purpose_not_only_the_top(tmp_path):
     assert "and 5 chains held on purpose" in invoke("report", path)
     assert json.loads(invoke("report", path, "--format", "json"))["not_leaks"] == 5
     assert "memory held on purpose, showing 3 of 5 chains (--top 3)" in invoke("report", "leaks", path, "--top", "3")
+    page = json.loads(invoke("report", "html", path, "--format", "json", "--top", "3"))
+    assert page["leaks_text"]["not_leaks"] == "showing 3 of 5 chains (--top 3)"

@@ -271,7 +271,7 @@
     if (text.min_age) box.appendChild(el("p", {"class": "note"}, text.min_age));
     leaks.findings.forEach(function (f) { box.appendChild(finding(f)); });
     if (leaks.not_leaks.length) {
-      box.appendChild(el("h3", {}, "Not leaks: memory held on purpose"));
+      box.appendChild(el("h3", {}, "Not leaks: memory held on purpose, " + text.not_leaks));
       leaks.not_leaks.forEach(function (f) { box.appendChild(finding(f)); });
     }
   }

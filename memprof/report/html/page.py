@@ -67,6 +67,7 @@ def _leaks_text(data: HtmlData) -> dict:
     """The lines `report leaks` prints on what --top and --min-age left out ('' for none)."""
     leaks = data.leaks
     return {"count": shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings"),
+            "not_leaks": shown_of(len(leaks.not_leaks), leaks.not_leaks_total, leaks.top, "chain", "chains"),
             "min_age": min_age_left_out(leaks)}
 
 
