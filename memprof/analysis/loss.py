@@ -55,9 +55,10 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
     for name, stats in meta.sources.items():
         failures = int(stats.detail.get("stack_failures", 0) or 0)
         if failures:
-            notes.append(Note(f"{name}: {failures} stacks could not be captured (kernel: the stack map full, or its bucket "
-                              "taken by another stack; user: the walk failed); the allocations at those sites are shown "
-                              "without those frames (a kernel one keeps its call site, Python frames are kept)"))
+            notes.append(Note(f"{name}: {failures} stacks could not be captured (kernel: the stack map full, or its "
+                              "bucket taken by another stack; user: the walk failed); the allocations at those sites "
+                              "are shown without those frames (a kernel one keeps its call site, Python frames are "
+                              "kept)"))
         if stats.detail.get("site_cache_full"):
             notes.append(Note(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "
                               "more allocations than usual took a fresh stack", Severity.INFO))

@@ -140,7 +140,8 @@ def min_age_left_out(result: LeakResult) -> str:
     """One line on the allocations live at the end that --min-age left out ('' when none)."""
     if not result.younger_count:
         return ""
-    return (f"--min-age {_short(result.min_age_ns)} left out {_count(result.younger_count, 'allocation', 'allocations')} "
+    younger = _count(result.younger_count, "allocation", "allocations")
+    return (f"--min-age {_short(result.min_age_ns)} left out {younger} "
             f"({format_bytes(result.younger_bytes)}) live at the end but younger than that: in flight, not counted "
             "(--min-age 0 counts them)")
 
@@ -248,7 +249,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         return lines + ["    (no stack recorded)"]
     shown, hidden = _visible(chain)
     for frame in shown:
-        lines.append(f"    … {_count(hidden, 'more frame', 'more frames')}" if frame is None else f"    {escape(frame_label(frame))}")
+        text = f"… {_count(hidden, 'more frame', 'more frames')}" if frame is None else escape(frame_label(frame))
+        lines.append(f"    {text}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
         lines.append("    [dim](no Python frames: the interpreter's layout was not confirmed, or the thread "
                      "had no Python state; see `memprof doctor`)[/]")

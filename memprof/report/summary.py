@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from memprof.report.labels import chain_name
-from memprof.report.leaks import KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, note_line, shown_of
+from memprof.report.leaks import (
+    KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, note_line, shown_of,
+)
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
 

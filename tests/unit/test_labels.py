@@ -21,7 +21,8 @@ from tests.diff_factories import write_recording
 from tests.factories import ev, events_frame, mark
 
 S = 1_000_000_000
-PIPE = [("kernel", "__kmalloc_noprof+0x1f", "vmlinux", None, None), ("kernel", "alloc_pipe_info+0x3f", "vmlinux", None, None),
+PIPE = [("kernel", "__kmalloc_noprof+0x1f", "vmlinux", None, None),
+        ("kernel", "alloc_pipe_info+0x3f", "vmlinux", None, None),
         ("kernel", "create_pipe_files+0x10", "vmlinux", None, None)]
 IMPORT = [("native", "malloc", "libc.so.6", None, None),
           ("python", "_call_with_frames_removed", "importlib", "<frozen importlib._bootstrap>", 241),
