@@ -10,13 +10,19 @@
   address space: what they map shows in the other layers.
 - Kernel memory that memprof's own BPF programs take while they run in the target's context
   (the kernel's BPF allocator refilling its per-CPU cache, in an irq_work inside one of
-  them, for the programs' per-thread storage) is memprof's, not the target's.
+  them, for the programs' per-thread storage) is memprof's, not the target's; so is what the
+  kernel keeps for memprof's uprobes, and what memprof's agent allocates in a Python target
+  (its thread, its buffers, its imports).
+- A thread's kernel objects (task_struct, its stack, its pid) live as long as the thread.
+- What a program makes once at start-up, recognized by its frames: an import, the dynamic
+  loader loading a library, exec loading the program.
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -49,11 +55,56 @@ _ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel"
 # A kernel frame of one of memprof's own BPF programs (all named mp_*): the kernel names a JIT-ed
 # program bpf_prog_<tag>_<name> in kallsyms.
 _MEMPROF_PROGRAM_FRAME = re.compile(r"^bpf_prog_[0-9a-f]+_mp_\w+$")
+# The kernel's bookkeeping of uprobes, which memprof places on user-space allocators: the
+# per-thread uprobe state, the breakpoints it writes into a library as it is mapped, and the
+# USDT semaphores those bump (Linux 5.x–6.18).
+_UPROBE_FUNCTIONS = {"alloc_utask", "uprobe_notify_resume", "install_breakpoint", "update_ref_ctr", "uprobe_mmap",
+                     "prepare_uretprobe"}
+# memprof's agent in a Python target: a copy under the recording's agent/boot/ (record -- CMD),
+# or the memprof package's own agent/boot/ (an attached program that installed it).
+_AGENT_FILE = r"(?:^|/)agent/boot/(?:memprof_agent|sitecustomize)\.py$"
+# The agent's functions that run the target's own code: the hook around torch's import, the
+# profiler step it counts, the sitecustomize it shadows. A chain through one of them is the
+# target's, unless a frame of the agent's own is further in.
+_AGENT_PASS_THROUGH = {"_TorchWatcher.find_spec.<locals>.exec_module", "_patch_profiler_step.<locals>.step",
+                       "_run_shadowed_sitecustomize"}
+# A thread (or process) being made: every kernel object of it is allocated under copy_process.
+_THREAD_FUNCTIONS = {"copy_process"}
+# exec loading a program (kernel; GCC's .isra/.constprop clones included).
+_EXEC_FUNCTION = re.compile(r"^(bprm_execve|do_execveat_common|load_elf_binary|begin_new_exec)(\.\w+)*$")
+# The dynamic loader's own code (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld.so).
+_LOADER_MODULE = re.compile(r"^ld(-linux[\w.-]*)?\.so")
+# Every import runs through importlib's _find_and_load (frozen or not).
+_IMPORT_FUNCTION = "_find_and_load"
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
                         "alloc_file_pseudo", "new_inode_pseudo", "anon_inode_getfile", "__anon_inode_getfile",
                         "anon_inode_make_secure_inode"}
+
+
+@dataclass(frozen=True)
+class KnownChains:
+    """Stack ids recognized by their frames, for leaks.find_leaks: kernel caches
+    (kernel_cache_stacks), the slab allocator's pages (slab_page_stacks), the address space
+    (address_space_stacks), memprof's own (memprof_stacks), threads (thread_stacks), start-up
+    work (startup_stacks), and the stacks with a Python frame (python_stacks)."""
+
+    cache: frozenset[int] = frozenset()
+    slab_pages: frozenset[int] = frozenset()
+    address_space: frozenset[int] = frozenset()
+    memprof: frozenset[int] = frozenset()
+    threads: frozenset[int] = frozenset()
+    startup: frozenset[int] = frozenset()
+    python: frozenset[int] = frozenset()
+
+
+def known_chains(stacks: pd.DataFrame, frames: pd.DataFrame) -> KnownChains:
+    """Every set of KnownChains, from a recording's stacks and frames."""
+    return KnownChains(cache=kernel_cache_stacks(stacks, frames), slab_pages=slab_page_stacks(stacks, frames),
+                       address_space=address_space_stacks(stacks, frames), memprof=memprof_stacks(stacks, frames),
+                       threads=thread_stacks(stacks, frames), startup=startup_stacks(stacks, frames),
+                       python=python_stacks(stacks, frames))
 
 
 def kernel_cache_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
@@ -78,12 +129,52 @@ def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozense
 
 
 def memprof_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
-    """Stack ids with a kernel frame of one of memprof's BPF programs: an allocation made
-    while memprof's program ran (module docstring), so memprof's memory, never the target's
-    leak. (The target's own allocations are recorded with stacks that start at the
-    allocator, below the tracepoint where memprof's program runs.)"""
+    """Stack ids of memprof's own memory, never the target's leak:
+    - a kernel frame of one of memprof's BPF programs: an allocation made while memprof's
+      program ran (module docstring). (The target's own allocations are recorded with stacks
+      that start at the allocator, below the tracepoint where memprof's program runs.)
+    - a kernel frame of the uprobes' bookkeeping (memprof's probes on the allocators);
+    - memprof's agent in a Python target, when the innermost of its frames is one of its own
+      (`_AGENT_PASS_THROUGH` runs the target's code: torch's import through its hook stays
+      the target's)."""
     kernel, names = _kernel_functions(frames)
-    return _stacks_of(stacks, kernel.loc[names.str.match(_MEMPROF_PROGRAM_FRAME).to_numpy(), "frame_id"])
+    ours = names.str.match(_MEMPROF_PROGRAM_FRAME).to_numpy() | names.isin(_UPROBE_FUNCTIONS).to_numpy()
+    return _stacks_of(stacks, kernel.loc[ours, "frame_id"]) | _agent_stacks(stacks, frames)
+
+
+def _agent_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids whose innermost frame of memprof's agent is not a pass-through (see memprof_stacks)."""
+    is_agent = (frames["kind"] == FrameKind.PYTHON.value) & frames["file"].fillna("").str.contains(_AGENT_FILE)
+    agent = frames.loc[is_agent.to_numpy(), ["frame_id", "function"]]
+    if agent.empty:
+        return frozenset()
+    rows = stacks.merge(agent, on="frame_id").sort_values(["stack_id", "depth"], kind="stable")
+    innermost = rows.drop_duplicates("stack_id")
+    return frozenset(int(s) for s in innermost.loc[~innermost["function"].isin(_AGENT_PASS_THROUGH), "stack_id"])
+
+
+def thread_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids of a thread's kernel objects (task_struct, its kernel stack, its pid: all
+    made under copy_process): while live, they are a thread that runs, not a leak."""
+    return _stacks_through(stacks, frames, _THREAD_FUNCTIONS)
+
+
+def startup_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids of start-up work, known by its frames: an import (a Python frame of
+    importlib's _find_and_load), the dynamic loader loading a library (a native frame in
+    ld.so), exec loading the program (its kernel functions)."""
+    kernel, names = _kernel_functions(frames)
+    known = set(kernel.loc[names.str.match(_EXEC_FUNCTION).to_numpy(), "frame_id"])
+    module, function = frames["module"].fillna(""), frames["function"].fillna("")
+    loader = (frames["kind"] == FrameKind.NATIVE.value) & module.str.match(_LOADER_MODULE)
+    imports = (frames["kind"] == FrameKind.PYTHON.value) & (function == _IMPORT_FUNCTION)
+    known |= set(frames.loc[(loader | imports).to_numpy(), "frame_id"])
+    return _stacks_of(stacks, pd.Series(sorted(known), dtype="int64"))
+
+
+def python_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids with a Python frame: the thread was running Python code."""
+    return _stacks_of(stacks, frames.loc[(frames["kind"] == FrameKind.PYTHON.value).to_numpy(), "frame_id"])
 
 
 def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:

@@ -14,13 +14,14 @@ outlived the process (kernel caches, pipes kept by another process, driver memor
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.caches import cached_segments
+from memprof.analysis.caches import KnownChains, cached_segments
 from memprof.analysis.chain_trends import ChainTrends, chain_trends, rows_of_chains
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.checkpoints import Checkpoints
@@ -32,11 +33,36 @@ from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FRAME_KEYS, Action, FrameK
 _NEVER = np.iinfo(np.int64).max
 
 
-KINDS = ("held_at_end", "grows_per_step", "not_a_leak")
-# Why a finding has its kind: held (live at the end), grows (a rising trend over checkpoints),
-# and the reasons memory held on purpose is not a leak (see memprof.analysis.caches, trend).
-REASONS = ("held", "grows", "cached_segment", "kernel_cache", "slab_pages", "address_space", "memprof_own", "plateau",
-           "sawtooth")
+class LeakKind(str, enum.Enum):
+    """What a finding is; LeakFinding.kind holds the value."""
+
+    HELD_AT_END = "held_at_end"
+    GROWS_PER_STEP = "grows_per_step"
+    NOT_A_LEAK = "not_a_leak"
+
+
+class LeakReason(str, enum.Enum):
+    """Why a finding has its kind; LeakFinding.reason holds the value. HELD and GROWS are
+    leaks; the others are memory that is not a leak (see memprof.analysis.caches, trend)."""
+
+    HELD = "held"                      # live at the end, older than min_age
+    GROWS = "grows"                    # a rising trend over the checkpoints
+    CACHED_SEGMENT = "cached_segment"  # a caching allocator's segment with no live block
+    KERNEL_CACHE = "kernel_cache"      # page cache, dentries, inodes: reclaimed under pressure
+    SLAB_PAGES = "slab_pages"          # the slab allocator's own pages
+    ADDRESS_SPACE = "address_space"    # page tables, VMAs: they go with the process
+    MEMPROF_OWN = "memprof_own"        # memprof's BPF programs, uprobes, agent
+    PLATEAU = "plateau"                # filled, then held steady (a cache or pool)
+    SAWTOOTH = "sawtooth"              # filled and released again and again
+    STARTUP = "startup"                # made once at start-up, held until exit (_at_startup)
+    THREADS = "threads"                # kernel objects of threads still running
+
+
+KINDS = tuple(kind.value for kind in LeakKind)
+REASONS = tuple(reason.value for reason in LeakReason)
+# Memory that is not a leak, unless it grows: start-up work done again and again, threads
+# started and never ended.
+_GROWTH_WINS = (LeakReason.STARTUP.value, LeakReason.THREADS.value)
 
 
 @dataclass(frozen=True)
@@ -73,8 +99,8 @@ class LeakFinding:
     # (on Linux 6.18, e.g., slab objects freed in bulk through RCU sheaves), so some of its
     # live allocations may already be free.
     chain_missed_frees: int = 0
-    kind: str = "held_at_end"
-    reason: str = "held"
+    kind: str = LeakKind.HELD_AT_END.value
+    reason: str = LeakReason.HELD.value
     slope_bytes_per_step: float | None = None
     slope_bytes_per_s: float | None = None
     confidence: float | None = None
@@ -91,7 +117,7 @@ class LeakFinding:
 
     @property
     def is_leak(self) -> bool:
-        return self.kind != "not_a_leak"
+        return self.kind != LeakKind.NOT_A_LEAK.value
 
 
 @dataclass
@@ -108,6 +134,11 @@ class LeakResult:
     findings and of `not_leaks_total` not-leaks; `younger_count`/`younger_bytes` are all the
     allocations live at the end but younger than `min_age_ns` (of any chain, a finding's or
     not), which no finding counts.
+
+    `python_frames` is for the caller to fill from the recording's metadata: True when
+    Python frames were read for every interpreter it saw (a chain through the interpreter
+    without them was made while its thread ran no Python code), False when not for some
+    (the recording's notes say why), None when unknown.
     """
 
     findings: list[LeakFinding]
@@ -123,27 +154,28 @@ class LeakResult:
     not_leaks_total: int = 0
     younger_count: int = 0
     younger_bytes: int = 0
+    python_frames: bool | None = None
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = 500_000_000,
                layers: Iterable[str] | None = None, top: int | None = None,
                end_by_pid: Mapping[int, int] | None = None,
                canonical_stack: Mapping[int, int] | None = None,
-               checkpoints: Checkpoints | None = None, cache_stacks: frozenset[int] = frozenset(),
-               slab_stacks: frozenset[int] = frozenset(), address_space_stacks: frozenset[int] = frozenset(),
-               memprof_stacks: frozenset[int] = frozenset(), confidence: float = 0.99) -> LeakResult:
+               checkpoints: Checkpoints | None = None, known: KnownChains = KnownChains(),
+               confidence: float = 0.99) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
       `confidence`); its bytes are everything it held at the end, whatever their age;
     - held_at_end: held at the end (module docstring), older than `min_age_ns`;
     - not_a_leak (in `not_leaks`): held on purpose — cached caching-allocator segments,
-      kernel caches that outlived the process (chains in `cache_stacks`, from
-      caches.kernel_cache_stacks), the slab allocator's own pages (`slab_stacks`), the
-      process's address space (`address_space_stacks`: page tables, VMAs), memprof's own
-      (`memprof_stacks`: what its BPF programs allocated while running), a sawtooth,
-      or, when the target did not exit while recorded, a plateau; also sawtooth and plateau
-      chains not held at the end, by their highest checkpoint.
+      kernel caches that outlived the process, the slab allocator's own pages, the
+      process's address space (page tables, VMAs), memprof's own (its BPF programs, its
+      uprobes, its agent), a sawtooth, or, when the target did not exit while recorded, a
+      plateau (chains recognized by their frames in `known`, from caches.known_chains);
+      and, unless they grow per step, the kernel objects of threads still running
+      (`known.threads`) and what the program made once at start-up (_at_startup); also
+      sawtooth and plateau chains not held at the end, by their highest checkpoint.
 
     Each list is sorted by live_bytes, then live_count (both descending), then stack_id, and
     cut to `top`. `layers` keeps only those layers. Each allocation is judged at the end of
@@ -161,8 +193,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, cache_stacks, slab_stacks, address_space_stacks,
-                                            memprof_stacks))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, known, _setup_end(checkpoints)))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
@@ -254,29 +285,84 @@ def _with_younger(findings: list[LeakFinding], younger: pd.DataFrame) -> list[Le
 _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 
-def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, cache_stacks: frozenset[int],
-                  slab_stacks: frozenset[int], address_space_stacks: frozenset[int],
-                  memprof_stacks: frozenset[int]) -> np.ndarray:
-    """Per held row: "cached_segment", "kernel_cache" (a cache chain that outlived the
-    process), "slab_pages" (kernel pages of the slab allocator's caches), "address_space"
-    (kernel memory of the process's address space), "memprof_own" (kernel memory memprof's
-    BPF programs took), else "held"."""
-    reason = np.full(len(held), "held", dtype=object)
-    rows = held.index.to_numpy()
-    if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
-        reason[cached_segments(allocations, ends)[rows]] = "cached_segment"
+def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, known: KnownChains,
+                  setup_end_ns: int | None) -> np.ndarray:
+    """Per held row, a LeakReason value: "memprof_own" (memprof's BPF programs, uprobes or
+    agent: any layer), else for kernel rows "address_space", "slab_pages" (pages),
+    "kernel_cache" (a cache chain that outlived the process), else "cached_segment", else
+    "threads" (kernel objects of a thread), else "startup" (_at_startup, for every held
+    allocation of the chain), else "held"."""
+    reason = np.full(len(held), LeakReason.HELD.value, dtype=object)
+    stack = held["stack_id"]
     is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
-    if cache_stacks:
-        in_cache = held["stack_id"].isin(list(cache_stacks)).to_numpy()
-        reason[in_cache & is_kernel & ~held["released_at_exit"].to_numpy()] = "kernel_cache"
-    if slab_stacks:
-        is_page = (held["layer"] == Layer.KERNEL_PAGE.value).to_numpy()
-        reason[is_page & held["stack_id"].isin(list(slab_stacks)).to_numpy()] = "slab_pages"
-    if address_space_stacks:
-        reason[is_kernel & held["stack_id"].isin(list(address_space_stacks)).to_numpy()] = "address_space"
-    if memprof_stacks:
-        reason[is_kernel & held["stack_id"].isin(list(memprof_stacks)).to_numpy()] = "memprof_own"
+    reason[_whole_chains(held, _at_startup(allocations, held, known, setup_end_ns))] = LeakReason.STARTUP.value
+    reason[is_kernel & _in(stack, known.threads)] = LeakReason.THREADS.value
+    if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
+        reason[cached_segments(allocations, ends)[held.index.to_numpy()]] = LeakReason.CACHED_SEGMENT.value
+    reason[_in(stack, known.cache) & is_kernel & ~held["released_at_exit"].to_numpy()] = LeakReason.KERNEL_CACHE.value
+    is_page = (held["layer"] == Layer.KERNEL_PAGE.value).to_numpy()
+    reason[is_page & _in(stack, known.slab_pages)] = LeakReason.SLAB_PAGES.value
+    reason[is_kernel & _in(stack, known.address_space)] = LeakReason.ADDRESS_SPACE.value
+    reason[_in(stack, known.memprof)] = LeakReason.MEMPROF_OWN.value
     return reason
+
+
+def _in(stack_ids: pd.Series, ids: frozenset[int]) -> np.ndarray:
+    """Per row: its stack id is one of `ids` (False for a null id)."""
+    if not ids:
+        return np.zeros(len(stack_ids), dtype=bool)
+    return stack_ids.isin(list(ids)).to_numpy(dtype=bool, na_value=False)
+
+
+def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChains,
+                setup_end_ns: int | None) -> np.ndarray:
+    """Per held row: made at start-up. In any layer, by start-up work its frames show
+    (`known.startup`: an import, the dynamic loader, exec). For kernel objects (the files,
+    sockets and threads a program opens as it starts) also by time: before its process's
+    main thread first ran Python code (the interpreter starting), or before `setup_end_ns`
+    (the end of the first step: the program's set-up). User-space memory made at set-up (a
+    model's weights) is the program's data, and stays a finding."""
+    ts = held["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    early = _before_python(allocations, held.index.to_numpy(), known.python)
+    if setup_end_ns is not None:
+        early |= ts < setup_end_ns
+    return _in(held["stack_id"], known.startup) | (early & np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS))
+
+
+def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: frozenset[int]) -> np.ndarray:
+    """Per allocation at `rows` (positions): made before its process's main thread (tid =
+    pid) first allocated with a Python frame; False in a process whose main thread never
+    did (not Python, or its frames were not read: nothing is taken for start-up then)."""
+    out = np.zeros(len(rows), dtype=bool)
+    if not python_stacks or not len(rows):
+        return out
+    pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    main = np.flatnonzero(pid == allocations["tid"].to_numpy(dtype=np.int64, na_value=-2))
+    main = main[_in(allocations["stack_id"].iloc[main], python_stacks)]
+    if not len(main):
+        return out
+    ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    first = pd.Series(ts[main]).groupby(pid[main]).min()  # sorted by pid
+    pids, firsts = first.index.to_numpy(dtype=np.int64), first.to_numpy(dtype=np.int64)
+    at = np.minimum(np.searchsorted(pids, pid[rows]), len(pids) - 1)
+    return (pids[at] == pid[rows]) & (ts[rows] < firsts[at])
+
+
+def _whole_chains(held: pd.DataFrame, mask: np.ndarray) -> np.ndarray:
+    """`mask`, kept only where it holds for every held row of the same (layer, stack_id,
+    released_at_exit) chain."""
+    keys = [held["layer"].to_numpy(), held["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
+            held["released_at_exit"].to_numpy()]
+    return pd.Series(mask).groupby(keys).transform("all").to_numpy(dtype=bool)
+
+
+def _setup_end(checkpoints: Checkpoints | None) -> int | None:
+    """When the program's set-up ended: its first step mark past step 0 (the agent marks step
+    0 when torch is imported, step 1 when the first step ends); None without step marks."""
+    if checkpoints is None or not checkpoints.by_step:
+        return None
+    later = checkpoints.times_ns[np.asarray(checkpoints.labels) >= 1]
+    return int(later[0]) if len(later) else None
 
 
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:
@@ -301,7 +387,8 @@ def _missed_by_chain(allocations: pd.DataFrame) -> dict[tuple[str, int | None], 
     return {(layer, None if pd.isna(sid) else int(sid)): int(n) for (layer, sid), n in counts.items()}
 
 
-_KIND_OF_REASON = {"held": "held_at_end", "grows": "grows_per_step"}
+_KIND_OF_REASON = {LeakReason.HELD.value: LeakKind.HELD_AT_END.value,
+                   LeakReason.GROWS.value: LeakKind.GROWS_PER_STEP.value}
 
 
 def _finding(row, missed_by_chain: dict, trends: ChainTrends, target_exited: bool) -> LeakFinding:
@@ -315,21 +402,25 @@ def _finding(row, missed_by_chain: dict, trends: ChainTrends, target_exited: boo
         layer=row.layer, stack_id=stack_id,
         live_bytes=live_bytes, live_count=int(round(row.live_count)), first_ns=int(row.first_ns),
         last_ns=int(row.last_ns), growth_bytes_per_s=live_bytes / span_s if span_s > 0 else 0.0,
-        released_at_exit=bool(row.released_at_exit), kind=_KIND_OF_REASON.get(reason, "not_a_leak"), reason=reason,
+        released_at_exit=bool(row.released_at_exit), kind=_KIND_OF_REASON.get(reason, LeakKind.NOT_A_LEAK.value),
+        reason=reason,
         **_trend_fields(trend, trends),
     )
 
 
 def _reason(held_reason: str, trend: Trend | None, target_exited: bool, by_step: bool) -> str:
-    """Why a held group is what it is. Memory held on purpose wins over a trend. A plateau is
+    """Why a held group is what it is. Memory held on purpose wins over a trend, except
+    start-up work and threads, which are leaks when they grow. A plateau is
     a cache that filled only in a job that did not exit, judged at its steps: what a command
     holds at exit is never freed by it, and without steps a burst of allocations that is then
     held (a leak at start-up) looks the same over time windows."""
-    if held_reason != "held" or trend is None:
+    if held_reason in _GROWTH_WINS and trend is not None and trend.shape == "grows":
+        return LeakReason.GROWS.value
+    if held_reason != LeakReason.HELD.value or trend is None:
         return held_reason
     if trend.shape in ("grows", "sawtooth") or (trend.shape == "plateau" and not target_exited and by_step):
         return trend.shape
-    return "held"
+    return LeakReason.HELD.value
 
 
 def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
@@ -363,7 +454,7 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
         findings.append(LeakFinding(
             layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
             first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=0.0, released_at_exit=False,
-            kind="not_a_leak", reason=trend.shape, **_trend_fields(trend, trends)))
+            kind=LeakKind.NOT_A_LEAK.value, reason=trend.shape, **_trend_fields(trend, trends)))
     return findings
 
 

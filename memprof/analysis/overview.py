@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import pandas as pd
 
 from memprof.analysis.attribution import Span
-from memprof.analysis.caches import address_space_stacks, kernel_cache_stacks, memprof_stacks, slab_page_stacks
+from memprof.analysis.caches import known_chains
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
@@ -41,9 +41,9 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                 min_age_ns: int = 500_000_000, layers: Iterable[str] | None = None, top: int | None = 10,
                 window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
     """find_leaks judged at the target's end (its root process began to exit, else the end of
-    the recording), with kernel caches, slab pages and the address space recognized from the
-    chains' frames, and
-    the kernel's skipped frees per layer in `unconfirmed_frees`.
+    the recording), with the chains recognized from their frames (caches.known_chains), the
+    kernel's skipped frees per layer in `unconfirmed_frees`, and whether Python frames were
+    read in `python_frames`.
 
     Growth is judged at step marks; without them, at windows of `window_ns` only when the
     target did not exit while recorded (a job that runs on): a command that exits has an end,
@@ -58,13 +58,23 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
         checkpoints = None
     result = find_leaks(lifetimes, end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted,
                         top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
-                        checkpoints=checkpoints, cache_stacks=kernel_cache_stacks(stacks, frames),
-                        slab_stacks=slab_page_stacks(stacks, frames),
-                        address_space_stacks=address_space_stacks(stacks, frames),
-                        memprof_stacks=memprof_stacks(stacks, frames), confidence=confidence)
+                        checkpoints=checkpoints, known=known_chains(stacks, frames), confidence=confidence)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
+    result.python_frames = python_frames_read(meta)
     return result
+
+
+def python_frames_read(meta: RecordingMeta) -> bool | None:
+    """True when the recording read Python frames for every interpreter it saw (as `memprof
+    doctor` would say: supported), False when not for some, None when it says nothing of
+    Python frames (no interpreter seen, or a recording from before they were recorded)."""
+    seen = []
+    for stats in meta.sources.values():
+        python = stats.detail.get("python") or {}
+        interpreters = python.get("interpreters") or {}
+        seen += [python.get("enabled", True) and bool(note.get("frames")) for note in interpreters.values()]
+    return all(seen) if seen else None
 
 
 @dataclass

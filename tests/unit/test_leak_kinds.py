@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from memprof.analysis.caches import kernel_cache_stacks, address_space_stacks, memprof_stacks, slab_page_stacks
+from memprof.analysis.caches import (KnownChains, address_space_stacks, kernel_cache_stacks, known_chains,
+                                     memprof_stacks, slab_page_stacks, startup_stacks, thread_stacks)
 from memprof.analysis.checkpoints import find_checkpoints, live_by_group
 from memprof.analysis.leaks import find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -198,7 +199,8 @@ def test_kernel_caches_that_outlive_the_process_are_not_leaks():
     assert slab_page_stacks(stacks, frames) == frozenset({5})
     assert address_space_stacks(stacks, frames) == frozenset({6})
     rows = [ev(1 * S, "alloc", 0xA0, 192, 1), ev(1 * S, "alloc", 0xB0, 1024, 2), ev(1 * S, "alloc", 0xC0, 640, 3)]
-    result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab", cache_stacks=caches)
+    result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab",
+                    known=KnownChains(cache=caches))
     assert [f.stack_id for f in result.findings] == [2, 3]
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "kernel_cache")]
 
@@ -207,7 +209,7 @@ def test_the_slab_allocators_pages_are_never_leaks_even_when_they_grow():
     """Pages through allocate_slab, released at exit or not, growing or not: the objects in
     them are what could leak (kernel_slab)."""
     rows = step_marks(20) + [ev(k * S + 7, "alloc", 0x5000_0000 + k * 0x1000, 4096, 5) for k in range(1, 21)]
-    result = judged(rows, end_ns=21 * S, layer="kernel_page", slab_stacks=frozenset({5}))
+    result = judged(rows, end_ns=21 * S, layer="kernel_page", known=KnownChains(slab_pages=frozenset({5})))
     assert result.findings == []
     assert [(f.reason, f.live_bytes) for f in result.not_leaks] == [("slab_pages", 20 * 4096)]
 
@@ -218,7 +220,8 @@ def test_the_address_space_is_never_a_leak_even_when_it_grows():
     rows = step_marks(40) + [ev(k * S + 7, "alloc", 0x6000_0000 + k * 0x1000, 4096, 6) for k in (5, 17, 30)]
     plain = judged(rows, end_ns=41 * S, layer="kernel_page")
     assert [f.kind for f in plain.findings] == ["grows_per_step"]  # without knowing the chain
-    result = judged(rows, end_ns=41 * S, layer="kernel_page", address_space_stacks=frozenset({6}))
+    result = judged(rows, end_ns=41 * S, layer="kernel_page",
+                    known=KnownChains(address_space=frozenset({6})))
     assert result.findings == [] and [(f.reason, f.live_count) for f in result.not_leaks] == [("address_space", 3)]
 
 
@@ -245,8 +248,7 @@ def test_munmaps_tree_nodes_and_memprofs_own_allocations_are_not_the_targets_lea
     assert memprof_stacks(stacks, frames) == frozenset({2})  # another tool's program (5) is not memprof's
     rows = [ev(1 * S, "alloc", 0xA0 + k * 0x100, 256, stack) for k, stack in enumerate((1, 2, 3, 4, 5))]
     result = judged(rows, end_ns=3 * S, recording_end_ns=4 * S, exit_at=3 * S, layer="kernel_slab",
-                    address_space_stacks=address_space_stacks(stacks, frames),
-                    memprof_stacks=memprof_stacks(stacks, frames))
+                    known=known_chains(stacks, frames))
     assert sorted(f.stack_id for f in result.findings) == [3, 5]
     assert sorted((f.stack_id, f.reason) for f in result.not_leaks) == [(1, "address_space"), (2, "memprof_own"),
                                                                        (4, "address_space")]
@@ -278,3 +280,124 @@ def test_a_command_that_exits_without_step_marks_is_judged_at_its_end_only(tmp_p
         result = leak_report(rec.meta, timed, pair_lifetimes(timed), rec.stacks, rec.frames)
         assert [f.kind for f in result.findings] == [kind], name
         assert (result.checkpoints is None) == (name == "exited")
+
+
+# ---- issue 20 point 2: what a program keeps by design is not its leak ----
+
+AGENT = "/tmp/run.memprof/agent/boot/memprof_agent.py"
+
+
+def _python(function, file, line=1):
+    return ("python", function, None, file, line)
+
+
+def _native(function, module):
+    return ("native", function, module, None, None)
+
+
+def test_memprofs_agent_and_uprobes_are_memprof_own_but_an_import_through_its_hook_is_the_targets():
+    """memprof's agent thread (`_start_flusher`, once a user's leak), the json it imports and
+    the kernel's state for memprof's uprobes are memprof's; torch's import, which runs
+    through the agent's hook, and the sitecustomize the agent shadows are the target's."""
+    stacks, frames = stacks_frames({
+        1: _kernel("kmem_cache_alloc_node_noprof", "dup_task_struct", "copy_process", "kernel_clone") + [
+            _python("Thread.start", "/usr/lib/python3.11/threading.py"), _python("_start_flusher", AGENT, 91),
+            _python("_write", AGENT, 85), _python("install", AGENT, 347),
+            _python("_TorchWatcher.find_spec.<locals>.exec_module", AGENT, 400), _python("<module>", "train.py")],
+        2: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file", "path_openat") + [
+            _python("<module>", "/venv/torch/__init__.py", 445), _python("_find_and_load", "<frozen importlib._bootstrap>"),
+            _python("_TorchWatcher.find_spec.<locals>.exec_module", AGENT, 399), _python("<module>", "train.py")],
+        3: _kernel("__kmalloc_cache_noprof", "alloc_utask", "uprobe_notify_resume", "asm_exc_int3"),
+        4: [_native("pipe2", "libc.so.6"), _python("<module>", "/etc/python3.11/sitecustomize.py"),
+            _python("_run_shadowed_sitecustomize", "/tmp/run.memprof/agent/boot/sitecustomize.py")],
+        5: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [
+            _python("<module>", "/usr/lib/python3.11/json/decoder.py"), _python("_find_and_load", "<frozen importlib._bootstrap>"),
+            _python("<module>", AGENT, 25), _python("_start", "/tmp/run.memprof/agent/boot/sitecustomize.py", 45)],
+    })
+    assert memprof_stacks(stacks, frames) == frozenset({1, 3, 5})
+    rows = [ev(k * S, "alloc", 0xA0 + k * 0x100, 256, k) for k in (1, 2, 3, 4, 5)]
+    result = judged(rows, end_ns=7 * S, recording_end_ns=8 * S, exit_at=7 * S, layer="kernel_slab",
+                    known=known_chains(stacks, frames))
+    assert [f.stack_id for f in result.findings] == [4]
+    assert sorted((f.stack_id, f.reason) for f in result.not_leaks) == [
+        (1, "memprof_own"), (2, "startup"), (3, "memprof_own"), (5, "memprof_own")]
+
+
+def test_a_running_threads_kernel_objects_are_not_a_leak_unless_threads_pile_up():
+    stacks, frames = stacks_frames({
+        1: _kernel("kmem_cache_alloc_node_noprof", "dup_task_struct", "copy_process", "kernel_clone"),
+        2: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info", "create_pipe_files", "do_pipe2"),
+    })
+    assert thread_stacks(stacks, frames) == frozenset({1})
+    known = known_chains(stacks, frames)
+    one_thread = step_marks(20) + [ev(3 * S + 7, "alloc", 0xA000, 5888, 1), ev(3 * S + 9, "alloc", 0xB000, 1024, 2)]
+    result = judged(one_thread, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="kernel_slab", known=known)
+    assert [(f.stack_id, f.kind) for f in result.findings] == [(2, "held_at_end")]
+    assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "threads")]
+    a_thread_a_step = step_marks(20) + [ev(k * S + 7, "alloc", 0xA000 + k * 0x2000, 5888, 1) for k in range(1, 21)]
+    result = judged(a_thread_a_step, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="kernel_slab",
+                    known=known)
+    assert [(f.stack_id, f.kind, f.live_count) for f in result.findings] == [(1, "grows_per_step", 20)]
+
+
+def test_what_a_python_program_makes_once_at_start_up_is_not_a_leak_unless_it_grows():
+    """A training script: exec (0.1 s), the interpreter starting (0.2 s, no Python code yet),
+    an import that loads an extension (0.3 s: its first Python frame), set-up before the
+    first step ends (0.5 s), then 20 steps (step k ends at k s), one pipe kept per step.
+    What start-up made and kept until exit is not a leak; a chain that also allocated after
+    it, the pipe that piles up, and the model's weights (user space, the program's data) are
+    findings."""
+    open_file = _kernel("kmem_cache_alloc_noprof", "alloc_empty_file", "path_openat", "do_sys_openat2")
+    stacks, frames = stacks_frames({
+        1: open_file + [_native("[unknown]", "ld-linux-x86-64.so.2"),
+                        _python("ExtensionFileLoader.create_module", "<frozen importlib._bootstrap_external>"),
+                        _python("_find_and_load", "<frozen importlib._bootstrap>"), _python("<module>", "train.py")],
+        2: _kernel("__kmalloc_noprof", "lsm_blob_alloc", "prepare_exec_creds", "bprm_execve", "do_execveat_common.isra.0"),
+        3: open_file + [_native("setlocale", "libc.so.6")],
+        4: open_file + [_native("open64", "libc.so.6"), _python("kaiming_uniform_", "torch/nn/init.py"),
+                        _python("main", "train.py")],
+        5: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info", "create_pipe_files") + [_python("step", "train.py")],
+        6: open_file + [_native("open64", "libc.so.6"), _python("load", "data.py"), _python("main", "train.py")],
+    })
+    assert startup_stacks(stacks, frames) == frozenset({1, 2})
+    rows = step_marks(20) + [ev(S // 10, "alloc", 0x100, 16, 2), ev(S // 5, "alloc", 0x200, 192, 3),
+                             ev(3 * S // 10, "alloc", 0x300, 192, 1), ev(S // 2, "alloc", 0x400, 96, 4),
+                             ev(S // 2, "alloc", 0x500, 192, 6), ev(6 * S + 5, "alloc", 0x600, 192, 6)]
+    rows += [ev(k * S + 7, "alloc", 0x1_0000 + k * 0x1000, 1024, 5) for k in range(1, 21)]
+    result = judged(rows, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="kernel_slab",
+                    known=known_chains(stacks, frames))
+    assert [(f.stack_id, f.kind, f.live_count) for f in result.findings] == [
+        (5, "grows_per_step", 20), (6, "held_at_end", 2)]
+    assert sorted((f.stack_id, f.reason) for f in result.not_leaks) == [
+        (1, "startup"), (2, "startup"), (3, "startup"), (4, "startup")]
+    weights = step_marks(20) + [ev(3 * S // 10, "alloc", 0x300, 64, 4), ev(S // 2, "alloc", 0x9000, MiB, 4)]
+    result = judged(weights, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="torch_cpu",
+                    known=known_chains(stacks, frames))
+    assert [(f.stack_id, f.kind, f.live_bytes) for f in result.findings] == [(4, "held_at_end", MiB + 64)]
+
+
+def test_the_interpreter_starting_is_start_up_until_its_main_thread_first_runs_python():
+    """No step marks (`python -c`): the locale file libc opens before any Python code ran is
+    start-up; the same kind of chain after the first Python frame is a finding."""
+    stacks, frames = stacks_frames({
+        1: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [_native("setlocale", "libc.so.6")],
+        2: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [_python("<module>", "<string>")],
+        3: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [_native("open64", "libc.so.6")],
+    })
+    rows = [ev(S // 5, "alloc", 0x100, 192, 1), ev(S // 5 + 5, "alloc", 0x200, 192, 3, tid=PID + 1),
+            ev(S // 2, "alloc", 0x300, 192, 2), ev(2 * S, "alloc", 0x400, 192, 3)]
+    result = judged(rows, end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="kernel_slab",
+                    known=known_chains(stacks, frames))
+    assert not result.checkpoints.by_step  # windows: no set-up end
+    assert sorted((f.stack_id, f.live_count) for f in result.findings) == [(2, 1), (3, 2)]
+    assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "startup")]
+
+
+def test_nothing_is_start_up_by_time_in_a_process_without_python_frames():
+    """A C program (or Python whose frames were not read): no first Python frame, so its
+    early allocations are judged like the others."""
+    stacks, frames = stacks_frames({1: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info") + [_native("main", "leak")]})
+    rows = [ev(S // 10, "alloc", 0x100, 1024, 1), ev(2 * S, "alloc", 0x200, 1024, 1, pid=PID, tid=PID + 1)]
+    result = judged(rows, end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="kernel_slab",
+                    known=known_chains(stacks, frames))
+    assert [(f.stack_id, f.kind, f.live_count) for f in result.findings] == [(1, "held_at_end", 2)]
