@@ -214,8 +214,13 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
         return ("the process's own address space (page tables, memory areas): it grows with the memory the "
                 "process maps (shown in the other layers) and goes with it: not a leak")
     if finding.reason == "memprof_own":
-        return ("kernel memory memprof's own BPF programs took while running in this process (the kernel's "
-                "BPF allocator refilling its cache): memprof's, not the target's: not a leak")
+        return ("memprof's own: its BPF programs, its uprobes or its agent in this process took it, "
+                "not the target: not a leak")
+    if finding.reason == "startup":
+        return ("made once at start-up (loading the program and its libraries, imports, set-up before the first "
+                "step) and kept until exit, not grown since: not a leak")
+    if finding.reason == "threads":
+        return "the kernel objects of threads still running at the end (task, stack, pid): not a leak"
     if finding.reason == "kernel_cache":
         return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
                 "the kernel reclaims it under memory pressure: not a leak")
@@ -230,11 +235,11 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         fate = "released at exit"
     else:
         fate = "outlived the process" if _target_exited(result) else "still live when the recording stopped"
-    kind = KIND_LABELS.get(finding.kind, finding.kind)
+    kind = kind_label(finding, result)
     lines = [
         f"[bold]{label} {escape(finding.layer)}[/]  {kind}  {format_bytes(finding.live_bytes)} in "
         f"{_count(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
-        f"    first seen {format_relative_ns(finding.first_ns, start_ns)}, last seen {format_relative_ns(finding.last_ns, start_ns)}"
+        f"    first seen {_seen(finding.first_ns, start_ns)}, last seen {_seen(finding.last_ns, start_ns)}"
         + _rate(finding, result),
         f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
@@ -252,9 +257,32 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         text = f"… {_count(hidden, 'more frame', 'more frames')}" if frame is None else escape(frame_label(frame))
         lines.append(f"    {text}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
-        lines.append("    [dim](no Python frames: the interpreter's layout was not confirmed, or the thread "
-                     "had no Python state; see `memprof doctor`)[/]")
+        lines.append(f"    [dim](no Python frames: {_NO_PYTHON_FRAMES[result.python_frames]})[/]")
     return lines
+
+
+# Why a chain through the interpreter has no Python frames, by LeakResult.python_frames: the
+# frames were read (as `memprof doctor` says), they were not for some interpreter, unknown.
+_NO_PYTHON_FRAMES = {
+    True: "its thread ran no Python code then",
+    False: "not read for every interpreter in this recording; see the notes",
+    None: "its thread ran no Python code then, or its frames were not read",
+}
+
+
+def kind_label(finding: LeakFinding, result: LeakResult) -> str:
+    """'held at the end', 'grows per step' ('per window' where growth was judged over time
+    windows), 'not a leak'."""
+    label = KIND_LABELS.get(finding.kind, finding.kind)
+    if result.checkpoints is not None and finding.kind == "grows_per_step":
+        return label.replace("per step", f"per {result.checkpoints.unit}")
+    return label
+
+
+def _seen(ts_ns: int, start_ns: int) -> str:
+    """A time relative to the recording's start ('+1.25s'), or 'before the recording began'
+    (an attached process's allocations made before the probes were placed, seen since)."""
+    return "before the recording began" if ts_ns < start_ns else format_relative_ns(ts_ns, start_ns)
 
 
 def _rate(finding: LeakFinding, result: LeakResult) -> str:

@@ -6,6 +6,7 @@ import json
 import pytest
 from rich.console import Console
 
+from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.leaks import LeakFinding, LeakResult, chain_frames, end_of_target, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.errors import UsageError
@@ -262,4 +263,38 @@ def test_chains_say_when_they_have_no_python_frames():
     assert "no Python frames" not in render(result, native_only)  # libfoo.so: not an interpreter
     interpreted = {1: native_only[1] + [{"kind": "native", "function": "_PyEval_EvalFrameDefault",
                                          "module": "python3.11", "file": None, "line": None}]}
-    assert "(no Python frames: the interpreter's layout was not confirmed" in " ".join(render(result, interpreted).split())
+    # What it says agrees with what the recording knows of Python frames (issue 20 point 14:
+    # "see memprof doctor" where doctor, and the recording, said frames were supported).
+    said = {}
+    for state in (True, False, None):
+        result.python_frames = state
+        said[state] = " ".join(render(result, interpreted).split())
+    assert "(no Python frames: its thread ran no Python code then)" in said[True]
+    assert "(no Python frames: not read for every interpreter in this recording; see the notes)" in said[False]
+    assert "(no Python frames: its thread ran no Python code then, or its frames were not read)" in said[None]
+    assert not any("doctor" in text for text in said.values())
+
+
+def test_times_before_the_recording_began_are_named_so():
+    """`record --pid`: an allocation made before the probes were placed showed "first seen
+    -168.2ms" (issue 20 point 14)."""
+    result, chains = _result_with_chain()
+    text = render(result, chains, start_ns=int(1.5 * S))
+    assert "first seen before the recording began, last seen before the recording began" in text
+    assert "-" not in text.split("first seen")[1].split("\n")[0]
+    assert "first seen +500.0ms" in render(result, chains, start_ns=S // 2)
+
+
+def test_growth_over_time_windows_is_labelled_per_window():
+    """Without step marks (`record --pid` of a program without the agent) growth is judged
+    over time windows: the finding said "grows per step" and then "per window" (issue 20
+    point 14)."""
+    rows = [(k * S // 4, "alloc", 0x1000 + k * 0x100, 1024, 7) for k in range(1, 40)]
+    lifetimes = pair_lifetimes(events_frame(rows, layer="kernel_slab"))
+    events = events_frame(rows, layer="kernel_slab")
+    checkpoints = find_checkpoints(events, start_ns=0, end_ns=10 * S, min_points=8)
+    result = find_leaks(lifetimes, end_ns=10 * S, recording_end_ns=10 * S, checkpoints=checkpoints)
+    assert [(f.kind, f.stack_id) for f in result.findings] == [("grows_per_step", 7)]
+    text = render(result, {})
+    assert "grows per window" in text and "per step" not in text
+    assert "/window (" in text
