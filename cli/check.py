@@ -39,7 +39,13 @@ def _max_leak(ctx, param, value):
                    "layer's only (repeatable).")
 @click.option("--max-leak", metavar="SIZE", callback=_max_leak,
               help="The bytes of the leak findings (as `report leaks` finds them) must be at most SIZE in every layer.")
-@click.option("--fail-on-leak", is_flag=True, help="Any leak finding fails the check.")
+@click.option("--fail-on-leak", is_flag=True,
+              help="Any leak finding of `report leaks` fails the check: a chain that grows per step (by 1 KiB or "
+                   "more over the step marks, or over time windows for a target still running, at 99% "
+                   "confidence), or one held at the end (any size, older than --min-age). Never what is not a "
+                   "leak: what the program made once at start-up (imports, libraries, set-up before the first "
+                   "step) and kept until exit, running threads, caches, memprof's own. For a size floor, use "
+                   "--max-leak.")
 @click.option("--allow-absent-layer", "allow_absent", is_flag=True,
               help="Skip a --max-peak SIZE:LAYER whose layer has no allocations in the recording, instead of "
                    "failing it (it is not counted as met either).")
