@@ -31,8 +31,8 @@ def export(path, fmt, output, max_points, native_frames):
 
     \b
     perfetto      Perfetto trace (protobuf): live bytes per layer and device and the sampled
-                  RSS/GPU metrics as counter tracks, OOMs and step marks as instants, process
-                  and thread names.                     Open in ui.perfetto.dev.
+                  RSS/GPU metrics as counter tracks, OOMs, steps and memprof.mark labels as
+                  instants, process and thread names.   Open in ui.perfetto.dev.
     chrome-trace  the same as Chrome trace-event JSON.  chrome://tracing, ui.perfetto.dev.
     speedscope    live bytes by chain at the end and at each layer's peak, two profiles.
                                                         www.speedscope.app.
@@ -41,7 +41,8 @@ def export(path, fmt, output, max_points, native_frames):
                                                         go tool pprof -http=: FILE.
     folded        folded stacks of live bytes at the end (as `report chains --flame`).
                                                         flamegraph.pl, inferno, speedscope.
-    csv, parquet  a directory: events (the merged timeline) and findings (`report leaks`).
+    csv, parquet  a directory: events (the merged timeline), marks (steps and memprof.mark
+                  labels) and findings (`report leaks`).
                                                         pandas, DuckDB, a spreadsheet.
 
     Times are CLOCK_MONOTONIC ns of the recording host (chrome-trace: µs), sizes bytes. Layers
@@ -160,12 +161,14 @@ def _leaks(a: _Analysed):
 
 
 def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
+    from memprof.analysis.series import instants, marks_table
     from memprof.errors import MemprofError
     from memprof.report.exports.tabular import findings_frame, write_tables
     result = _leaks(a)
     chains = a.chains(f.stack_id for f in result.findings + result.not_leaks)
+    tables = {"events": a.events, "marks": marks_table(instants(a.events)), "findings": findings_frame(result, chains)}
     try:
-        return write_tables(a.events, findings_frame(result, chains), directory, fmt)
+        return write_tables(tables, directory, fmt)
     except OSError as e:  # memprof.safe_output.UnsafeOutputError (a link there) passes as it is
         raise MemprofError(f"cannot write {directory}: {e.strerror or e}",
                            "choose a writable directory with -o") from None

@@ -28,12 +28,12 @@ from memprof.analysis.leaks import LeakResult, chain_frames
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.analysis.overview import leak_report, recording_span
-from memprof.analysis.series import CounterSeries, layer_series, sample_series
+from memprof.analysis.series import CounterSeries, layer_series, sample_series, user_marks
 from memprof.model.meta import RecordingMeta
 from memprof.model.schema import Action
 
 MAX_POINTS = 2000  # buckets per curve: a few thousand points draw sharply at any screen width
-MAX_MARKS = 1000  # step marks and OOMs drawn at most (evenly picked beyond that)
+MAX_MARKS = 1000  # step marks, the user's marks and OOMs drawn at most (evenly picked beyond that)
 MAX_DEPTH = 64  # frames kept per chain in a tree (the outermost; deeper ones are summed in "…")
 # Layers that nest draw in one chart, side by side; families do not add up either.
 FAMILIES = {"cuda_block": "gpu", "cuda_segment": "gpu", "cuda_driver": "gpu",
@@ -133,6 +133,7 @@ class HtmlData:
     warnings: list[str] = field(default_factory=list)
     max_points: int = MAX_POINTS
     notes: list[str] = field(default_factory=list)
+    marks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"ts_ns": [], "label": []}))  # memprof.mark
 
 
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
@@ -158,7 +159,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     chains=chains, flames=flames, frames=frame_table,
                     gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
                     warnings=loss_warnings(meta, lifetimes) + [n for n in notes if n.severity is Severity.CAVEAT],
-                    notes=[n for n in notes if n.severity is Severity.INFO])
+                    notes=[n for n in notes if n.severity is Severity.INFO], marks=_thinned(user_marks(events)))
 
 
 # ---- curves ---------------------------------------------------------------------------------

@@ -22,11 +22,12 @@ from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of, labels
 from memprof.model.schema import LAYERS, Action, Mark
+from memprof.timeline import TENSOR_PREFIX
 
 DEFAULT_MAX_POINTS = 20_000
 _NEVER = np.iinfo(np.int64).max
 _NO_STACK = -1
-INSTANT_COLUMNS = ["ts_ns", "kind", "pid", "tid", "layer", "device", "size_bytes", "step"]
+INSTANT_COLUMNS = ["ts_ns", "kind", "pid", "tid", "layer", "device", "size_bytes", "step", "label"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class CounterSeries:
 @dataclass(frozen=True)
 class ExportTimeline:
     """Everything a timeline viewer shows: counter tracks (layers in schema order, then
-    metrics by name; devices sorted), instants (INSTANT_COLUMNS: OOMs and step marks, in
-    time order) and the span of the recording, CLOCK_MONOTONIC ns."""
+    metrics by name; devices sorted), instants (INSTANT_COLUMNS: OOMs, step marks and the
+    user's marks, in time order) and the span of the recording, CLOCK_MONOTONIC ns."""
 
     counters: list[CounterSeries]
     instants: pd.DataFrame
@@ -152,21 +153,51 @@ def sample_series(samples: pd.DataFrame | None, max_points: int = DEFAULT_MAX_PO
 def instants(events: pd.DataFrame) -> pd.DataFrame:
     """The moments a timeline marks (INSTANT_COLUMNS, in time order): `kind` "oom" for every
     `oom` row (an allocation that failed: its layer, device and requested size), "step" for
-    every `mark` row with category "step" (`step` is the new step's number)."""
+    every `mark` row with category "step" (`step` is the new step's number) and "mark" for
+    the user's own marks (`memprof.mark("epoch 1")`: `label` is its text, `step` the step it
+    fell in). `label` is the mark row's category ("step" for steps), None for OOMs. The
+    exit mark and the agent's per-tensor notes (`tensor:ROLE`) are not moments to show."""
     action = labels(events["action"]) if len(events) else np.array([], dtype=object)
     category = labels(events["category"]) if len(events) else np.array([], dtype=object)
     is_oom = action == Action.OOM.value
     is_step = (action == Action.MARK.value) & (category == Mark.STEP.value)
-    rows = events[is_oom | is_step]
+    shown = is_oom | is_step | user_mark_rows(action, category)
+    rows = events[shown]
     size = rows["size_bytes"].fillna(rows["requested_bytes"]) if "requested_bytes" in rows else rows["size_bytes"]
     frame = pd.DataFrame({
         "ts_ns": rows["ts_ns"].to_numpy(dtype=np.int64),
-        "kind": np.where(is_oom[is_oom | is_step], "oom", "step").astype(object),
-        "pid": rows["pid"].to_numpy(dtype=np.int64), "tid": rows["tid"].to_numpy(dtype=np.int64),
+        "kind": np.select([is_oom[shown], is_step[shown]], ["oom", "step"], "mark").astype(object),
+        "pid": rows["pid"].to_numpy(dtype=np.int64, na_value=0), "tid": rows["tid"].to_numpy(dtype=np.int64, na_value=0),
         "layer": labels(rows["layer"]), "device": labels(rows["device"]),
         "size_bytes": pd.array(size, dtype="Int64"), "step": pd.array(rows["step"], dtype="Int64"),
+        "label": np.where(is_oom[shown], None, category[shown]).astype(object),
     }, columns=INSTANT_COLUMNS)
     return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
+
+
+def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """Per row (its action and category labels): a mark of the user's own — a `mark` row
+    whose category is neither a step, the exit, nor a per-tensor note (`tensor:ROLE`).
+    Judged on the mark rows alone (a few in 10^7 events)."""
+    marks = np.flatnonzero(action == Action.MARK.value)
+    own = [isinstance(text, str) and text not in (Mark.STEP.value, Mark.EXIT.value)
+           and not text.startswith(TENSOR_PREFIX) for text in category[marks]]
+    rows = np.zeros(len(action), dtype=bool)
+    rows[marks[np.array(own, dtype=bool)]] = True
+    return rows
+
+
+def user_marks(events: pd.DataFrame) -> pd.DataFrame:
+    """The user's own marks (`instants` of kind "mark"): ts_ns and label, in time order."""
+    rows = instants(events)
+    return rows.loc[rows["kind"] == "mark", ["ts_ns", "label"]].reset_index(drop=True)
+
+
+def marks_table(instant_rows: pd.DataFrame) -> pd.DataFrame:
+    """The steps and the user's marks of `instants` as a table (ts_ns, kind "step" | "mark",
+    label, step, pid, tid), in time order; OOMs are left out (they are events, not marks)."""
+    marks = instant_rows[instant_rows["kind"] != "oom"]
+    return marks[["ts_ns", "kind", "label", "step", "pid", "tid"]].reset_index(drop=True)
 
 
 def chain_totals(lifetimes: Lifetimes, *, end_ns: int, canonical_stack=None) -> pd.DataFrame:

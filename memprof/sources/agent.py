@@ -7,7 +7,8 @@ MEMPROF_AGENT_* variables (`child_env`), all absolute. Every Python process of t
 starts the agent when it imports torch; each writes JSON lines into `agent/<pid>.jsonl` (see
 memprof_agent.py). At every flush this source reads the lines added since the last one
 (complete lines only) and turns them into event rows: step and mark rows now
-(CLOCK_MONOTONIC already: the agent stamps time.monotonic_ns()), CUDA caching-allocator
+(CLOCK_MONOTONIC already: the agent stamps time.monotonic_ns(); a `memprof.mark` that counts
+the steps gives a step row and a row with its label), CUDA caching-allocator
 history through memprof/sources/torch_snapshot.py, with its epoch times converted once here
 through the clock anchors. Failures the agent logged go to meta.json, never to the target.
 
@@ -171,7 +172,10 @@ class AgentSource:
         kind = agent_lines.kind(record)
         if kind in ("step", "mark"):
             ts_ns, pid, tid, label, step = agent_lines.mark_fields(record)
-            rows.mark(ts_ns, pid, tid, Mark.STEP.value if kind == "step" else (label or "mark"), step)
+            if kind == "step":
+                rows.mark(ts_ns, pid, tid, Mark.STEP.value, step)
+            if kind == "mark" or label:  # memprof.mark("epoch 1") that began a step: its label too
+                rows.mark(ts_ns, pid, tid, label or "mark", step)
         elif kind == "tensor":
             rows.tensor(agent_lines.tensor_fields(record))
         elif kind == "cuda_trace":

@@ -173,6 +173,7 @@ def test_root_recording_another_users_process_gives_its_agent_a_folder_of_its_ow
         from memprof.recording import open_recording
         events = open_recording(recording).events
         marks = events[(events["action"] == "mark") & (events["pid"] == target.pid)]
-        assert list(marks["category"].astype(str)) == ["step"]  # its memprof.mark("attached"): its first step
+        # its memprof.mark("attached"): its first step, and the mark's label
+        assert list(marks["category"].astype(str)) == ["step", "attached"]
     finally:
         stop(target)

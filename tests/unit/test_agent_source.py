@@ -86,7 +86,8 @@ def test_marks_and_a_half_written_line(agent, tmp_path):
         f.write('{"kind": "mark", "ts_ns": 1')  # the agent is mid-write
     source = AgentSource(tmp_path / "rec.memprof")
     events, _, _ = source.poll(ClockAnchor(0, 0))
-    assert list(events["category"]) == ["step"] and list(events["step"]) == [1]  # first mark: a step
+    # The first mark begins a step, and keeps its label.
+    assert list(events["category"]) == ["step", "warm-up done"] and list(events["step"]) == [1, 1]
     with open(next(folder.glob("*.jsonl")), "a") as f:
         f.write(', "pid": 7, "tid": 7, "label": "late", "step": 1}\n')
     events, _, _ = source.poll(ClockAnchor(0, 0))

@@ -351,8 +351,8 @@ def test_help_lists_every_format_and_its_viewer():
 
 GOLDEN_FORMATS = """\
   perfetto      Perfetto trace (protobuf): live bytes per layer and device and the sampled
-                RSS/GPU metrics as counter tracks, OOMs and step marks as instants, process
-                and thread names.                     Open in ui.perfetto.dev.
+                RSS/GPU metrics as counter tracks, OOMs, steps and memprof.mark labels as
+                instants, process and thread names.   Open in ui.perfetto.dev.
   chrome-trace  the same as Chrome trace-event JSON.  chrome://tracing, ui.perfetto.dev.
   speedscope    live bytes by chain at the end and at each layer's peak, two profiles.
                                                       www.speedscope.app.
@@ -361,7 +361,8 @@ GOLDEN_FORMATS = """\
                                                       go tool pprof -http=: FILE.
   folded        folded stacks of live bytes at the end (as `report chains --flame`).
                                                       flamegraph.pl, inferno, speedscope.
-  csv, parquet  a directory: events (the merged timeline) and findings (`report leaks`).
+  csv, parquet  a directory: events (the merged timeline), marks (steps and memprof.mark
+                labels) and findings (`report leaks`).
                                                       pandas, DuckDB, a spreadsheet.
 
 """

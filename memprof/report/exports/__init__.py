@@ -55,8 +55,11 @@ def counters_pid(root_pid: int | None, processes: list[dict]) -> int:
     return int(processes[0]["pid"]) if processes and processes[0].get("pid") is not None else 0
 
 
-def instant_title(kind: str, step) -> str:
-    """'OOM' or 'step 12' (an instant's name on the timeline)."""
+def instant_title(kind: str, step, label: str | None = None) -> str:
+    """An instant's name on the timeline: 'OOM', 'step 12', or a user's mark by its label
+    ('epoch 1'; 'mark' where it has none)."""
     if kind == "oom":
         return "OOM"
+    if kind == "mark":
+        return label or "mark"
     return "step" if step is None or pd.isna(step) else f"step {int(step)}"

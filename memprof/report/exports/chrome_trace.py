@@ -1,6 +1,7 @@
 """Chrome trace-event JSON (the format of chrome://tracing and catapult, also read by
 ui.perfetto.dev): `ph: "C"` counters per (layer, device) and per sampled metric, `ph: "i"`
-instants for OOMs and step marks, `ph: "M"` process and thread names.
+instants for OOMs, step marks and the user's marks (named by their label), `ph: "M"` process
+and thread names.
 
 Render only: every number comes from analysis.series.ExportTimeline. The format counts time
 in microseconds: `ts` is CLOCK_MONOTONIC ns / 1000 (fractions keep the ns).
@@ -54,13 +55,19 @@ def _counter_events(series: CounterSeries, pid: int) -> list[dict]:
 
 
 def _instant_events(rows: pd.DataFrame) -> list[dict]:
-    """Thread-scoped instants: the OOM's layer, device and size in args."""
+    """Thread-scoped instants: the OOM's layer, device and size in args; a user's mark is
+    named by its label, with the step it fell in."""
     events = []
     for row in rows.itertuples(index=False):
-        args: dict[str, Any] = {}
-        if row.kind == "oom":
-            args = {"layer": row.layer, "device": row.device,
-                    "size_bytes": None if pd.isna(row.size_bytes) else int(row.size_bytes)}
-        events.append({"ph": "i", "s": "t", "name": instant_title(row.kind, row.step), "cat": "memprof",
-                       "pid": int(row.pid), "tid": int(row.tid), "ts": _us(int(row.ts_ns)), "args": args})
+        events.append({"ph": "i", "s": "t", "name": instant_title(row.kind, row.step, row.label), "cat": "memprof",
+                       "pid": int(row.pid), "tid": int(row.tid), "ts": _us(int(row.ts_ns)), "args": _args(row)})
     return events
+
+
+def _args(row) -> dict[str, Any]:
+    if row.kind == "oom":
+        return {"layer": row.layer, "device": row.device,
+                "size_bytes": None if pd.isna(row.size_bytes) else int(row.size_bytes)}
+    if row.kind == "mark" and not pd.isna(row.step):
+        return {"step": int(row.step)}
+    return {}

@@ -1,6 +1,7 @@
 """A native Perfetto trace (protobuf TracePacket stream) for ui.perfetto.dev: a counter track
-per (layer, device) and per sampled metric under the root process, instant events for OOMs
-and step marks on the thread that hit them, and the process and thread names.
+per (layer, device) and per sampled metric under the root process, instant events for OOMs,
+step marks and the user's marks (named by their label) on the thread that hit them, and the
+process and thread names.
 
 Render only: every number comes from analysis.series.ExportTimeline. Timestamps stay
 CLOCK_MONOTONIC ns: every packet names that clock, and a clock snapshot makes it the trace's
@@ -139,7 +140,7 @@ def _instants(trace, pb, uuids: _Uuids, rows: pd.DataFrame, names: dict[int, str
         event = _packet(trace, int(row.ts_ns)).track_event
         event.type = pb.TrackEvent.TYPE_INSTANT
         event.track_uuid = uuid
-        event.name = instant_title(row.kind, row.step)
+        event.name = instant_title(row.kind, row.step, row.label)
         event.categories.append("memprof")
         _annotate(event, row)
 

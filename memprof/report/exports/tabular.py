@@ -1,9 +1,10 @@
-"""The merged timeline and the leak findings as tables for any CSV or Parquet reader: a
-directory holding events.csv and findings.csv, or events.parquet and findings.parquet.
+"""The merged timeline, its marks and the leak findings as tables for any CSV or Parquet
+reader: a directory holding events.csv, marks.csv and findings.csv (or .parquet).
 
 Render only: the events are the timeline as `memprof.timeline.timeline` gives it (columns
 and units of DESIGN.md §3: ts_ns CLOCK_MONOTONIC ns, sizes bytes); the findings are an
-`analysis.leaks.LeakResult`, one row per finding (leaks first, then what is not a leak).
+`analysis.leaks.LeakResult`, one row per finding (leaks first, then what is not a leak); the
+marks are `analysis.series.marks_table` (steps and the user's own marks, by label).
 In Parquet, category columns stay dictionary columns; in CSV they are their labels.
 """
 from __future__ import annotations
@@ -58,15 +59,15 @@ def _plain(label: str) -> str:
     return label.replace(CHAIN_SEPARATOR, ",").replace("\r", " ").replace("\n", " ")
 
 
-def write_tables(events: pd.DataFrame, findings: pd.DataFrame, directory: Path, fmt: str) -> list[Path]:
-    """Write events.<fmt> and findings.<fmt> ("csv" or "parquet") into `directory` (created
-    if missing; a real directory, never a link: memprof.safe_output); the paths written.
-    OSError and UnsafeOutputError propagate (the caller says what to do)."""
+def write_tables(tables: dict[str, pd.DataFrame], directory: Path, fmt: str) -> list[Path]:
+    """Write each of `tables` as NAME.<fmt> ("csv" or "parquet") into `directory` (created if
+    missing; a real directory, never a link: memprof.safe_output); the paths written, in
+    the order given. OSError and UnsafeOutputError propagate (the caller says what to do)."""
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
     paths = []
     with output_directory(directory) as fd:
-        for name, frame in (("events", events), ("findings", findings)):
+        for name, frame in tables.items():
             with output_file(f"{name}.{fmt}", dir_fd=fd) as f:
                 _write(arrow_table(frame), f, fmt)
             paths.append(directory / f"{name}.{fmt}")

@@ -200,6 +200,11 @@
       line.appendChild(svg("title", {}, "step " + m[1] + " at " + seconds(m[0])));
       g.appendChild(line);
     });
+    var marks = (data.marks || []).filter(function (m) { return m[0] >= view[0] && m[0] <= view[1]; });
+    marks.forEach(function (m) {  // memprof.mark("epoch 1"): named where few enough to read
+      g.appendChild(svg("line", {"class": "user-mark", x1: x(m[0]), x2: x(m[0]), y1: plot.y1, y2: plot.y0}));
+      if (marks.length <= 20) g.appendChild(svg("text", {"class": "user-mark-label", x: x(m[0]) + 3, y: plot.y1 + 23}, m[1]));
+    });
     data.ooms.forEach(function (o) {
       if (o.t < view[0] || o.t > view[1]) return;
       g.appendChild(svg("line", {"class": "oom-mark", x1: x(o.t), x2: x(o.t), y1: plot.y1, y2: plot.y0}));
@@ -250,6 +255,9 @@
     });
     data.ooms.forEach(function (o) {
       if (Math.abs(o.t - t) <= (view[1] - view[0]) / 200) lines.push("OOM " + o.layer + " " + o.device + " " + bytes(o.size_bytes));
+    });
+    (data.marks || []).forEach(function (m) {
+      if (Math.abs(m[0] - t) <= (view[1] - view[0]) / 200) lines.push("mark: " + m[1]);
     });
     return lines.join("\n");
   }

@@ -53,6 +53,7 @@ def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
         "series": [_series_json(s, start) for s in data.series],
         "stacks": [_stack_json(s, start) for s in data.stacks],
         "steps": [[int(t) - start, int(step)] for step, t in zip(data.steps["step"], data.steps["ts_ns"])],
+        "marks": [[int(t) - start, str(label)] for t, label in zip(data.marks["ts_ns"], data.marks["label"])],
         "ooms": [{"t": int(row.ts_ns) - start, "layer": row.layer, "device": row.device,
                   "size_bytes": int(row.size_bytes)} for row in data.ooms.itertuples(index=False)],
         "leaks": leaks_to_json(data.leaks, data.chains, recording_path, meta.lost_events),
