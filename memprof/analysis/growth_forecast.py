@@ -63,7 +63,8 @@ class Forecast:
     FORECAST_HORIZON_YEARS); or no forecast: "too_few_points", "poor_fit" (R² below the bar),
     "not_growing" (linear slope ≤ 0, or the better model falls), "no_capacity". `reason` says
     it in words. `level_bytes` is where the device stood at the last point. `model`, `points`
-    and `r2` are those of the fit judged (the better one), None without a fit."""
+    and `r2` are those of the fit judged (the better one); without a fit, `points` is how many
+    there were and the others None."""
 
     status: str
     reason: str
@@ -96,11 +97,10 @@ def forecast(linear: Fit | None, best: Fit | None, ctx: SeriesContext, level: in
     """When `level` (bytes at the last point) plus the growth of `best` (the better fit) after
     the last point reaches the device's capacity; or, when `best` fails the bar (module
     docstring) or the capacity is unknown, why there is no forecast."""
-    known = dict(capacity_bytes=ctx.capacity, level_bytes=level)
-    refused = _below_bar(linear, best, ctx, known)
+    known = _judged(best, len(ctx.x)) | dict(capacity_bytes=ctx.capacity, level_bytes=level)
+    refused = _below_bar(linear, best, ctx.x_unit, known)
     if refused is not None:
         return refused
-    known.update(model=best.model, points=best.points, r2=best.r2)
     if ctx.capacity is None:
         return Forecast("no_capacity", ctx.no_capacity_reason, **known)
     x_last = float(ctx.x[-1])
@@ -111,20 +111,25 @@ def forecast(linear: Fit | None, best: Fit | None, ctx: SeriesContext, level: in
     return _full(ctx, x_last, x_full, device, known)
 
 
-def _below_bar(linear: Fit | None, best: Fit | None, ctx: SeriesContext, known: dict) -> Forecast | None:
+def _judged(best: Fit | None, points: int) -> dict:
+    """The Forecast fields naming the fit judged: its model, points and R²; without a fit,
+    the `points` there were."""
+    return dict(points=points) if best is None else dict(model=best.model, points=best.points, r2=best.r2)
+
+
+def _below_bar(linear: Fit | None, best: Fit | None, x_unit: str, known: dict) -> Forecast | None:
     """The forecast that says why `best` is not good enough to forecast from: too few points,
     an R² under FORECAST_MIN_R2, or no growth (the line's slope ≤ 0, or `best` falling);
-    None when it passes."""
-    points = len(ctx.x) if best is None else best.points
-    if points < FORECAST_MIN_POINTS:
-        return Forecast("too_few_points", f"too few points to forecast: {points} < {FORECAST_MIN_POINTS}", **known)
-    judged = dict(known, model=best.model, points=best.points, r2=best.r2)
+    None when it passes. `known`: the fields every forecast carries."""
+    if known["points"] < FORECAST_MIN_POINTS:
+        reason = f"too few points to forecast: {known['points']} < {FORECAST_MIN_POINTS}"
+        return Forecast("too_few_points", reason, **known)
     if best.r2 is None or best.r2 < FORECAST_MIN_R2:
         r2 = "undefined" if best.r2 is None else f"{best.r2:.2f}"
-        return Forecast("poor_fit", f"fit too poor to forecast: R² {r2} < {FORECAST_MIN_R2:.2f}", **judged)
+        return Forecast("poor_fit", f"fit too poor to forecast: R² {r2} < {FORECAST_MIN_R2:.2f}", **known)
     if linear is None or linear.b <= 0 or not best.growing:
-        slope = "" if linear is None else f": {format_bytes(linear.b)} per {_unit_words(ctx.x_unit)}"
-        return Forecast("not_growing", f"not growing{slope}", **judged)
+        slope = "" if linear is None else f": {format_bytes(linear.b)} per {_unit_words(x_unit)}"
+        return Forecast("not_growing", f"not growing{slope}", **known)
     return None
 
 

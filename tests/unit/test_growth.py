@@ -100,6 +100,7 @@ def test_too_few_points_give_no_fit():
     (total, _) = fitted(leak_per_step(2), ram(GiB)).series
     assert (total.linear, total.power, total.better) == (None, None, None)
     assert (total.forecast.status, total.forecast.reason) == ("too_few_points", "too few points to forecast: 2 < 8")
+    assert (total.forecast.points, total.forecast.model, total.forecast.r2) == (2, None, None)
 
 
 def test_steps_marked_by_several_processes_count_once_and_gaps_count_as_steps():
@@ -168,7 +169,7 @@ def test_five_noisy_points_give_no_forecast():
     assert total.linear.b == pytest.approx(128 * 1024) and total.linear.r2 < 0.1  # the line: 128 KiB a step
     forecast = total.forecast
     assert (forecast.status, forecast.full_at_x, forecast.full_in_ns) == ("too_few_points", None, None)
-    assert forecast.reason == "too few points to forecast: 5 < 8"
+    assert (forecast.reason, forecast.points, forecast.model) == ("too few points to forecast: 5 < 8", 5, "linear")
 
 
 def test_a_poor_fit_gives_no_forecast_and_says_its_r2():

@@ -22,7 +22,7 @@ from memprof.cli.main import cli
 from memprof.report.growth import growth_to_json, render_growth_table
 from tests.factories import ev, stacks_frames
 from tests.gpu_factories import GiB, MiB, S, leak_per_step, samples_frame, timeline_of
-from tests.growth_factories import ram, slow_power_law
+from tests.growth_factories import ram, slow_power_law, steps_holding
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 UPDATE = os.environ.get("MEMPROF_UPDATE_GOLDEN") == "1"  # rewrite the golden files instead of comparing
@@ -164,6 +164,14 @@ def test_each_total_says_its_forecast_or_why_there_is_none():
     cells = {row[0]: row[-1] for row in row_cells(rendered(result, chains, 160))}
     assert cells["↳ collate ← DataLoader.__next__"] == "– R² 0.25"
     assert cells["↳ warmup_buffers"] == "– not growing"
+
+
+def test_too_few_points_say_how_many():
+    events = timeline_of(steps_holding([MiB + d * 128 * KiB for d in (4, -6, 9, -4, 8)]))
+    result = growth(pair_lifetimes(events), events, ram(GiB), top=1)
+    text = rendered(result, {}, 100)
+    assert [row[-1] for row in row_cells(text)] == ["– only 5 points"] * 2
+    assert "native_heap cpu: no forecast: too few points to forecast: 5 < 8" in text
 
 
 @pytest.mark.parametrize("ns, words", [(0, "0 s"), (70 * S, "70 s"), (720 * S, "12 min"), (3.2 * 3600 * S, "3.2 h"),
