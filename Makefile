@@ -1,15 +1,26 @@
 # memprof: `make demo` and `make test` set everything up first (idempotent), as root.
 PY := .venv/bin/python
+BINDIR := /usr/local/bin
 
-.PHONY: setup demo test unit bench clean
+.PHONY: setup install uninstall demo test unit bench clean
 
 setup:
 	@bash scripts/setup.sh
+
+## `memprof` on root's PATH (and sudo's): a wrapper in $(BINDIR) that runs .venv's memprof,
+## isolated from the caller's PYTHONPATH and folder (scripts/install.sh says how it is safe as root).
+install: setup
+	@bash scripts/install.sh $(BINDIR)
+
+uninstall:
+	rm -f $(BINDIR)/memprof
 
 ## Record a known kernel leak (257 pipes held open amid churn) and print the leak report.
 demo: setup
 	$(PY) -m memprof record -q --force -o demo.memprof -- examples/bin/kernel_leak
 	$(PY) -m memprof report leaks demo.memprof --layer kernel_slab --top 3
+	@echo "memprof is .venv/bin/memprof here (.venv/bin/memprof report demo.memprof); \
+	\`make install\` puts it on root's PATH and sudo's, as the README's examples use it"
 
 ## The whole test suite: unit tests, then real eBPF integration tests (root, bcc).
 test: setup
