@@ -3,7 +3,7 @@ profile viewers, tables)."""
 from __future__ import annotations
 
 import json
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import click
@@ -50,28 +50,25 @@ def export(path, fmt, output, max_points, native_frames):
     track per layer, the layer as each stack's root frame, pprof's `layer` label — so never
     add them up. A recording without events gives a valid, empty export (and a warning).
     """
-    from memprof.cli import console
+    from memprof.cli import console, output as out
     from memprof.errors import UsageError
     from memprof.report.exports import FORMATS, TABULAR
 
-    if output == "-" and fmt in TABULAR:
-        raise UsageError(f"{fmt} writes a directory of two files, not stdout", "give -o a directory, or leave it out")
+    if out.to_stdout(output) and fmt in TABULAR:
+        raise UsageError(f"{fmt} writes a directory of three files, not stdout", "give -o a directory, or leave it out")
+    out.check_stdout(output, binary=FORMATS[fmt].binary)
     rec, events, lifetimes, canonical = analysed(path)
     if len(events) == 0:
         console.warning(f"{rec.path} has no events: the export holds no memory curves or chains")
-    target = Path(output) if output else Path(str(rec.path).rstrip("/") + FORMATS[fmt].suffix)
+    target = output or str(rec.path).rstrip("/") + FORMATS[fmt].suffix
     recording = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
+    build, stages = _RENDERERS[fmt]
+    with console.progress(stages=stages) as stage:  # after the analysis's own stages (cli/common.analysed)
+        data = build(recording, stage, Path(target)) if fmt in TABULAR else build(recording, stage)
     if fmt in TABULAR:
-        written = _write_tables(recording, target, fmt)
-    elif output == "-":
-        with click.open_file("-", "wb") as stdout:
-            stdout.write(_RENDERERS[fmt](recording))
-        return
+        out.wrote(target, f"{fmt}: {', '.join(path.name for path in data)}; open with {FORMATS[fmt].viewer}")
     else:
-        _write_file(target, _RENDERERS[fmt](recording))
-        written = [target]
-    for file in written:
-        console.info(f"wrote {file} ({fmt}: open with {FORMATS[fmt].viewer})")
+        out.write(target, data, detail=f"{fmt}: open with {FORMATS[fmt].viewer}", binary=FORMATS[fmt].binary)
 
 
 class _Analysed:
@@ -93,20 +90,25 @@ class _Analysed:
         return chain_frames(self.rec.stacks, self.rec.frames, stack_ids, self.native_frames)
 
 
-def _timeline(a: _Analysed):
+def _timeline(a: _Analysed, stage):
     from memprof.analysis.series import export_timeline
+    stage("building the curves and instants of the timeline")
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
                            end_ns=a.span.recording_end_ns, max_points=a.max_points)
 
 
-def _perfetto(a: _Analysed) -> bytes:
+def _perfetto(a: _Analysed, stage) -> bytes:
     from memprof.report.exports.perfetto import perfetto_trace
-    return perfetto_trace(_timeline(a), a.rec.meta.processes, root_pid=a.rec.meta.pid)
+    timeline = _timeline(a, stage)
+    stage("encoding the Perfetto trace")
+    return perfetto_trace(timeline, a.rec.meta.processes, root_pid=a.rec.meta.pid)
 
 
-def _chrome_trace(a: _Analysed) -> bytes:
+def _chrome_trace(a: _Analysed, stage) -> bytes:
     from memprof.report.exports.chrome_trace import chrome_trace
-    return json.dumps(chrome_trace(_timeline(a), a.rec.meta.processes, root_pid=a.rec.meta.pid)).encode()
+    timeline = _timeline(a, stage)
+    stage("encoding the Chrome trace")
+    return json.dumps(chrome_trace(timeline, a.rec.meta.processes, root_pid=a.rec.meta.pid)).encode()
 
 
 def _attribution(a: _Analysed, at: str):
@@ -114,33 +116,43 @@ def _attribution(a: _Analysed, at: str):
     return attribute(a.lifetimes, by="chain", at=at, span=a.span, top=None, canonical_stack=a.canonical)
 
 
-def _speedscope(a: _Analysed) -> bytes:
+def _speedscope(a: _Analysed, stage) -> bytes:
     from memprof import __version__
     from memprof.report.exports.speedscope import speedscope_file
+    stage("finding who held the live bytes at the end and at each layer's peak")
     results = [("live bytes at the end", _attribution(a, "end")),
                ("live bytes at each layer's peak", _attribution(a, "peak"))]
-    chains = a.chains(row.stack_id for _, result in results for layer in result.layers for row in layer.rows)
+    chains = _chains_of(a, stage, [result for _, result in results])
     document = speedscope_file(results, chains, name=Path(str(a.rec.path)).name, exporter=f"memprof@{__version__}")
     return json.dumps(document).encode()
 
 
-def _pprof(a: _Analysed) -> bytes:
+def _chains_of(a: _Analysed, stage, results) -> dict[int, list[dict]]:
+    """The frames of every chain the attributions `results` show."""
+    ids = {row.stack_id for result in results for layer in result.layers for row in layer.rows}
+    stage(f"reading the frames of {len(ids):,} chains")
+    return a.chains(ids)
+
+
+def _pprof(a: _Analysed, stage) -> bytes:
+    from memprof.analysis.chains import chain_frame_ids
     from memprof.analysis.series import chain_totals
     from memprof.report.exports.pprof import pprof_profile
+    stage("totalling the bytes each chain held at the end and allocated in all")
     totals = chain_totals(a.lifetimes, end_ns=a.span.end_ns, canonical_stack=a.canonical)
-    return pprof_profile(totals, a.chains(totals["stack_id"]), duration_ns=a.span.recording_end_ns - a.span.start_ns,
+    stage(f"reading the frames of {totals['stack_id'].nunique():,} chains")
+    chain_rows = chain_frame_ids(a.rec.stacks, a.rec.frames, totals["stack_id"], a.native_frames)
+    stage(f"encoding {len(totals):,} pprof samples")
+    return pprof_profile(totals, chain_rows, a.rec.frames, duration_ns=a.span.recording_end_ns - a.span.start_ns,
                          time_nanos=_epoch_ns(a.rec.meta))
 
 
-def _folded(a: _Analysed) -> bytes:
+def _folded(a: _Analysed, stage) -> bytes:
     from memprof.report.attribution import folded_stacks
+    stage("finding who held the live bytes at the end")
     result = _attribution(a, "end")
-    chains = a.chains(row.stack_id for layer in result.layers for row in layer.rows)
+    chains = _chains_of(a, stage, [result])
     return "".join(line + "\n" for line in folded_stacks(result, chains)).encode()
-
-
-_RENDERERS = {"perfetto": _perfetto, "chrome-trace": _chrome_trace, "speedscope": _speedscope,
-              "pprof": _pprof, "folded": _folded}
 
 
 def _epoch_ns(meta) -> int:
@@ -160,13 +172,16 @@ def _leaks(a: _Analysed):
                        top=None)
 
 
-def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
+def _write_tables(a: _Analysed, stage, directory: Path, *, fmt: str) -> list[Path]:
+    """Write the events, marks and findings tables into `directory`; the files written."""
     from memprof.analysis.series import instants, marks_table
     from memprof.errors import MemprofError
     from memprof.report.exports.tabular import findings_frame, write_tables
+    stage("judging leaks for the findings table")
     result = _leaks(a)
     chains = a.chains(f.stack_id for f in result.findings + result.not_leaks)
     tables = {"events": a.events, "marks": marks_table(instants(a.events)), "findings": findings_frame(result, chains)}
+    stage(f"writing {len(a.events):,} events as {fmt}")
     try:
         return write_tables(tables, directory, fmt)
     except OSError as e:  # memprof.safe_output.UnsafeOutputError (a link there) passes as it is
@@ -174,11 +189,8 @@ def _write_tables(a: _Analysed, directory: Path, fmt: str) -> list[Path]:
                            "choose a writable directory with -o") from None
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Write `data` at `path`, replacing (never following) a link there (memprof.safe_output)."""
-    from memprof.errors import MemprofError
-    from memprof.safe_output import write_output
-    try:
-        write_output(path, data)
-    except OSError as e:
-        raise MemprofError(f"cannot write {path}: {e.strerror or e}", "choose a writable path with -o") from None
+# format -> (what builds it, how many progress stages that takes)
+_RENDERERS = {"perfetto": (_perfetto, 2), "chrome-trace": (_chrome_trace, 2), "speedscope": (_speedscope, 2),
+              "pprof": (_pprof, 3), "folded": (_folded, 2),
+              "csv": (partial(_write_tables, fmt="csv"), 2),
+              "parquet": (partial(_write_tables, fmt="parquet"), 2)}

@@ -5,10 +5,12 @@ from pathlib import Path
 
 import click
 
+from memprof.cli.output import not_stdout
+
 
 @click.command("import")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", type=click.Path(path_type=Path), callback=not_stdout("a recording"),
               help="Recording path (default ./STEM.memprof, after the first FILE).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing recording at --output.")
 def import_(files, output, force):

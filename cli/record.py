@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from memprof.cli.output import not_stdout
 from memprof.cli.typos import CommandAfterOptions
 
 DEFAULT_SOURCES = ("kmem", "torch", "cuda")
@@ -69,7 +70,8 @@ def _step_range(ctx, param, value):
 
 
 @click.command(cls=CommandAfterOptions, context_settings={"ignore_unknown_options": False})
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Recording path (default ./memprof-NAME-PID.memprof).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), callback=not_stdout("a recording"),
+              help="Recording path (default ./memprof-NAME-PID.memprof).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
 @click.option("-d", "--duration", callback=_duration, help="Stop after this long (e.g. 60, 90s, 500ms, 5m).")
 @click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,

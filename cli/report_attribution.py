@@ -117,7 +117,7 @@ def peak(path, layers, top, fmt, native_frames):
                    "per chain, 'layer;outermost;…;innermost BYTES', every live chain (no --top).")
 # readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
 @click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=str),
-              help="With --flame: write the folded stacks to this file instead of stdout.")
+              help="With --flame: write the folded stacks to this file instead of stdout ('-': stdout).")
 def chains(path, layers, top, fmt, native_frames, at, flame, output):
     """Allocation chains holding each layer's live bytes at one moment (the table of
     `report top --by chain`), or with --flame their folded stacks.
@@ -144,15 +144,11 @@ def chains(path, layers, top, fmt, native_frames, at, flame, output):
 
 
 def _write_folded(result, chain_map, output: str | None) -> None:
-    from memprof.errors import MemprofError
+    from memprof.cli import output as out
     from memprof.report.attribution import folded_stacks
-    from memprof.safe_output import write_output
 
     text = "".join(line + "\n" for line in folded_stacks(result, chain_map))
     if output is None:
         click.echo(text, nl=False)
         return
-    try:
-        write_output(output, text)  # a link at `output` is replaced, never followed
-    except OSError as e:
-        raise MemprofError(f"cannot write {output}: {e.strerror or e}", "choose a writable path for -o") from None
+    out.write(output, text, detail="folded stacks")  # '-': stdout; a link at `output` is replaced, never followed

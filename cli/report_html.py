@@ -12,7 +12,8 @@ from memprof.cli.report import report
 # readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
 @click.option("-o", "--output", "output", default=None,
               type=click.Path(dir_okay=False, readable=False, path_type=str),
-              help="Where to write the page (default: the recording's name with .html, in the current directory).")
+              help="Where to write the page (default: the recording's name with .html, in the current directory; "
+                   "'-': stdout).")
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1),
               help="Findings shown, and chains kept per layer in the flame graphs (the rest is one 'other' box).")
 @click.option("--points", default=2000, show_default=True, type=click.IntRange(min=10, max=100_000),
@@ -43,7 +44,7 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     from pathlib import Path
 
     from memprof.analysis.html_data import html_data
-    from memprof.cli import console
+    from memprof.cli.output import write
     from memprof.report.html import html_page, page_json
 
     rec, events, lifetimes, canonical = analysed(path)
@@ -57,18 +58,6 @@ def html(path, output, top, points, min_age, fmt, native_frames):
         text = json.dumps(page_json(data, rec.meta, rec.path), indent=1)
     else:
         text = html_page(data, rec.meta, rec.path)
-    target = Path(output) if output else Path(f"{Path(rec.path).name.removesuffix('.memprof')}.{fmt}")
-    _write(target, text)
-    console.info(f"wrote {target} ({len(text.encode()) / 1e6:.1f} MB)")
+    target = output or f"{Path(rec.path).name.removesuffix('.memprof')}.{fmt}"
+    write(target, text, detail=f"{len(text.encode()) / 1e6:.1f} MB")  # '-': stdout
 
-
-def _write(target, text: str) -> None:
-    """Write the page, replacing (never following) a link there (memprof.safe_output), or
-    raise UsageError when the place cannot be written."""
-    from memprof.errors import UsageError
-    from memprof.safe_output import write_output
-    try:
-        write_output(target, text)
-    except OSError as e:
-        raise UsageError(f"cannot write {target}: {e.strerror or e}",
-                         "give -o a path in a writable directory") from None

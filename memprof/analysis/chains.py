@@ -8,6 +8,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FrameKind
+
 
 def canonical_stacks(stacks: pd.DataFrame) -> dict[int, int]:
     """stack_id -> the smallest stack_id with exactly the same frame sequence; only ids that
@@ -83,3 +85,36 @@ def with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int
     # Only the aliased rows change (a few chains), not a whole-column map of millions of rows.
     values[aliased] = pd.Series(values[aliased]).map(canonical).to_numpy(dtype=np.int64)
     return allocations.assign(stack_id=pd.arrays.IntegerArray(values, ids.isna().to_numpy()))
+
+
+def chain_frame_ids(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids,
+                    native_frames: str = "merged") -> pd.DataFrame:
+    """The frames of each chain in `stack_ids` as rows (stack_id, frame_id), both int64: stacks
+    by id, each innermost (depth 0) first — the chains `leaks.chain_frames` gives as one dict
+    per frame, here as two columns (a million frames in well under a second). Null ids are
+    skipped; an id with no stack rows has no rows. `native_frames` "merged" drops the
+    interpreter's eval-loop frames from chains that hold a Python frame, as chain_frames does;
+    "all" keeps them. A frame_id missing from `frames` is kept (it reads as unknown)."""
+    if native_frames not in ("merged", "all"):
+        raise ValueError(f"native_frames must be 'merged' or 'all', not {native_frames!r}")
+    wanted = pd.array(list(stack_ids), dtype="Int64").dropna().to_numpy(dtype=np.int64)
+    rows = stacks[stacks["stack_id"].isin(np.unique(wanted))]
+    order = np.lexsort((rows["depth"].to_numpy(), rows["stack_id"].to_numpy()))
+    chain = rows["stack_id"].to_numpy(dtype=np.int64)[order]
+    frame = rows["frame_id"].to_numpy(dtype=np.int64)[order]
+    if native_frames == "merged" and len(chain):
+        keep = ~_eval_loop_under_python(chain, frame, frames)
+        chain, frame = chain[keep], frame[keep]
+    return pd.DataFrame({"stack_id": chain, "frame_id": frame})
+
+
+def _eval_loop_under_python(chain: np.ndarray, frame: np.ndarray, frames: pd.DataFrame) -> np.ndarray:
+    """Per row: an eval-loop native frame in a chain (rows grouped by chain) that holds a Python frame."""
+    table = frames.drop_duplicates("frame_id").set_index("frame_id")
+    kind = table["kind"].reindex(frame).to_numpy(dtype=object)
+    function = table["function"].reindex(frame).to_numpy(dtype=object)
+    starts = np.flatnonzero(np.r_[True, chain[1:] != chain[:-1]])
+    has_python = np.maximum.reduceat((kind == FrameKind.PYTHON.value).astype(np.int8), starts).astype(bool)
+    in_python_chain = np.repeat(has_python, np.diff(np.r_[starts, len(chain)]))
+    is_eval_loop = (kind == FrameKind.NATIVE.value) & np.isin(function, list(EVAL_LOOP_FUNCTIONS))
+    return is_eval_loop & in_python_chain

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import jsonschema
@@ -15,12 +16,16 @@ import pytest
 from click.testing import CliRunner
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from memprof.analysis.chains import chain_frame_ids
+from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.analysis.series import chain_totals, downsample_max, instants, layer_series, sample_series
+from memprof.cli import console
+from memprof.cli.export import _RENDERERS
 from memprof.cli.main import cli
 from memprof.report.exports.pprof import SAMPLE_TYPES, profile_class
 from tests.export_factories import END_NS, MS, MiB, known_events, write_recording
-from tests.factories import ev, events_frame
+from tests.factories import ev, events_frame, stacks_frames
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "data" / "speedscope-file-format-schema.json").read_text())
 S = 1000 * MS  # one second in ns
@@ -250,6 +255,66 @@ def test_pprof_deduplicates_locations_functions_and_mappings(recording):
     assert max(indices) < len(strings)
 
 
+EVAL = ("native", "_PyEval_EvalFrameDefault", "libpython3.11.so", None, None)
+MIXED_CHAINS = {  # innermost first; frame ids are given in order, so a later stack never shares one
+    5: [("native", "malloc", "libc.so.6", None, None), EVAL, ("python", "step", None, "train.py", 3), EVAL],
+    6: [("kernel", "kmalloc", "vmlinux", None, None), EVAL],  # no Python frame: the eval loop stays
+    9: [("python", "main", None, "train.py", 1)],
+}
+
+
+@pytest.mark.parametrize("native_frames", ["merged", "all"])
+def test_chain_frame_ids_are_chain_frames_as_two_columns(native_frames):
+    stacks, frames = stacks_frames(MIXED_CHAINS)
+    rows = chain_frame_ids(stacks, frames, pd.array([9, None, 5, 6, 404, 5], dtype="Int64"), native_frames)
+    names = dict(zip(frames["frame_id"], frames["function"]))
+    got = {int(sid): [names[f] for f in group["frame_id"]] for sid, group in rows.groupby("stack_id", sort=True)}
+    expected = chain_frames(stacks, frames, [9, 5, 6, 404], native_frames)
+    assert got == {sid: [f["function"] for f in chain] for sid, chain in expected.items() if chain}
+    assert rows["stack_id"].tolist() == sorted(rows["stack_id"].tolist())
+    merged = ["malloc", "step"] if native_frames == "merged" else ["malloc", "_PyEval_EvalFrameDefault", "step",
+                                                                   "_PyEval_EvalFrameDefault"]
+    assert got[5] == merged and got[6] == ["kmalloc", "_PyEval_EvalFrameDefault"]
+
+
+def test_pprof_merges_eval_loop_frames_like_every_other_view(tmp_path):
+    events = events_frame([ev(1 * MS, "alloc", 0x10, 64, 5), ev(2 * MS, "alloc", 0x20, 32, 6, layer="kernel_slab")])
+    recording = write_recording(tmp_path / "mixed.memprof", events, chains=MIXED_CHAINS)
+    profile = _profile(export(recording, "pprof"))
+    strings = list(profile.string_table)
+    functions = {f.id: strings[f.name] for f in profile.function}
+    locations = {loc.id: functions[loc.line[0].function_id] for loc in profile.location}
+    got = sorted([locations[i] for i in s.location_id] for s in profile.sample)
+    assert got == [["kmalloc", "_PyEval_EvalFrameDefault", "kernel_slab"], ["malloc", "step", "native_heap"]]
+
+
+def test_export_progress_names_each_stage_it_runs(recording, monkeypatch):
+    """The bar says what runs (issue 20 item 11: the analysis's last stage, "merging identical
+    chains", was all a user saw while pprof's own work, most of the time, ran unnamed)."""
+    seen = _stages(monkeypatch)
+    export(recording, "pprof")
+    assert seen[3:] == ["merging identical chains", "totalling the bytes each chain held at the end and allocated in all",
+                        "reading the frames of 3 chains", "encoding 4 pprof samples"]
+
+
+@pytest.mark.parametrize("fmt", ["perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet"])
+def test_each_format_runs_the_stages_its_bar_counts(recording, monkeypatch, fmt):
+    seen = _stages(monkeypatch)
+    export(recording, fmt)
+    assert len(seen) == 4 + _RENDERERS[fmt][1]  # 4: the analysis's (cli/common.analysed)
+
+
+def _stages(monkeypatch) -> list[str]:
+    """The stage names every progress bar is given from now on, in order."""
+    seen: list[str] = []
+
+    @contextmanager
+    def progress(stages: int):
+        yield seen.append
+    monkeypatch.setattr(console, "progress", progress)
+    return seen
+
+
 # --- folded ------------------------------------------------------------------------------------
 
 def test_folded_is_what_report_chains_flame_prints(recording):
@@ -264,7 +329,7 @@ def test_dash_writes_a_single_file_format_to_stdout_and_refuses_a_table(recordin
     code, out, err = invoke("export", recording, "--format", "folded", "-o", "-")
     assert code == 0 and out.startswith("cuda_block;[no stack] 2097152\n") and "wrote" not in err
     code, _, err = invoke("export", recording, "--format", "csv", "-o", "-")
-    assert code == 2 and "csv writes a directory of two files, not stdout" in err
+    assert code == 2 and "csv writes a directory of three files, not stdout" in err
 
 
 # --- csv and parquet ------------------------------------------------------------------------
@@ -284,7 +349,7 @@ def test_csv_events_and_findings(recording, tmp_path):
 
 
 def test_parquet_keeps_categories_as_dictionaries(recording):
-    out = export(recording, "parquet").parent
+    out = export(recording, "parquet")
     assert out.name == "run.memprof.export"
     table = pq.read_table(out / "events.parquet")
     for name in ("layer", "action", "device", "category"):
@@ -319,7 +384,7 @@ def test_an_empty_recording_gives_a_valid_empty_export_and_a_warning(tmp_path, f
     elif fmt == "folded":
         assert path.read_text() == ""
     else:
-        assert pd.read_csv(path).empty and pd.read_csv(path.parent / "findings.csv").empty
+        assert all(pd.read_csv(path / f"{name}.csv").empty for name in ("events", "marks", "findings"))
 
 
 def test_a_missing_recording_exits_5(tmp_path):

@@ -165,9 +165,9 @@ def test_bad_path_exits_5_with_a_hint(tmp_path):
     assert not (tmp_path / "x.html").exists()
 
 
-def test_unwritable_output_is_a_usage_error(leaky, tmp_path):
+def test_unwritable_output_exits_1_with_a_hint(leaky, tmp_path):  # as every command's -o (cli/output.py)
     code, _, stderr = invoke("report", "html", leaky, "-o", tmp_path / "no" / "such" / "dir.html")
-    assert code == 2 and "cannot write" in stderr and "hint:" in stderr
+    assert code == 1 and "cannot write" in stderr and "hint:" in stderr
 
 
 def test_empty_recording_gives_a_valid_page_that_says_so(tmp_path):

@@ -14,16 +14,17 @@ import pandas as pd
 class ExportFormat(NamedTuple):
     suffix: str  # default output: <recording><suffix>; a directory for the tabular formats
     viewer: str
+    binary: bool = False  # not for a terminal: `-o -` to one is refused
 
 
 FORMATS = {
-    "perfetto": ExportFormat(".pftrace", "ui.perfetto.dev (Open trace file)"),
+    "perfetto": ExportFormat(".pftrace", "ui.perfetto.dev (Open trace file)", binary=True),
     "chrome-trace": ExportFormat(".trace.json", "chrome://tracing, ui.perfetto.dev, older trace viewers"),
     "speedscope": ExportFormat(".speedscope.json", "www.speedscope.app"),
-    "pprof": ExportFormat(".pb.gz", "go tool pprof -http=: FILE, pprof, Pyroscope, Grafana"),
+    "pprof": ExportFormat(".pb.gz", "go tool pprof -http=: FILE, pprof, Pyroscope, Grafana", binary=True),
     "folded": ExportFormat(".folded", "flamegraph.pl, inferno-flamegraph, speedscope"),
-    "csv": ExportFormat(".export", "a spreadsheet, pandas, any CSV reader (a directory: events.csv, findings.csv)"),
-    "parquet": ExportFormat(".export", "pandas, polars, DuckDB, Spark (a directory: events/findings.parquet)"),
+    "csv": ExportFormat(".export", "a spreadsheet, pandas, any CSV reader"),
+    "parquet": ExportFormat(".export", "pandas, polars, DuckDB, Spark"),
 }
 TABULAR = ("csv", "parquet")
 
