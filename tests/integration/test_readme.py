@@ -2,8 +2,9 @@
 README's commands as written, work end to end").
 
 Every indented `memprof …` line under "## Using it" is run, in the README's order, in one
-temporary folder, through `python -m memprof` (what `make install`'s wrapper runs too). The
-lines are not edited beyond this; what they name is made first, so that they run as written:
+temporary folder, with the `memprof` that `make install` puts on the PATH (scripts/install.sh,
+installed into a temporary folder first on PATH). The lines are not edited beyond what
+follows; what they name is made first, so that they run as written:
 
 - `sudo` is dropped: tests run as root (sudo is not installed here, and would run the same);
 - `./train.sh` is a script in that folder that runs examples/bin/kernel_leak, the workload of
@@ -27,7 +28,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -65,21 +65,35 @@ def test_usage_lines_are_found():
 
 
 @pytest.fixture
+def env(tmp_path) -> dict:
+    """An environment whose PATH starts with a folder holding `make install`'s wrapper."""
+    bindir = tmp_path / "bin"
+    installed = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), str(bindir)], capture_output=True,
+                               text=True, timeout=120)
+    assert installed.returncode == 0, installed.stderr
+    path = f"{bindir}{os.pathsep}{os.environ['PATH']}"
+    assert shutil.which("memprof", path=path) == str(bindir / "memprof")
+    return {**os.environ, "PATH": path}
+
+
+@pytest.fixture
 def folder(tmp_path, examples_bin) -> Path:
-    train = tmp_path / "train.sh"
+    work = tmp_path / "work"
+    work.mkdir()
+    train = work / "train.sh"
     train.write_text(f"#!/bin/sh\nexec {shlex.quote(str(examples_bin / 'kernel_leak'))}\n")
     train.chmod(0o755)
-    shutil.copy(DATA / "handbuilt_snapshot_leak.pickle", tmp_path / "snapshot.pickle")
-    shutil.copy(DATA / "handbuilt_profiler_trace_cuda.json", tmp_path / "trace.json")
-    return tmp_path
+    shutil.copy(DATA / "handbuilt_snapshot_leak.pickle", work / "snapshot.pickle")
+    shutil.copy(DATA / "handbuilt_profiler_trace_cuda.json", work / "trace.json")
+    return work
 
 
-def test_readme_usage_block_runs_as_written(folder):
+def test_readme_usage_block_runs_as_written(folder, env):
     started = time.monotonic()
     for argv, expected in usage_lines((REPO / "README.md").read_text()):
         if "record" not in argv and not (folder / "run.memprof").exists():
             _copy_first_recording(folder)
-        result = _run_attached(argv, folder) if "--pid" in argv else _run(argv, folder)
+        result = _run_attached(argv, folder, env) if "--pid" in argv else _run(argv, folder, env)
         shown = " ".join(argv)
         assert result.returncode == expected, f"{shown}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr}"
         assert "Traceback" not in result.stderr and "internal error" not in result.stderr, f"{shown}\n{result.stderr}"
@@ -89,21 +103,17 @@ def test_readme_usage_block_runs_as_written(folder):
     assert time.monotonic() - started < 300
 
 
-def _memprof(argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "memprof", *argv[1:]]
+def _run(argv: list[str], folder: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
 
 
-def _run(argv: list[str], folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(_memprof(argv), cwd=folder, capture_output=True, text=True, timeout=180)
-
-
-def _run_attached(argv: list[str], folder: Path) -> subprocess.CompletedProcess:
+def _run_attached(argv: list[str], folder: Path, env: dict) -> subprocess.CompletedProcess:
     """`record --pid 4242 …` with 4242 a `sleep` of ours, killed once its recording exists."""
     target = subprocess.Popen(["sleep", "600"])
     try:
         argv = [str(target.pid) if word == PLACEHOLDER_PID else word for word in argv]
         recording = folder / f"memprof-sleep-{target.pid}.memprof"
-        with subprocess.Popen(_memprof(argv), cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        with subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as recorder:
             deadline = time.monotonic() + 120
             while not recording.exists() and recorder.poll() is None and time.monotonic() < deadline:
