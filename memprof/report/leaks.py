@@ -191,6 +191,24 @@ def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
 KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
 
 
+# Why memory that is held is not a leak, by LeakFinding.reason (those said in one fixed line).
+_NOT_A_LEAK_WHY = {
+    "cached_segment": "segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
+                      "(torch.cuda.empty_cache() returns them): not a leak",
+    "slab_pages": "pages the slab allocator took for its caches; it keeps and reuses them (a leak of the objects in "
+                  "them shows in kernel_slab): not a leak",
+    "address_space": "the process's own address space (page tables, memory areas): it grows with the memory the "
+                     "process maps (shown in the other layers) and goes with it: not a leak",
+    "memprof_own": "memprof's own: its BPF programs, its uprobes or its agent in this process took it, not the "
+                   "target: not a leak",
+    "startup": "made once at start-up (loading the program and its libraries, imports, set-up before the first step) "
+               "and kept until exit, not grown since: not a leak",
+    "threads": "the kernel objects of threads still running at the end (task, stack, pid): not a leak",
+    "kernel_cache": "a kernel cache (page cache, dentries, inodes) kept after the files were closed; the kernel "
+                    "reclaims it under memory pressure: not a leak",
+}
+
+
 def explain(finding: LeakFinding, result: LeakResult) -> str:
     """One line, in plain words, of why the finding has its kind."""
     unit = result.checkpoints.unit if result.checkpoints is not None else "step"
@@ -204,26 +222,8 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "sawtooth":
         return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
                 f"a buffer filled and released every few {unit}s, not a leak")
-    if finding.reason == "cached_segment":
-        return ("segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
-                "(torch.cuda.empty_cache() returns them): not a leak")
-    if finding.reason == "slab_pages":
-        return ("pages the slab allocator took for its caches; it keeps and reuses them (a leak of the "
-                "objects in them shows in kernel_slab): not a leak")
-    if finding.reason == "address_space":
-        return ("the process's own address space (page tables, memory areas): it grows with the memory the "
-                "process maps (shown in the other layers) and goes with it: not a leak")
-    if finding.reason == "memprof_own":
-        return ("memprof's own: its BPF programs, its uprobes or its agent in this process took it, "
-                "not the target: not a leak")
-    if finding.reason == "startup":
-        return ("made once at start-up (loading the program and its libraries, imports, set-up before the first "
-                "step) and kept until exit, not grown since: not a leak")
-    if finding.reason == "threads":
-        return "the kernel objects of threads still running at the end (task, stack, pid): not a leak"
-    if finding.reason == "kernel_cache":
-        return ("a kernel cache (page cache, dentries, inodes) kept after the files were closed; "
-                "the kernel reclaims it under memory pressure: not a leak")
+    if finding.reason in _NOT_A_LEAK_WHY:
+        return _NOT_A_LEAK_WHY[finding.reason]
     if finding.released_at_exit:
         return "held when the target began to exit; only its exit released it"
     return ("held when the target began to exit, and still held after it" if _target_exited(result)
