@@ -8,7 +8,7 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.leaks import (
-    KIND_LABELS, explain, finding_chain, left_out_json, min_age_left_out, note_line, shown_of,
+    explain, finding_chain, kind_label, left_out_json, min_age_left_out, note_line, shown_of,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -126,7 +126,7 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
             unit = leaks.checkpoints.unit if leaks.checkpoints is not None else "step"
             rate = f", +{format_bytes(finding.slope_bytes_per_step)}/{unit}"
-        out(f"  {index}. {escape(finding.layer)} {KIND_LABELS.get(finding.kind, finding.kind)}: "
+        out(f"  {index}. {escape(finding.layer)} {kind_label(finding, leaks)}: "
             f"{format_bytes(finding.live_bytes)} in {finding.live_count:,}{rate}  "
             f"{escape(chain_name(finding_chain(finding, chains)))}", no_wrap=True, overflow="ellipsis")
     if min_age_left_out(leaks):
