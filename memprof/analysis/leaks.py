@@ -318,8 +318,8 @@ def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChain
                 setup_end_ns: int | None) -> np.ndarray:
     """Per held row: made at start-up. In any layer, by start-up work its frames show
     (`known.startup`: an import, the dynamic loader, exec). For kernel objects (the files,
-    sockets and threads a program opens as it starts) also by time: before its process's
-    main thread first ran Python code (the interpreter starting), or before `setup_end_ns`
+    sockets and threads a program opens as it starts) also by time: before its process
+    first ran Python code (the interpreter starting: _before_python), or before `setup_end_ns`
     (the end of the first step: the program's set-up). User-space memory made at set-up (a
     model's weights) is the program's data, and stays a finding."""
     ts = held["alloc_ts_ns"].to_numpy(dtype=np.int64)
@@ -330,19 +330,21 @@ def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChain
 
 
 def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: frozenset[int]) -> np.ndarray:
-    """Per allocation at `rows` (positions): made before its process's main thread (tid =
-    pid) first allocated with a Python frame; False in a process whose main thread never
-    did (not Python, or its frames were not read: nothing is taken for start-up then)."""
+    """Per allocation at `rows` (positions): made before its process first allocated with a
+    Python frame, on any thread (a worker that leaks while the main thread waits is Python
+    code too). Only in a process whose main thread (tid = pid) has Python frames: where they
+    were not read for it (CPython 3.10's main thread without +native), nothing is start-up."""
     out = np.zeros(len(rows), dtype=bool)
     if not python_stacks or not len(rows):
         return out
     pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)
-    main = np.flatnonzero(pid == allocations["tid"].to_numpy(dtype=np.int64, na_value=-2))
-    main = main[_in(allocations["stack_id"].iloc[main], python_stacks)]
-    if not len(main):
+    python = np.flatnonzero(_in(allocations["stack_id"], python_stacks))
+    main = python[pid[python] == allocations["tid"].to_numpy(dtype=np.int64, na_value=-2)[python]]
+    python = python[np.isin(pid[python], np.unique(pid[main]))]
+    if not len(python):
         return out
     ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    first = pd.Series(ts[main]).groupby(pid[main]).min()  # sorted by pid
+    first = pd.Series(ts[python]).groupby(pid[python]).min()  # sorted by pid
     pids, firsts = first.index.to_numpy(dtype=np.int64), first.to_numpy(dtype=np.int64)
     at = np.minimum(np.searchsorted(pids, pid[rows]), len(pids) - 1)
     return (pids[at] == pid[rows]) & (ts[rows] < firsts[at])

@@ -305,13 +305,15 @@ def test_memprofs_agent_and_uprobes_are_memprof_own_but_an_import_through_its_ho
             _python("_write", AGENT, 85), _python("install", AGENT, 347),
             _python("_TorchWatcher.find_spec.<locals>.exec_module", AGENT, 400), _python("<module>", "train.py")],
         2: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file", "path_openat") + [
-            _python("<module>", "/venv/torch/__init__.py", 445), _python("_find_and_load", "<frozen importlib._bootstrap>"),
+            _python("<module>", "/venv/torch/__init__.py", 445),
+            _python("_find_and_load", "<frozen importlib._bootstrap>"),
             _python("_TorchWatcher.find_spec.<locals>.exec_module", AGENT, 399), _python("<module>", "train.py")],
         3: _kernel("__kmalloc_cache_noprof", "alloc_utask", "uprobe_notify_resume", "asm_exc_int3"),
         4: [_native("pipe2", "libc.so.6"), _python("<module>", "/etc/python3.11/sitecustomize.py"),
             _python("_run_shadowed_sitecustomize", "/tmp/run.memprof/agent/boot/sitecustomize.py")],
         5: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [
-            _python("<module>", "/usr/lib/python3.11/json/decoder.py"), _python("_find_and_load", "<frozen importlib._bootstrap>"),
+            _python("<module>", "/usr/lib/python3.11/json/decoder.py"),
+            _python("_find_and_load", "<frozen importlib._bootstrap>"),
             _python("<module>", AGENT, 25), _python("_start", "/tmp/run.memprof/agent/boot/sitecustomize.py", 45)],
     })
     assert memprof_stacks(stacks, frames) == frozenset({1, 3, 5})
@@ -331,7 +333,8 @@ def test_a_running_threads_kernel_objects_are_not_a_leak_unless_threads_pile_up(
     assert thread_stacks(stacks, frames) == frozenset({1})
     known = known_chains(stacks, frames)
     one_thread = step_marks(20) + [ev(3 * S + 7, "alloc", 0xA000, 5888, 1), ev(3 * S + 9, "alloc", 0xB000, 1024, 2)]
-    result = judged(one_thread, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="kernel_slab", known=known)
+    result = judged(one_thread, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, layer="kernel_slab",
+                    known=known)
     assert [(f.stack_id, f.kind) for f in result.findings] == [(2, "held_at_end")]
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "threads")]
     a_thread_a_step = step_marks(20) + [ev(k * S + 7, "alloc", 0xA000 + k * 0x2000, 5888, 1) for k in range(1, 21)]
@@ -352,7 +355,8 @@ def test_what_a_python_program_makes_once_at_start_up_is_not_a_leak_unless_it_gr
         1: open_file + [_native("[unknown]", "ld-linux-x86-64.so.2"),
                         _python("ExtensionFileLoader.create_module", "<frozen importlib._bootstrap_external>"),
                         _python("_find_and_load", "<frozen importlib._bootstrap>"), _python("<module>", "train.py")],
-        2: _kernel("__kmalloc_noprof", "lsm_blob_alloc", "prepare_exec_creds", "bprm_execve", "do_execveat_common.isra.0"),
+        2: _kernel("__kmalloc_noprof", "lsm_blob_alloc", "prepare_exec_creds", "bprm_execve",
+                   "do_execveat_common.isra.0"),
         3: open_file + [_native("setlocale", "libc.so.6")],
         4: open_file + [_native("open64", "libc.so.6"), _python("kaiming_uniform_", "torch/nn/init.py"),
                         _python("main", "train.py")],
@@ -393,10 +397,26 @@ def test_the_interpreter_starting_is_start_up_until_its_main_thread_first_runs_p
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "startup")]
 
 
+def test_a_worker_that_leaks_while_the_main_thread_waits_is_not_start_up():
+    """The main thread joins a worker (no allocation) until the end; the worker keeps a pipe
+    a second: Python code ran from the worker's first allocation on."""
+    stacks, frames = stacks_frames({
+        1: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info") + [_python("work", "server.py")],
+        2: _kernel("kmem_cache_alloc_noprof", "alloc_empty_file") + [_python("<module>", "server.py")],
+    })
+    rows = [ev(k * S, "alloc", 0x100 * k, 1024, 1, tid=PID + 1) for k in range(1, 5)]
+    rows += [ev(9 * S // 2, "alloc", 0x900, 192, 2)]
+    result = judged(rows, end_ns=6 * S, recording_end_ns=7 * S, exit_at=6 * S, layer="kernel_slab",
+                    known=known_chains(stacks, frames))
+    assert [(f.stack_id, f.kind, f.live_count) for f in result.findings] == [
+        (1, "held_at_end", 4), (2, "held_at_end", 1)]
+
+
 def test_nothing_is_start_up_by_time_in_a_process_without_python_frames():
     """A C program (or Python whose frames were not read): no first Python frame, so its
     early allocations are judged like the others."""
-    stacks, frames = stacks_frames({1: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info") + [_native("main", "leak")]})
+    stacks, frames = stacks_frames({
+        1: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info") + [_native("main", "leak")]})
     rows = [ev(S // 10, "alloc", 0x100, 1024, 1), ev(2 * S, "alloc", 0x200, 1024, 1, pid=PID, tid=PID + 1)]
     result = judged(rows, end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="kernel_slab",
                     known=known_chains(stacks, frames))
