@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memprof.model.schema import Action, Mark
+from memprof.model.schema import TENSOR_PREFIX, Action, Mark
 
 
 def timeline(recording) -> pd.DataFrame:
@@ -83,7 +83,6 @@ def time_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
 
 _CHUNK = 1 << 20  # rows per pass of with_steps
 
-TENSOR_PREFIX = "tensor:"  # `category` of the agent's profiler-window tensor annotations
 ROLE_TOLERANCE_NS = 1_000_000
 
 

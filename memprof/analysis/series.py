@@ -21,8 +21,7 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of, labels
-from memprof.model.schema import LAYERS, Action, Mark
-from memprof.timeline import TENSOR_PREFIX
+from memprof.model.schema import LAYERS, TENSOR_PREFIX, Action, Mark
 
 DEFAULT_MAX_POINTS = 20_000
 _NEVER = np.iinfo(np.int64).max

@@ -55,6 +55,9 @@ class Mark(str, enum.Enum):
     STEP = "step"
 
 
+# `category` of a profiler-window tensor annotation (a `mark` row): "tensor:parameter", …
+TENSOR_PREFIX = "tensor:"
+
 LAYERS = [layer.value for layer in Layer]
 ACTIONS = [action.value for action in Action]
 

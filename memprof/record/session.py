@@ -14,7 +14,7 @@ from typing import Callable
 from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
-from memprof.record.asuser import Owner, UserThread
+from memprof.asuser import Owner, UserThread
 from memprof.record.livebytes import LiveBytes
 from memprof.record.privileges import require_recording_privileges
 from memprof.record.sampling import SamplerThread

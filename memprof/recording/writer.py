@@ -63,7 +63,7 @@ class RecordingWriter:
         symlink or any other folder is refused (UsageError).
 
         Under a root recorder, construct, flush and finalize the writer on the recording
-        owner's `memprof.record.asuser.UserThread`: every path is then checked, and every file
+        owner's `memprof.asuser.UserThread`: every path is then checked, and every file
         created, as that user's (docs/SECURITY.md)."""
         self.path = Path(path)
         self.meta = meta

@@ -27,13 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof.model import ClockAnchor, SourceStats
-from memprof.model.schema import Action, Layer, Mark
-from memprof.record.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
+from memprof.model.schema import TENSOR_PREFIX, Action, Layer, Mark
+from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 from memprof.sources import agent_attach, agent_lines
 from memprof.sources.agent_folder import absolute_boot_path, make_attach_folder, make_boot_folder
-
-# `category` of a profiler-window tensor annotation: "tensor:parameter", "tensor:activation", …
-TENSOR_PREFIX = "tensor:"
 
 AGENT_FOLDER = "agent"
 MAX_ERRORS_KEPT = 20

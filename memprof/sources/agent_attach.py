@@ -28,7 +28,7 @@ import signal
 import stat
 from dataclasses import dataclass
 
-from memprof.record.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
+from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 
 ATTACH_SIGNAL = signal.SIGUSR2
 READY, REQUEST = "ready", "request.json"

@@ -8,7 +8,7 @@ the command, as its user (as root, when root runs memprof without sudo). So:
   - no folder on that path may be writable by anyone but root and the command's user
     (`unsafe_ancestor`); where one is, no agent is started;
   - the folders are made 0700 and the boot files written with O_CREAT|O_EXCL|O_NOFOLLOW on
-    the thread that has the user's filesystem credentials (memprof/record/asuser.py), so
+    the thread that has the user's filesystem credentials (memprof/asuser.py), so
     they are the user's from their first byte and nothing planted at those names is
     followed. memprof's own boot files are read as root: the user may not read its install.
 `record --pid` needs only the folder the agent writes into (`make_attach_folder`).
@@ -21,7 +21,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from memprof.record.asuser import UserThread
+from memprof.asuser import UserThread
 
 BOOT_FILES = ("sitecustomize.py", "memprof_agent.py")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from memprof.record.asuser import Owner, UserThread
+from memprof.asuser import Owner, UserThread
 from memprof.sources import agent_attach
 from memprof.sources.agent_attach import NoAgent, Refused, Target
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from memprof.record.asuser import UserThread
+from memprof.asuser import UserThread
 from memprof.sources.agent_folder import BOOT_FILES, boot_dir, make_boot_folder, unsafe_ancestor
 
 

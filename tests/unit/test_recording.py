@@ -260,7 +260,7 @@ def test_a_writer_on_the_users_thread_makes_every_file_the_users(tmp_path):
     """Under sudo the writer runs on a UserThread: each file is the user's from its first
     byte, with no chown afterwards (docs/SECURITY.md)."""
     import tempfile
-    from memprof.record.asuser import Owner, UserThread
+    from memprof.asuser import Owner, UserThread
     base = Path(tempfile.mkdtemp())  # pytest's tmp_path lies in a root-only folder
     os.chmod(base, 0o777)
     with UserThread(Owner(12345, 23456, (23456,))) as files:
