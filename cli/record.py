@@ -130,7 +130,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     """
     from memprof.cli import console
     from memprof.cli.status import StatusLine
-    from memprof.record.session import RecordRequest, Session
+    from memprof.capture.session import RecordRequest, Session
     from memprof.sources.agent import AgentOptions
     from memprof.sources.ebpf import EbpfOptions
     from memprof.sources.kmem import KmemOptions

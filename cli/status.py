@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from memprof.record.session import FINALIZING, LOADING, RECORDING, STOPPING, Phase
+from memprof.capture.session import FINALIZING, LOADING, RECORDING, STOPPING, Phase
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes
 

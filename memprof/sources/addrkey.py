@@ -14,7 +14,7 @@ each recording and never saved:
 - the low 3 bits pass through unchanged. Kernel objects are at least 8-aligned (slab
   objects: ARCH_SLAB_MINALIGN; struct page: 64 bytes), so those bits are 0 and say
   nothing; keeping them keeps the recorder's status line exact, which packs the layer
-  code into them (memprof/record/livebytes.py);
+  code into them (memprof/capture/livebytes.py);
 - the top byte is flipped, not mixed. It is 0xff in every kernel address (x86-64 with 4-
   or 5-level paging, arm64), so it says nothing either, and flipped to 0 it makes every
   image < 2^56: no image of a kernel address looks like one (a check for kernel pointers

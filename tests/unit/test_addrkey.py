@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from memprof.analysis.lifetimes import pair_lifetimes
-from memprof.record.livebytes import LiveBytes
+from memprof.capture.livebytes import LiveBytes
 from memprof.sources import addrkey as A
 from memprof.sources import records as R
 from memprof.sources.addrkey import AddressKey
@@ -248,7 +248,7 @@ def test_pairing_gives_exactly_the_answers_of_the_raw_addresses():
 
 
 def test_the_status_lines_live_bytes_stay_exact():
-    """LiveBytes packs the layer code into an address's low bits (memprof/record/livebytes.py):
+    """LiveBytes packs the layer code into an address's low bits (memprof/capture/livebytes.py):
     the keyed addresses keep them 0, so its per-layer sums are those of the raw addresses."""
     recs = _kernel_workload()
     source = _source()

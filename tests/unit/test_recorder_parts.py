@@ -7,10 +7,10 @@ import pytest
 from memprof.analysis.loss import skipped_frees_by_layer
 from memprof.errors import TargetError, UsageError
 from memprof.model import RecordingMeta, SourceStats
-from memprof.record.livebytes import LiveBytes
-from memprof.record.privileges import CAP_BPF, CAP_PERFMON, effective_capabilities
-from memprof.record.session import default_output
-from memprof.record.target import resolve_executable
+from memprof.capture.livebytes import LiveBytes
+from memprof.capture.privileges import CAP_BPF, CAP_PERFMON, effective_capabilities
+from memprof.capture.session import default_output
+from memprof.capture.target import resolve_executable
 from memprof.sources.stacks import StackInterner
 from memprof.units import format_bytes, parse_duration, parse_size
 

@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, threading, time
-    from memprof.record import session as S
+    from memprof.capture import session as S
 
     started, stop = threading.Event(), threading.Event()
     def idle():
@@ -43,7 +43,7 @@ def test_a_signal_another_thread_was_handed_is_taken_by_the_loop(signo):
 
 
 def test_the_handlers_are_restored_after_the_block():
-    from memprof.record import session as S
+    from memprof.capture import session as S
     before = signal.getsignal(signal.SIGINT)
     with S._BlockedSignals():
         assert signal.getsignal(signal.SIGINT) is S._queue_signal
@@ -52,7 +52,7 @@ def test_the_handlers_are_restored_after_the_block():
 
 STOPPED_SCRIPT = textwrap.dedent("""
     import os, signal, time
-    from memprof.record import session as S
+    from memprof.capture import session as S
 
     class NoCommand:
         child = None

@@ -1,5 +1,5 @@
 """When `record` stops listening after the target's tree has exited."""
-from memprof.record.session import TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _teardown_over
+from memprof.capture.session import TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _teardown_over
 
 
 def test_waits_the_grace_even_when_quiet():

@@ -6,7 +6,7 @@ import io
 from rich.console import Console
 
 from memprof.cli.status import StatusLine, phase_line
-from memprof.record.session import FINALIZING, LOADING, RECORDING, STOPPING, Phase
+from memprof.capture.session import FINALIZING, LOADING, RECORDING, STOPPING, Phase
 
 
 def _console() -> tuple[Console, io.StringIO]:

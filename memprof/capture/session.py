@@ -15,10 +15,10 @@ from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
-from memprof.record.livebytes import LiveBytes
-from memprof.record.privileges import require_recording_privileges
-from memprof.record.sampling import SamplerThread
-from memprof.record.target import GatedChild, RunAs, resolve_executable
+from memprof.capture.livebytes import LiveBytes
+from memprof.capture.privileges import require_recording_privileges
+from memprof.capture.sampling import SamplerThread
+from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent import AgentOptions, AgentSource
 from memprof.sources.ebpf import EbpfOptions, EbpfSource
 from memprof.sources.pyinterp import python_file_in_maps
