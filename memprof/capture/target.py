@@ -28,14 +28,24 @@ class RunAs:
 
     @classmethod
     def from_sudo(cls, environ=os.environ) -> "RunAs | None":
-        if os.geteuid() != 0 or "SUDO_UID" not in environ:
+        """The invoking user (SUDO_UID, SUDO_GID, SUDO_USER, read as memprof.privileges
+        reads them) when memprof runs as root through sudo by another user; else None.
+        PrivilegeDropError (exit 1, one line) when the variables name no user."""
+        if os.geteuid() != 0:
             return None
-        uid, gid = int(environ["SUDO_UID"]), int(environ.get("SUDO_GID", environ["SUDO_UID"]))
+        from memprof.privileges import PrivilegeDropError, SudoUser
         try:
-            entry = pwd.getpwuid(uid)
-            return cls(uid, gid, os.getgrouplist(entry.pw_name, gid), entry.pw_dir, entry.pw_name)
+            user = SudoUser.from_environ(environ)
+        except PrivilegeDropError as e:
+            raise PrivilegeDropError(e.message, "sudo sets SUDO_UID and SUDO_GID to the invoking user's ids; "
+                                                "running as root yourself, unset them") from None
+        if user is None:
+            return None
+        try:
+            entry = pwd.getpwuid(user.uid)
+            return cls(user.uid, user.gid, list(user.groups), entry.pw_dir, entry.pw_name)
         except KeyError:
-            return cls(uid, gid, [gid], None, None)
+            return cls(user.uid, user.gid, list(user.groups), None, None)
 
 
 def resolve_executable(command: list[str]) -> str:

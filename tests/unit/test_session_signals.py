@@ -2,6 +2,7 @@
 started before the recorder blocked its signals, as OpenBLAS's is at numpy's import) stops the
 recording like any other: the loop takes it, no KeyboardInterrupt in the middle of a flush, no
 SIGTERM killing memprof before the recording is finished."""
+import os
 import signal
 import subprocess
 import sys
@@ -83,3 +84,20 @@ def test_a_stop_and_continue_of_the_recorder_is_not_a_signal_for_the_command():
     garbage) and passing it on to the command failed with EINVAL: an internal error."""
     done = subprocess.run([sys.executable, "-c", STOPPED_SCRIPT], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, f"strays [] taken {int(signal.SIGUSR1)}"), done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="RunAs reads sudo's variables only as root")
+@pytest.mark.parametrize("environ", [{"SUDO_UID": "abc"}, {"SUDO_UID": "1000", "SUDO_GID": "x"}])
+def test_sudo_variables_that_name_no_user_are_one_clear_error(environ):
+    """Not an internal error (ValueError) before anything starts: one line and a hint."""
+    from memprof.capture.target import RunAs
+    from memprof.errors import MemprofError
+    with pytest.raises(MemprofError) as err:
+        RunAs.from_sudo(environ)
+    assert "name no user" in err.value.message and "SUDO_UID" in err.value.hint
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="RunAs reads sudo's variables only as root")
+def test_sudo_by_root_itself_runs_as_root():
+    from memprof.capture.target import RunAs
+    assert RunAs.from_sudo({"SUDO_UID": "0", "SUDO_GID": "0"}) is None
