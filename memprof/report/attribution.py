@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any, Iterable
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
-from memprof.report.labels import frame_label, one_line  # frame and chain names: one place for every view
+from memprof.report.labels import NO_STACK_FRAME, frame_label, one_line  # frame and chain names: one place for every view
 from memprof.report.safe_text import escape, visible
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.attribution import Attribution, CategoryRow, ChainRow, FunctionRow, LayerLive
+    from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive
+    from memprof.analysis.layers import ChainBytes
 
-NO_STACK_FRAME = "[no stack]"
 _NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories")}
 
 
@@ -45,7 +45,7 @@ def _layer_json(layer: LayerLive, by: str, chains: dict[int, list[dict]]) -> dic
             "rows_left_out": int(layer.rows_left_out)}
 
 
-def _chain_json(row: ChainRow, chains: dict[int, list[dict]]) -> dict[str, Any]:
+def _chain_json(row: ChainBytes, chains: dict[int, list[dict]]) -> dict[str, Any]:
     return {"stack_id": row.stack_id, "live_bytes": int(row.live_bytes), "live_count": int(row.live_count),
             "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(row.stack_id, chains)]}
 
@@ -134,7 +134,7 @@ def _rows_table(result: Attribution, layer: LayerLive, chains: dict[int, list[di
     return table
 
 
-def _chain_cells(row: ChainRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
+def _chain_cells(row: ChainBytes, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
     return [format_bytes(row.live_bytes), f"{row.live_count:,}", _share(row.live_bytes, layer.live_bytes),
             one_line(_frames(row.stack_id, chains))]
 

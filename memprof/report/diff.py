@@ -8,7 +8,7 @@ from rich import box
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
-from memprof.report.layers import one_line
+from memprof.report.labels import one_line
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 

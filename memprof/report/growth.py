@@ -13,8 +13,7 @@ from memprof.analysis.growth_forecast import (
     FORECAST_HORIZON_NS, FORECAST_HORIZON_YEARS, FORECAST_MIN_POINTS, FORECAST_MIN_R2, forecast_bar, span_words,
 )
 from memprof.model.schema import FRAME_KEYS
-# One-line chain naming shared with the layers report (skips allocator frames).
-from memprof.report.layers import one_line
+from memprof.report.labels import one_line  # one chain in one line, allocator frames skipped
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns
 

@@ -15,6 +15,7 @@ from pathlib import Path
 CHAIN_FRAMES = 3  # callers a one-line chain shows
 PYTHON_FRAMES = 2  # Python frames a chain's name shows, when it has any
 NO_STACK = "(no stack recorded)"
+NO_STACK_FRAME = "[no stack]"  # the frame that stands for a missing stack in folded stacks and exports
 KIND_TAGS = {"kernel": "k", "native": "n", "python": "py"}
 _KERNEL_IMAGE = {"vmlinux", "kernel", "[kernel]", "[kernel.kallsyms]"}  # no need to name the kernel itself
 # Frames inside an allocator, skipped when a chain is shown in one line so that it names the

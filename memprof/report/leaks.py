@@ -1,14 +1,16 @@
 """Renderers of leak findings (memprof.analysis.leaks): JSON and the terminal. Render only."""
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, Iterable
 
-from memprof.analysis.loss import Severity
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label
 from memprof.report.safe_text import escape
-from memprof.units import format_bytes, format_duration_ns, format_relative_ns
+from memprof.report.wording import (
+    counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out, note_line, short_duration, shown_of,
+    target_exited,
+)
+from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,13 +41,6 @@ def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_p
         "end_ns": int(result.end_ns),
         "left_out": left_out_json(result),
     }
-
-
-def left_out_json(result: LeakResult) -> dict[str, Any]:
-    """What --min-age and --top left out of `result` (see LeakResult)."""
-    return {"younger_count": int(result.younger_count), "younger_bytes": int(result.younger_bytes),
-            "top": result.top, "findings_total": int(result.findings_total),
-            "not_leaks_total": int(result.not_leaks_total)}
 
 
 def _checkpoints_json(result: LeakResult) -> dict | None:
@@ -95,7 +90,7 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
     for warning, changes_results in _warnings(result, lost_events):
         out(f"[yellow]! {escape(warning)}[/]" if changes_results else f"[dim]note: {escape(warning)}[/]")
     if not result.findings:
-        out(f"No leaks: nothing older than {_short(result.min_age_ns)} was live at the end"
+        out(f"No leaks: nothing older than {short_duration(result.min_age_ns)} was live at the end"
             + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
     if result.not_leaks:
@@ -107,14 +102,6 @@ def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], consol
         out(note_line(note))
 
 
-def note_line(note: str) -> str:
-    """A note as markup: one that changes the results (a loss.Note of severity CAVEAT) is a
-    yellow '!', information (INFO, or plain text of no known severity) a dim 'note:'."""
-    if getattr(note, "severity", Severity.INFO) is Severity.CAVEAT:
-        return f"[yellow]! {escape(str(note))}[/]"
-    return f"[dim]note: {escape(str(note))}[/]"
-
-
 def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_ns: int) -> None:
     for index, finding in enumerate(findings, 1):
         out("")
@@ -123,27 +110,10 @@ def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_n
 
 
 def _heading(result: LeakResult, start_ns: int) -> str:
-    why = "the target began to exit" if _target_exited(result) else "end of recording"
+    why = "the target began to exit" if target_exited(result) else "end of recording"
     count = shown_of(len(result.findings), result.findings_total, result.top, "finding", "findings")
     return (f"[bold]Leaks[/] at {format_relative_ns(result.end_ns, start_ns)} ({why}), allocations older than "
-            f"{_short(result.min_age_ns)}{_trend_basis(result)}: {count}")
-
-
-def shown_of(shown: int, total: int, top: int | None, one: str, many: str) -> str:
-    """'21 findings', or 'showing 10 of 21 findings (--top 10)' when --top cut the list."""
-    if shown >= total:
-        return _count(shown, one, many)
-    return f"showing {shown} of {_count(total, one, many)} (--top {top})"
-
-
-def min_age_left_out(result: LeakResult) -> str:
-    """One line on the allocations live at the end that --min-age left out ('' when none)."""
-    if not result.younger_count:
-        return ""
-    younger = _count(result.younger_count, "allocation", "allocations")
-    return (f"--min-age {_short(result.min_age_ns)} left out {younger} "
-            f"({format_bytes(result.younger_bytes)}) live at the end but younger than that: in flight, not counted "
-            "(--min-age 0 counts them)")
+            f"{short_duration(result.min_age_ns)}{_trend_basis(result)}: {count}")
 
 
 def _trend_basis(result: LeakResult) -> str:
@@ -153,18 +123,18 @@ def _trend_basis(result: LeakResult) -> str:
     if checkpoints.by_step:
         return f"; growth judged over {len(checkpoints.times_ns)} steps"
     return (f"; growth judged over {len(checkpoints.times_ns)} windows of "
-            f"{_short(int(checkpoints.period_ns))} (no step marks)")
+            f"{short_duration(int(checkpoints.period_ns))} (no step marks)")
 
 
 def _warnings(result: LeakResult, lost_events: int) -> list[tuple[str, bool]]:
     """(text, whether it changes the findings below) for each kind of loss."""
     warnings = []
     if lost_events > 0:
-        warnings.append((f"{_count(lost_events, 'event was', 'events were')} lost while recording (ring buffer "
+        warnings.append((f"{counted(lost_events, 'event was', 'events were')} lost while recording (ring buffer "
                          "full): some allocations below may have been freed, and some leaks may be missing.", True))
     skipped = sum(result.unconfirmed_frees.values())
     if skipped > 0:
-        warnings.append((f"{_count(skipped, 'free was', 'frees were')} skipped by the kernel while recording"
+        warnings.append((f"{counted(skipped, 'free was', 'frees were')} skipped by the kernel while recording"
                          f"{_by_layer(result.unconfirmed_frees)}; up to {skipped} of the allocations below "
                          "may have been freed.", True))
     missed = sum(result.missed_frees.values())
@@ -176,85 +146,43 @@ def _warnings(result: LeakResult, lost_events: int) -> list[tuple[str, bool]]:
 def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
     """What frees that were never seen mean for the findings, and whether to act."""
     whose = "its address was" if missed == 1 else "their addresses were"
-    what = (f"{_count(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: {whose} "
+    what = (f"{counted(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: {whose} "
             "handed out again while still counted live (the kernel frees some memory in bulk where its probes "
             "cannot see), so memprof closed those allocations itself.")
     unconfirmed = sum(1 for f in result.findings if not f.confirmed)
     if not unconfirmed:
         return f"{what} None of the findings below is affected: nothing to do.", False
-    return (f"{what} {_count(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
+    return (f"{what} {counted(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
             f"{'its size is' if unconfirmed == 1 else 'their sizes are'} an upper bound, as some of "
             f"{'its' if unconfirmed == 1 else 'their'} allocations may already be free. This is not a fault of "
             "your program; trust an unconfirmed finding once it also grows from step to step.", True)
-
-
-KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
-
-
-# Why memory that is held is not a leak, by LeakFinding.reason (those said in one fixed line).
-_NOT_A_LEAK_WHY = {
-    "cached_segment": "segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
-                      "(torch.cuda.empty_cache() returns them): not a leak",
-    "slab_pages": "pages the slab allocator took for its caches; it keeps and reuses them (a leak of the objects in "
-                  "them shows in kernel_slab): not a leak",
-    "address_space": "the process's own address space (page tables, memory areas): it grows with the memory the "
-                     "process maps (shown in the other layers) and goes with it: not a leak",
-    "memprof_own": "memprof's own: its BPF programs, its uprobes or its agent in this process took it, not the "
-                   "target: not a leak",
-    "startup": "made once at start-up (loading the program and its libraries, imports, set-up before the first step) "
-               "and kept until exit, not grown since: not a leak",
-    "threads": "the kernel objects of threads still running at the end (task, stack, pid): not a leak",
-    "kernel_cache": "a kernel cache (page cache, dentries, inodes) kept after the files were closed; the kernel "
-                    "reclaims it under memory pressure: not a leak",
-}
-
-
-def explain(finding: LeakFinding, result: LeakResult) -> str:
-    """One line, in plain words, of why the finding has its kind."""
-    unit = result.checkpoints.unit if result.checkpoints is not None else "step"
-    if finding.reason == "grows":
-        return (f"grew at {finding.rises} of {finding.points - 1} {unit} boundaries, by "
-                f"{format_bytes(finding.slope_bytes_per_step)} per {unit} (Theil–Sen), "
-                f"{_percent(finding.confidence)} confidence it rises (Mann–Kendall)")
-    if finding.reason == "plateau":
-        return (f"filled to {format_bytes(finding.live_bytes)} by {unit} {finding.plateau_from}, then held steady: "
-                "a cache or pool, not a leak")
-    if finding.reason == "sawtooth":
-        return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
-                f"a buffer filled and released every few {unit}s, not a leak")
-    if finding.reason in _NOT_A_LEAK_WHY:
-        return _NOT_A_LEAK_WHY[finding.reason]
-    if finding.released_at_exit:
-        return "held when the target began to exit; only its exit released it"
-    return ("held when the target began to exit, and still held after it" if _target_exited(result)
-            else "still held when the recording stopped")
 
 
 def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns: int, result: LeakResult) -> list[str]:
     if finding.released_at_exit:
         fate = "released at exit"
     else:
-        fate = "outlived the process" if _target_exited(result) else "still live when the recording stopped"
+        fate = "outlived the process" if target_exited(result) else "still live when the recording stopped"
     kind = kind_label(finding, result)
     lines = [
         f"[bold]{label} {escape(finding.layer)}[/]  {kind}  {format_bytes(finding.live_bytes)} in "
-        f"{_count(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
+        f"{counted(finding.live_count, 'allocation', 'allocations')}  ·  {fate}",
         f"    first seen {_seen(finding.first_ns, start_ns)}, last seen {_seen(finding.last_ns, start_ns)}"
         + _rate(finding, result),
         f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
     if finding.younger_count:
-        lines.append(f"    [dim]+ {_count(finding.younger_count, 'younger allocation', 'younger allocations')} of "
+        lines.append(f"    [dim]+ {counted(finding.younger_count, 'younger allocation', 'younger allocations')} of "
                      f"this chain ({format_bytes(finding.younger_bytes)}) not counted: made less than "
-                     f"{_short(result.min_age_ns)} before the end (--min-age)[/]")
+                     f"{short_duration(result.min_age_ns)} before the end (--min-age)[/]")
     if not finding.confirmed:
-        lines.append(f"    [yellow]unconfirmed[/]: {_count(finding.chain_missed_frees, 'free', 'frees')} of this chain "
+        lines.append(f"    [yellow]unconfirmed[/]: {counted(finding.chain_missed_frees, 'free', 'frees')} of this chain "
                      "went unseen (its address was handed out again), so some of these may already be free")
     if not chain:
         return lines + ["    (no stack recorded)"]
     shown, hidden = _visible(chain)
     for frame in shown:
-        text = f"… {_count(hidden, 'more frame', 'more frames')}" if frame is None else escape(frame_label(frame))
+        text = f"… {counted(hidden, 'more frame', 'more frames')}" if frame is None else escape(frame_label(frame))
         lines.append(f"    {text}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
         lines.append(f"    [dim](no Python frames: {_NO_PYTHON_FRAMES[result.python_frames]})[/]")
@@ -268,15 +196,6 @@ _NO_PYTHON_FRAMES = {
     False: "not read for every interpreter in this recording; see the notes",
     None: "its thread ran no Python code then, or its frames were not read",
 }
-
-
-def kind_label(finding: LeakFinding, result: LeakResult) -> str:
-    """'held at the end', 'grows per step' ('per window' where growth was judged over time
-    windows), 'not a leak'."""
-    label = KIND_LABELS.get(finding.kind, finding.kind)
-    if result.checkpoints is not None and finding.kind == "grows_per_step":
-        return label.replace("per step", f"per {result.checkpoints.unit}")
-    return label
 
 
 def _seen(ts_ns: int, start_ns: int) -> str:
@@ -293,12 +212,6 @@ def _rate(finding: LeakFinding, result: LeakResult) -> str:
     if finding.kind == "held_at_end":
         return f", growing {format_bytes(finding.growth_bytes_per_s)}/s"
     return ""
-
-
-def _percent(fraction: float | None) -> str:
-    if fraction is None:
-        return "?"
-    return f"{min(fraction, 0.9999) * 100:.2f}%" if fraction < 1 else "99.99%+"
 
 
 def _visible(chain: list[dict]) -> tuple[list[dict | None], int]:
@@ -324,26 +237,8 @@ def _through_interpreter(chain: list[dict]) -> bool:
     return any(m.startswith(("python", "libpython", "libtorch", "libc10")) for m in modules)
 
 
-def _target_exited(result: LeakResult) -> bool:
-    return result.end_ns < result.recording_end_ns
-
-
-def finding_chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
-    """The finding's frames, innermost first ([] without a stack)."""
-    return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
-
-
-def _short(ns: int) -> str:
-    """A duration without trailing zero decimals: 500_000_000 → '500ms'."""
-    return re.sub(r"\.0+(?=[a-z])", "", format_duration_ns(ns))
-
-
 def _by_layer(counts: dict[str, int]) -> str:
     nonzero = {k: v for k, v in counts.items() if v}
     if len(nonzero) < 2:
         return f" ({next(iter(nonzero))})" if nonzero else ""
     return " (" + ", ".join(f"{layer} {n}" for layer, n in nonzero.items()) + ")"
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"

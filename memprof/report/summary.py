@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from memprof.report.labels import chain_name
-from memprof.report.leaks import (
+from memprof.report.wording import (
     explain, finding_chain, kind_label, left_out_json, min_age_left_out, note_line, shown_of,
 )
 from memprof.report.safe_text import escape

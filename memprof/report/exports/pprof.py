@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.errors import MemprofError
-from memprof.report.attribution import NO_STACK_FRAME
+from memprof.report.labels import NO_STACK_FRAME
 from memprof.report.safe_text import visible
 
 SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"),

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memprof.analysis.attribution import Attribution
-from memprof.report.attribution import NO_STACK_FRAME
-from memprof.report.labels import frame_label
+from memprof.report.labels import NO_STACK_FRAME, frame_label
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 

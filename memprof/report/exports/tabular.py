@@ -17,10 +17,9 @@ import pyarrow as pa
 
 from memprof.analysis.leaks import LeakFinding, LeakResult
 from memprof.analysis.lifetimes import label_of
-from memprof.report.attribution import NO_STACK_FRAME
-from memprof.report.labels import frame_label
-from memprof.report.leaks import explain
+from memprof.report.labels import NO_STACK_FRAME, frame_label
 from memprof.report.safe_text import visible
+from memprof.report.wording import explain
 from memprof.safe_output import output_directory, output_file
 
 FINDING_COLUMNS = ["kind", "reason", "layer", "bytes", "count", "slope_bytes_per_step", "slope_bytes_per_s",

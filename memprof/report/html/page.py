@@ -14,7 +14,8 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from memprof.report.gpu import gpu_to_json
-from memprof.report.leaks import leaks_to_json, min_age_left_out, shown_of
+from memprof.report.leaks import leaks_to_json
+from memprof.report.wording import min_age_left_out, shown_of
 
 if TYPE_CHECKING:
     from memprof.analysis.html_data import Flame, HtmlData, Series, Stack

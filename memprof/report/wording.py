@@ -1,0 +1,123 @@
+"""The words every view uses about leak findings, in one place: the terminal reports
+(leaks.py, summary.py), the HTML page and the tables of the exports say the same thing in
+the same words. Plain text, except `note_line` (rich markup, escaped). Render only."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from memprof.analysis.loss import Severity
+from memprof.report.safe_text import escape
+from memprof.units import format_bytes, format_duration_ns
+
+if TYPE_CHECKING:
+    from memprof.analysis.leaks import LeakFinding, LeakResult
+
+
+def left_out_json(result: LeakResult) -> dict[str, Any]:
+    """What --min-age and --top left out of `result` (see LeakResult)."""
+    return {"younger_count": int(result.younger_count), "younger_bytes": int(result.younger_bytes),
+            "top": result.top, "findings_total": int(result.findings_total),
+            "not_leaks_total": int(result.not_leaks_total)}
+
+
+def note_line(note: str) -> str:
+    """A note as markup: one that changes the results (a loss.Note of severity CAVEAT) is a
+    yellow '!', information (INFO, or plain text of no known severity) a dim 'note:'."""
+    if getattr(note, "severity", Severity.INFO) is Severity.CAVEAT:
+        return f"[yellow]! {escape(str(note))}[/]"
+    return f"[dim]note: {escape(str(note))}[/]"
+
+
+def shown_of(shown: int, total: int, top: int | None, one: str, many: str) -> str:
+    """'21 findings', or 'showing 10 of 21 findings (--top 10)' when --top cut the list."""
+    if shown >= total:
+        return counted(shown, one, many)
+    return f"showing {shown} of {counted(total, one, many)} (--top {top})"
+
+
+def min_age_left_out(result: LeakResult) -> str:
+    """One line on the allocations live at the end that --min-age left out ('' when none)."""
+    if not result.younger_count:
+        return ""
+    younger = counted(result.younger_count, "allocation", "allocations")
+    return (f"--min-age {short_duration(result.min_age_ns)} left out {younger} "
+            f"({format_bytes(result.younger_bytes)}) live at the end but younger than that: in flight, not counted "
+            "(--min-age 0 counts them)")
+
+
+KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
+
+
+# Why memory that is held is not a leak, by LeakFinding.reason (those said in one fixed line).
+_NOT_A_LEAK_WHY = {
+    "cached_segment": "segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
+                      "(torch.cuda.empty_cache() returns them): not a leak",
+    "slab_pages": "pages the slab allocator took for its caches; it keeps and reuses them (a leak of the objects in "
+                  "them shows in kernel_slab): not a leak",
+    "address_space": "the process's own address space (page tables, memory areas): it grows with the memory the "
+                     "process maps (shown in the other layers) and goes with it: not a leak",
+    "memprof_own": "memprof's own: its BPF programs, its uprobes or its agent in this process took it, not the "
+                   "target: not a leak",
+    "startup": "made once at start-up (loading the program and its libraries, imports, set-up before the first step) "
+               "and kept until exit, not grown since: not a leak",
+    "threads": "the kernel objects of threads still running at the end (task, stack, pid): not a leak",
+    "kernel_cache": "a kernel cache (page cache, dentries, inodes) kept after the files were closed; the kernel "
+                    "reclaims it under memory pressure: not a leak",
+}
+
+
+def explain(finding: LeakFinding, result: LeakResult) -> str:
+    """One line, in plain words, of why the finding has its kind."""
+    unit = result.checkpoints.unit if result.checkpoints is not None else "step"
+    if finding.reason == "grows":
+        return (f"grew at {finding.rises} of {finding.points - 1} {unit} boundaries, by "
+                f"{format_bytes(finding.slope_bytes_per_step)} per {unit} (Theil–Sen), "
+                f"{_percent(finding.confidence)} confidence it rises (Mann–Kendall)")
+    if finding.reason == "plateau":
+        return (f"filled to {format_bytes(finding.live_bytes)} by {unit} {finding.plateau_from}, then held steady: "
+                "a cache or pool, not a leak")
+    if finding.reason == "sawtooth":
+        return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
+                f"a buffer filled and released every few {unit}s, not a leak")
+    if finding.reason in _NOT_A_LEAK_WHY:
+        return _NOT_A_LEAK_WHY[finding.reason]
+    if finding.released_at_exit:
+        return "held when the target began to exit; only its exit released it"
+    return ("held when the target began to exit, and still held after it" if target_exited(result)
+            else "still held when the recording stopped")
+
+
+def kind_label(finding: LeakFinding, result: LeakResult) -> str:
+    """'held at the end', 'grows per step' ('per window' where growth was judged over time
+    windows), 'not a leak'."""
+    label = KIND_LABELS.get(finding.kind, finding.kind)
+    if result.checkpoints is not None and finding.kind == "grows_per_step":
+        return label.replace("per step", f"per {result.checkpoints.unit}")
+    return label
+
+
+def _percent(fraction: float | None) -> str:
+    if fraction is None:
+        return "?"
+    return f"{min(fraction, 0.9999) * 100:.2f}%" if fraction < 1 else "99.99%+"
+
+
+def target_exited(result: LeakResult) -> bool:
+    """Whether the target began to exit before the recording stopped."""
+    return result.end_ns < result.recording_end_ns
+
+
+def finding_chain(finding: LeakFinding, chains: dict[int, list[dict]]) -> list[dict]:
+    """The finding's frames, innermost first ([] without a stack)."""
+    return [] if finding.stack_id is None else chains.get(finding.stack_id, [])
+
+
+def short_duration(ns: int) -> str:
+    """A duration without trailing zero decimals: 500_000_000 → '500ms'."""
+    return re.sub(r"\.0+(?=[a-z])", "", format_duration_ns(ns))
+
+
+def counted(n: int, one: str, many: str) -> str:
+    """'1 finding', '3 findings'."""
+    return f"{n} {one if n == 1 else many}"
