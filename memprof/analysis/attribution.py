@@ -24,9 +24,9 @@ from typing import Iterable, Mapping, Union
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.chains import with_canonical_stacks
-from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of, labels
+from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
+from memprof.analysis.layers import ChainBytes, live_curve
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, LAYERS, Action, FrameKind
 
@@ -35,7 +35,6 @@ BY_CHOICES = ("chain", "function", "layer", "category")
 NO_CATEGORY = "unknown"  # the category of allocations no source gave a tensor role
 NO_FUNCTION = -1  # the function code of allocations without frames
 _NO_STACK = -1
-_NEVER = np.iinfo(np.int64).max
 
 At = Union[str, int]  # AT_END, AT_PEAK, or ns after the recording's start
 
@@ -53,15 +52,6 @@ class Span:
     @property
     def target_exited(self) -> bool:
         return self.end_ns < self.recording_end_ns
-
-
-@dataclass(frozen=True)
-class ChainRow:
-    """Live bytes of one chain (canonical stack_id; None: recorded without a stack)."""
-
-    stack_id: int | None
-    live_bytes: int
-    live_count: int
 
 
 @dataclass(frozen=True)
@@ -90,7 +80,7 @@ class CategoryRow:
     live_count: int
 
 
-Row = Union[ChainRow, FunctionRow, CategoryRow]
+Row = Union[ChainBytes, FunctionRow, CategoryRow]
 
 
 @dataclass(frozen=True)
@@ -120,7 +110,7 @@ class Attribution:
 def attribute(lifetimes: Lifetimes, *, by: str, at: At, span: Span, stacks: pd.DataFrame | None = None,
               frames: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
               layers: Iterable[str] | None = None, top: int | None = 10,
-              canonical_stack: Mapping[int, int] | None = None, native_frames: str = "merged") -> Attribution:
+              canonical_stack: Mapping[int, int] | None = None, native_frames: str = DEFAULT_NATIVE_FRAMES) -> Attribution:
     """Live bytes of each layer at `at` (module docstring), grouped `by` one of BY_CHOICES.
 
     "function" needs `stacks` and `frames` (chains read as `native_frames` says: "merged"
@@ -193,7 +183,7 @@ def _allocation_table(allocations: pd.DataFrame, events: pd.DataFrame | None,
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
     table = pd.DataFrame({
         "layer": codes, "alloc_ts": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
-        "end_ts": allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
+        "end_ts": end_times(allocations),
         "bytes": np.rint(size * weight).astype(np.int64),  # estimated bytes it stands for
         "count": weight, "stack": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=_NO_STACK),
     })
@@ -232,7 +222,7 @@ def _live_at(table: pd.DataFrame, times: dict[int, int]) -> pd.DataFrame:
     lookup = np.zeros(codes.max() + 1, dtype=np.int64)
     lookup[list(times)] = list(times.values())
     t = lookup[codes]
-    return table[(table["alloc_ts"].to_numpy() <= t) & (t < table["end_ts"].to_numpy())]
+    return table[live_mask(table["alloc_ts"].to_numpy(), table["end_ts"].to_numpy(), t)]
 
 
 def _layer_order(times: dict[int, int], names: np.ndarray) -> list[int]:
@@ -289,19 +279,18 @@ _GROUPERS = {"chain": _by_chain, "category": _by_category, "layer": _by_layer}
 
 
 def stack_functions(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable,
-                    native_frames: str = "merged") -> tuple[pd.DataFrame, pd.DataFrame]:
+                    native_frames: str = DEFAULT_NATIVE_FRAMES) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(links, functions) of the given stacks.
 
     `links`: one row per (stack, fn) — each function a chain holds, once however often it
     recurs — with `self` True where it is the chain's innermost frame. `functions`: fn (a
     code, in order of kind, function, place) -> kind, function, module (kernel/native) or
     file (Python). Frames of Python functions differ by line; one function is all its lines."""
-    if native_frames not in ("merged", "all"):
-        raise ValueError(f"native_frames must be 'merged' or 'all', not {native_frames!r}")
+    check_native_frames(native_frames)
     rows = stacks.loc[stacks["stack_id"].isin(pd.unique(np.asarray(stack_ids, dtype=np.int64))),
                       ["stack_id", "depth", "frame_id"]]
     rows = rows.merge(frames[["frame_id", "kind", "function", "module", "file"]], on="frame_id", how="left")
-    if native_frames == "merged":
+    if native_frames == NativeFrames.MERGED:
         rows = rows[~_eval_loop_frames(rows)]
     python = (rows["kind"] == FrameKind.PYTHON.value).to_numpy()
     module = rows["module"].astype(object).where(~python, None)
@@ -334,8 +323,8 @@ def _layer_live(layer: str, ts_ns: int, live: pd.DataFrame, grouped: pd.DataFram
                      rows_left_out=len(rows) - len(shown))
 
 
-def _chain_row(row) -> ChainRow:
-    return ChainRow(stack_id=None if row.stack == _NO_STACK else int(row.stack), live_bytes=int(row.live_bytes),
+def _chain_row(row) -> ChainBytes:
+    return ChainBytes(stack_id=None if row.stack == _NO_STACK else int(row.stack), live_bytes=int(row.live_bytes),
                     live_count=_count(row.live_count))
 
 

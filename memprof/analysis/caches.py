@@ -27,10 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.lifetimes import labels
+from memprof.analysis.lifetimes import end_times, labels, live_mask
 from memprof.model.schema import FrameKind, Layer
 
-_NEVER = np.iinfo(np.int64).max
 
 # Kernel functions that fill reclaimable caches (Linux 5.x–6.18 names): page cache (also the
 # block device's, where filesystems cache metadata blocks, and the buffer heads of cached
@@ -203,12 +202,12 @@ def cached_segments(allocations: pd.DataFrame, at_ns: np.ndarray) -> np.ndarray:
     if not is_segment.any():
         return out
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    end_ts = end_times(allocations)
     device = labels(allocations["device"])
     addr = allocations["addr"].to_numpy().astype(np.uint64)
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0).astype(np.uint64)
     when = float(np.max(at_ns[is_segment]))  # blocks are judged at the latest segment time
-    live_block = (layer == Layer.CUDA_BLOCK.value) & (alloc_ts <= when) & (when < end_ts)
+    live_block = (layer == Layer.CUDA_BLOCK.value) & live_mask(alloc_ts, end_ts, when)
     for dev in np.unique(device[is_segment].astype(str)):
         blocks = np.sort(addr[live_block & (device == dev)])
         segs = np.flatnonzero(is_segment & (device == dev))

@@ -11,10 +11,9 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.checkpoints import Checkpoints, live_by_group
-from memprof.analysis.lifetimes import category_codes, label_of
+from memprof.analysis.lifetimes import category_codes, end_times, label_of
 from memprof.analysis.trend import MIN_POINTS, Trend, classify
 
-_NEVER = np.iinfo(np.int64).max
 Chain = tuple  # (layer: str, stack_id: int | None)
 
 
@@ -59,7 +58,7 @@ def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[Chain
     """(series of every chain live at one checkpoint or more, chain row of each allocation
     (-1: live at none)). Allocations that span no checkpoint (most, in churn) are dropped first."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    end_ts = end_times(allocations)
     rows = np.flatnonzero(_spans_a_checkpoint(alloc_ts, end_ts, times_ns))
     layer_codes, layer_names = category_codes(allocations["layer"])
     stack = allocations["stack_id"]

@@ -3,12 +3,30 @@ under. Two raw stacks can read the same once symbolized (a tracing frame that co
 when another tracer attaches, return addresses within one line), and must count as one."""
 from __future__ import annotations
 
+import enum
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FrameKind
+
+
+class NativeFrames(str, enum.Enum):
+    """How a chain reads where CPython's evaluation loop ran Python frames (--native-frames)."""
+
+    MERGED = "merged"  # the eval-loop frames are dropped from chains that hold the Python frames they ran
+    ALL = "all"        # every native frame is kept
+
+
+NATIVE_FRAMES = tuple(mode.value for mode in NativeFrames)
+DEFAULT_NATIVE_FRAMES = NativeFrames.MERGED.value
+
+
+def check_native_frames(native_frames: str) -> None:
+    """ValueError unless `native_frames` is one of NATIVE_FRAMES."""
+    if native_frames not in NATIVE_FRAMES:
+        raise ValueError(f"native_frames must be one of {NATIVE_FRAMES}, not {native_frames!r}")
 
 
 def canonical_stacks(stacks: pd.DataFrame) -> dict[int, int]:
@@ -88,21 +106,20 @@ def with_canonical_stacks(allocations: pd.DataFrame, canonical: Mapping[int, int
 
 
 def chain_frame_ids(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids,
-                    native_frames: str = "merged") -> pd.DataFrame:
+                    native_frames: str = DEFAULT_NATIVE_FRAMES) -> pd.DataFrame:
     """The frames of each chain in `stack_ids` as rows (stack_id, frame_id), both int64: stacks
     by id, each innermost (depth 0) first — the chains `leaks.chain_frames` gives as one dict
     per frame, here as two columns (a million frames in well under a second). Null ids are
     skipped; an id with no stack rows has no rows. `native_frames` "merged" drops the
     interpreter's eval-loop frames from chains that hold a Python frame, as chain_frames does;
     "all" keeps them. A frame_id missing from `frames` is kept (it reads as unknown)."""
-    if native_frames not in ("merged", "all"):
-        raise ValueError(f"native_frames must be 'merged' or 'all', not {native_frames!r}")
+    check_native_frames(native_frames)
     wanted = pd.array(list(stack_ids), dtype="Int64").dropna().to_numpy(dtype=np.int64)
     rows = stacks[stacks["stack_id"].isin(np.unique(wanted))]
     order = np.lexsort((rows["depth"].to_numpy(), rows["stack_id"].to_numpy()))
     chain = rows["stack_id"].to_numpy(dtype=np.int64)[order]
     frame = rows["frame_id"].to_numpy(dtype=np.int64)[order]
-    if native_frames == "merged" and len(chain):
+    if native_frames == NativeFrames.MERGED and len(chain):
         keep = ~_eval_loop_under_python(chain, frame, frames)
         chain, frame = chain[keep], frame[keep]
     return pd.DataFrame({"stack_id": chain, "frame_id": frame})

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
 from memprof.model.schema import LAYERS
 
 # One frame of a chain's identity: (kind, function, module, file); None where unknown.
@@ -37,7 +37,7 @@ ChainKey = tuple[FrameKey, ...]
 NO_STACK: ChainKey = ()
 STATUSES = ("both", "new", "gone")
 
-_NEVER = np.iinfo(np.int64).max
+_NO_STACK = np.iinfo(np.int64).max  # above every stack id: min() picks a known one
 _OFFSET = r"\+0x[0-9a-fA-F]+$"  # kernel symbols come as "kmalloc_trace+0x2f"
 _IDENTITY_COLUMNS = ("kind", "function", "module", "file")
 
@@ -209,10 +209,10 @@ def _columns(allocations: pd.DataFrame, stack_index: pd.Index, stack_codes: np.n
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
     return {
         "alloc_ts": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
-        "end_ts": allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
+        "end_ts": end_times(allocations),
         "bytes": np.rint(size * allocations["weight"].to_numpy(dtype=float)).astype(np.int64),
         "chain": chain,
-        "stack": np.where(known, stack_ids, _NEVER),
+        "stack": np.where(known, stack_ids, _NO_STACK),
     }
 
 
@@ -221,7 +221,7 @@ def _layer_numbers(cols: dict[str, np.ndarray], mask: np.ndarray, end_ns: int) -
     alloc_ts, end_ts, size = cols["alloc_ts"][mask], cols["end_ts"][mask], cols["bytes"][mask]
     times, live = live_curve(alloc_ts, end_ts, size)
     peak_at = int(np.argmax(live))
-    held = (alloc_ts <= end_ns) & (end_ns < end_ts)
+    held = live_mask(alloc_ts, end_ts, end_ns)
     return int(live[peak_at]), int(times[peak_at]), int(size[held].sum())
 
 
@@ -231,14 +231,14 @@ def _chain_bytes(cols: dict[str, np.ndarray], layer_codes: np.ndarray, layer_nam
     alloc_ts, end_ts, size = cols["alloc_ts"], cols["end_ts"], cols["bytes"]
     frame = pd.DataFrame({
         "layer_code": layer_codes, "chain": cols["chain"], "stack": cols["stack"],
-        "end_bytes": np.where((alloc_ts <= end_ns) & (end_ns < end_ts), size, 0),
-        "peak_bytes": np.where((alloc_ts <= at_peak) & (at_peak < end_ts), size, 0),
+        "end_bytes": np.where(live_mask(alloc_ts, end_ts, end_ns), size, 0),
+        "peak_bytes": np.where(live_mask(alloc_ts, end_ts, at_peak), size, 0),
     })
     frame = frame[frame["layer_code"] >= 0]
     groups = frame.groupby(["layer_code", "chain"], sort=False).agg(
         end_bytes=("end_bytes", "sum"), peak_bytes=("peak_bytes", "sum"), stack_id=("stack", "min")).reset_index()
     names = np.array([label_of(x) for x in layer_names], dtype=object)
-    stack_id = groups["stack_id"].astype("Int64").mask(groups["stack_id"] == _NEVER)  # no known stack
+    stack_id = groups["stack_id"].astype("Int64").mask(groups["stack_id"] == _NO_STACK)  # no known stack
     return groups.assign(layer=names[groups["layer_code"].to_numpy()], stack_id=stack_id).drop(columns="layer_code")
 
 

@@ -38,11 +38,10 @@ import pandas as pd
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.growth import last_sample_at, live_at, sample_series
 from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of
 from memprof.model.meta import RecordingMeta
 from memprof.model.schema import Layer
 
-_NEVER = np.iinfo(np.int64).max
 BYTE_TERMS = ("used_nvml", "gpu_used", "driver", "reserved", "allocated", "requested",
               "context_and_unseen", "not_pytorch", "cached_free")
 TERMS = BYTE_TERMS + ("fragmentation",)
@@ -159,7 +158,7 @@ def _curve(rows: pd.DataFrame, with_requested: bool) -> _Curve:
     weight = rows["weight"].to_numpy(dtype=float) if "weight" in rows else 1.0
     size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
     alloc = rows["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end = rows["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    end = end_times(rows)
     times, live = live_curve(alloc, end, np.rint(size * weight).astype(np.int64))
     if not with_requested:
         return _Curve(times, live)

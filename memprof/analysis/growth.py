@@ -38,10 +38,9 @@ from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.growth_forecast import SECOND, STEP, Forecast, SeriesContext, forecast
 from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
 from memprof.model.schema import LAYERS
 
-_NEVER = np.iinfo(np.int64).max
 MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
 
 
@@ -225,7 +224,7 @@ def _series_columns(allocations: pd.DataFrame) -> pd.DataFrame:
     weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else 1.0
     return pd.DataFrame({
         "alloc": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
-        "end": allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
+        "end": end_times(allocations),
         "size": np.rint(size * weight).astype(np.int64),
         "stack": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
     })
@@ -251,7 +250,7 @@ def _curve_at(cols: pd.DataFrame, times: np.ndarray) -> np.ndarray:
 
 def _top_chains(cols: pd.DataFrame, ts_ns: int, top: int) -> list[int]:
     """Stacks (-1: none recorded) holding the most bytes at `ts_ns`, ties by stack id."""
-    live = (cols["alloc"] <= ts_ns) & (ts_ns < cols["end"]) & (cols["size"] > 0)
+    live = live_mask(cols["alloc"], cols["end"], ts_ns) & (cols["size"] > 0)
     held = cols[live].groupby("stack")["size"].sum().reset_index()
     held = held.sort_values(["size", "stack"], ascending=[False, True], kind="stable")
     return held["stack"].head(max(top, 0)).tolist()

@@ -24,7 +24,8 @@ import pandas as pd
 from memprof.analysis.attribution import Attribution, attribute
 from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.checkpoints import step_marks
-from memprof.analysis.leaks import LeakResult, chain_frames
+from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
+from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, chain_frames
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.analysis.overview import leak_report, recording_span
@@ -138,8 +139,8 @@ class HtmlData:
 
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
               samples: pd.DataFrame | None, meta: RecordingMeta, canonical_stack: Mapping[int, int] | None = None,
-              top: int = 20, max_points: int = MAX_POINTS, native_frames: str = "merged",
-              min_age_ns: int = 500_000_000) -> HtmlData:
+              top: int = 20, max_points: int = MAX_POINTS, native_frames: str = DEFAULT_NATIVE_FRAMES,
+              min_age_ns: int = DEFAULT_MIN_AGE_NS) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`."""
     curves = timeline_series(lifetimes, samples, max_points=max_points)

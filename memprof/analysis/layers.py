@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
+from memprof.analysis.lifetimes import NEVER, Lifetimes, category_codes, end_times, label_of, live_mask
 from memprof.model.schema import LAYERS
 
 # Estimates past this are damage (a tampered part, a bogus u64 size), not memory: clipped
@@ -38,12 +38,11 @@ def weighted_bytes(size: np.ndarray, weight: np.ndarray) -> np.ndarray:
     product = np.nan_to_num(size * weight, nan=0.0, posinf=_MAX_WEIGHTED_BYTES, neginf=-_MAX_WEIGHTED_BYTES)
     return np.rint(np.clip(product, -_MAX_WEIGHTED_BYTES, _MAX_WEIGHTED_BYTES)).astype(np.int64)
 
-_NEVER = np.iinfo(np.int64).max
-
 
 @dataclass(frozen=True)
 class ChainBytes:
-    """Bytes one chain (stack_id; None: no stack recorded) held at a layer's peak."""
+    """Live bytes and count of one chain (canonical stack_id; None: recorded without a stack)
+    at one time (a layer's peak in layer_summary, the time asked for in attribution.attribute)."""
 
     stack_id: int | None
     live_bytes: int
@@ -116,7 +115,7 @@ class _Columns(NamedTuple):
         weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else np.ones(len(allocations))
         size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
         return cls(alloc_ts=allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
-                   end_ts=allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER),
+                   end_ts=end_times(allocations),
                    size=weighted_bytes(size, weight),  # estimated bytes it stands for
                    has_stack=stack.notna().to_numpy(), stack=stack.to_numpy(dtype=np.int64, na_value=0),
                    weight=weight)
@@ -145,7 +144,7 @@ def live_curve(alloc_ts: np.ndarray, end_ts: np.ndarray, size: np.ndarray) -> tu
 
     `end_ts` holds int64 max for allocations that never ended (they add no event). Needs at
     least one allocation."""
-    ended = end_ts != _NEVER
+    ended = end_ts != NEVER
     times = np.concatenate([alloc_ts, end_ts[ended]])
     deltas = np.concatenate([size, -size[ended]])
     order = np.argsort(times, kind="stable")
@@ -156,7 +155,7 @@ def live_curve(alloc_ts: np.ndarray, end_ts: np.ndarray, size: np.ndarray) -> tu
 
 def _chains_at(cols: _Columns, ts_ns: int, top: int) -> list[ChainBytes]:
     """The `top` chains by bytes live at `ts_ns`, then by count (descending), then stack_id."""
-    live = (cols.alloc_ts <= ts_ns) & (ts_ns < cols.end_ts)
+    live = live_mask(cols.alloc_ts, cols.end_ts, ts_ns)
     if top <= 0 or not live.any():
         return []
     frame = pd.DataFrame({"stack_id": np.where(cols.has_stack, cols.stack, -1)[live],

@@ -23,14 +23,17 @@ import pandas as pd
 
 from memprof.analysis.caches import KnownChains, cached_segments
 from memprof.analysis.chain_trends import ChainTrends, chain_trends, rows_of_chains
-from memprof.analysis.chains import with_canonical_stacks
+from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
 from memprof.analysis.checkpoints import Checkpoints
-from memprof.analysis.lifetimes import Lifetimes, label_of, labels
+from memprof.analysis.lifetimes import NEVER, Lifetimes, end_times, label_of, labels, live_mask
 from memprof.analysis.trend import Trend
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FRAME_KEYS, Action, FrameKind, Layer, Mark
 
-_NEVER = np.iinfo(np.int64).max
+
+# Held at the end counts an allocation at least this old then (--min-age): younger ones are
+# the work in flight when the target stopped.
+DEFAULT_MIN_AGE_NS = 500_000_000
 
 
 class LeakKind(str, enum.Enum):
@@ -157,7 +160,7 @@ class LeakResult:
     python_frames: bool | None = None
 
 
-def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = 500_000_000,
+def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = DEFAULT_MIN_AGE_NS,
                layers: Iterable[str] | None = None, top: int | None = None,
                end_by_pid: Mapping[int, int] | None = None,
                canonical_stack: Mapping[int, int] | None = None,
@@ -232,8 +235,8 @@ def _growing_and_live(allocations: pd.DataFrame, ends: np.ndarray, trends: Chain
     if not trends.growing:
         return None
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
-    live = np.flatnonzero((alloc_ts <= ends) & (end_ts > ends))
+    end_ts = end_times(allocations)
+    live = np.flatnonzero(live_mask(alloc_ts, end_ts, ends))
     exempt = np.zeros(len(allocations), dtype=bool)
     exempt[live[rows_of_chains(allocations.iloc[live], trends.growing)]] = True
     return exempt
@@ -245,17 +248,17 @@ def _held(allocations: pd.DataFrame, ends: np.ndarray, exited: np.ndarray, min_a
     as (stack_id, size_bytes, alloc_ts_ns, weight, layer, released_at_exit, judged_ns),
     indexed by allocation row."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    end_ts = end_times(allocations)
     old_enough = (ends - alloc_ts) >= min_age_ns
     if exempt is not None:
         old_enough |= exempt
-    mask = (alloc_ts <= ends) & (end_ts > ends) & old_enough
+    mask = live_mask(alloc_ts, end_ts, ends) & old_enough
     rows = np.flatnonzero(mask)  # a few thousand of millions: only they get their layer's name
     layer = labels(allocations["layer"].iloc[rows])
     held = allocations.iloc[rows][["stack_id", "size_bytes", "alloc_ts_ns", "weight"]]
     # A sampled allocation stands for `weight` of them: estimates of bytes and counts stay unbiased.
     held = held.assign(size_bytes=held["size_bytes"].astype(float) * held["weight"])
-    released = (end_ts[rows] != _NEVER) | (exited[rows] & np.isin(layer, _PROCESS_LAYERS))
+    released = (end_ts[rows] != NEVER) | (exited[rows] & np.isin(layer, _PROCESS_LAYERS))
     return held.assign(layer=layer, released_at_exit=released, judged_ns=ends[rows])
 
 
@@ -485,20 +488,19 @@ def end_of_target(events: pd.DataFrame, root_pid: int | None, recording_end_ns: 
 
 
 def chain_frames(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable,
-                 native_frames: str = "merged") -> dict[int, list[dict]]:
+                 native_frames: str = DEFAULT_NATIVE_FRAMES) -> dict[int, list[dict]]:
     """Frames of each stack, innermost (depth 0) first, as dicts with keys kind, function,
     module, file, line (None where unknown). Null ids are skipped; an id with no stack rows
     maps to []. `native_frames`: "merged" drops the interpreter's eval-loop frames from chains
     that hold the Python frames they ran (the chain reads as its author wrote it); "all"
     keeps every native frame."""
-    if native_frames not in ("merged", "all"):
-        raise ValueError(f"native_frames must be 'merged' or 'all', not {native_frames!r}")
+    check_native_frames(native_frames)
     ids = sorted({int(i) for i in stack_ids if i is not None and not pd.isna(i)})
     chains: dict[int, list[dict]] = {i: [] for i in ids}
     rows = stacks[stacks["stack_id"].isin(ids)].merge(frames, on="frame_id", how="left")
     for row in rows.sort_values(["stack_id", "depth"]).itertuples(index=False):
         chains[int(row.stack_id)].append({key: _value(getattr(row, key)) for key in FRAME_KEYS})
-    if native_frames == "merged":
+    if native_frames == NativeFrames.MERGED:
         chains = {i: _without_eval_loop(chain) for i, chain in chains.items()}
     return chains
 

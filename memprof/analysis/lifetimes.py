@@ -41,6 +41,19 @@ _CARRIED = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "si
             "requested_bytes", "ts_ns"]
 ALLOCATION_COLUMNS = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
                       "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight"]
+# `end_ts_ns` of an allocation that never ended (NA in the column), as int64: later than any time.
+NEVER = np.iinfo(np.int64).max
+
+
+def end_times(allocations: pd.DataFrame) -> np.ndarray:
+    """`end_ts_ns` as int64, NEVER where the allocation never ended."""
+    return allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=NEVER)
+
+
+def live_mask(alloc_ts: np.ndarray, end_ts: np.ndarray, t) -> np.ndarray:
+    """Per allocation: live at `t` (a time, or one per allocation), alloc_ts <= t < end_ts.
+    `end_ts` as end_times gives it (NEVER: still live)."""
+    return (alloc_ts <= t) & (t < end_ts)
 
 
 @dataclass

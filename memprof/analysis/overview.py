@@ -15,7 +15,7 @@ from memprof.analysis.attribution import Span
 from memprof.analysis.caches import known_chains
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
-from memprof.analysis.leaks import LeakResult, end_of_target, exit_times, find_leaks
+from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, end_of_target, exit_times, find_leaks
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
 from memprof.analysis.trend import MIN_POINTS
@@ -38,7 +38,7 @@ def recording_span(meta: RecordingMeta, events: pd.DataFrame) -> Span:
 
 def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
                 frames: pd.DataFrame, *, canonical_stack: Mapping[int, int] | None = None,
-                min_age_ns: int = 500_000_000, layers: Iterable[str] | None = None, top: int | None = 10,
+                min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: Iterable[str] | None = None, top: int | None = 10,
                 window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
     """find_leaks judged at the target's end (its root process began to exit, else the end of
     the recording), with the chains recognized from their frames (caches.known_chains), the

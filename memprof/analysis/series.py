@@ -20,11 +20,10 @@ import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
-from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of, labels
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
 from memprof.model.schema import LAYERS, TENSOR_PREFIX, Action, Mark
 
 DEFAULT_MAX_POINTS = 20_000
-_NEVER = np.iinfo(np.int64).max
 _NO_STACK = -1
 INSTANT_COLUMNS = ["ts_ns", "kind", "pid", "tid", "layer", "device", "size_bytes", "step", "label"]
 
@@ -95,7 +94,7 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS) -> 
     layer_codes, layer_names = category_codes(allocations["layer"])
     device_codes, device_names = category_codes(allocations["device"])
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER)
+    end_ts = end_times(allocations)
     size = _weighted_bytes(allocations)
     series = []
     for layer, device in _layer_device_order(layer_codes, layer_names, device_codes, device_names):
@@ -214,7 +213,7 @@ def chain_totals(lifetimes: Lifetimes, *, end_ns: int, canonical_stack=None) -> 
     weight = allocations["weight"].to_numpy(dtype=float)
     size = _weighted_bytes(allocations)
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    live = (alloc_ts <= end_ns) & (end_ns < allocations["end_ts_ns"].to_numpy(dtype=np.int64, na_value=_NEVER))
+    live = live_mask(alloc_ts, end_times(allocations), end_ns)
     frame = pd.DataFrame({
         "layer": labels(allocations["layer"]),
         "stack": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=_NO_STACK),

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from memprof.analysis.attribution import (
-    Attribution, CategoryRow, ChainRow, FunctionRow, LayerLive, Span, attribute, stack_functions,
+    Attribution, CategoryRow, FunctionRow, LayerLive, Span, attribute, stack_functions,
 )
+from memprof.analysis.layers import ChainBytes
 from memprof.analysis.chains import canonical_stacks
 from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -179,7 +180,7 @@ def test_folded_stacks_are_exact_outermost_first_with_the_layer_as_root():
 def test_folded_names_escape_separators_and_identical_lines_merge():
     stacks, frames = stacks_frames({1: [("native", "f;g\nh", "lib.so", None, None)],
                                     2: [("native", "f;g\nh", "lib.so", None, None)]})
-    layer = LayerLive("native_heap", 0, 30, 3, [ChainRow(1, 10, 1), ChainRow(2, 20, 2), ChainRow(None, 0, 1)], 0)
+    layer = LayerLive("native_heap", 0, 30, 3, [ChainBytes(1, 10, 1), ChainBytes(2, 20, 2), ChainBytes(None, 0, 1)], 0)
     result = Attribution(by="chain", at="end", span=Span(0, 0, 0), layers=[layer])
     assert folded_stacks(result, chain_frames(stacks, frames, [1, 2])) == ["native_heap;[n] f,g h (lib.so) 30"]
 
@@ -219,7 +220,7 @@ def test_golden_function_table_at_width_100():
 
 def test_chain_table_escapes_markup_and_shows_loss():
     stacks, frames = stacks_frames({7: [("native", "collate[batch]", "train", None, None)]})
-    layer = LayerLive("native_heap", 2 * S, 100, 1, [ChainRow(7, 100, 1)], 0)
+    layer = LayerLive("native_heap", 2 * S, 100, 1, [ChainBytes(7, 100, 1)], 0)
     result = Attribution(by="chain", at="peak", span=Span(S, 3 * S, 3 * S), layers=[layer])
     console = Console(width=100, record=True, color_system=None)
     render_attribution_table(result, chain_frames(stacks, frames, [7]), console, lost_events=47)
