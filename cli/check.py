@@ -5,7 +5,7 @@ import json
 
 import click
 
-from memprof.cli.common import analysed, min_age_ns
+from memprof.cli.common import MIN_AGE_DEFAULT, analysed, min_age_ns
 
 
 def _size(text: str) -> int:
@@ -49,7 +49,7 @@ def _max_leak(ctx, param, value):
 @click.option("--allow-absent-layer", "allow_absent", is_flag=True,
               help="Skip a --max-peak SIZE:LAYER whose layer has no allocations in the recording, instead of "
                    "failing it (it is not counted as met either).")
-@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
+@click.option("--min-age", default=MIN_AGE_DEFAULT, show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
               help="table: for people; json: every number, for scripts.")

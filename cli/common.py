@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
-# The schema's layers (memprof.model.schema.LAYERS), spelled here so --help needs no import.
+# The library's closed sets and defaults, spelled here so --help imports no numpy, pandas or
+# pyarrow; tests/unit/test_cli_choices.py pins each equal to its one definition.
 LAYER_CHOICES = ("cuda_block", "cuda_segment", "cuda_driver", "torch_cpu", "native_heap", "kernel_slab", "kernel_page")
+MIN_AGE_DEFAULT = "500ms"  # memprof.analysis.leaks.DEFAULT_MIN_AGE_NS
+NATIVE_FRAMES_CHOICES = ("merged", "all")  # memprof.analysis.chains.NATIVE_FRAMES, the first the default
 
 
 def min_age_ns(ctx, param, value):
@@ -49,6 +52,7 @@ def _count(rec) -> str:
 def native_frames_option(fn):
     """The --native-frames option of every command that shows chains."""
     return click.option(
-        "--native-frames", "native_frames", default="merged", show_default=True, type=click.Choice(("merged", "all")),
+        "--native-frames", "native_frames", default=NATIVE_FRAMES_CHOICES[0], show_default=True,
+        type=click.Choice(NATIVE_FRAMES_CHOICES),
         help="merged: the interpreter's eval-loop frames are replaced by the Python frames they ran; "
              "all: keep every native frame too.")(fn)

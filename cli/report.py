@@ -5,7 +5,7 @@ import json
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, analysed, min_age_ns, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, MIN_AGE_DEFAULT, analysed, min_age_ns, native_frames_option
 from memprof.cli.typos import refuse_misspelt_command
 
 
@@ -54,7 +54,7 @@ def summary(path, top, fmt):
 
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
-@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
+@click.option("--min-age", default=MIN_AGE_DEFAULT, show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Show at most N findings.")

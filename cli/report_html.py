@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import analysed, min_age_ns, native_frames_option
+from memprof.cli.common import MIN_AGE_DEFAULT, analysed, min_age_ns, native_frames_option
 from memprof.cli.report import report
 
 
@@ -18,7 +18,7 @@ from memprof.cli.report import report
               help="Findings shown, and chains kept per layer in the flame graphs (the rest is one 'other' box).")
 @click.option("--points", default=2000, show_default=True, type=click.IntRange(min=10, max=100_000),
               help="Points kept per curve: the highest of each time slice, so peaks survive.")
-@click.option("--min-age", default="500ms", show_default=True, callback=min_age_ns,
+@click.option("--min-age", default=MIN_AGE_DEFAULT, show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks (as report leaks).")
 @click.option("--format", "fmt", default="html", show_default=True, type=click.Choice(("html", "json")),
               help="html: the page; json: only its data blob, on stdout unless -o is given "

@@ -58,9 +58,7 @@ class EbpfOptions:
     native_sample_bytes: int = 0
     user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
     allocator_prefix: str = ""
-    # "call-site": an allocator whose call to a known function carries (address, size) gets
-    # one uprobe there (memprof/sources/callsite.py); "entry-return": always entry + return.
-    alloc_probes: str = "call-site"
+    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
     ringbuf_bytes: int = 128 << 20
     stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
     user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)

@@ -13,6 +13,11 @@ from memprof.model import Layer
 from memprof.sources.callsite import CallSite, find_call_site
 
 ENTRY, RETURN = "entry", "return"
+# record --alloc-probes: CALL_SITE takes an allocator whose call to a known function carries
+# (address, size) in one uprobe there, where memprof/sources/callsite.py finds it; ENTRY_RETURN
+# always takes it at entry and return.
+CALL_SITE, ENTRY_RETURN = "call-site", "entry-return"
+ALLOC_PROBES = (CALL_SITE, ENTRY_RETURN)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Place:
     program: str
 
 
-def places(path: str, probe: Probe, alloc_probes: str = "call-site") -> tuple[tuple[Place, ...], str | None]:
+def places(path: str, probe: Probe, alloc_probes: str = CALL_SITE) -> tuple[tuple[Place, ...], str | None]:
     """Where to attach `probe` in the library at `path`: its call to `at_call.callee`, where
     memprof/sources/callsite.py finds it (one trap per allocation), else its entry and, for an
     allocator, its return. `alloc_probes` is `record --alloc-probes` ("call-site" or
@@ -68,7 +73,7 @@ def _call_site(path: str, probe: Probe, alloc_probes: str) -> CallSite | None:
     it has no such alternative."""
     if probe.at_call is None:
         return None
-    if alloc_probes != "call-site":
+    if alloc_probes != CALL_SITE:
         return CallSite(None, "--alloc-probes entry-return")
     return find_call_site(path, probe.symbol, probe.at_call.callee)
 
@@ -122,13 +127,13 @@ def native_family(prefix: str = "", library: str = "libc.so") -> Family:
 FAMILIES = {"torch": TORCH, "cuda": CUDA}
 
 
-def family_programs(family: Family, alloc_probes: str = "call-site") -> tuple[str, ...]:
+def family_programs(family: Family, alloc_probes: str = CALL_SITE) -> tuple[str, ...]:
     """Every BPF program `places()` may attach for `family` in some library: each probe's
     call-site program (with `alloc_probes` "call-site"), and its entry and return programs,
     which stand in wherever a build lacks the call site. In order, without repeats."""
     names: list[str] = []
     for probe in family.probes:
-        if probe.at_call is not None and alloc_probes == "call-site":
+        if probe.at_call is not None and alloc_probes == CALL_SITE:
             names.append(probe.at_call.program)
         names.append(probe.program)
         if probe.return_program:
