@@ -1,11 +1,9 @@
 """`memprof check`: hold a recording to memory budgets, for CI (exit 6 when one is broken)."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, analysed, min_age_ns
+from memprof.cli.common import MIN_AGE_DEFAULT, analysed, emit, min_age_ns
 
 
 def _size(text: str) -> int:
@@ -67,22 +65,13 @@ def check(ctx, path, peaks, max_leak, fail_on_leak, allow_absent, min_age, fmt):
     \b
       memprof check run.memprof --max-peak 2GiB --max-peak 512MiB:cuda_block --fail-on-leak
     """
-    from memprof.analysis.budget import Budgets, check_recording
-    from memprof.analysis.overview import leak_report
-    from memprof.cli import console
+    from memprof.analysis.budget import Budgets
     from memprof.errors import ExitCode, UsageError
-    from memprof.report.budget import check_to_json, render_check
 
     budgets = Budgets(peaks=peaks, max_leak_bytes=max_leak, fail_on_leak=fail_on_leak, allow_absent=allow_absent)
     if not budgets.count:
         raise UsageError("no budget to check", "give --max-peak SIZE[:LAYER], --max-leak SIZE or --fail-on-leak")
-    rec, events, lifetimes, canonical = analysed(path)
-    result = check_recording(lifetimes, budgets, lambda: leak_report(
-        rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical, min_age_ns=min_age, top=None))
-    if fmt == "json":
-        report = check_to_json(result, rec.path, start_ns=rec.meta.start_ns, lost_events=rec.meta.lost_events)
-        click.echo(json.dumps(report, indent=2))
-    else:
-        render_check(result, console.out, start_ns=rec.meta.start_ns, lost_events=rec.meta.lost_events)
-    if not result.passed:
+    view = analysed(path).check(budgets, min_age_ns=min_age)
+    emit(fmt, view)
+    if not view.result.passed:
         ctx.exit(ExitCode.CHECK_FAILED)

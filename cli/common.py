@@ -1,5 +1,6 @@
-"""What every command that reads a recording shares: opening and analysing it, and the
-options whose meaning must be the same everywhere (--min-age, --native-frames, layers)."""
+"""What every command that reads a recording shares: opening and analysing it, handing its
+view to the reporter (`emit`), and the options whose meaning must be the same everywhere
+(--min-age, --native-frames, layers)."""
 from __future__ import annotations
 
 import click
@@ -25,28 +26,29 @@ def min_age_ns(ctx, param, value):
 
 
 def analysed(path: str | None):
-    """(recording, timeline, lifetimes, canonical stack ids): the common start of every report.
+    """The recording at `path` (default: the newest in the current directory), opened and
+    analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed.
     On a terminal, each stage shows on stderr while it runs (a 10^7-event recording takes
     seconds)."""
-    from memprof.analysis.chains import canonical_stacks
-    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.api import STAGES, analyse
     from memprof.cli import console
-    from memprof.recording import find_latest_recording, open_recording
-    from memprof.timeline import timeline
 
-    with console.progress(stages=4) as stage:
-        stage("reading the recording")
-        rec = open_recording(path if path else find_latest_recording("."))
-        stage(f"merging {_count(rec)} events into one timeline")
-        events = rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
-        stage("pairing allocations with their frees")
-        lifetimes = pair_lifetimes(events)
-        stage("merging identical chains")
-        return rec, events, lifetimes, canonical_stacks(rec.stacks)
+    with console.progress(stages=STAGES) as stage:
+        return analyse(path, stage=stage)
 
 
-def _count(rec) -> str:
-    return f"{len(rec.events):,}"
+def emit(fmt: str, view) -> None:
+    """The one place a report leaves a command: `fmt` "json" prints the view's JSON on stdout,
+    any other format its terminal rendering on the report console (memprof.report.reporters)."""
+    import json
+
+    from memprof.cli import console
+    from memprof.report import reporters
+
+    if fmt == "json":
+        click.echo(json.dumps(reporters.to_json(view), indent=2))
+        return
+    reporters.render(view, console.out)
 
 
 def native_frames_option(fn):

@@ -1,22 +1,9 @@
 """`memprof diff A B`: what changed between two recordings, by layer and chain."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
-
-
-def _side(path: str):
-    """(recording, analysis.diff.Recorded) of the recording at `path`, judged at its target's end."""
-    from memprof.analysis.diff import Recorded
-    from memprof.analysis.leaks import end_of_target
-    from memprof.analysis.overview import recording_end_ns
-
-    rec, events, lifetimes, _ = analysed(path)
-    end_ns = end_of_target(events, rec.meta.pid, recording_end_ns(rec.meta, events))
-    return rec, Recorded(lifetimes=lifetimes, stacks=rec.stacks, frames=rec.frames, end_ns=end_ns)
+from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
 
 
 @click.command()
@@ -39,22 +26,6 @@ def diff(a, b, top, layers, fmt, native_frames):
     \b
       memprof diff base.memprof head.memprof --layer cuda_block --top 5
     """
-    from memprof.analysis.diff import diff_recordings
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.loss import recording_notes
-    from memprof.cli import console
-    from memprof.report.diff import diff_to_json, render_diff_table
+    from memprof.api import diff as diff_view
 
-    (rec_a, side_a), (rec_b, side_b) = _side(a), _side(b)
-    result = diff_recordings(side_a, side_b, layers=layers or None, top=top)
-    shown = [chain for layer in result.layers for chain in layer.chains]
-    chains_a = chain_frames(rec_a.stacks, rec_a.frames, [c.stack_id_a for c in shown], native_frames)
-    chains_b = chain_frames(rec_b.stacks, rec_b.frames, [c.stack_id_b for c in shown], native_frames)
-    lost = (rec_a.meta.lost_events, rec_b.meta.lost_events)
-    if fmt == "json":
-        doc = diff_to_json(result, chains_a, chains_b, recording_a=rec_a.path, recording_b=rec_b.path, lost_events=lost)
-        click.echo(json.dumps(doc, indent=2))
-        return
-    render_diff_table(result, chains_a, chains_b, console.out, names=(str(rec_a.path), str(rec_b.path)),
-                      start_ns=(rec_a.meta.start_ns, rec_b.meta.start_ns), lost_events=lost,
-                      notes=(recording_notes(rec_a.meta), recording_notes(rec_b.meta)))
+    emit(fmt, diff_view(analysed(a), analysed(b), layers=layers, top=top, native_frames=native_frames))

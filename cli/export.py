@@ -3,12 +3,17 @@ profile viewers, tables)."""
 from __future__ import annotations
 
 import json
-from functools import cached_property, partial
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from memprof.cli.common import analysed, native_frames_option
+
+if TYPE_CHECKING:
+    from memprof.api import Analysed
 
 # memprof.report.exports.FORMATS (kept here so `memprof --help` does not import pandas).
 FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet")
@@ -57,102 +62,84 @@ def export(path, fmt, output, max_points, native_frames):
     if out.to_stdout(output) and fmt in TABULAR:
         raise UsageError(f"{fmt} writes a directory of three files, not stdout", "give -o a directory, or leave it out")
     out.check_stdout(output, binary=FORMATS[fmt].binary)
-    rec, events, lifetimes, canonical = analysed(path)
-    if len(events) == 0:
-        console.warning(f"{rec.path} has no events: the export holds no memory curves or chains")
-    target = output or str(rec.path).rstrip("/") + FORMATS[fmt].suffix
-    recording = _Analysed(rec, events, lifetimes, canonical, native_frames, max_points)
+    a = analysed(path)
+    if len(a.events) == 0:
+        console.warning(f"{a.rec.path} has no events: the export holds no memory curves or chains")
+    target = output or str(a.rec.path).rstrip("/") + FORMATS[fmt].suffix
+    options = _Options(native_frames, max_points)
     build, stages = _RENDERERS[fmt]
-    with console.progress(stages=stages) as stage:  # after the analysis's own stages (cli/common.analysed)
-        data = build(recording, stage, Path(target)) if fmt in TABULAR else build(recording, stage)
+    with console.progress(stages=stages) as stage:  # after the analysis's own stages (memprof.api.analyse)
+        data = build(a, options, stage, Path(target)) if fmt in TABULAR else build(a, options, stage)
     if fmt in TABULAR:
         out.wrote(target, f"{fmt}: {', '.join(path.name for path in data)}; open with {FORMATS[fmt].viewer}")
     else:
         out.write(target, data, detail=f"{fmt}: open with {FORMATS[fmt].viewer}", binary=FORMATS[fmt].binary)
 
 
-class _Analysed:
-    """What every format starts from: the recording, its timeline, lifetimes, canonical
-    stacks and the user's options."""
+@dataclass(frozen=True)
+class _Options:
+    """The user's options every format may read."""
 
-    def __init__(self, rec, events, lifetimes, canonical, native_frames: str, max_points: int):
-        self.rec, self.events, self.lifetimes, self.canonical = rec, events, lifetimes, canonical
-        self.native_frames, self.max_points = native_frames, max_points
-
-    @cached_property
-    def span(self):
-        """Start, the target's end, the recording's end (overview.recording_span)."""
-        from memprof.analysis.overview import recording_span
-        return recording_span(self.rec.meta, self.events)
-
-    def chains(self, stack_ids) -> dict[int, list[dict]]:
-        from memprof.analysis.leaks import chain_frames
-        return chain_frames(self.rec.stacks, self.rec.frames, stack_ids, self.native_frames)
+    native_frames: str
+    max_points: int
 
 
-def _timeline(a: _Analysed, stage):
+def _timeline(a: Analysed, options: _Options, stage):
     from memprof.analysis.series import export_timeline
     stage("building the curves and instants of the timeline")
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
-                           end_ns=a.span.recording_end_ns, max_points=a.max_points)
+                           end_ns=a.span.recording_end_ns, max_points=options.max_points)
 
 
-def _perfetto(a: _Analysed, stage) -> bytes:
+def _perfetto(a: Analysed, options: _Options, stage) -> bytes:
     from memprof.report.exports.perfetto import perfetto_trace
-    timeline = _timeline(a, stage)
+    timeline = _timeline(a, options, stage)
     stage("encoding the Perfetto trace")
     return perfetto_trace(timeline, a.rec.meta.processes, root_pid=a.rec.meta.pid)
 
 
-def _chrome_trace(a: _Analysed, stage) -> bytes:
+def _chrome_trace(a: Analysed, options: _Options, stage) -> bytes:
     from memprof.report.exports.chrome_trace import chrome_trace
-    timeline = _timeline(a, stage)
+    timeline = _timeline(a, options, stage)
     stage("encoding the Chrome trace")
     return json.dumps(chrome_trace(timeline, a.rec.meta.processes, root_pid=a.rec.meta.pid)).encode()
 
 
-def _attribution(a: _Analysed, at: str):
-    from memprof.analysis.attribution import attribute
-    return attribute(a.lifetimes, by="chain", at=at, span=a.span, top=None, canonical_stack=a.canonical)
+def _live(a: Analysed, options: _Options, at: str):
+    """Every live chain of each layer at `at` ("end" or "peak"), with their frames."""
+    return a.attribution(by="chain", at=at, top=None, native_frames=options.native_frames)
 
 
-def _speedscope(a: _Analysed, stage) -> bytes:
+def _speedscope(a: Analysed, options: _Options, stage) -> bytes:
     from memprof import __version__
     from memprof.report.exports.speedscope import speedscope_file
-    stage("finding who held the live bytes at the end and at each layer's peak")
-    results = [("live bytes at the end", _attribution(a, "end")),
-               ("live bytes at each layer's peak", _attribution(a, "peak"))]
-    chains = _chains_of(a, stage, [result for _, result in results])
-    document = speedscope_file(results, chains, name=Path(str(a.rec.path)).name, exporter=f"memprof@{__version__}")
+    stage("finding who held the live bytes at the end and at each layer's peak, and their frames")
+    views = [("live bytes at the end", _live(a, options, "end")),
+             ("live bytes at each layer's peak", _live(a, options, "peak"))]
+    chains = {stack_id: frames for _, view in views for stack_id, frames in view.chains.items()}
+    document = speedscope_file([(name, view.result) for name, view in views], chains,
+                               name=Path(str(a.rec.path)).name, exporter=f"memprof@{__version__}")
     return json.dumps(document).encode()
 
 
-def _chains_of(a: _Analysed, stage, results) -> dict[int, list[dict]]:
-    """The frames of every chain the attributions `results` show."""
-    ids = {row.stack_id for result in results for layer in result.layers for row in layer.rows}
-    stage(f"reading the frames of {len(ids):,} chains")
-    return a.chains(ids)
-
-
-def _pprof(a: _Analysed, stage) -> bytes:
+def _pprof(a: Analysed, options: _Options, stage) -> bytes:
     from memprof.analysis.chains import chain_frame_ids
     from memprof.analysis.series import chain_totals
     from memprof.report.exports.pprof import pprof_profile
     stage("totalling the bytes each chain held at the end and allocated in all")
     totals = chain_totals(a.lifetimes, end_ns=a.span.end_ns, canonical_stack=a.canonical)
     stage(f"reading the frames of {totals['stack_id'].nunique():,} chains")
-    chain_rows = chain_frame_ids(a.rec.stacks, a.rec.frames, totals["stack_id"], a.native_frames)
+    chain_rows = chain_frame_ids(a.rec.stacks, a.rec.frames, totals["stack_id"], options.native_frames)
     stage(f"encoding {len(totals):,} pprof samples")
     return pprof_profile(totals, chain_rows, a.rec.frames, duration_ns=a.span.recording_end_ns - a.span.start_ns,
                          time_nanos=_epoch_ns(a.rec.meta))
 
 
-def _folded(a: _Analysed, stage) -> bytes:
+def _folded(a: Analysed, options: _Options, stage) -> bytes:
     from memprof.report.attribution import folded_stacks
-    stage("finding who held the live bytes at the end")
-    result = _attribution(a, "end")
-    chains = _chains_of(a, stage, [result])
-    return "".join(line + "\n" for line in folded_stacks(result, chains)).encode()
+    stage("finding who held the live bytes at the end, and their frames")
+    view = _live(a, options, "end")
+    return "".join(line + "\n" for line in folded_stacks(view.result, view.chains)).encode()
 
 
 def _epoch_ns(meta) -> int:
@@ -165,22 +152,16 @@ def _epoch_ns(meta) -> int:
     return int(meta.start_ns + anchor.realtime_ns - anchor.monotonic_ns)
 
 
-def _leaks(a: _Analysed):
-    """Findings as `memprof report leaks` judges them, with its defaults and no --top."""
-    from memprof.analysis.overview import leak_report
-    return leak_report(a.rec.meta, a.events, a.lifetimes, a.rec.stacks, a.rec.frames, canonical_stack=a.canonical,
-                       top=None)
-
-
-def _write_tables(a: _Analysed, stage, directory: Path, *, fmt: str) -> list[Path]:
-    """Write the events, marks and findings tables into `directory`; the files written."""
+def _write_tables(a: Analysed, options: _Options, stage, directory: Path, *, fmt: str) -> list[Path]:
+    """Write the events, marks and findings tables into `directory`; the files written. The
+    findings are `report leaks`' with its defaults and no --top."""
     from memprof.analysis.series import instants, marks_table
     from memprof.errors import MemprofError
     from memprof.report.exports.tabular import findings_frame, write_tables
     stage("judging leaks for the findings table")
-    result = _leaks(a)
-    chains = a.chains(f.stack_id for f in result.findings + result.not_leaks)
-    tables = {"events": a.events, "marks": marks_table(instants(a.events)), "findings": findings_frame(result, chains)}
+    leaks = a.leaks(top=None, native_frames=options.native_frames)
+    tables = {"events": a.events, "marks": marks_table(instants(a.events)),
+              "findings": findings_frame(leaks.result, leaks.chains)}
     stage(f"writing {len(a.events):,} events as {fmt}")
     try:
         return write_tables(tables, directory, fmt)
@@ -190,7 +171,7 @@ def _write_tables(a: _Analysed, stage, directory: Path, *, fmt: str) -> list[Pat
 
 
 # format -> (what builds it, how many progress stages that takes)
-_RENDERERS = {"perfetto": (_perfetto, 2), "chrome-trace": (_chrome_trace, 2), "speedscope": (_speedscope, 2),
-              "pprof": (_pprof, 3), "folded": (_folded, 2),
+_RENDERERS = {"perfetto": (_perfetto, 2), "chrome-trace": (_chrome_trace, 2), "speedscope": (_speedscope, 1),
+              "pprof": (_pprof, 3), "folded": (_folded, 1),
               "csv": (partial(_write_tables, fmt="csv"), 2),
               "parquet": (partial(_write_tables, fmt="parquet"), 2)}

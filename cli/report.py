@@ -1,11 +1,9 @@
-"""`memprof report …`: read a recording, analyse, render."""
+"""`memprof report …`: ask the analysed recording for one view, hand it to `emit`."""
 from __future__ import annotations
-
-import json
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, MIN_AGE_DEFAULT, analysed, min_age_ns, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, MIN_AGE_DEFAULT, analysed, emit, min_age_ns, native_frames_option
 from memprof.cli.typos import refuse_misspelt_command
 
 
@@ -37,19 +35,7 @@ def report():
 def summary(path, top, fmt):
     """One screen: per layer peak and end, RSS/GPU samples, the top leaks, lost events, and
     the commands that show more."""
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.overview import summarize
-    from memprof.cli import console
-    from memprof.report.summary import render_summary, summary_to_json
-
-    rec, events, lifetimes, canonical = analysed(path)
-    result = summarize(rec.meta, events, lifetimes, rec.stacks, rec.frames, rec.samples,
-                       canonical_stack=canonical, top=top)
-    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.leaks.findings])
-    if fmt == "json":
-        click.echo(json.dumps(summary_to_json(result, chains, rec.path), indent=2))
-        return
-    render_summary(result, chains, console.out, start_ns=rec.meta.start_ns, path=rec.path)
+    emit(fmt, analysed(path).summary(top=top))
 
 
 @report.command()
@@ -84,22 +70,9 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     outlived the process. For an attached process that did not exit, the end is the end of
     the recording.
     """
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.loss import recording_notes
-    from memprof.analysis.overview import leak_report
-    from memprof.cli import console
-    from memprof.report.leaks import leaks_to_json, render_leaks_table
-
-    rec, events, lifetimes, canonical = analysed(path)
-    result = leak_report(rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical,
-                         min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence)
-    shown = [f.stack_id for f in result.findings + result.not_leaks]
-    chains = chain_frames(rec.stacks, rec.frames, shown, native_frames)
-    if fmt == "json":
-        click.echo(json.dumps(leaks_to_json(result, chains, rec.path, rec.meta.lost_events), indent=2))
-        return
-    render_leaks_table(result, chains, console.out, start_ns=rec.meta.start_ns,
-                       lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
+    view = analysed(path).leaks(min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence,
+                                native_frames=native_frames)
+    emit(fmt, view)
 
 
 @report.command()
@@ -110,21 +83,7 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
 def layers(path, top, fmt, native_frames):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the
     peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""
-    from memprof.analysis.layers import layer_summary
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.loss import recording_notes
-    from memprof.cli import console
-    from memprof.report.layers import layers_to_json, render_layers_table
-
-    rec, _, lifetimes, canonical = analysed(path)
-    summary = layer_summary(lifetimes, rec.samples, top=top, canonical_stack=canonical)
-    ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
-    chains = chain_frames(rec.stacks, rec.frames, ids, native_frames)
-    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
-    if fmt == "json":
-        click.echo(json.dumps(layers_to_json(summary, chains, rec.path, **loss), indent=2))
-        return
-    render_layers_table(summary, chains, console.out, start_ns=rec.meta.start_ns, **loss)
+    emit(fmt, analysed(path).layers(top=top, native_frames=native_frames))
 
 
 # Sub-reports defined in their own modules register on `report` when imported.

@@ -1,11 +1,9 @@
 """`memprof report top | peak | chains`: who held each layer's live bytes at one moment."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
 from memprof.cli.report import report
 
 BY_CHOICES = ("chain", "function", "layer", "category")  # memprof.analysis.attribution.BY_CHOICES
@@ -51,29 +49,8 @@ def _at_option(fn):
 
 
 def _attributed(path, *, by: str, at, layers, top, native_frames):
-    """(recording, attribution, frames of the chains it shows)."""
-    from memprof.analysis.attribution import attribute
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.overview import recording_span
-
-    rec, events, lifetimes, canonical = analysed(path)
-    span = recording_span(rec.meta, events)
-    result = attribute(lifetimes, by=by, at=at, span=span, stacks=rec.stacks, frames=rec.frames, events=events,
-                       layers=layers or None, top=top, canonical_stack=canonical, native_frames=native_frames)
-    ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []
-    return rec, result, chain_frames(rec.stacks, rec.frames, ids, native_frames)
-
-
-def _show(rec, result, chain_map, fmt: str) -> None:
-    from memprof.analysis.loss import recording_notes
-    from memprof.cli import console
-    from memprof.report.attribution import attribution_to_json, render_attribution_table
-
-    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
-    if fmt == "json":
-        click.echo(json.dumps(attribution_to_json(result, chain_map, rec.path, **loss), indent=2))
-        return
-    render_attribution_table(result, chain_map, console.out, **loss)
+    """The AttributionView of the recording at `path` (memprof.api.Analysed.attribution)."""
+    return analysed(path).attribution(by=by, at=at, layers=layers, top=top, native_frames=native_frames)
 
 
 @report.command(epilog=_LAYERS_NOTE)
@@ -95,8 +72,7 @@ def top(path, layers, top, fmt, native_frames, by, at):
     allocator's call site as the tracepoint recorded it, so self bytes land there.
     Sampled allocations count by their weight (bytes and counts are estimates then).
     """
-    rec, result, chain_map = _attributed(path, by=by, at=at, layers=layers, top=top, native_frames=native_frames)
-    _show(rec, result, chain_map, fmt)
+    emit(fmt, _attributed(path, by=by, at=at, layers=layers, top=top, native_frames=native_frames))
 
 
 @report.command(epilog=_LAYERS_NOTE)
@@ -104,9 +80,7 @@ def top(path, layers, top, fmt, native_frames, by, at):
 def peak(path, layers, top, fmt, native_frames):
     """For each layer: when its peak (high-water mark, first reached) happened and which
     allocation chains held it then. Each layer is judged at its own peak."""
-    rec, result, chain_map = _attributed(path, by="chain", at="peak", layers=layers, top=top,
-                                         native_frames=native_frames)
-    _show(rec, result, chain_map, fmt)
+    emit(fmt, _attributed(path, by="chain", at="peak", layers=layers, top=top, native_frames=native_frames))
 
 
 @report.command(epilog=_LAYERS_NOTE)
@@ -135,19 +109,19 @@ def chains(path, layers, top, fmt, native_frames, at, flame, output):
         raise UsageError("--flame and --format json are two outputs", "choose one: folded stacks or JSON")
     if output and not flame:
         raise UsageError("-o/--output writes folded stacks", "add --flame, or redirect the table or JSON")
-    rec, result, chain_map = _attributed(path, by="chain", at=at, layers=layers, top=None if flame else top,
-                                         native_frames=native_frames)
+    view = _attributed(path, by="chain", at=at, layers=layers, top=None if flame else top,
+                       native_frames=native_frames)
     if flame:
-        _write_folded(result, chain_map, output)
+        _write_folded(view, output)
         return
-    _show(rec, result, chain_map, fmt)
+    emit(fmt, view)
 
 
-def _write_folded(result, chain_map, output: str | None) -> None:
+def _write_folded(view, output: str | None) -> None:
     from memprof.cli import output as out
     from memprof.report.attribution import folded_stacks
 
-    text = "".join(line + "\n" for line in folded_stacks(result, chain_map))
+    text = "".join(line + "\n" for line in folded_stacks(view.result, view.chains))
     if output is None:
         click.echo(text, nl=False)
         return

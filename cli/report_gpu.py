@@ -2,12 +2,10 @@
 each layer grows, and when it fills its device)."""
 from __future__ import annotations
 
-import json
-
 import click
 
 from memprof.analysis.growth_forecast import forecast_bar  # light: the bar --help states
-from memprof.cli.common import LAYER_CHOICES, analysed, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
 from memprof.cli.report import report
 
 
@@ -30,18 +28,7 @@ def gpu(path, points, fmt):
     is shown as "–", with the reason. NVML is sampled (10 Hz), so a difference with it may
     come out negative: shown as measured, with a note.
     """
-    from memprof.analysis.gpu import gpu_breakdown
-    from memprof.analysis.loss import recording_notes
-    from memprof.cli import console
-    from memprof.report.gpu import gpu_to_json, render_gpu_table
-
-    rec, events, lifetimes, _ = analysed(path)
-    result = gpu_breakdown(lifetimes, events, rec.samples, meta=rec.meta, points=points)
-    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
-    if fmt == "json":
-        click.echo(json.dumps(gpu_to_json(result, rec.path, **loss), indent=2))
-        return
-    render_gpu_table(result, console.out, start_ns=rec.meta.start_ns, **loss)
+    emit(fmt, analysed(path).gpu(points=points))
 
 
 @report.command(epilog=f"{forecast_bar()} Otherwise the report says why there is none: too few points, a poor "
@@ -61,18 +48,4 @@ def growth(path, layers, top, points, fmt, native_frames):
     a power law (bytes = a·step^b), each with R²; and, where the device's size is known (NVML
     for a GPU, MemTotal for the machine's RAM), when the better fit fills it at this rate.
     """
-    from memprof.analysis.growth import growth as fit_growth
-    from memprof.analysis.leaks import chain_frames
-    from memprof.analysis.loss import recording_notes
-    from memprof.cli import console
-    from memprof.report.growth import growth_to_json, render_growth_table
-
-    rec, events, lifetimes, canonical = analysed(path)
-    result = fit_growth(lifetimes, events, rec.samples, origin_ns=rec.meta.start_ns, points=points, top=top,
-                        layers=layers or None, canonical_stack=canonical)
-    chains = chain_frames(rec.stacks, rec.frames, [s.stack_id for s in result.series if s.chain], native_frames)
-    loss = dict(lost_events=rec.meta.lost_events, notes=recording_notes(rec.meta))
-    if fmt == "json":
-        click.echo(json.dumps(growth_to_json(result, chains, rec.path, **loss), indent=2))
-        return
-    render_growth_table(result, chains, console.out, **loss)
+    emit(fmt, analysed(path).growth(layers=layers, top=top, points=points, native_frames=native_frames))

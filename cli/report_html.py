@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, analysed, min_age_ns, native_frames_option
+from memprof.cli.common import MIN_AGE_DEFAULT, analysed, emit, min_age_ns, native_frames_option
 from memprof.cli.report import report
 
 
@@ -43,21 +43,14 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     import json
     from pathlib import Path
 
-    from memprof.analysis.html_data import html_data
     from memprof.cli.output import write
-    from memprof.report.html import html_page, page_json
+    from memprof.report.html import page
 
-    rec, events, lifetimes, canonical = analysed(path)
-    data = html_data(events, lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples, meta=rec.meta,
-                     canonical_stack=canonical, top=top, max_points=points, native_frames=native_frames,
-                     min_age_ns=min_age)
+    view = analysed(path).html(top=top, points=points, min_age_ns=min_age, native_frames=native_frames)
     if fmt == "json" and not output:
-        click.echo(json.dumps(page_json(data, rec.meta, rec.path), indent=1))
+        emit(fmt, view)
         return
-    if fmt == "json":
-        text = json.dumps(page_json(data, rec.meta, rec.path), indent=1)
-    else:
-        text = html_page(data, rec.meta, rec.path)
-    target = output or f"{Path(rec.path).name.removesuffix('.memprof')}.{fmt}"
+    text = json.dumps(page.to_json(view), indent=1) if fmt == "json" else page.page(view)
+    target = output or f"{Path(view.about.path).name.removesuffix('.memprof')}.{fmt}"
     write(target, text, detail=f"{len(text.encode()) / 1e6:.1f} MB")  # '-': stdout
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive
     from memprof.analysis.layers import ChainBytes
+    from memprof.analysis.views import AttributionView
 
 _NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories")}
 
@@ -204,3 +205,19 @@ def _share(part: int, whole: int) -> str:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n:,} {one if n == 1 else many}"
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: AttributionView) -> dict:
+    """`attribution_to_json` of the view."""
+    about = view.about
+    return attribution_to_json(view.result, view.chains, about.path, lost_events=about.lost_events,
+                               notes=about.notes)
+
+
+def render(view: AttributionView, console: Console) -> None:
+    """`render_attribution_table` of the view."""
+    render_attribution_table(view.result, view.chains, console, lost_events=view.about.lost_events,
+                             notes=view.about.notes)

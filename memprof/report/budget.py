@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.budget import CheckResult, Violation
+    from memprof.analysis.views import CheckView
 
 
 def check_to_json(result: CheckResult, recording_path, *, start_ns: int, lost_events: int = 0) -> dict:
@@ -96,3 +97,17 @@ def _sizes(actual: int, limit: int) -> tuple[str, str]:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: CheckView) -> dict:
+    """`check_to_json` of the view."""
+    about = view.about
+    return check_to_json(view.result, about.path, start_ns=about.start_ns, lost_events=about.lost_events)
+
+
+def render(view: CheckView, console: Console) -> None:
+    """`render_check` of the view."""
+    render_check(view.result, console, start_ns=view.about.start_ns, lost_events=view.about.lost_events)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.diff import ChainDiff, DiffResult, LayerDiff
+    from memprof.analysis.views import DiffView
 
 _IDENTITY_KEYS = ("kind", "function", "module", "file")
 
@@ -136,3 +137,21 @@ def _signed(n: int) -> str:
 
 def _from_to(a: int, b: int) -> str:
     return f"{format_bytes(a)} → {format_bytes(b)}"
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: DiffView) -> dict:
+    """`diff_to_json` of the view."""
+    a, b = view.a, view.b
+    return diff_to_json(view.result, view.chains_a, view.chains_b, recording_a=a.path, recording_b=b.path,
+                        lost_events=(a.lost_events, b.lost_events))
+
+
+def render(view: DiffView, console: Console) -> None:
+    """`render_diff_table` of the view."""
+    a, b = view.a, view.b
+    render_diff_table(view.result, view.chains_a, view.chains_b, console, names=(a.path, b.path),
+                      start_ns=(a.start_ns, b.start_ns), lost_events=(a.lost_events, b.lost_events),
+                      notes=(a.notes, b.notes))

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.gpu import DeviceBreakdown, GpuBreakdown, GpuTerms
+    from memprof.analysis.views import GpuView
 
 # (term, label, how it is derived): the equation top-down, each difference under its minuend.
 _EQUATION = (
@@ -142,3 +143,17 @@ def _cell(row: GpuTerms, term: str) -> str:
 
 def _bytes(value: int | None) -> str:
     return _NONE if value is None else format_bytes(value)
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: GpuView) -> dict:
+    """`gpu_to_json` of the view."""
+    return gpu_to_json(view.result, view.about.path, lost_events=view.about.lost_events, notes=view.about.notes)
+
+
+def render(view: GpuView, console: Console) -> None:
+    """`render_gpu_table` of the view."""
+    about = view.about
+    render_gpu_table(view.result, console, start_ns=about.start_ns, lost_events=about.lost_events, notes=about.notes)

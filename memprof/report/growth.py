@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from memprof.analysis.growth import Fit, GrowthResult, GrowthSeries
     from memprof.analysis.growth_forecast import Forecast
+    from memprof.analysis.views import GrowthView
 
 _NONE = "–"
 # On a narrow console the series column keeps at least this many cells (chains are cut with
@@ -202,3 +203,17 @@ def _words(forecast: Forecast) -> str:
 
 def _frames(series: GrowthSeries, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if series.stack_id is None else chains.get(series.stack_id, [])
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: GrowthView) -> dict:
+    """`growth_to_json` of the view."""
+    about = view.about
+    return growth_to_json(view.result, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
+
+
+def render(view: GrowthView, console: Console) -> None:
+    """`render_growth_table` of the view."""
+    render_growth_table(view.result, view.chains, console, lost_events=view.about.lost_events, notes=view.about.notes)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.layers import ChainBytes, LayerStats, LayerSummary, MetricStats
+    from memprof.analysis.views import LayersView
 
 
 def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path, *,
@@ -109,3 +110,19 @@ def _value(metric: str, value: float) -> str:
 
 def _frames(chain: ChainBytes, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if chain.stack_id is None else chains.get(chain.stack_id, [])
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: LayersView) -> dict:
+    """`layers_to_json` of the view."""
+    about = view.about
+    return layers_to_json(view.summary, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
+
+
+def render(view: LayersView, console: Console) -> None:
+    """`render_layers_table` of the view."""
+    about = view.about
+    render_layers_table(view.summary, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
+                        notes=about.notes)

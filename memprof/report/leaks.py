@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memprof.analysis.leaks import LeakFinding, LeakResult
+    from memprof.analysis.views import LeaksView
 
 MAX_FRAMES = 12
 
@@ -242,3 +243,18 @@ def _by_layer(counts: dict[str, int]) -> str:
     if len(nonzero) < 2:
         return f" ({next(iter(nonzero))})" if nonzero else ""
     return " (" + ", ".join(f"{layer} {n}" for layer, n in nonzero.items()) + ")"
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: LeaksView) -> dict:
+    """`leaks_to_json` of the view."""
+    return leaks_to_json(view.result, view.chains, view.about.path, view.about.lost_events)
+
+
+def render(view: LeaksView, console: Console) -> None:
+    """`render_leaks_table` of the view, with the recording's notes."""
+    about = view.about
+    render_leaks_table(view.result, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
+                       notes=about.notes)

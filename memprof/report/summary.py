@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from memprof.analysis.leaks import LeakFinding
     from memprof.analysis.overview import Summary
+    from memprof.analysis.views import SummaryView
 
 _GPU_LAYERS = {"cuda_block", "cuda_segment", "cuda_driver"}
 
@@ -133,3 +134,16 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         out(f"  [dim]{min_age_left_out(leaks)}[/]")
     if leaks.not_leaks:
         out(f"  [dim]and {leaks.not_leaks_total} chains held on purpose (caches, pools, buffers): not leaks[/]")
+
+
+# --- the reporter contract (memprof.report.reporters) ---------------------------------------
+
+
+def to_json(view: SummaryView) -> dict:
+    """`summary_to_json` of the view."""
+    return summary_to_json(view.summary, view.chains, view.about.path)
+
+
+def render(view: SummaryView, console: Console) -> None:
+    """`render_summary` of the view."""
+    render_summary(view.summary, view.chains, console, start_ns=view.about.start_ns, path=view.about.path)

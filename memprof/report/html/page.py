@@ -19,6 +19,7 @@ from memprof.report.wording import min_age_left_out, shown_of
 
 if TYPE_CHECKING:
     from memprof.analysis.html_data import Flame, HtmlData, Series, Stack
+    from memprof.analysis.views import HtmlView
     from memprof.model.meta import RecordingMeta
 
 DATA_VERSION = 1
@@ -105,3 +106,15 @@ def _node_json(node: tuple) -> list:
 
 def _static(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+# --- the reporter contract (memprof.report.reporters): a page is a file, not a console's --------
+
+def to_json(view: HtmlView) -> dict:
+    """`page_json` of the view: the page's data blob."""
+    return page_json(view.data, view.meta, view.about.path)
+
+
+def page(view: HtmlView) -> str:
+    """`html_page` of the view: the whole page as text."""
+    return html_page(view.data, view.meta, view.about.path)

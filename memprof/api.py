@@ -1,0 +1,195 @@
+"""The library's one entry point to a recording: `analyse(path)` opens it, merges its events
+into one timeline, pairs allocations with their frees and merges identical chains, and
+returns an `Analysed`, which computes each report's view (memprof.analysis.views) when first
+asked and keeps it. Every command that reads a recording, the benchmarks and the tests start
+here; none assembles the pipeline itself.
+
+Above `analysis` (it opens recordings, which analysis may not) and below `cli`. Times are
+CLOCK_MONOTONIC ns of the recording host, sizes bytes.
+"""
+from __future__ import annotations
+
+from functools import cached_property, wraps
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
+from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
+from memprof.analysis.views import (
+    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, SummaryView,
+)
+
+if TYPE_CHECKING:
+    from memprof.analysis.attribution import Span
+    from memprof.analysis.budget import Budgets
+    from memprof.analysis.diff import Recorded
+    from memprof.recording import Recording
+
+Stage = Callable[[str], None]  # names the step now running (the CLI's progress bar)
+STAGES = 4  # how many times `analyse` calls its `stage`
+
+
+def _quiet(text: str) -> None:
+    """A stage callback that shows nothing."""
+
+
+def analyse(path: Path | str | None = None, *, stage: Stage = _quiet) -> Analysed:
+    """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
+    current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
+    recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording."""
+    from memprof.analysis.chains import canonical_stacks
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.recording import find_latest_recording, open_recording
+    from memprof.timeline import timeline
+
+    stage("reading the recording")
+    rec = open_recording(path if path else find_latest_recording("."))
+    stage(f"merging {len(rec.events):,} events into one timeline")
+    rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
+    stage("pairing allocations with their frees")
+    lifetimes = pair_lifetimes(rec.events)
+    stage("merging identical chains")
+    return Analysed(rec, lifetimes, canonical_stacks(rec.stacks))
+
+
+def _kept(method):
+    """Keep a view method's result per arguments: a second ask with the same options is free."""
+    @wraps(method)
+    def view(self, *args, **kwargs):
+        key = (method.__name__, args, tuple(sorted(kwargs.items())))
+        if key not in self._kept:
+            self._kept[key] = method(self, *args, **kwargs)
+        return self._kept[key]
+    return view
+
+
+class Analysed:
+    """One recording, analysed: `rec` (its meta, stacks, frames, samples; `rec.events` the
+    merged timeline), `lifetimes` (analysis.lifetimes.Lifetimes) and `canonical` (stack id ->
+    the id of the first identical chain). Each view is computed when first asked, with the
+    defaults of the command that shows it, and kept per options."""
+
+    def __init__(self, rec: Recording, lifetimes, canonical):
+        self.rec, self.lifetimes, self.canonical = rec, lifetimes, canonical
+        self._kept: dict = {}
+
+    @property
+    def events(self):
+        """The merged timeline (one clock, sorted by ts_ns then seq)."""
+        return self.rec.events
+
+    @cached_property
+    def span(self) -> Span:
+        """Start, the target's end, the recording's end (overview.recording_span)."""
+        from memprof.analysis.overview import recording_span
+        return recording_span(self.rec.meta, self.events)
+
+    @cached_property
+    def about(self) -> About:
+        """Path, start, lost events and the notes every view carries."""
+        from memprof.analysis.loss import recording_notes
+        meta = self.rec.meta
+        return About(path=str(self.rec.path), start_ns=int(meta.start_ns), lost_events=int(meta.lost_events),
+                     notes=tuple(recording_notes(meta)))
+
+    def chains(self, stack_ids: Iterable, native_frames: str = DEFAULT_NATIVE_FRAMES) -> dict[int, list[dict]]:
+        """The frames of each of `stack_ids`, innermost first (leaks.chain_frames)."""
+        from memprof.analysis.leaks import chain_frames
+        return chain_frames(self.rec.stacks, self.rec.frames, stack_ids, native_frames)
+
+    @_kept
+    def leak_result(self, *, min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: tuple = (), top: int | None = 10,
+                    window_ns: int | None = None, confidence: float = 0.99):
+        """The findings as `report leaks` judges them (overview.leak_report)."""
+        from memprof.analysis.overview import leak_report
+        rec = self.rec
+        return leak_report(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames,
+                           canonical_stack=self.canonical, min_age_ns=min_age_ns, layers=layers, top=top,
+                           window_ns=window_ns, confidence=confidence)
+
+    @_kept
+    def leaks(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES, **options) -> LeaksView:
+        """`report leaks`: `options` as `leak_result` takes them."""
+        result = self.leak_result(**options)
+        shown = [f.stack_id for f in result.findings + result.not_leaks]
+        return LeaksView(result, self.chains(shown, native_frames), self.about)
+
+    @_kept
+    def summary(self, *, top: int = 3) -> SummaryView:
+        """`report`: the one-screen summary with at most `top` findings."""
+        from memprof.analysis.overview import summarize
+        rec = self.rec
+        result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
+                           canonical_stack=self.canonical, top=top)
+        return SummaryView(result, self.chains(f.stack_id for f in result.leaks.findings), self.about)
+
+    @_kept
+    def layers(self, *, top: int = 3, native_frames: str = DEFAULT_NATIVE_FRAMES) -> LayersView:
+        """`report layers`: per layer peak and end, with the `top` chains at its peak."""
+        from memprof.analysis.layers import layer_summary
+        summary = layer_summary(self.lifetimes, self.rec.samples, top=top, canonical_stack=self.canonical)
+        ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
+        return LayersView(summary, self.chains(ids, native_frames), self.about)
+
+    @_kept
+    def attribution(self, *, by: str = "chain", at="end", layers: tuple = (), top: int | None = 10,
+                    native_frames: str = DEFAULT_NATIVE_FRAMES) -> AttributionView:
+        """`report top | peak | chains`: live bytes `by` chain, function, layer or category at
+        `at` ("end", "peak" or ns after the start); `top` None keeps every row."""
+        from memprof.analysis.attribution import attribute
+        rec = self.rec
+        result = attribute(self.lifetimes, by=by, at=at, span=self.span, stacks=rec.stacks, frames=rec.frames,
+                           events=self.events, layers=layers or None, top=top, canonical_stack=self.canonical,
+                           native_frames=native_frames)
+        ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []
+        return AttributionView(result, self.chains(ids, native_frames), self.about)
+
+    @_kept
+    def gpu(self, *, points: int = 20) -> GpuView:
+        """`report gpu`: each GPU's memory, term by term, at `points` times."""
+        from memprof.analysis.gpu import gpu_breakdown
+        result = gpu_breakdown(self.lifetimes, self.events, self.rec.samples, meta=self.rec.meta, points=points)
+        return GpuView(result, self.about)
+
+    @_kept
+    def growth(self, *, layers: tuple = (), top: int = 3, points: int = 50,
+               native_frames: str = DEFAULT_NATIVE_FRAMES) -> GrowthView:
+        """`report growth`: fits and forecasts per layer, device and `top` chains."""
+        from memprof.analysis.growth import growth
+        result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
+                        points=points, top=top, layers=layers or None, canonical_stack=self.canonical)
+        ids = [s.stack_id for s in result.series if s.chain]
+        return GrowthView(result, self.chains(ids, native_frames), self.about)
+
+    @_kept
+    def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,
+             native_frames: str = DEFAULT_NATIVE_FRAMES) -> HtmlView:
+        """`report html`: the page's data, curves kept to `points` per series."""
+        from memprof.analysis.html_data import html_data
+        rec = self.rec
+        data = html_data(self.events, self.lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples,
+                         meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
+                         native_frames=native_frames, min_age_ns=min_age_ns)
+        return HtmlView(data, rec.meta, self.about)
+
+    def check(self, budgets: Budgets, *, min_age_ns: int = DEFAULT_MIN_AGE_NS) -> CheckView:
+        """`check`: `budgets` judged; leaks (every finding, no --top) only when one needs them."""
+        from memprof.analysis.budget import check_recording
+        result = check_recording(self.lifetimes, budgets,
+                                 lambda: self.leak_result(min_age_ns=min_age_ns, top=None))
+        return CheckView(result, self.about)
+
+    def side(self) -> Recorded:
+        """This recording as one side of a diff, judged at its target's end."""
+        from memprof.analysis.diff import Recorded
+        return Recorded(lifetimes=self.lifetimes, stacks=self.rec.stacks, frames=self.rec.frames,
+                        end_ns=self.span.end_ns)
+
+
+def diff(a: Analysed, b: Analysed, *, layers: tuple = (), top: int = 10, native_frames: str = DEFAULT_NATIVE_FRAMES) -> DiffView:
+    """`diff A B`: what changed from `a` (the baseline) to `b`, by layer and chain."""
+    from memprof.analysis.diff import diff_recordings
+    result = diff_recordings(a.side(), b.side(), layers=layers or None, top=top)
+    shown = [chain for layer in result.layers for chain in layer.chains]
+    return DiffView(result, a.chains([c.stack_id_a for c in shown], native_frames),
+                    b.chains([c.stack_id_b for c in shown], native_frames), a.about, b.about)
