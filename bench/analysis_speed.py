@@ -20,9 +20,9 @@ Every measurement runs in a fresh Python process, --repeats times (median, minâ€
     .venv/bin/python bench/analysis_speed.py [--events N] [--repeats R] [--workdir DIR] [--only a,b,â€¦]
 
   report  `python -m memprof report leaks PATH --format json`, wall time of the whole command
-  load    open_recording + timeline
-  pair    pair_lifetimes alone, pinned to one CPU: events per second
-  leaks   the leak analysis alone, as the CLI calls it (overview.leak_report, else find_leaks)
+  load    open_recording + timeline (memprof.api.analyse's first two stages)
+  pair    pair_lifetimes alone (its third stage), pinned to one CPU: events per second
+  leaks   the leak analysis alone, as the CLI asks for it (memprof.api.Analysed.leak_result)
   memory  peak RSS of the leak report (in-process CLI) minus RSS after its imports, against the
           in-memory size of the events DataFrame (memory_usage(deep=True))
 """
@@ -287,57 +287,37 @@ def _child_report(path: str) -> dict:
     return {"seconds": wall, "findings": json.loads(done.stdout)["findings"]}
 
 
+def _analysed(path: str):
+    """(memprof.api.Analysed, seconds of each of its stages in order: open, timeline, pair,
+    merge chains), through the one entry point every command uses."""
+    from memprof.api import analyse
+    marks: list[float] = []
+    analysed = analyse(path, stage=lambda text: marks.append(time.perf_counter()))
+    marks.append(time.perf_counter())
+    return analysed, [end - start for start, end in zip(marks, marks[1:])]
+
+
 def _child_load(path: str) -> dict:
-    from memprof.recording import open_recording
-    from memprof.timeline import timeline
-    started = time.perf_counter()
-    rec = open_recording(path)
-    opened = time.perf_counter()
-    events = timeline(rec)
-    done = time.perf_counter()
-    return {"seconds": done - started, "open_s": opened - started, "timeline_s": done - opened,
-            "events": len(events), "events_bytes": int(rec.events.memory_usage(deep=True).sum())}
-
-
-def _loaded(path: str):
-    """(recording, timeline, lifetimes, canonical stacks), as the CLI's `analysed` makes them."""
-    from memprof.cli.common import analysed
-    return analysed(path)
+    analysed, (open_s, timeline_s, *_) = _analysed(path)
+    return {"seconds": open_s + timeline_s, "open_s": open_s, "timeline_s": timeline_s,
+            "events": len(analysed.events), "events_bytes": int(analysed.events.memory_usage(deep=True).sum())}
 
 
 def _child_pair(path: str) -> dict:
-    from memprof.analysis.lifetimes import pair_lifetimes
-    from memprof.recording import open_recording
-    from memprof.timeline import timeline
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
-    events = timeline(open_recording(path))
-    started = time.perf_counter()
-    lifetimes = pair_lifetimes(events)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "events_per_s": len(events) / seconds,
+    analysed, (_, _, seconds, _) = _analysed(path)
+    lifetimes = analysed.lifetimes
+    return {"seconds": seconds, "events_per_s": len(analysed.events) / seconds,
             "missed": sum(lifetimes.missed_frees.values()), "unmatched": sum(lifetimes.unmatched_frees.values())}
 
 
 def _child_leaks(path: str) -> dict:
-    """The leak analysis the CLI runs after loading: overview.leak_report (find_leaks with
-    checkpoints for growth and kernel-cache chains) where it exists, else find_leaks alone."""
-    rec, events, lifetimes, canonical = _loaded(path)
+    """The leak analysis the CLI runs after loading (overview.leak_report through the entry point)."""
+    analysed, _ = _analysed(path)
     started = time.perf_counter()
-    try:
-        from memprof.analysis.overview import leak_report
-    except ImportError:
-        result = _find_leaks_alone(rec, events, lifetimes, canonical)
-    else:
-        result = leak_report(rec.meta, events, lifetimes, rec.stacks, rec.frames, canonical_stack=canonical)
+    result = analysed.leak_result()
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "findings": len(result.findings)}
-
-
-def _find_leaks_alone(rec, events, lifetimes, canonical):
-    from memprof.analysis.leaks import end_of_target, exit_times, find_leaks
-    end_ns = rec.meta.end_ns
-    return find_leaks(lifetimes, end_ns=end_of_target(events, rec.meta.pid, end_ns), recording_end_ns=end_ns,
-                      min_age_ns=500_000_000, top=10, end_by_pid=exit_times(events), canonical_stack=canonical)
 
 
 def _child_memory(path: str) -> dict:

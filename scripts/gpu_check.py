@@ -318,12 +318,10 @@ def report_json(kind: str, rec: Path, out: Path, deadline: Deadline, extra: list
 
 def driver_live_by_device(rec: Path, at_ns: int | None) -> tuple[dict, dict]:
     """({device: live bytes at `at_ns`}, {device: live bytes at the end}) of the cuda_driver
-    layer, through memprof's library (reading, timeline, lifetimes)."""
-    from memprof.analysis.lifetimes import pair_lifetimes
-    from memprof.recording import open_recording
-    from memprof.timeline import timeline
+    layer, through memprof's library (its one entry point, memprof.api.analyse)."""
+    from memprof.api import analyse
 
-    allocations = pair_lifetimes(timeline(open_recording(rec))).allocations
+    allocations = analyse(rec).lifetimes.allocations
     driver = allocations[allocations["layer"].astype(str) == "cuda_driver"]
     size = driver["size_bytes"].astype("float64").fillna(0)
     device = driver["device"].astype(str)

@@ -30,9 +30,8 @@ def record(run_memprof, tmp_path: Path, *command, args=()) -> tuple[Path, str]:
 
 
 def marks(recording: Path):
-    from memprof.recording import open_recording
-    from memprof.timeline import timeline
-    events = timeline(open_recording(recording))
+    from memprof.api import analyse
+    events = analyse(recording).events  # the merged timeline
     return events, events[events["action"] == "mark"]
 
 

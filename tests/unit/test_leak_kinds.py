@@ -267,17 +267,13 @@ def test_a_filesystems_cached_metadata_blocks_are_a_kernel_cache():
 
 def test_a_command_that_exits_without_step_marks_is_judged_at_its_end_only(tmp_path):
     """Windows stand in for steps only for a target still running when the recording stopped."""
-    from memprof.analysis.overview import leak_report
-    from memprof.recording import open_recording
-    from memprof.timeline import timeline
+    from memprof.api import analyse
     from tests.diff_factories import write_recording
     rows = [ev(k * S // 10, "alloc", 0x5000_0000 + k * 0x1000, KiB, 2) for k in range(1, 100)]
     exited = rows + [dict(ts_ns=10 * S, action="mark", category="exit", pid=PID, tid=PID)]
     for name, events, kind in (("exited", exited, "held_at_end"), ("running", rows, "grows_per_step")):
-        rec = open_recording(write_recording(tmp_path / f"{name}.memprof", events_frame(events, layer="torch_cpu"),
-                                             end_ns=11 * S))
-        timed = timeline(rec)
-        result = leak_report(rec.meta, timed, pair_lifetimes(timed), rec.stacks, rec.frames)
+        result = analyse(write_recording(tmp_path / f"{name}.memprof", events_frame(events, layer="torch_cpu"),
+                                         end_ns=11 * S)).leak_result()
         assert [f.kind for f in result.findings] == [kind], name
         assert (result.checkpoints is None) == (name == "exited")
 

@@ -2,19 +2,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from memprof.analysis.chains import canonical_stacks
-from memprof.analysis.leaks import chain_frames
-from memprof.analysis.lifetimes import pair_lifetimes
-from memprof.analysis.overview import summarize
+from memprof.api import analyse
 from memprof.cli.main import cli
-from memprof.recording import open_recording
-from memprof.report.summary import render_summary
-from memprof.timeline import timeline
+from memprof.report.reporters import render
 from tests.diff_factories import write_recording
 from tests.factories import ev, events_frame
 
@@ -42,10 +38,7 @@ def recording(tmp_path):
 
 
 def test_summary_knows_the_layers_and_the_leak(recording):
-    rec = open_recording(recording)
-    events = timeline(rec)
-    result = summarize(rec.meta, events, pair_lifetimes(events), rec.stacks, rec.frames, rec.samples,
-                       canonical_stack=canonical_stacks(rec.stacks))
+    result = analyse(recording).summary().summary
     [layer] = result.layers.layers
     assert (layer.layer, layer.peak_bytes, layer.final_bytes, layer.alloc_count) == (
         "torch_cpu", (1 << 20) + 20 * 128 * KiB, (1 << 20) + 20 * 128 * KiB, 21)
@@ -55,12 +48,10 @@ def test_summary_knows_the_layers_and_the_leak(recording):
 
 
 def test_summary_table_golden(recording):
-    rec = open_recording(recording)
-    events = timeline(rec)
-    result = summarize(rec.meta, events, pair_lifetimes(events), rec.stacks, rec.frames, rec.samples)
-    chains = chain_frames(rec.stacks, rec.frames, [f.stack_id for f in result.leaks.findings])
+    view = analyse(recording).summary()
+    assert view.about.start_ns == 0
     console = Console(width=100, record=True, color_system=None)
-    render_summary(result, chains, console, start_ns=0, path="run.memprof")
+    render(replace(view, about=replace(view.about, path="run.memprof")), console)
     lines = [line.rstrip() for line in console.export_text().splitlines()]
     assert lines == [
         'memprof run.memprof · 22.00s · 42 events · 20 steps',
