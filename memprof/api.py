@@ -186,7 +186,8 @@ class Analysed:
                         end_ns=self.span.end_ns)
 
 
-def diff(a: Analysed, b: Analysed, *, layers: tuple = (), top: int = 10, native_frames: str = DEFAULT_NATIVE_FRAMES) -> DiffView:
+def diff(a: Analysed, b: Analysed, *, layers: tuple = (), top: int = 10,
+         native_frames: str = DEFAULT_NATIVE_FRAMES) -> DiffView:
     """`diff A B`: what changed from `a` (the baseline) to `b`, by layer and chain."""
     from memprof.analysis.diff import diff_recordings
     result = diff_recordings(a.side(), b.side(), layers=layers or None, top=top)

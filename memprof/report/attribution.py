@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
-from memprof.report.labels import NO_STACK_FRAME, frame_label, one_line  # frame and chain names: one place for every view
+from memprof.report.labels import NO_STACK_FRAME, frame_label, one_line  # one place for every view
 from memprof.report.safe_text import escape, visible
 from memprof.units import format_bytes, format_relative_ns
 

@@ -177,8 +177,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
                      f"this chain ({format_bytes(finding.younger_bytes)}) not counted: made less than "
                      f"{short_duration(result.min_age_ns)} before the end (--min-age)[/]")
     if not finding.confirmed:
-        lines.append(f"    [yellow]unconfirmed[/]: {counted(finding.chain_missed_frees, 'free', 'frees')} of this chain "
-                     "went unseen (its address was handed out again), so some of these may already be free")
+        lines.append(f"    [yellow]unconfirmed[/]: {counted(finding.chain_missed_frees, 'free', 'frees')} of this "
+                     "chain went unseen (its address was handed out again), so some of these may already be free")
     if not chain:
         return lines + ["    (no stack recorded)"]
     shown, hidden = _visible(chain)
