@@ -112,7 +112,7 @@ class Analysed:
         """`report leaks`: `options` as `leak_result` takes them."""
         result = self.leak_result(**options)
         shown = [f.stack_id for f in result.findings + result.not_leaks]
-        return LeaksView(result, self.chains(shown, native_frames), self.about)
+        return LeaksView(result, self.about, self.chains(shown, native_frames))
 
     @_kept
     def summary(self, *, top: int = 3) -> SummaryView:
@@ -121,7 +121,7 @@ class Analysed:
         rec = self.rec
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
                            canonical_stack=self.canonical, top=top)
-        return SummaryView(result, self.chains(f.stack_id for f in result.leaks.findings), self.about)
+        return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))
 
     @_kept
     def layers(self, *, top: int = 3, native_frames: str = DEFAULT_NATIVE_FRAMES) -> LayersView:
@@ -129,7 +129,7 @@ class Analysed:
         from memprof.analysis.layers import layer_summary
         summary = layer_summary(self.lifetimes, self.rec.samples, top=top, canonical_stack=self.canonical)
         ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
-        return LayersView(summary, self.chains(ids, native_frames), self.about)
+        return LayersView(summary, self.about, self.chains(ids, native_frames))
 
     @_kept
     def attribution(self, *, by: str = "chain", at="end", layers: tuple = (), top: int | None = 10,
@@ -142,7 +142,7 @@ class Analysed:
                            events=self.events, layers=layers or None, top=top, canonical_stack=self.canonical,
                            native_frames=native_frames)
         ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []
-        return AttributionView(result, self.chains(ids, native_frames), self.about)
+        return AttributionView(result, self.about, self.chains(ids, native_frames))
 
     @_kept
     def gpu(self, *, points: int = 20) -> GpuView:
@@ -159,7 +159,7 @@ class Analysed:
         result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
                         points=points, top=top, layers=layers or None, canonical_stack=self.canonical)
         ids = [s.stack_id for s in result.series if s.chain]
-        return GrowthView(result, self.chains(ids, native_frames), self.about)
+        return GrowthView(result, self.about, self.chains(ids, native_frames))
 
     @_kept
     def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,

@@ -8,19 +8,12 @@ chain map (`Chains`) is stack id -> frames, innermost first, as `leaks.chain_fra
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memprof.analysis.attribution import Attribution
-    from memprof.analysis.budget import CheckResult
     from memprof.analysis.diff import DiffResult
-    from memprof.analysis.gpu import GpuBreakdown
-    from memprof.analysis.growth import GrowthResult
     from memprof.analysis.html_data import HtmlData
-    from memprof.analysis.layers import LayerSummary
-    from memprof.analysis.leaks import LeakResult
-    from memprof.analysis.overview import Summary
     from memprof.model import RecordingMeta
 
 Chains = dict  # stack id -> list of frame dicts, innermost first
@@ -39,56 +32,44 @@ class About:
 
 
 @dataclass(frozen=True)
-class SummaryView:
-    """`memprof report`: the one-screen summary."""
+class View:
+    """One report's view: `result`, the analysis result it shows; `about`, its recording;
+    `chains`, the frames of the chains the result names (empty for a view that names none).
+    Each report's view is a subclass, so that its reporter is found by its type."""
 
-    summary: Summary
-    chains: Chains
+    result: Any
     about: About
+    chains: Chains = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class LeaksView:
-    """`memprof report leaks`: the findings and what is not a leak."""
-
-    result: LeakResult
-    chains: Chains
-    about: About
+class SummaryView(View):
+    """`memprof report`: the one-screen summary (overview.Summary)."""
 
 
-@dataclass(frozen=True)
-class LayersView:
-    """`memprof report layers`: per layer peak and end, and who held the peak."""
-
-    summary: LayerSummary
-    chains: Chains
-    about: About
+class LeaksView(View):
+    """`memprof report leaks`: the findings and what is not a leak (leaks.LeakResult)."""
 
 
-@dataclass(frozen=True)
-class AttributionView:
-    """`memprof report top | peak | chains`: who held each layer's bytes at one moment."""
-
-    result: Attribution
-    chains: Chains
-    about: About
+class LayersView(View):
+    """`memprof report layers`: per layer peak and end, and who held the peak (layers.LayerSummary)."""
 
 
-@dataclass(frozen=True)
-class GpuView:
-    """`memprof report gpu`: what each GPU's memory is made of."""
-
-    result: GpuBreakdown
-    about: About
+class AttributionView(View):
+    """`memprof report top | peak | chains`: who held each layer's bytes at one moment
+    (attribution.Attribution)."""
 
 
-@dataclass(frozen=True)
-class GrowthView:
-    """`memprof report growth`: fits per layer, device and chain, and the forecasts."""
+class GpuView(View):
+    """`memprof report gpu`: what each GPU's memory is made of (gpu.GpuBreakdown)."""
 
-    result: GrowthResult
-    chains: Chains
-    about: About
+
+class GrowthView(View):
+    """`memprof report growth`: fits per layer, device and chain, and the forecasts
+    (growth.GrowthResult)."""
+
+
+class CheckView(View):
+    """`memprof check`: the budgets judged on one recording (budget.CheckResult)."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +78,6 @@ class HtmlView:
 
     data: HtmlData
     meta: RecordingMeta
-    about: About
-
-
-@dataclass(frozen=True)
-class CheckView:
-    """`memprof check`: the budgets judged on one recording."""
-
-    result: CheckResult
     about: About
 
 

@@ -118,11 +118,11 @@ def _frames(chain: ChainBytes, chains: dict[int, list[dict]]) -> list[dict]:
 def to_json(view: LayersView) -> dict:
     """`layers_to_json` of the view."""
     about = view.about
-    return layers_to_json(view.summary, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
+    return layers_to_json(view.result, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
 
 
 def render(view: LayersView, console: Console) -> None:
     """`render_layers_table` of the view."""
     about = view.about
-    render_layers_table(view.summary, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
+    render_layers_table(view.result, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
                         notes=about.notes)

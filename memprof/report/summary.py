@@ -141,9 +141,9 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
 
 def to_json(view: SummaryView) -> dict:
     """`summary_to_json` of the view."""
-    return summary_to_json(view.summary, view.chains, view.about.path)
+    return summary_to_json(view.result, view.chains, view.about.path)
 
 
 def render(view: SummaryView, console: Console) -> None:
     """`render_summary` of the view."""
-    render_summary(view.summary, view.chains, console, start_ns=view.about.start_ns, path=view.about.path)
+    render_summary(view.result, view.chains, console, start_ns=view.about.start_ns, path=view.about.path)
