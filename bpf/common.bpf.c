@@ -12,6 +12,7 @@
  */
 #include <uapi/linux/ptrace.h>
 #include "memprof.h"
+#include "parts.h" /* what the parts give each other */
 
 /* Where an allocation comes from, cheaply: the kernel call site, plus the user stack
  * pointer at syscall entry — enough to keep two user paths into one kernel call site apart
@@ -160,8 +161,6 @@ static __always_inline u64 task_user_sp(void)
     bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
     return sp;
 }
-
-static __always_inline u64 py_stack_id(void);
 
 /* Take a sample tick: 1 when this allocation takes its own stacks (one in mask + 1). */
 static __always_inline int stack_sample_due(u64 mask)

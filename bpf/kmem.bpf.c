@@ -10,6 +10,8 @@
  *                         (movable = user and page-cache pages, which RSS accounts for)
  *   PAGE_SHIFT_BYTES      log2 of the page size
  */
+#include "parts.h" /* what the parts give each other */
+
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
     if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))

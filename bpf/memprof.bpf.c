@@ -6,6 +6,7 @@
  * Constants:
  *   HAVE_EXIT_GROUP_DEAD  sched_process_exit has the group_dead field (6.x+)
  */
+#include "parts.h" /* what the parts give each other */
 
 /* ---- process tree: fork/exec/exit are rare, classic tracepoints are fine ---- */
 

@@ -24,6 +24,7 @@
  * Constants: PY_MAX_FRAMES (power of two), PY_STACK_ENTRIES, PY_CODE_ENTRIES,
  * TASK_FSBASE_OFF (offset of thread.fsbase in task_struct, from BTF).
  */
+#include "parts.h" /* what the parts give each other */
 
 #define PY_MAX_THREADS   256        /* thread-state list entries walked to find a thread */
 #define PY_NAME_BYTES    128

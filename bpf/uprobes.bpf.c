@@ -13,6 +13,7 @@
  * (c10::alloc_cpu calls posix_memalign, cuMemAllocHost calls malloc), and each must find its
  * own parked call at its return. A nested call of the same layer (glibc's malloc calling
  * mmap) is not recorded: the outer one is. */
+#include "parts.h" /* what the parts give each other */
 
 struct parked {
     u64 size;

@@ -1,0 +1,45 @@
+/* What the parts of memprof's BPF program give each other.
+ *
+ * memprof/sources/ebpf.py (program_text) joins the parts into one text, in this order:
+ *
+ *   common.bpf.c  python.bpf.c  kmem.bpf.c  uprobes.bpf.c  memprof.bpf.c
+ *
+ * (kmem.bpf.c only with the kmem family). Each part includes this header first, so every
+ * function a part calls in another is declared here before any part's code: no part relies
+ * on the order to see a function, and none calls another's helper without it being listed
+ * here. Maps cannot be declared ahead (bcc's BPF_HASH and kin define them), so a map one
+ * part uses from another is listed under its part below, and must come from an earlier
+ * part. bpf/README.md ("Parts") says what each part uses; tests/unit/test_bpf_parts.py checks it
+ * against the parts' text: a call into another part that is not declared here, a
+ * declaration that no longer matches its definition, or a map used from another part that
+ * is not listed fails it.
+ */
+#ifndef MEMPROF_PARTS_H
+#define MEMPROF_PARTS_H
+
+#include "memprof.h"
+
+/* == common.bpf.c: the ring buffer, the stack maps, the process and address filters == */
+static __always_inline void count(u32 slot);
+static __always_inline int is_tracked(u32 tgid);
+static __always_inline void set_tracked(u32 tgid, int on);
+static __always_inline void remember_addr(u64 addr);
+static __always_inline int maybe_ours(u64 addr);
+static __always_inline struct mp_event *reserve(u8 kind);
+static __always_inline void submit(struct mp_event *e);
+static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
+                                            u64 skip);
+static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site);
+
+/* == python.bpf.c: the allocating thread's Python frames ==
+ * Maps memprof.bpf.c uses (a process's or thread's interpreter state, forgotten when it
+ * exits or execs):
+ *   maps: py_procs, py_threads */
+static __always_inline u64 py_stack_id(void);
+static __always_inline void py_learn_after_tp(void *ctx);
+static __always_inline void py_learn_after_up(void *ctx);
+static __always_inline u64 read_user_u64(u64 addr);
+
+/* == kmem.bpf.c, uprobes.bpf.c, memprof.bpf.c: programs only, nothing for other parts == */
+
+#endif
