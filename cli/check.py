@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, analysed, emit, min_age_ns
+from memprof.cli.common import MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, min_age_ns
 
 
 def _size(text: str) -> int:
@@ -49,7 +49,7 @@ def _max_leak(ctx, param, value):
                    "failing it (it is not counted as met either).")
 @click.option("--min-age", default=MIN_AGE_DEFAULT, show_default=True, callback=min_age_ns,
               help="Allocations younger than this at the end are in flight, not leaks.")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS),
               help="table: for people; json: every number, for scripts.")
 @click.pass_context
 def check(ctx, path, peaks, max_leak, fail_on_leak, allow_absent, min_age, fmt):

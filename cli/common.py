@@ -10,6 +10,8 @@ import click
 LAYER_CHOICES = ("cuda_block", "cuda_segment", "cuda_driver", "torch_cpu", "native_heap", "kernel_slab", "kernel_page")
 MIN_AGE_DEFAULT = "500ms"  # memprof.analysis.leaks.DEFAULT_MIN_AGE_NS
 NATIVE_FRAMES_CHOICES = ("merged", "all")  # memprof.analysis.chains.NATIVE_FRAMES, the first the default
+# What emit() gives for --format: the view rendered for a terminal, or its JSON (the first the default).
+REPORT_FORMATS = ("table", "json")
 
 
 def min_age_ns(ctx, param, value):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
 
 
 @click.command()
@@ -11,7 +11,7 @@ from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_opti
 @click.argument("b", type=click.Path(path_type=str))
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS),
               help="table: for people; json: every number, for scripts.")
 @native_frames_option
 def diff(a, b, top, layers, fmt, native_frames):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, MIN_AGE_DEFAULT, analysed, emit, min_age_ns, native_frames_option
+from memprof.cli.common import (
+    LAYER_CHOICES, MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, min_age_ns, native_frames_option,
+)
 from memprof.cli.typos import refuse_misspelt_command
 
 
@@ -31,7 +33,7 @@ def report():
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Leak findings shown.")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 def summary(path, top, fmt):
     """One screen: per layer peak and end, RSS/GPU samples, the top leaks, lost events, and
     the commands that show more."""
@@ -49,7 +51,7 @@ def summary(path, top, fmt):
                    "windows this long (default: the run cut in 32).")
 @click.option("--confidence", default=0.99, show_default=True, type=click.FloatRange(0.5, 0.999999),
               help="How sure the Mann–Kendall test must be that a chain rises before it is called growing.")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
 def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     """What grew and never came back, by allocation chain, biggest first. Three kinds:
@@ -78,7 +80,7 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
 @report.command()
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer, at its peak.")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
 def layers(path, top, fmt, native_frames):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the

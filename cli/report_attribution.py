@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
 from memprof.cli.report import report
 
 BY_CHOICES = ("chain", "function", "layer", "category")  # memprof.analysis.attribution.BY_CHOICES
@@ -35,7 +35,7 @@ def _common(fn):
         click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES),
                      help="Only these layers (repeatable)."),
         click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Rows shown per layer."),
-        click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")),
+        click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS),
                      help="table: for the terminal; json: every number, times in CLOCK_MONOTONIC ns, sizes in bytes."),
         native_frames_option,
     ]):

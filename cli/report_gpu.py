@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from memprof.analysis.growth_forecast import forecast_bar  # light: the bar --help states
-from memprof.cli.common import LAYER_CHOICES, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
 from memprof.cli.report import report
 
 
@@ -14,7 +14,7 @@ from memprof.cli.report import report
 @click.option("--points", default=20, show_default=True, type=click.IntRange(min=2),
               help="Times shown: evenly spaced over the GPU data's span, or, when the recording has step marks, at "
                    "most this many of them (first and last kept).")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 def gpu(path, points, fmt):
     """Per GPU, what its memory is made of, at the peak and over time:
 
@@ -40,7 +40,7 @@ def gpu(path, points, fmt):
               help="Chains fitted per layer and device: those holding the most bytes at the last point.")
 @click.option("--points", default=50, show_default=True, type=click.IntRange(min=3),
               help="Without step marks: fit at this many evenly spaced times.")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
+@click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
 def growth(path, layers, top, points, fmt, native_frames):
     """How each layer's live bytes grow per training step (per second when the recording has

@@ -21,10 +21,6 @@ from memprof.sources.kmem import KmemOptions
 from memprof.sources.uprobes import ALLOC_PROBES
 from memprof.units import parse_duration
 
-# The reading commands' --format: their terminal rendering or their JSON. The report
-# contract's two outputs; no library tuple names them yet.
-_TABLE_OR_JSON = ("table", "json")
-
 # (option, the library's closed set) for every click.Choice the CLI has.
 LIBRARY_SETS = {
     "--layer": tuple(LAYERS),
@@ -33,6 +29,8 @@ LIBRARY_SETS = {
     "--alloc-probes": ALLOC_PROBES,
     ("export", "--format"): tuple(FORMATS),
     ("report html", "--format"): ("html", "json"),
+    # The reading commands' --format: what cli.common.emit gives (a terminal rendering or JSON).
+    "--format": common.REPORT_FORMATS,
 }
 
 
@@ -51,11 +49,10 @@ def _choice_options():
                 yield path, max(param.opts, key=len), param
 
 
-@pytest.mark.parametrize("path,option,param", list(_choice_options()), ids=lambda v: str(v) if isinstance(v, str) else "")
+@pytest.mark.parametrize("path,option,param", list(_choice_options()),
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_every_choice_list_is_the_librarys(path, option, param):
     library = LIBRARY_SETS.get((path, option), LIBRARY_SETS.get(option))
-    if library is None and option == "--format":
-        library = _TABLE_OR_JSON
     assert library is not None, f"memprof {path} {option}: pin its choices to the library's set in LIBRARY_SETS"
     assert tuple(param.type.choices) == tuple(library), f"memprof {path} {option}"
 
@@ -81,6 +78,12 @@ def test_record_defaults_are_the_librarys():
                 for name in ("--alloc-probes", "--stack-every", "--page-stack-every", "--user-stack-every")}
     assert defaults == {"--alloc-probes": options.alloc_probes, "--stack-every": kmem.slab_stack_every,
                         "--page-stack-every": kmem.page_stack_every, "--user-stack-every": options.user_stack_every}
+
+
+def test_reading_commands_default_to_the_table():
+    formats = [_option(command, "--format") for _, command in _commands(cli)
+               if any("--format" in p.opts for p in command.params)]
+    assert {f.default for f in formats if tuple(f.type.choices) == common.REPORT_FORMATS} == {"table"}
 
 
 def test_min_age_and_native_frames_defaults_are_the_librarys():
