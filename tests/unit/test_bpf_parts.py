@@ -171,4 +171,4 @@ def test_the_readme_table_says_what_each_part_uses():
         for owner in ("common.bpf.c", "python.bpf.c"):
             functions, maps, _ = _uses(user, owner) if owner != user else (set(), set(), set())
             cells.append(", ".join(sorted(functions) + [f"map {m}" for m in sorted(maps)]) or "—")
-        assert table[user] == tuple(cells), f"bpf/README.md, Parts: the row of {user}"
+        assert table[user] == tuple(cells), f"bpf/README.md, Parts: write | `{user}` | {cells[0]} | {cells[1]} |"
