@@ -50,7 +50,7 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     if fmt == "json" and not output:
         emit(fmt, view)
         return
-    text = json.dumps(page.to_json(view), indent=1) if fmt == "json" else page.page(view)
+    text = json.dumps(page.to_json(view), indent=1) if fmt == "json" else page.html_page(view)
     target = output or f"{Path(view.about.path).name.removesuffix('.memprof')}.{fmt}"
     write(target, text, detail=f"{len(text.encode()) / 1e6:.1f} MB")  # '-': stdout
 

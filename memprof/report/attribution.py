@@ -2,7 +2,7 @@
 folded stacks for flame-graph tools. Render only: every number comes from the analysis."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -23,12 +23,13 @@ _NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "
 
 # --- JSON -------------------------------------------------------------------------------------
 
-def attribution_to_json(result: Attribution, chains: dict[int, list[dict]], recording_path, *,
-                        lost_events: int = 0, notes: Iterable[str] = ()) -> dict:
+def to_json(view: AttributionView) -> dict:
     """JSON-ready dict: recording, by, at, the span (start_ns, end_ns, recording_end_ns,
     target_exited), lost_events, notes, and per layer ts_ns, live_bytes, live_count, rows
     (chains carry their stack, innermost frame first) and rows_left_out. Times are
     CLOCK_MONOTONIC ns, sizes bytes; layers are never summed."""
+    result, chains, about = view.result, view.chains, view.about
+    recording_path, lost_events, notes = about.path, about.lost_events, about.notes
     span = result.span
     return {
         "recording": str(recording_path), "by": result.by, "at": result.at,
@@ -63,10 +64,10 @@ def _category_json(row: CategoryRow) -> dict[str, Any]:
 
 # --- the terminal -------------------------------------------------------------------------------
 
-def render_attribution_table(result: Attribution, chains: dict[int, list[dict]], console: Console, *,
-                             lost_events: int = 0, notes: Iterable[str] = ()) -> None:
+def render(view: AttributionView, console: Console) -> None:
     """Print a heading saying when each layer is judged, then one table per layer (or, by
     layer, one table of every layer side by side). Times relative to the recording's start."""
+    result, chains, lost_events, notes = view.result, view.chains, view.about.lost_events, view.about.notes
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(_heading(result))
     out("[dim]Layers nest (a tensor lives in the heap, a slab in pages): their bytes are never added.[/]")
@@ -205,19 +206,3 @@ def _share(part: int, whole: int) -> str:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n:,} {one if n == 1 else many}"
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: AttributionView) -> dict:
-    """`attribution_to_json` of the view."""
-    about = view.about
-    return attribution_to_json(view.result, view.chains, about.path, lost_events=about.lost_events,
-                               notes=about.notes)
-
-
-def render(view: AttributionView, console: Console) -> None:
-    """`render_attribution_table` of the view."""
-    render_attribution_table(view.result, view.chains, console, lost_events=view.about.lost_events,
-                             notes=view.about.notes)

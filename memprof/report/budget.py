@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from memprof.analysis.views import CheckView
 
 
-def check_to_json(result: CheckResult, recording_path, *, start_ns: int, lost_events: int = 0) -> dict:
+def to_json(view: CheckView) -> dict:
     """JSON-ready dict: recording, passed, budgets (how many were checked), violations (each
     with budget, layer, actual_bytes, limit_bytes, at_ns — CLOCK_MONOTONIC ns, null but for
     peaks —, findings, and its `reason` line), skipped (the layer of each peak budget skipped
     as absent, --allow-absent-layer), lost_events."""
+    result, about = view.result, view.about
+    recording_path, start_ns, lost_events = about.path, about.start_ns, about.lost_events
     return {
         "recording": str(recording_path),
         "passed": result.passed,
@@ -45,10 +47,11 @@ def _violation_json(violation: Violation, start_ns: int) -> dict[str, Any]:
     }
 
 
-def render_check(result: CheckResult, console: Console, *, start_ns: int, lost_events: int = 0) -> None:
+def render(view: CheckView, console: Console) -> None:
     """Print one line per violation, or `ok: N budgets met` (with how many were skipped as
     absent, and which layers); then a note when events were lost (the numbers judged miss
     them). Times relative to `start_ns` (recording start)."""
+    result, start_ns, lost_events = view.result, view.about.start_ns, view.about.lost_events
     for violation in result.violations:
         console.print(f"[red]{escape(violation_line(violation, start_ns))}[/]", highlight=False, soft_wrap=True)
     if result.passed:
@@ -97,17 +100,3 @@ def _sizes(actual: int, limit: int) -> tuple[str, str]:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: CheckView) -> dict:
-    """`check_to_json` of the view."""
-    about = view.about
-    return check_to_json(view.result, about.path, start_ns=about.start_ns, lost_events=about.lost_events)
-
-
-def render(view: CheckView, console: Console) -> None:
-    """`render_check` of the view."""
-    render_check(view.result, console, start_ns=view.about.start_ns, lost_events=view.about.lost_events)

@@ -2,7 +2,7 @@
 Render only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
@@ -15,19 +15,20 @@ from memprof.units import format_bytes, format_relative_ns
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.diff import ChainDiff, DiffResult, LayerDiff
+    from memprof.analysis.diff import ChainDiff, LayerDiff
     from memprof.analysis.views import DiffView
 
 _IDENTITY_KEYS = ("kind", "function", "module", "file")
 
 
-def diff_to_json(result: DiffResult, chains_a: dict[int, list[dict]], chains_b: dict[int, list[dict]], *,
-                 recording_a, recording_b, lost_events: tuple[int, int] = (0, 0)) -> dict:
+def to_json(view: DiffView) -> dict:
     """JSON-ready dict: a and b (recording, end_ns, lost_events), then layers, outermost first,
     each with its numbers in A and B (bytes; peak_ns in each recording's CLOCK_MONOTONIC ns),
     deltas (B − A), percentages of A (null when A's is 0) and its changed chains. A chain
     has its `identity` (what matched it: frames without lines, innermost first) and its
     `stack` with lines, from B (from A for a gone chain)."""
+    result, chains_a, chains_b, a, b = view.result, view.chains_a, view.chains_b, view.a, view.b
+    recording_a, recording_b, lost_events = a.path, b.path, (a.lost_events, b.lost_events)
     return {
         "a": {"recording": str(recording_a), "end_ns": int(result.end_ns_a), "lost_events": int(lost_events[0])},
         "b": {"recording": str(recording_b), "end_ns": int(result.end_ns_b), "lost_events": int(lost_events[1])},
@@ -58,13 +59,13 @@ def _chain_json(chain: ChainDiff, chains_a: dict, chains_b: dict) -> dict[str, A
     }
 
 
-def render_diff_table(result: DiffResult, chains_a: dict[int, list[dict]], chains_b: dict[int, list[dict]],
-                      console: Console, *, names: tuple[str, str], start_ns: tuple[int, int],
-                      lost_events: tuple[int, int] = (0, 0),
-                      notes: tuple[Iterable[str], Iterable[str]] = ((), ())) -> None:
+def render(view: DiffView, console: Console) -> None:
     """Print the per-layer table (peak and end in A and B, Δ and % of A), then, per layer with
     changed chains, its chains by biggest change. `names` label A and B; times are shown
     relative to each recording's start (`start_ns`)."""
+    result, chains_a, chains_b, a, b = view.result, view.chains_a, view.chains_b, view.a, view.b
+    names, start_ns, lost_events = (a.path, b.path), (a.start_ns, b.start_ns), (a.lost_events, b.lost_events)
+    notes = (a.notes, b.notes)
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(f"[bold]Diff[/]  A: {escape(names[0])}  →  B: {escape(names[1])}")
     out(f"end (target began to exit, or end of recording): A {format_relative_ns(result.end_ns_a, start_ns[0])}, "
@@ -137,21 +138,3 @@ def _signed(n: int) -> str:
 
 def _from_to(a: int, b: int) -> str:
     return f"{format_bytes(a)} → {format_bytes(b)}"
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: DiffView) -> dict:
-    """`diff_to_json` of the view."""
-    a, b = view.a, view.b
-    return diff_to_json(view.result, view.chains_a, view.chains_b, recording_a=a.path, recording_b=b.path,
-                        lost_events=(a.lost_events, b.lost_events))
-
-
-def render(view: DiffView, console: Console) -> None:
-    """`render_diff_table` of the view."""
-    a, b = view.a, view.b
-    render_diff_table(view.result, view.chains_a, view.chains_b, console, names=(a.path, b.path),
-                      start_ns=(a.start_ns, b.start_ns), lost_events=(a.lost_events, b.lost_events),
-                      notes=(a.notes, b.notes))

@@ -1,7 +1,7 @@
 """Renderers of the GPU breakdown (memprof.analysis.gpu): JSON and the terminal. Render only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.table import Table
@@ -13,7 +13,7 @@ from memprof.units import format_bytes, format_relative_ns
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.gpu import DeviceBreakdown, GpuBreakdown, GpuTerms
+    from memprof.analysis.gpu import DeviceBreakdown, GpuTerms
     from memprof.analysis.views import GpuView
 
 # (term, label, how it is derived): the equation top-down, each difference under its minuend.
@@ -35,10 +35,12 @@ _COLUMNS = (("used_nvml", "NVML"), ("driver", "driver"), ("reserved", "reserved"
 _NONE = "–"
 
 
-def gpu_to_json(result: GpuBreakdown, recording_path, *, lost_events: int = 0, notes: Iterable[str] = ()) -> dict:
+def to_json(view: GpuView) -> dict:
     """JSON-ready dict: recording, lost_events, notes (recording's, then the breakdown's),
     `at` ("steps" or "times") and per device the terms over time and at the peak. Times are
     CLOCK_MONOTONIC ns, sizes bytes; null where a term is not computable (`missing` says why)."""
+    result, about = view.result, view.about
+    recording_path, lost_events, notes = about.path, about.lost_events, about.notes
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -64,11 +66,12 @@ def _device_json(device: DeviceBreakdown) -> dict:
     }
 
 
-def render_gpu_table(result: GpuBreakdown, console: Console, *, start_ns: int, lost_events: int = 0,
-                     notes: Iterable[str] = ()) -> None:
+def render(view: GpuView, console: Console) -> None:
     """Per device: the equation at the peak, the amplification, the terms over time, then
     what could not be computed and why, and the device's notes. Times relative to
     `start_ns` (recording start)."""
+    result, about = view.result, view.about
+    start_ns, lost_events, notes = about.start_ns, about.lost_events, about.notes
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): the layer terms miss "
@@ -143,17 +146,3 @@ def _cell(row: GpuTerms, term: str) -> str:
 
 def _bytes(value: int | None) -> str:
     return _NONE if value is None else format_bytes(value)
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: GpuView) -> dict:
-    """`gpu_to_json` of the view."""
-    return gpu_to_json(view.result, view.about.path, lost_events=view.about.lost_events, notes=view.about.notes)
-
-
-def render(view: GpuView, console: Console) -> None:
-    """`render_gpu_table` of the view."""
-    about = view.about
-    render_gpu_table(view.result, console, start_ns=about.start_ns, lost_events=about.lost_events, notes=about.notes)

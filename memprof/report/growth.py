@@ -2,7 +2,7 @@
 Render only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.padding import Padding
@@ -30,12 +30,13 @@ _NONE = "–"
 _SERIES_MIN, _FORECAST_MIN = 20, 12
 
 
-def growth_to_json(result: GrowthResult, chains: dict[int, list[dict]], recording_path, *, lost_events: int = 0,
-                   notes: Iterable[str] = ()) -> dict:
+def to_json(view: GrowthView) -> dict:
     """JSON-ready dict: recording, lost_events, notes, x_unit ("step" or "s"), step_ns,
     origin_ns, the forecast bar (min_points, min_r2, horizon_ns) and every series with its
     points, both fits (linear: a + b·x; power: a·x^b; bytes), the better one and the
     forecast. Chains carry their stack, innermost frame first."""
+    result, chains, about = view.result, view.chains, view.about
+    recording_path, lost_events, notes = about.path, about.lost_events, about.notes
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -71,12 +72,12 @@ def _forecast_json(forecast: Forecast) -> dict:
             "r2": forecast.r2, "full_at_x": forecast.full_at_x, "full_in_ns": forecast.full_in_ns}
 
 
-def render_growth_table(result: GrowthResult, chains: dict[int, list[dict]], console: Console, *,
-                        lost_events: int = 0, notes: Iterable[str] = ()) -> None:
+def render(view: GrowthView, console: Console) -> None:
     """One table: each (layer, device) and under it its top chains, with bytes at the last
     point, both fits and the forecast (or why there is none); then the bar a forecast must
     pass, each total's forecast in words and why some capacities are unknown. Readable from
     80 columns: the numbers keep their width, the series column at least _SERIES_MIN."""
+    result, chains, lost_events, notes = view.result, view.chains, view.about.lost_events, view.about.notes
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): the curves miss them.[/]")
@@ -203,17 +204,3 @@ def _words(forecast: Forecast) -> str:
 
 def _frames(series: GrowthSeries, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if series.stack_id is None else chains.get(series.stack_id, [])
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: GrowthView) -> dict:
-    """`growth_to_json` of the view."""
-    about = view.about
-    return growth_to_json(view.result, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
-
-
-def render(view: GrowthView, console: Console) -> None:
-    """`render_growth_table` of the view."""
-    render_growth_table(view.result, view.chains, console, lost_events=view.about.lost_events, notes=view.about.notes)

@@ -1,7 +1,7 @@
 """Renderers of the per-layer summary (memprof.analysis.layers): JSON and the terminal. Render only."""
 from __future__ import annotations
 
-from typing import Iterable, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -13,14 +13,15 @@ from memprof.units import format_bytes, format_relative_ns
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.layers import ChainBytes, LayerStats, LayerSummary, MetricStats
+    from memprof.analysis.layers import ChainBytes, LayerStats, MetricStats
     from memprof.analysis.views import LayersView
 
 
-def layers_to_json(summary: LayerSummary, chains: dict[int, list[dict]], recording_path, *,
-                   lost_events: int = 0, notes: Iterable[str] = ()) -> dict:
+def to_json(view: LayersView) -> dict:
     """JSON-ready dict: recording, lost_events, notes, layers (each with top_chains and their
     stacks, innermost frame first) and metrics. Times are CLOCK_MONOTONIC ns, sizes bytes."""
+    summary, chains, about = view.result, view.chains, view.about
+    recording_path, lost_events, notes = about.path, about.lost_events, about.notes
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -51,11 +52,12 @@ def _metric_json(metric: MetricStats) -> dict[str, Any]:
             "peak_ns": int(metric.peak_ns), "final": float(metric.final)}
 
 
-def render_layers_table(summary: LayerSummary, chains: dict[int, list[dict]], console: Console, *,
-                        start_ns: int, lost_events: int = 0, notes: Iterable[str] = ()) -> None:
+def render(view: LayersView, console: Console) -> None:
     """Print one table per layer (peak, when, final, allocations), each followed by the chains
     that held the most at its peak, then one table of the sampled metrics. Times are shown
     relative to `start_ns` (recording start)."""
+    summary, chains, about = view.result, view.chains, view.about
+    start_ns, lost_events, notes = about.start_ns, about.lost_events, about.notes
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): the curves below "
@@ -110,19 +112,3 @@ def _value(metric: str, value: float) -> str:
 
 def _frames(chain: ChainBytes, chains: dict[int, list[dict]]) -> list[dict]:
     return [] if chain.stack_id is None else chains.get(chain.stack_id, [])
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: LayersView) -> dict:
-    """`layers_to_json` of the view."""
-    about = view.about
-    return layers_to_json(view.result, view.chains, about.path, lost_events=about.lost_events, notes=about.notes)
-
-
-def render(view: LayersView, console: Console) -> None:
-    """`render_layers_table` of the view."""
-    about = view.about
-    render_layers_table(view.result, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
-                        notes=about.notes)

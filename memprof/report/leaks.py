@@ -1,7 +1,7 @@
 """Renderers of leak findings (memprof.analysis.leaks): JSON and the terminal. Render only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 MAX_FRAMES = 12
 
 
-def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_path, lost_events: int) -> dict:
+def to_json(view: LeaksView) -> dict:
     """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
     per step, each named in one line as every view names it, with stacks innermost frame
     first and the younger allocations of its chain that --min-age left out), not_leaks
@@ -30,6 +30,8 @@ def leaks_to_json(result: LeakResult, chains: dict[int, list[dict]], recording_p
     younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
     findings_total/not_leaks_total it cut from). Times are CLOCK_MONOTONIC ns, slopes bytes
     per step (or window) and bytes per second."""
+    result, chains, about = view.result, view.chains, view.about
+    recording_path, lost_events = about.path, about.lost_events
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
@@ -78,11 +80,12 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
     }
 
 
-def render_leaks_table(result: LeakResult, chains: dict[int, list[dict]], console: Console, *,
-                       start_ns: int, lost_events: int, notes: Iterable[str] = ()) -> None:
+def render(view: LeaksView, console: Console) -> None:
     """Print the findings: a heading, what loss means for them, one block per leak with its
     top MAX_FRAMES frames, then memory held on purpose (not leaks), apart. Times are shown
     relative to `start_ns` (recording start)."""
+    result, chains, about = view.result, view.chains, view.about
+    start_ns, lost_events, notes = about.start_ns, about.lost_events, about.notes
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     out(_heading(result, start_ns))
     younger = min_age_left_out(result)
@@ -243,18 +246,3 @@ def _by_layer(counts: dict[str, int]) -> str:
     if len(nonzero) < 2:
         return f" ({next(iter(nonzero))})" if nonzero else ""
     return " (" + ", ".join(f"{layer} {n}" for layer, n in nonzero.items()) + ")"
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: LeaksView) -> dict:
-    """`leaks_to_json` of the view."""
-    return leaks_to_json(view.result, view.chains, view.about.path, view.about.lost_events)
-
-
-def render(view: LeaksView, console: Console) -> None:
-    """`render_leaks_table` of the view, with the recording's notes."""
-    about = view.about
-    render_leaks_table(view.result, view.chains, console, start_ns=about.start_ns, lost_events=about.lost_events,
-                       notes=about.notes)

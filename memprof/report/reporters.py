@@ -1,9 +1,9 @@
 """The reporter contract: every view of memprof.analysis.views has one reporter module here,
 which gives `to_json(view) -> dict` (JSON-ready: ints, floats, strings, lists, dicts, None;
 times CLOCK_MONOTONIC ns, sizes bytes) and `render(view, console)` (the terminal report on a
-rich Console). The HTML page is a file, not a console's: its reporter gives `page(view) -> str`
-in place of `render`. Callers (the CLI's one `emit`) go through `to_json` and `render` here and
-never pick a renderer themselves."""
+rich Console). The HTML page is a file, not a console's: its reporter gives
+`html_page(view) -> str` in place of `render`. Callers (the CLI's one `emit`) go through
+`to_json` and `render` here and never pick a renderer themselves."""
 from __future__ import annotations
 
 from types import ModuleType

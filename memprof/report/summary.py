@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 _GPU_LAYERS = {"cuda_block", "cuda_segment", "cuda_driver"}
 
 
-def summary_to_json(summary: Summary, chains: dict[int, list[dict]], recording_path) -> dict[str, Any]:
+def to_json(view: SummaryView) -> dict:
     """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
     peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
     live_bytes, live_count, younger_count, younger_bytes, slope_bytes_per_step, confidence,
     explanation, chain: its one-line name), not_leaks (how many, before --top), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
     next (command → what it shows)."""
+    summary, chains, recording_path = view.result, view.chains, view.about.path
     return {
         "recording": str(recording_path),
         "duration_ns": int(summary.duration_ns),
@@ -71,10 +72,10 @@ def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
     return rows
 
 
-def render_summary(summary: Summary, chains: dict[int, list[dict]], console: Console, *, start_ns: int,
-                   path) -> None:
+def render(view: SummaryView, console: Console) -> None:
     """Heading, loss warnings, one table of layers, the top findings in one line each, the
     notes, and the commands to run next. Times relative to `start_ns`."""
+    summary, chains, start_ns, path = view.result, view.chains, view.about.start_ns, view.about.path
     out = lambda text, **kw: console.print(text, highlight=False, **kw)  # noqa: E731
     steps = f" · {summary.steps:,} steps" if summary.steps else ""
     out(f"[bold]memprof[/] {escape(str(path))} · {format_duration_ns(summary.duration_ns)} · "
@@ -134,16 +135,3 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         out(f"  [dim]{min_age_left_out(leaks)}[/]")
     if leaks.not_leaks:
         out(f"  [dim]and {leaks.not_leaks_total} chains held on purpose (caches, pools, buffers): not leaks[/]")
-
-
-# --- the reporter contract (memprof.report.reporters) ---------------------------------------
-
-
-def to_json(view: SummaryView) -> dict:
-    """`summary_to_json` of the view."""
-    return summary_to_json(view.result, view.chains, view.about.path)
-
-
-def render(view: SummaryView, console: Console) -> None:
-    """`render_summary` of the view."""
-    render_summary(view.result, view.chains, console, start_ns=view.about.start_ns, path=view.about.path)

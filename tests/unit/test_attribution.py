@@ -17,7 +17,8 @@ from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.errors import UsageError
-from memprof.report.attribution import attribution_to_json, folded_stacks, frame_label, render_attribution_table
+from memprof.analysis.views import About, AttributionView
+from memprof.report.attribution import folded_stacks, frame_label, render, to_json
 from tests.attribution_factories import END_NS, RECORDING_END_NS, START_NS, S, events, tables, write_recording
 from tests.factories import ev, events_frame, stacks_frames
 
@@ -213,8 +214,8 @@ note: kmem: a note
 
 def test_golden_function_table_at_width_100():
     console = Console(width=100, record=True, color_system=None)
-    render_attribution_table(attributed("function", layers=["native_heap"], top=3), {}, console,
-                             notes=["kmem: a note"])
+    render(AttributionView(attributed("function", layers=["native_heap"], top=3), About("r", notes=("kmem: a note",))),
+           console)
     assert console.export_text() == GOLDEN_FUNCTIONS
 
 
@@ -223,7 +224,7 @@ def test_chain_table_escapes_markup_and_shows_loss():
     layer = LayerLive("native_heap", 2 * S, 100, 1, [ChainBytes(7, 100, 1)], 0)
     result = Attribution(by="chain", at="peak", span=Span(S, 3 * S, 3 * S), layers=[layer])
     console = Console(width=100, record=True, color_system=None)
-    render_attribution_table(result, chain_frames(stacks, frames, [7]), console, lost_events=47)
+    render(AttributionView(result, About("r", lost_events=47), chain_frames(stacks, frames, [7])), console)
     text = console.export_text()
     assert "collate[batch]" in text and "100.0%" in text and "at +1.00s (its peak)" in text
     assert "47 events were lost while recording" in text
@@ -232,7 +233,7 @@ def test_chain_table_escapes_markup_and_shows_loss():
 def test_json_rows_of_each_grouping():
     stacks, frames = tables()
     result = attributed("chain", layers=["native_heap"])
-    doc = attribution_to_json(result, chain_frames(stacks, frames, [1, 3]), "run.memprof", lost_events=2)
+    doc = to_json(AttributionView(result, About("run.memprof", lost_events=2), chain_frames(stacks, frames, [1, 3])))
     json.dumps(doc)
     assert (doc["by"], doc["at"], doc["end_ns"], doc["target_exited"], doc["lost_events"]) == \
         ("chain", "end", END_NS, True, 2)
@@ -240,10 +241,10 @@ def test_json_rows_of_each_grouping():
     assert (heap["live_bytes"], heap["live_count"], heap["rows_left_out"]) == (2410, 8, 0)
     assert heap["rows"][0]["stack"][1] == {"kind": "python", "function": "load", "module": None, "file": "data.py",
                                            "line": 10}
-    fn = attribution_to_json(attributed("function", layers=["native_heap"], top=1), {}, "r")["layers"][0]["rows"]
+    fn = to_json(AttributionView(attributed("function", layers=["native_heap"], top=1), About("r")))["layers"][0]["rows"]
     assert fn == [{"kind": "native", "function": "malloc", "module": "libc.so.6", "file": None,
                    "self_bytes": 1610, "self_count": 4, "total_bytes": 1610, "total_count": 4}]
-    cat = attribution_to_json(attributed("category", layers=["torch_cpu"], top=1), {}, "r")["layers"][0]["rows"]
+    cat = to_json(AttributionView(attributed("category", layers=["torch_cpu"], top=1), About("r")))["layers"][0]["rows"]
     assert cat == [{"category": "parameter", "live_bytes": 4096, "live_count": 1}]
 
 

@@ -11,7 +11,8 @@ from rich.console import Console
 from memprof.analysis.budget import ANY_LEAK, LEAK, PEAK, Budgets, CheckResult, LeakTotal, Violation, leak_totals
 from memprof.analysis.leaks import LeakResult
 from memprof.cli.main import cli
-from memprof.report.budget import render_check
+from memprof.analysis.views import About, CheckView
+from memprof.report.budget import render
 from tests.diff_factories import KiB, MiB, S, write_recording
 from tests.factories import ev, events_frame, mark
 
@@ -165,7 +166,7 @@ def test_budgets_count_and_rendered_lines_at_fixed_width():
         Violation(ANY_LEAK, "native_heap", 5 * KiB, 0, findings=1),
     ])
     console = Console(width=40, record=True, color_system=None)
-    render_check(result, console, start_ns=S)
+    render(CheckView(result, About("r", start_ns=S)), console)
     # One line each however narrow the terminal, so CI logs can be grepped; "[x]" not markup.
     assert console.export_text().splitlines() == [
         "FAIL peak kernel_slab[x] 2.0 MiB > budget 1.0 MiB (at +2.00s)",

@@ -12,7 +12,8 @@ from memprof.analysis.diff import NO_STACK, Recorded, chain_identities, diff_rec
 from memprof.analysis.leaks import chain_frames, end_of_target
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
-from memprof.report.diff import diff_to_json, render_diff_table
+from memprof.analysis.views import About, DiffView
+from memprof.report.diff import render, to_json
 from tests.diff_factories import KiB, MiB, S, moved, write_recording
 from tests.factories import ev, events_frame, mark, stacks_frames
 
@@ -151,9 +152,9 @@ def rendered() -> tuple[str, dict]:
     chains_a = chain_frames(a.stacks, a.frames, [c.stack_id_a for c in shown])
     chains_b = chain_frames(b.stacks, b.frames, [c.stack_id_b for c in shown])
     console = Console(width=100, record=True, color_system=None)
-    render_diff_table(result, chains_a, chains_b, console, names=("base.memprof", "head.memprof"), start_ns=(0, 0))
-    return console.export_text(), diff_to_json(result, chains_a, chains_b, recording_a="base.memprof",
-                                               recording_b="head.memprof")
+    view = DiffView(result, chains_a, chains_b, About("base.memprof"), About("head.memprof"))
+    render(view, console)
+    return console.export_text(), to_json(view)
 
 
 def test_terminal_golden_at_width_100():

@@ -13,7 +13,8 @@ from memprof.analysis.gpu import GpuTerms, gpu_breakdown
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta, SourceStats
-from memprof.report.gpu import gpu_to_json, render_gpu_table
+from memprof.analysis.views import About, GpuView
+from memprof.report.gpu import render, to_json
 from tests.gpu_factories import (
     EQUATION_EVENTS, EQUATION_SAMPLES, GiB, MiB, S, cuda, samples_frame, step_marks, timeline_of, write_recording,
 )
@@ -188,7 +189,7 @@ last sample before t can predate driver allocations made since); shown as measur
 
 def rendered(result, **kwargs) -> str:
     console = Console(width=100, record=True, color_system=None)
-    render_gpu_table(result, console, start_ns=0, **kwargs)
+    render(GpuView(result, About("r", **kwargs)), console)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
@@ -207,7 +208,7 @@ def test_table_shows_missing_terms_and_escapes_reasons():
 
 def test_json_has_every_term_with_nulls_and_reasons():
     result = breakdown([cuda(1 * S, "alloc", 0x10, MiB)], points=2)
-    data = json.loads(json.dumps(gpu_to_json(result, "r.memprof", notes=["n1"])))
+    data = json.loads(json.dumps(to_json(GpuView(result, About("r.memprof", notes=("n1",))))))
     assert data["notes"] == ["n1"] and data["at"] == "times"
     (gpu,) = data["devices"]
     assert gpu["peak"] == {"ts_ns": S, "step": None, "used_nvml": None, "gpu_used": None, "driver": None,

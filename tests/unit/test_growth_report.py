@@ -19,7 +19,8 @@ from memprof.analysis.growth_forecast import FORECAST_HORIZON_NS, FORECAST_MIN_P
 from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
-from memprof.report.growth import growth_to_json, render_growth_table
+from memprof.analysis.views import About, GrowthView
+from memprof.report.growth import render, to_json
 from tests.factories import ev, stacks_frames
 from tests.gpu_factories import GiB, MiB, S, leak_per_step, samples_frame, timeline_of
 from tests.growth_factories import ram, slow_power_law, steps_holding
@@ -79,7 +80,7 @@ def rendered(result, chains, width: int) -> str:
     no colour, no terminal, UTF-8 boxes whatever the environment)."""
     console = Console(width=width, record=True, color_system=None, file=io.StringIO(), force_terminal=False,
                       legacy_windows=False, emoji=False)
-    render_growth_table(result, chains, console)
+    render(GrowthView(result, About("r"), chains), console)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
@@ -147,7 +148,7 @@ def test_the_report_json_and_help_state_the_bar():
            "and a device that fills within 10 years")
     result, chains = golden_result()
     assert bar in " ".join(rendered(result, chains, 1000).split())
-    data = json.loads(json.dumps(growth_to_json(result, chains, "r.memprof")))
+    data = json.loads(json.dumps(to_json(GrowthView(result, About("r.memprof"), chains))))
     assert data["forecast_bar"] == {"min_points": 8, "min_r2": 0.8, "horizon_ns": FORECAST_HORIZON_NS}
     assert FORECAST_HORIZON_NS == 315_576_000 * S  # 10 Julian years
     help_text = CliRunner().invoke(cli, ["report", "growth", "--help"], terminal_width=1000).output
@@ -182,7 +183,7 @@ def test_spans_are_in_human_units(ns, words):
 
 def test_json_has_points_fits_forecasts_and_stacks():
     result, chains = golden_result()
-    data = json.loads(json.dumps(growth_to_json(result, chains, "r.memprof", lost_events=2)))
+    data = json.loads(json.dumps(to_json(GrowthView(result, About("r.memprof", lost_events=2), chains))))
     assert (data["x_unit"], data["step_ns"], data["lost_events"]) == ("step", S, 2)
     block, block_chain = data["series"][:2]
     assert block["bytes"] == [(k - 1) * MiB for k in range(1, STEPS + 1)] and block["x"] == list(range(1, STEPS + 1))

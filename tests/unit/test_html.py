@@ -19,7 +19,8 @@ from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta
 from memprof.recording import RecordingWriter, open_recording
-from memprof.report.html import html_page, page_json
+from memprof.analysis.views import About, HtmlView
+from memprof.report.html import html_page
 from memprof.timeline import timeline
 from tests.factories import concat_events, leak, random_lifetimes, stacks_frames
 from tests.html_factories import (
@@ -134,7 +135,7 @@ def test_page_size_is_bounded_and_curves_are_capped_whatever_the_recording_lengt
         meta = RecordingMeta(start_ns=0, end_ns=int(events["ts_ns"].max()) + 1)
         stacks, frames = stacks_frames({})
         data = html_data(events, pair_lifetimes(events), stacks=stacks, frames=frames, samples=None, meta=meta)
-        text = html_page(data, meta, "big.memprof")
+        text = html_page(HtmlView(data, meta, About("big.memprof")))
         return len(text.encode()), blob(text)
 
     small_size, _ = built(50_000)

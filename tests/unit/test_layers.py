@@ -11,7 +11,8 @@ from memprof.analysis.chains import canonical_stacks
 from memprof.analysis.layers import ChainBytes, LayerStats, MetricStats, layer_summary, live_curve
 from memprof.analysis.leaks import chain_frames
 from memprof.analysis.lifetimes import pair_lifetimes
-from memprof.report.layers import layers_to_json, render_layers_table
+from memprof.analysis.views import About, LayersView
+from memprof.report.layers import render, to_json
 from tests.factories import churn, concat_events, ev, events_frame, stacks_frames
 
 S = 1_000_000_000
@@ -143,8 +144,9 @@ def rendered() -> tuple[str, dict]:
     result = summary_of(HEAP + SLAB, SAMPLES, canonical_stack=canonical_stacks(stacks))
     chains = chain_frames(stacks, frames, [c.stack_id for layer in result.layers for c in layer.top_chains])
     console = Console(width=100, record=True, color_system=None)
-    render_layers_table(result, chains, console, start_ns=0)
-    return console.export_text(), layers_to_json(result, chains, "run.memprof")
+    view = LayersView(result, About("run.memprof"), chains)
+    render(view, console)
+    return console.export_text(), to_json(view)
 
 
 def test_terminal_shows_the_numbers_and_chains():
@@ -191,10 +193,11 @@ def test_sampled_allocations_count_by_their_weight():
 def test_loss_is_shown_in_the_layers_report():
     result = summary_of(HEAP)
     console = Console(width=120, record=True, color_system=None)
-    render_layers_table(result, {}, console, start_ns=0, lost_events=47, notes=["kmem: a note"])
+    view = LayersView(result, About("run.memprof", lost_events=47, notes=("kmem: a note",)))
+    render(view, console)
     text = console.export_text()
     assert "47 events were lost while recording" in text and "note: kmem: a note" in text
-    doc = layers_to_json(result, {}, "run.memprof", lost_events=47, notes=["kmem: a note"])
+    doc = to_json(view)
     assert (doc["lost_events"], doc["notes"]) == (47, ["kmem: a note"])
 
 

@@ -10,7 +10,8 @@ from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.leaks import LeakFinding, LeakResult, chain_frames, end_of_target, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.errors import UsageError
-from memprof.report.leaks import leaks_to_json, render_leaks_table
+from memprof.analysis.views import About, LeaksView
+from memprof.report import leaks as leak_reporter
 from tests.factories import churn, concat_events, ev, events_frame, leak, mark, stacks_frames
 
 S = 1_000_000_000  # one second in ns
@@ -152,7 +153,7 @@ def _result_with_chain(depth: int = 3):
 def test_json_keys_and_types():
     result, chains = _result_with_chain()
     result.unconfirmed_frees["kernel_slab"] = 12
-    doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=3)
+    doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof", lost_events=3), chains))
     assert set(doc) == {"recording", "lost_events", "findings", "not_leaks", "checkpoints", "missed_frees",
                         "unconfirmed_frees", "min_age_ns", "end_ns", "left_out"}
     assert doc["not_leaks"] == [] and doc["checkpoints"] is None
@@ -177,8 +178,7 @@ def test_json_keys_and_types():
 
 def render(result, chains, **kwargs) -> str:
     console = Console(width=100, record=True, color_system=None)
-    kwargs = {"start_ns": 0, "lost_events": 0, "notes": [], **kwargs}
-    render_leaks_table(result, chains, console, **kwargs)
+    leak_reporter.render(LeaksView(result, About("/tmp/run.memprof", **kwargs), chains), console)
     return console.export_text()
 
 
@@ -256,7 +256,7 @@ def test_a_chain_with_frees_gone_unseen_is_unconfirmed():
 
 def test_chains_say_when_they_have_no_python_frames():
     result, chains = _result_with_chain()
-    doc = leaks_to_json(result, chains, "/tmp/run.memprof", lost_events=0)
+    doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof"), chains))
     assert [f["python_frames"] for f in doc["findings"]] == [True, False]
     assert "no Python frames" not in render(result, chains)
     native_only = {1: [frame for frame in chains[1] if frame["kind"] != "python"]}

@@ -13,7 +13,8 @@ from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta, SourceStats
-from memprof.report.leaks import render_leaks_table
+from memprof.analysis.views import About, LeaksView
+from memprof.report.leaks import render
 from tests.diff_factories import write_recording
 from tests.factories import ev, events_frame, mark
 
@@ -51,7 +52,7 @@ def test_summary_json_gives_each_note_its_severity(tmp_path):
 
 def _render(result) -> str:
     console = Console(width=200, record=True, color_system=None)
-    render_leaks_table(result, {}, console, start_ns=0, lost_events=0, notes=[])
+    render(LeaksView(result, About("r")), console)
     return console.export_text()
 
 

@@ -61,7 +61,7 @@ def test_the_html_view_gives_json_and_a_page(analysed):
     view = analysed.html()
     doc = json.loads(json.dumps(reporters.to_json(view)))
     assert doc["recording"] == analysed.about.path and doc["leaks"]["findings"]
-    assert page.page(view).startswith("<!DOCTYPE html>")
+    assert page.html_page(view).startswith("<!DOCTYPE html>")
 
 
 def test_every_view_has_a_reporter_and_nothing_else_does():

@@ -2,7 +2,7 @@
 scripts, styles and data inline, so it opens offline from disk. Render only.
 
 The data is one JSON blob in <script type="application/json" id="memprof-data">, written by
-`page_json`; every "<" in it is written as \\u003c, so no string in the data (a function
+`to_json`; every "<" in it is written as \\u003c, so no string in the data (a function
 name, a path) can close the script element or open a comment.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from memprof.report.gpu import gpu_to_json
-from memprof.report.leaks import leaks_to_json
+from memprof.analysis.views import About, GpuView, LeaksView
+from memprof.report import gpu, leaks
 from memprof.report.wording import min_age_left_out, shown_of
 
 if TYPE_CHECKING:
@@ -29,20 +29,23 @@ _META_KEYS = ("format_version", "memprof_version", "status", "command", "pid", "
               "start_ns", "end_ns", "exit_status")
 
 
-def html_page(data: HtmlData, meta: RecordingMeta, recording_path) -> str:
-    """The whole page as text (UTF-8 when written)."""
-    parts = {"STYLE": _static("style.css"), "APP": _static("app.js"), "TITLE": html.escape(str(recording_path)),
-             "DATA": json.dumps(page_json(data, meta, recording_path), separators=(",", ":")).replace("<", "\\u003c")}
+def html_page(view: HtmlView) -> str:
+    """The whole page as text (UTF-8 when written): the page's `render`, since a page is a
+    file, not a console's (memprof.report.reporters)."""
+    parts = {"STYLE": _static("style.css"), "APP": _static("app.js"), "TITLE": html.escape(view.about.path),
+             "DATA": json.dumps(to_json(view), separators=(",", ":")).replace("<", "\\u003c")}
     # One pass over the template: text put in is never searched for placeholders again.
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _static("template.html"))
 
 
-def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
+def to_json(view: HtmlView) -> dict:
     """The page's data blob. Absolute times (`*_ns`) are CLOCK_MONOTONIC ns; a series' `t`
     and a mark's `t` are ns after `span.start_ns` (small enough for a JavaScript number);
     sizes are bytes. `leaks` and `gpu` are what `memprof report leaks|gpu --format json` print;
     `leaks_text` the lines the terminal prints about what the filters left out. `warnings` change
     the results (the page's banner), `notes` are information."""
+    data, meta, recording_path = view.data, view.meta, view.about.path
+    inner = About(recording_path, lost_events=meta.lost_events)  # as `report leaks|gpu` print them
     start = int(data.span[0])
     return {
         "version": DATA_VERSION,
@@ -58,11 +61,11 @@ def page_json(data: HtmlData, meta: RecordingMeta, recording_path) -> dict:
         "marks": [[int(t) - start, str(label)] for t, label in zip(data.marks["ts_ns"], data.marks["label"])],
         "ooms": [{"t": int(row.ts_ns) - start, "layer": row.layer, "device": row.device,
                   "size_bytes": int(row.size_bytes)} for row in data.ooms.itertuples(index=False)],
-        "leaks": leaks_to_json(data.leaks, data.chains, recording_path, meta.lost_events),
+        "leaks": leaks.to_json(LeaksView(data.leaks, inner, data.chains)),
         "leaks_text": _leaks_text(data),
         "frames": [list(frame) for frame in data.frames],
         "flames": {at: [_flame_json(f, start) for f in flames] for at, flames in data.flames.items()},
-        "gpu": gpu_to_json(data.gpu, recording_path, lost_events=meta.lost_events),
+        "gpu": gpu.to_json(GpuView(data.gpu, inner)),
     }
 
 
@@ -106,15 +109,3 @@ def _node_json(node: tuple) -> list:
 
 def _static(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
-# --- the reporter contract (memprof.report.reporters): a page is a file, not a console's --------
-
-def to_json(view: HtmlView) -> dict:
-    """`page_json` of the view: the page's data blob."""
-    return page_json(view.data, view.meta, view.about.path)
-
-
-def page(view: HtmlView) -> str:
-    """`html_page` of the view: the whole page as text."""
-    return html_page(view.data, view.meta, view.about.path)
