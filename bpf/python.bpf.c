@@ -394,3 +394,44 @@ static __always_inline int py_learn_codes(void)
 
 int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(); }
 int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(); }
+
+/* ---- registration at interpreter start ----
+ * User space registers a process once it has read its maps, which for a shared build (a
+ * python3.X linked against libpython) is after the loader has mapped libpython: one ring
+ * buffer poll later, and by then a short program's first Python code may have run (the
+ * main thread's chains had no Python frames while the slower start of `+native`'s traps
+ * hid the race). So each confirmed runtime file also gets a uprobe at Py_InitializeFromConfig
+ * (once per process, before any Python code), whose program registers the process itself:
+ * the file's offsets, with link-time addresses, wait in `py_templates` (one slot per file,
+ * one program per slot), and the load bias is the probe's address minus the function's
+ * link-time address. */
+struct py_template {
+    struct py_conf conf;  /* interp_head, code_type: link-time addresses */
+    u64 init_vaddr;       /* link-time address of the probed function */
+};
+BPF_ARRAY(py_templates, struct py_template, PY_INIT_SLOTS);
+/* tgid -> slot of each process registered here: user space names its interpreter in
+ * meta.json even when the process exited before its maps were read. */
+BPF_TABLE("lru_hash", u32, u32, py_started, 4096);
+
+static __always_inline int py_init(struct pt_regs *ctx, u32 slot)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_tracked(tgid) || py_procs.lookup(&tgid))
+        return 0;
+    struct py_template *t = py_templates.lookup(&slot);
+    if (!t || !t->init_vaddr)
+        return 0;
+    struct py_conf conf = t->conf;
+    u64 bias = PT_REGS_IP(ctx) - t->init_vaddr;
+    conf.interp_head += bias;
+    conf.code_type += bias;
+    py_procs.update(&tgid, &conf);
+    py_started.update(&tgid, &slot);
+    return 0;
+}
+
+int mp_py_init_0(struct pt_regs *ctx) { return py_init(ctx, 0); }
+int mp_py_init_1(struct pt_regs *ctx) { return py_init(ctx, 1); }
+int mp_py_init_2(struct pt_regs *ctx) { return py_init(ctx, 2); }
+int mp_py_init_3(struct pt_regs *ctx) { return py_init(ctx, 3); }

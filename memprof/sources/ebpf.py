@@ -445,7 +445,7 @@ class EbpfSource:
         if self._python is not None:
             self.stats.detail["python"] = {
                 "enabled": self.options.python.enabled,
-                "interpreters": self._python.notes,
+                "interpreters": self._python.interpreter_notes(),
                 "events_without_thread_state": total(R.CNT_PY_NO_THREAD),
                 "not_code_objects": total(R.CNT_PY_BAD_CODE),
                 "map_full": total(R.CNT_PY_MAP_FULL),

@@ -60,6 +60,7 @@ class PythonBinary:
     runtime_vaddr: int
     code_type_vaddr: int
     offsets: dict[str, int]
+    init_vaddr: int = 0  # Py_InitializeFromConfig, where a process is registered at its start (0: none)
 
     def version_text(self) -> str:
         """The version as text: "3.11.2"."""
@@ -194,7 +195,9 @@ class _Inspection:
         _expect(f"code objects are {basicsize} bytes, {label}'s layout has {expected}", basicsize == expected)
         if version[:2] >= (3, 13):
             _check_debug_offsets(self.read(runtime["st_value"], _debug_struct(version).size), version, offsets)
-        return PythonBinary(self.path, version, runtime["st_value"], code_type["st_value"], offsets)
+        init = self.symbol("Py_InitializeFromConfig")
+        return PythonBinary(self.path, version, runtime["st_value"], code_type["st_value"], offsets,
+                            init["st_value"] if init is not None else 0)
 
     def symbol(self, name: str):
         """The defined symbol `name` of .dynsym, else .symtab; None if neither defines it."""

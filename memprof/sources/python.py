@@ -22,6 +22,7 @@ from memprof.sources.symbolize import Mapping
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
 LASTI_NONE = 0x7FFFFFFF  # PY_LASTI_NONE
 OWNED_BY_CSTACK = 3
+INIT_SLOTS = 4           # PY_INIT_SLOTS: runtime files registered at interpreter start
 
 
 @dataclass
@@ -43,7 +44,8 @@ def python_cflags(options: PythonOptions) -> list[str]:
     if options.max_frames & (options.max_frames - 1):
         raise ValueError("max_frames must be a power of two")
     return [f"-DPY_MAX_FRAMES={options.max_frames}", f"-DPY_STACK_ENTRIES={options.stack_entries}",
-            f"-DPY_CODE_ENTRIES={options.code_entries}", f"-DTASK_FSBASE_OFF={fsbase}"]
+            f"-DPY_CODE_ENTRIES={options.code_entries}", f"-DTASK_FSBASE_OFF={fsbase}",
+            f"-DPY_INIT_SLOTS={INIT_SLOTS}"]
 
 
 class PyFrame(NamedTuple):
@@ -72,6 +74,10 @@ class PythonFrames:
     options: PythonOptions = field(default_factory=PythonOptions)
     notes: dict = field(default_factory=dict)       # interpreter path -> what meta.json says
     _registered: dict = field(default_factory=dict)  # tgid -> interpreter path (or None)
+    _runtime_of: dict = field(default_factory=dict)  # tgid -> interpreter path, kept after exit
+    _with_frames: set = field(default_factory=set)   # tgids whose Python frames were read
+    _init_slots: dict = field(default_factory=dict)  # runtime path -> py_templates slot (or None)
+    _slot_binary: dict = field(default_factory=dict)  # py_templates slot -> PythonBinary
     _codes: dict = field(default_factory=dict)       # (tgid, code address) -> _Code | None
     _stacks: dict = field(default_factory=dict)      # py_stack hash -> [PyFrame]
     _frames: dict = field(default_factory=dict)      # (tgid, code address, lasti word) -> PyFrame
@@ -110,8 +116,60 @@ class PythonFrames:
         if bias is None:
             return
         self.bpf["py_procs"][ctypes.c_uint32(pid)] = self._conf(binary, bias)
-        self._registered[pid] = runtime
-        self.notes[runtime] = {"frames": True, "version": binary.version_text()}
+        self._registered[pid] = self._runtime_of[pid] = runtime
+        self.notes.setdefault(runtime, {"frames": True, "version": binary.version_text()})
+        self.register_at_start(binary)
+
+    def register_at_start(self, binary) -> None:
+        """Let BPF register each later process of this runtime itself, at its
+        Py_InitializeFromConfig (see bpf/python.bpf.c, "registration at interpreter start"):
+        register() comes a poll after libpython is mapped, which a short program's first
+        Python code can beat. Once per file, while a slot is free; the others are registered
+        by register() alone."""
+        if binary.path in self._init_slots:
+            return
+        free = [i for i in range(INIT_SLOTS) if i not in self._init_slots.values()]
+        if not binary.init_vaddr or not free:
+            self._init_slots[binary.path] = None
+            return
+        slot = free[0]
+        template = self.bpf["py_templates"].Leaf()
+        conf = self._conf(binary, 0)  # link-time addresses: BPF adds the bias
+        for name, _ in conf._fields_:
+            setattr(template.conf, name, getattr(conf, name))
+        template.init_vaddr = binary.init_vaddr
+        self.bpf["py_templates"][ctypes.c_int(slot)] = template
+        try:
+            self.bpf.attach_uprobe(name=binary.path, sym="Py_InitializeFromConfig", fn_name=f"mp_py_init_{slot}")
+        except Exception:  # bcc raises bare Exception; register() still registers its processes
+            self._init_slots[binary.path] = None
+            return
+        self._init_slots[binary.path] = slot
+        self._slot_binary[slot] = binary
+
+    def _started_in_bpf(self) -> None:
+        """Processes BPF registered at their interpreter's start: known to user space, even
+        those that exited before their maps were read."""
+        for tgid, slot in self.bpf["py_started"].items():
+            binary = self._slot_binary.get(slot.value)
+            if binary is not None:
+                self._runtime_of.setdefault(tgid.value, binary.path)
+                self.notes.setdefault(binary.path, {"frames": True, "version": binary.version_text()})
+
+    def interpreter_notes(self) -> dict:
+        """meta.json's `interpreters`: per runtime file, whether its processes got Python
+        frames. A supported one from none of whose processes a frame was read says so: frames
+        false, and why (the reports list it as they list an unsupported one)."""
+        self._started_in_bpf()
+        notes = {}
+        for runtime, note in self.notes.items():
+            if note.get("frames") and not any(self._runtime_of.get(t) == runtime for t in self._with_frames):
+                note = {**note, "frames": False, "supported": True,
+                        "why": f"CPython {note.get('version')} is supported, but no Python frames were read from its "
+                               "processes (events_without_thread_state counts events whose thread had no Python "
+                               "thread state; see `memprof doctor`)"}
+            notes[runtime] = note
+        return notes
 
     def prewarm(self, executable: str | None) -> None:
         """Inspect the interpreter a command will run before it starts (parsing an ELF takes
@@ -120,8 +178,9 @@ class PythonFrames:
         if not self.options.enabled:
             return
         for runtime in python_runtimes(executable):
+            runtime_file(runtime)  # register() asks it of the mapped libpython too
             try:
-                inspect_python(runtime)
+                self.register_at_start(inspect_python(runtime))
             except PythonLayoutError:
                 pass  # said again, with the reason, when the process maps it
 
@@ -184,6 +243,8 @@ class PythonFrames:
             self.stats["stacks_evicted"] += 1
             return []
         tgid, depth = int(leaf.tgid), min(int(leaf.depth), self.options.max_frames)
+        if depth:
+            self._with_frames.add(tgid)
         codes, words = leaf.code[:depth], leaf.lasti[:depth]
         self.stats["frames"] += depth
         return [self._frame_at(tgid, code, word) for code, word in zip(codes, words)]

@@ -9,6 +9,10 @@ Interpreters: the venv's (Debian's CPython 3.11, with torch), and pyenv's 3.10, 
 where this machine has them (the machine image carries pyenv; each is skipped with the
 reason when missing). CPython 3.9, which memprof does not support, must give native frames
 only and say why in meta.json.
+
+Those record with `+native`, whose traps slow the interpreter's start; every supported version
+is also recorded with the default sources, on examples/py_early.py, whose pipe comes right
+after the interpreter starts (a shared libpython's process used to be registered too late).
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ def pyenv_python(minor: int) -> str:
 def record_example(run_memprof, tmp_path: Path, python: str, *args: str) -> Path:
     recording = tmp_path / "frames.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--sources", "+native", "--",
-                         python, EXAMPLE, *args, cwd=tmp_path, timeout=120)
+                         python, EXAMPLE, *args, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
     return recording
 
@@ -191,6 +195,31 @@ def test_other_minor_versions_give_the_same_chains(minor, tmp_path, run_memprof,
         chains = block_chains(recording, size)
         assert len(chains) == 50 and all(frames[:3] == expected(prefix) for frames in chains), chains[:3]
     assert_deep_chain(recording)
+    notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
+    assert any(n["frames"] and n["version"].startswith(f"3.{minor}.") for n in notes.values()), notes
+
+
+# ---- the default sources: no native probes to slow the start ----
+
+EARLY = REPO / "examples" / "py_early.py"
+EARLY_LINES = {m.group(1): n for n, text in enumerate(EARLY.read_text().splitlines(), start=1)
+               if (m := re.search(r"# line: (\w+)", text))}
+
+
+@pytest.mark.parametrize("minor", [10, 11, 12, 13])
+def test_default_sources_give_frames_from_the_first_statements(minor, tmp_path, run_memprof, leaks_json):
+    """The pipe a script makes as it starts names its three Python callers with the default
+    sources (kmem, torch, cuda), on every supported version — main thread included."""
+    python = sys.executable if minor == sys.version_info.minor else pyenv_python(minor)
+    recording = tmp_path / "early.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", python, EARLY, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
+    found = findings(leaks_json, recording)
+    pipe = [f for f in chains_of(found, "early") if f["layer"] == "kernel_slab"]
+    assert pipe, describe(found)
+    want = [(f"early_{p}", str(EARLY), EARLY_LINES[f"early_{p}"]) for p in ("inner", "middle", "outer")]
+    for finding in pipe:
+        assert python_frames(finding)[:3] == want, json.dumps(finding["stack"], indent=1)
     notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
     assert any(n["frames"] and n["version"].startswith(f"3.{minor}.") for n in notes.values()), notes
 
