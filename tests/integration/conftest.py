@@ -92,7 +92,7 @@ def run_memprof(*args, cwd, timeout=60, **popen_kw) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def leaks_json(path, *args, timeout=60) -> dict:
+def leaks_json(path, *args, timeout=180) -> dict:
     """Parsed JSON of `memprof report leaks PATH --format json ARGS` (which must exit 0)."""
     path = Path(path)
     result = run_memprof("report", "leaks", path, "--format", "json", *args, cwd=path.parent, timeout=timeout)
