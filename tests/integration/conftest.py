@@ -92,6 +92,23 @@ def run_memprof(*args, cwd, timeout=60, **popen_kw) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def record_and_act(args: list, cwd, act: Callable[[subprocess.Popen, str], None],
+                   timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m memprof record ARGS` whose command prints one line first: once that line
+    (passed to `act`, with memprof's process) is out, `act` signals or stops memprof; then
+    memprof is waited for. On any failure memprof's session is killed, command and all."""
+    cmd = [sys.executable, "-m", "memprof", "record", *map(str, args)]
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as memprof:
+        try:
+            act(memprof, memprof.stdout.readline())
+            out, err = memprof.communicate(timeout=timeout)
+        finally:
+            if memprof.poll() is None:
+                os.killpg(memprof.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, memprof.returncode, out, err)
+
+
 def leaks_json(path, *args, timeout=180) -> dict:
     """Parsed JSON of `memprof report leaks PATH --format json ARGS` (which must exit 0)."""
     path = Path(path)
@@ -170,6 +187,11 @@ def _record_attached_fixture():
 @pytest.fixture(name="run_memprof", scope="session")
 def _run_memprof_fixture():
     return run_memprof
+
+
+@pytest.fixture(name="record_and_act", scope="session")
+def _record_and_act_fixture():
+    return record_and_act
 
 
 @pytest.fixture(name="leaks_json", scope="session")

@@ -399,28 +399,25 @@ print("held=", len(held))
 """
 
 
-def test_stopping_and_continuing_the_recorder_loses_nothing(tmp_path, leaks_json):
+def test_stopping_and_continuing_the_recorder_loses_nothing(tmp_path, leaks_json, record_and_act):
     """Ctrl-Z then `fg` (here SIGSTOP then SIGCONT, three times, to memprof alone while its
     command starts its work): the recording goes on, the command's exit status comes back, and
     the known leak is all there. (A stop used to end the recording as an internal error:
     CPython's sigtimedwait hands back a siginfo it never filled in after one.)"""
     recording = tmp_path / "stopped.memprof"
-    cmd = [sys.executable, "-m", "memprof", "record", "-q", "-o", str(recording), "--",
-           sys.executable, "-c", _HOLD_PIPES]
-    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as memprof:
-        try:
-            assert memprof.stdout.readline().startswith("pid="), "the command did not start"
-            for _ in range(3):
-                time.sleep(0.1)
-                memprof.send_signal(signal.SIGSTOP)
-                time.sleep(0.1)
-                memprof.send_signal(signal.SIGCONT)
-            out, err = memprof.communicate(timeout=60)
-        finally:
-            if memprof.poll() is None:
-                os.killpg(memprof.pid, signal.SIGKILL)
-    assert memprof.returncode == 0, err
+
+    def stop_and_continue_thrice(memprof, first_line):
+        assert first_line.startswith("pid="), "the command did not start"
+        for _ in range(3):
+            time.sleep(0.1)
+            memprof.send_signal(signal.SIGSTOP)
+            time.sleep(0.1)
+            memprof.send_signal(signal.SIGCONT)
+
+    result = record_and_act(["-q", "-o", recording, "--", sys.executable, "-c", _HOLD_PIPES], tmp_path,
+                            stop_and_continue_thrice)
+    out, err = result.stdout, result.stderr
+    assert result.returncode == 0, err
     assert "Traceback" not in err and "internal error" not in err, err
     assert "held= 31" in out
     # Not pipe_info_finding: its one-finding-per-chain check reads functions without their

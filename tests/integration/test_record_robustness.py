@@ -60,24 +60,20 @@ def test_disk_full_waits_for_the_command_and_keeps_what_was_written(tmp_path, sm
     assert "findings" in json.loads(report.stdout)
 
 
-def test_exit_status_after_ctrl_c_is_in_meta(tmp_path, run_memprof):
+def test_exit_status_after_ctrl_c_is_in_meta(tmp_path, record_and_act):
     """After SIGINT the command is still exiting when the recording is finalized: its
     status, once waited for, still reaches meta.json, equal to memprof's own."""
     recording = tmp_path / "interrupted.memprof"
     command = [sys.executable, "-c", "import signal, sys, time\n"
                "signal.signal(signal.SIGINT, lambda *a: (time.sleep(0.8), sys.exit(3)))\n"
                "print('ready', flush=True)\ntime.sleep(30)"]
-    cmd = [sys.executable, "-m", "memprof", "record", "-q", "-o", str(recording), "--", *command]
-    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as memprof:
-        try:
-            assert memprof.stdout.readline().strip() == "ready"
-            memprof.send_signal(signal.SIGINT)
-            out, err = memprof.communicate(timeout=60)
-        finally:
-            if memprof.poll() is None:
-                os.killpg(memprof.pid, signal.SIGKILL)
-    assert memprof.returncode == 3, err
+
+    def interrupt(memprof, first_line):
+        assert first_line.strip() == "ready"
+        memprof.send_signal(signal.SIGINT)
+
+    result = record_and_act(["-q", "-o", recording, "--", *command], tmp_path, interrupt)
+    assert result.returncode == 3, result.stderr
     meta = read_meta(recording)
     assert meta["status"] == "complete" and meta["exit_status"] == 3
 
