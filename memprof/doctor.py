@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from memprof.capture.privileges import can_record
+from memprof.capture.may_record import can_record
 
 
 @dataclass(frozen=True)

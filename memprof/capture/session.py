@@ -16,7 +16,7 @@ from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
 from memprof.capture.livebytes import LiveBytes
-from memprof.capture.privileges import require_recording_privileges
+from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
 from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent import AgentOptions, AgentSource

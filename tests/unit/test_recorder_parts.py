@@ -8,7 +8,7 @@ from memprof.analysis.loss import skipped_frees_by_layer
 from memprof.errors import TargetError, UsageError
 from memprof.model import RecordingMeta, SourceStats
 from memprof.capture.livebytes import LiveBytes
-from memprof.capture.privileges import CAP_BPF, CAP_PERFMON, effective_capabilities
+from memprof.capture.may_record import CAP_BPF, CAP_PERFMON, effective_capabilities
 from memprof.capture.session import default_output
 from memprof.capture.target import resolve_executable
 from memprof.sources.stacks import StackInterner
