@@ -1,11 +1,11 @@
-"""Cost of keying kernel addresses (memprof/sources/addrkey.py) per event, in the recorder.
+"""Cost of keying kernel addresses (memprof/sources/ebpf/addrkey.py) per event, in the recorder.
 
 Two measurements, each the median of REPEATS runs after a warm-up, in one process, in this
 thread's CPU time (time.thread_time: on a shared machine, wall time also counts the spells
 another process held the core):
 - `AddressKey.apply` over a whole column of 10^7 kernel-like addresses (slab objects in the
   direct map, struct pages in vmemmap);
-- the decoder (`EbpfSource._decode_memory`) on batches of the size the recorder drains at
+- the decoder (`MemoryDecoder.decode`) on batches of the size the recorder drains at
   1.5 M kernel events/s (one drain every POLL_S = 20 ms: 30,000 records), with and without
   the keying, timed alternately. Stacks are interned by a stub here, so the decode is cheaper than the real
   one and the keying's share an upper bound.
@@ -31,15 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from memprof.sources import records as R
-from memprof.sources.addrkey import AddressKey
-from memprof.sources.ebpf import EbpfOptions, EbpfSource
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.addrkey import AddressKey
+from memprof.sources.ebpf.decode import MemoryDecoder
 
 EVENTS_PER_S = 1_500_000  # the kernel-heavy case (examples/kernel_churn)
 CHURN = Path(__file__).resolve().parent.parent / "examples" / "bin" / "kernel_churn"
 KEYED = [sys.executable, "-m", "memprof"]
-UNKEYED = [sys.executable, "-c", "import memprof.sources.ebpf as E; "
-           "E.EbpfSource._keyed_addresses = lambda self, kinds, addrs: addrs; "
+UNKEYED = [sys.executable, "-c", "import memprof.sources.ebpf.decode as D; "
+           "D.MemoryDecoder.keyed_addresses = lambda self, kinds, addrs: addrs; "
            "from memprof.cli.main import main; main()"]
 
 
@@ -74,14 +74,14 @@ def paired_s(a, b, repeats: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def unkeyed(source: EbpfSource, decode):
+def unkeyed(source: MemoryDecoder, decode):
     """`decode` run with the keying bypassed: the decoder as it was."""
     def run():
-        source._keyed_addresses = lambda kinds, addrs: addrs
+        source.keyed_addresses = lambda kinds, addrs: addrs
         try:
             return decode()
         finally:
-            del source._keyed_addresses
+            del source.keyed_addresses
     return run
 
 
@@ -146,10 +146,9 @@ def main() -> None:
     whole = median_s(lambda: key.apply(column), args.repeats) / args.rows
     print(f"apply, {args.rows:,} addresses in one column: {whole * 1e9:.2f} ns/address")
 
-    source = EbpfSource(EbpfOptions())
-    source._stacks = _StubInterner()
+    source = MemoryDecoder(_StubInterner().intern)
     recs = kernel_batch(args.batch)
-    keyed, raw = paired_s(lambda: source._decode_memory(recs), unkeyed(source, lambda: source._decode_memory(recs)),
+    keyed, raw = paired_s(lambda: source.decode(recs), unkeyed(source, lambda: source.decode(recs)),
                           args.repeats)
     keyed, raw = keyed / args.batch, raw / args.batch
     added = keyed - raw

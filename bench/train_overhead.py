@@ -103,9 +103,9 @@ class EmptyProbes:
     def __enter__(self):
         sys.path.insert(0, str(ROOT))
         from bcc import BPF
-        from memprof.sources import uprobes as U
-        from memprof.sources.bpfload import captured_stderr  # clang's header warnings
-        from memprof.sources.ebpf import attach_place
+        from memprof.sources.ebpf import uprobes as U
+        from memprof.sources.ebpf.bpfload import captured_stderr  # clang's header warnings
+        from memprof.sources.ebpf.library_probes import attach_place
         libraries = U.find_known_libraries(sys.executable)["torch"]
         if not libraries:
             raise RuntimeError("no libc10.so in this Python's torch")

@@ -61,7 +61,7 @@ CASES = {
 def call_offset(binary: Path) -> int:
     """Offset of with_frame's call to callee (found as memprof finds alloc_cpu's)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from memprof.sources.callsite import find_call_site
+    from memprof.sources.ebpf.callsite import find_call_site
     site = find_call_site(str(binary), "with_frame", "callee")
     if site.offset is None:
         raise SystemExit(f"no call site in the test program: {site.why}")
@@ -70,7 +70,7 @@ def call_offset(binary: Path) -> int:
 
 def run_case(binary: Path, calls: int, which: int, probes, offset: int) -> float:
     from bcc import BPF
-    from memprof.sources.bpfload import captured_stderr  # clang's header warnings, kept off the terminal
+    from memprof.sources.ebpf.bpfload import captured_stderr  # clang's header warnings, kept off the terminal
     with captured_stderr():
         bpf = BPF(text=BPF_TEXT) if probes else None
     for kind, symbol, at in probes:

@@ -1,9 +1,9 @@
 /* Maps and helpers shared by every memprof probe family: one ring buffer, one stack map,
  * the process filter, the address filter, counters. The first part of the program text
- * (memprof/sources/ebpf.py joins the parts: bcc rewrites map calls such as
+ * (memprof/sources/ebpf/loading.py joins the parts: bcc rewrites map calls such as
  * `events.ringbuf_reserve()` only in the text it is given, not in #included files).
  *
- * Constants (-D, from memprof/sources/ebpf.py):
+ * Constants (-D, from memprof/sources/ebpf/loading.py):
  *   RINGBUF_PAGES         ring buffer size in pages (power of two)
  *   STACK_ENTRIES         buckets in the stack map (kernel stacks)
  *   USTACK_DEPTH, USTACK_ENTRIES  frames kept per user stack, user stacks kept

@@ -1,5 +1,5 @@
 /* memprof's BPF program, last part: follows the process tree (fork/exec/exit) and marks the
- * moment a process begins to exit. memprof/sources/ebpf.py joins the program text from
+ * moment a process begins to exit. memprof/sources/ebpf/loading.py joins the program text from
  * common.bpf.c, the chosen families (kmem.bpf.c, uprobes.bpf.c) and this file, so that
  * every family shares one ring buffer, one stack map and one process filter.
  *

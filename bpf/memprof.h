@@ -1,4 +1,4 @@
-/* Record layouts shared by memprof's BPF programs and memprof/sources/records.py.
+/* Record layouts shared by memprof's BPF programs and memprof/sources/ebpf/records.py.
  *
  * Every record leaving the kernel is one fixed-size `struct mp_event` (64 bytes; 72 with the
  * ring buffer's 8-byte header), so user space decodes a batch as one strided numpy view.
@@ -40,7 +40,7 @@
 #define MP_TP_PAGE_FREE_BATCHED  3
 #define MP_N_FREE_TPS            4
 
-/* Layers (the `layer` byte), as memprof/sources/records.py names them. */
+/* Layers (the `layer` byte), as memprof/sources/ebpf/records.py names them. */
 #define MP_LAYER_KERNEL_SLAB  0
 #define MP_LAYER_KERNEL_PAGE  1
 #define MP_LAYER_TORCH_CPU    2

@@ -1,6 +1,6 @@
 /* What the parts of memprof's BPF program give each other.
  *
- * memprof/sources/ebpf.py (program_text) joins the parts into one text, in this order:
+ * memprof/sources/ebpf/loading.py (program_text) joins the parts into one text, in this order:
  *
  *   common.bpf.c  python.bpf.c  kmem.bpf.c  uprobes.bpf.c  memprof.bpf.c
  *

@@ -2,8 +2,8 @@
  * A part of the program text (after common.bpf.c; kmem.bpf.c and uprobes.bpf.c call
  * py_stack_id()).
  *
- * User space (memprof/sources/python.py) finds each tracked process's interpreter, confirms
- * its struct layout (memprof/sources/pyinterp.py) and writes a `struct py_conf` into
+ * User space (memprof/sources/cpython/frames.py) finds each tracked process's interpreter, confirms
+ * its struct layout (memprof/sources/cpython/interp.py) and writes a `struct py_conf` into
  * `py_procs`. A process without one gets no Python frames — never frames read with offsets
  * that were not confirmed.
  *
@@ -36,7 +36,7 @@
 #define PY_PAGE_BYTES    4096       /* frames are read from the start of their page at most */
 #define PY_FRAME_MAX     256        /* frame_read is below this */
 
-/* Offsets of one interpreter (see memprof/sources/pyoffsets_table.py); -1: no such field. */
+/* Offsets of one interpreter (see memprof/sources/cpython/offsets_table.py); -1: no such field. */
 struct py_conf {
     u64 interp_head;     /* address of _PyRuntime.interpreters.head in the process */
     u64 code_type;       /* address of PyCode_Type in the process */

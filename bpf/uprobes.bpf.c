@@ -165,7 +165,7 @@ int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE);
 /* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
 int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
 
-/* The one-trap alternative to the pair above, where memprof/sources/callsite.py found it: a
+/* The one-trap alternative to the pair above, where memprof/sources/ebpf/callsite.py found it: a
  * uprobe on alloc_cpu's `call c10::NUMAMove(void *data, size_t nbytes, int node)`, which every
  * successful allocation makes. The arguments are in their registers; alloc_cpu has a frame
  * pointer (checked), so its own return address — the site, as at a uretprobe — is at %rbp + 8;

@@ -131,10 +131,10 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
     from memprof.cli import console
     from memprof.cli.status import StatusLine
     from memprof.capture.session import RecordRequest, Session
-    from memprof.sources.agent import AgentOptions
-    from memprof.sources.ebpf import EbpfOptions
-    from memprof.sources.kmem import KmemOptions
-    from memprof.sources.python import PythonOptions
+    from memprof.sources.agent_reader.source import AgentOptions
+    from memprof.sources.ebpf.source import EbpfOptions
+    from memprof.sources.ebpf.kmem import KmemOptions
+    from memprof.sources.cpython.frames import PythonOptions
 
     if pid is not None and command:
         raise click.UsageError("give either --pid or a command, not both")

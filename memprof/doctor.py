@@ -70,7 +70,7 @@ def _headers_check() -> Check:
 
 
 def _btf_check() -> Check:
-    from memprof.sources.btf import BtfError, load_cached
+    from memprof.sources.ebpf.btf import BtfError, load_cached
     try:
         btf = load_cached()
         offset = btf.member_offset("kmem_cache", "size")
@@ -82,7 +82,7 @@ def _btf_check() -> Check:
 def _tracefs_check() -> Check:
     """Where tracefs is, or why it cannot be read: not mounted (mount it), or mounted but
     readable only by root (tracefs is mode 0700: run doctor as root; nothing else is wrong)."""
-    from memprof.sources import kmem
+    from memprof.sources.ebpf import kmem
     root = kmem.tracefs_root()
     if root is not None:
         return Check("tracefs", True, root)
@@ -97,7 +97,7 @@ def _tracefs_check() -> Check:
 def mounted_tracefs(mounts: str = "/proc/self/mounts") -> list[str]:
     """The mount points of tracefs among the places memprof looks (kmem.TRACEFS_DIRS), from
     `mounts` (the kernel's mount table; [] when it cannot be read)."""
-    from memprof.sources import kmem
+    from memprof.sources.ebpf import kmem
     try:
         with open(mounts) as f:
             points = [fields[1] for fields in (line.split() for line in f) if len(fields) > 2 and fields[2] == "tracefs"]
@@ -109,7 +109,7 @@ def mounted_tracefs(mounts: str = "/proc/self/mounts") -> list[str]:
 def _tracepoint_checks(tracefs: Check) -> list[Check]:
     """One check per kmem tracepoint; when tracefs could not be read, one that says they
     were not checked (their absence would say nothing of the kernel)."""
-    from memprof.sources import kmem
+    from memprof.sources.ebpf import kmem
     if tracefs.absent == "unreadable":
         return [Check("kmem tracepoints", False, "not checked: tracefs is readable only by root",
                       "run doctor as root: sudo memprof doctor", absent="unchecked")]
@@ -126,7 +126,7 @@ _OPTIONAL_TRACEPOINTS = {"kmalloc_node": "merged into kmem:kmalloc on this kerne
 def _tracepoint_check(tp: str) -> Check:
     """A tracepoint recording needs (MISSING when absent, with a fix), or an optional one
     (absent is expected there: said so, and no fix offered)."""
-    from memprof.sources import kmem
+    from memprof.sources.ebpf import kmem
     present = kmem.tracepoint_exists("kmem", tp)
     if tp in _OPTIONAL_TRACEPOINTS:
         detail = "present" if present else f"{_OPTIONAL_TRACEPOINTS[tp]} (not needed; nothing to fix)"
@@ -150,21 +150,21 @@ def _nvml_check() -> Check:
 def python_checks(pythons: Sequence[str] = ()) -> list[Check]:
     """"Python frames" (optional) for the interpreter running memprof, then each of `pythons`:
     whether memprof can read the frames of processes running it."""
-    from memprof.sources.pyinterp import runtime_file
+    from memprof.sources.cpython.interp import runtime_file
     checks = [_python_check(sys.executable, _own_runtime_file())]
     return checks + [_python_check(p, runtime_file(os.path.realpath(p))) for p in pythons]
 
 
 def _own_runtime_file() -> str:
     """The file defining this process's _PyRuntime, as the recorder would find it: from our maps."""
-    from memprof.sources.pyinterp import python_file_in_maps, runtime_file
-    from memprof.sources.symbolize import parse_maps, snapshot_maps
+    from memprof.sources.cpython.interp import python_file_in_maps, runtime_file
+    from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
     found = python_file_in_maps(parse_maps(snapshot_maps(os.getpid()) or ""))
     return found or runtime_file(os.path.realpath(sys.executable))
 
 
 def _python_check(given: str, inspected: str) -> Check:
-    from memprof.sources.pyinterp import PythonLayoutError, inspect_python
+    from memprof.sources.cpython.interp import PythonLayoutError, inspect_python
     shown = inspected if os.path.realpath(given) == inspected else f"{given} → {inspected}"
     try:
         binary = inspect_python(inspected)

@@ -1,9 +1,9 @@
 """`memprof import`: PyTorch CUDA memory snapshots and torch.profiler Chrome traces → a
 recording every report reads.
 
-A file whose content starts with `{` is a Chrome trace (JSON, memprof/sources/torch_profiler.py);
+A file whose content starts with `{` is a Chrome trace (JSON, memprof/sources/torch_import/profiler.py);
 any other is a snapshot pickle, loaded without running anything it names
-(memprof/sources/safe_pickle.py) and converted by memprof/sources/torch_snapshot.py. Both may
+(memprof/sources/torch_import/safe_pickle.py) and converted by memprof/sources/torch_import/snapshot.py. Both may
 be gzip-compressed. Only when every file has been read is the recording written, under a hidden
 temporary name beside the output that is renamed into place once complete: a bad file, a
 failure while writing, or Ctrl-C leaves nothing behind (and never a recording that says
@@ -23,10 +23,10 @@ from memprof import __version__
 from memprof.errors import BadInputError, MemprofError, UsageError
 from memprof.model import RecordingMeta, SourceStats
 from memprof.recording import RecordingWriter
-from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import loads_plain, read_input
-from memprof.sources.torch_profiler import profiler_rows
-from memprof.sources.torch_snapshot import SnapshotRows, realtime_ns, snapshot_rows
+from memprof.sources.symbols.frame_interner import FrameInterner
+from memprof.sources.torch_import.safe_pickle import loads_plain, read_input
+from memprof.sources.torch_import.profiler import profiler_rows
+from memprof.sources.torch_import.snapshot import SnapshotRows, realtime_ns, snapshot_rows
 
 SNAPSHOT, PROFILER = "torch_snapshot", "torch_profiler"
 CLOCK = "CLOCK_REALTIME"

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memprof.sources.bpfinfo import prog_stats  # noqa: E402
+from memprof.sources.ebpf.bpfinfo import prog_stats  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 EVENT = TRACEFS / "events/kmem/kmem_cache_free"

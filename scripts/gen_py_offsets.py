@@ -1,12 +1,12 @@
-"""Derive memprof/sources/pyoffsets_table.py from CPython's own internal headers.
+"""Derive memprof/sources/cpython/offsets_table.py from CPython's own internal headers.
 
 For each interpreter given (default: every pyenv CPython 3.10-3.13 on this machine, and the
 Debian system one), compile scripts/py_offsets.c against that version's include/ and
 include/internal/ headers (-DPy_BUILD_CORE) and record the offsets it prints. Patch releases
 of one minor version share a layout; the table is keyed by minor version, and run-time
-checks (memprof/sources/pyinterp.py) confirm a given interpreter matches it.
+checks (memprof/sources/cpython/interp.py) confirm a given interpreter matches it.
 
-    python scripts/gen_py_offsets.py [INCLUDE_DIR ...] > memprof/sources/pyoffsets_table.py
+    python scripts/gen_py_offsets.py [INCLUDE_DIR ...] > memprof/sources/cpython/offsets_table.py
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 /* Prints, as one JSON object, the CPython struct offsets memprof's BPF frame walker needs,
  * taken from the interpreter's own internal headers (compile with -DPy_BUILD_CORE against
  * include/python3.X and include/python3.X/internal). Used by scripts/gen_py_offsets.py to
- * derive memprof/sources/pyoffsets_table.py; never at run time. -1 means "no such field". */
+ * derive memprof/sources/cpython/offsets_table.py; never at run time. -1 means "no such field". */
 #define Py_BUILD_CORE 1
 #include <Python.h>
 #include <stddef.h>

@@ -10,7 +10,7 @@ which loads the agent now; it begins writing when a recording asks it to (see
 memprof/agent/boot/memprof_agent.py). It leaves its ready file in a private folder of its
 own (`tempfile.mkdtemp`, 0700), never at a name another user could guess, and a recorder
 signals it only after checking that folder and the process's SIGUSR2 handler
-(memprof/sources/agent_attach.py). Under `sudo`, only the invoking user's own processes are
+(memprof/sources/agent_reader/attach.py). Under `sudo`, only the invoking user's own processes are
 reached.
 """
 from __future__ import annotations

@@ -19,10 +19,10 @@ from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
 from memprof.capture.target import GatedChild, RunAs, resolve_executable
-from memprof.sources.agent import AgentOptions, AgentSource
-from memprof.sources.ebpf import EbpfOptions, EbpfSource
-from memprof.sources.pyinterp import python_file_in_maps
-from memprof.sources.procs import descendants, pid_alive, process_uids, read_comm
+from memprof.sources.agent_reader.source import AgentOptions, AgentSource
+from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
+from memprof.sources.cpython.interp import python_file_in_maps
+from memprof.sources.symbols.procs import descendants, pid_alive, process_uids, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
 # A flush starts every FLUSH_S (or as soon as the one before it ends, when it ran longer).
@@ -261,8 +261,8 @@ class Session:
         """Variables that start memprof's agent in the command's Python processes. None when
         the agent is off, or when a folder on the way to its code could be written by someone
         other than root and the command's user, or its folder cannot be made: a note in
-        meta.json and a warning say so (memprof/sources/agent_folder.py)."""
-        from memprof.sources.agent_folder import unsafe_ancestor
+        meta.json and a warning say so (memprof/sources/agent_reader/folder.py)."""
+        from memprof.sources.agent_reader.folder import unsafe_ancestor
         if not self.request.agent.enabled:
             return {}
         uid = self.owner.uid if self.owner is not None else os.geteuid()  # the command's user
@@ -284,10 +284,10 @@ class Session:
 
     def _attach_agents(self, pids: list[int]) -> None:
         """`--pid`: reach the agents of processes that opted in (memprof.agent.install();
-        memprof/sources/agent_attach.py: only verified agents of the recording's user are
+        memprof/sources/agent_reader/attach.py: only verified agents of the recording's user are
         signalled); say which Python processes have none (their steps and CUDA history are
         not seen), and which were not reached, and why."""
-        from memprof.sources.agent_attach import NoAgent, Refused
+        from memprof.sources.agent_reader.attach import NoAgent, Refused
         if not self.request.agent.enabled:
             return
         self.agent = AgentSource(self.writer.path, self.request.agent)

@@ -381,7 +381,7 @@ def byte_mutations(count: int, seed: int = 19) -> dict[str, bytes]:
 def tree_mutations(count: int, seed: int = 19) -> dict[str, bytes]:
     """Fixtures loaded, one to three of their values (anywhere in the tree) replaced by hostile
     values, written again (pickle protocol 2, 3 or 4; JSON)."""
-    from memprof.sources.safe_pickle import load_plain
+    from memprof.sources.torch_import.safe_pickle import load_plain
     rng, files = random.Random(seed), {}
     trees = {name: (json.loads((DATA / name).read_text()) if name.endswith(".json") else load_plain(DATA / name))
              for name in FIXTURES}

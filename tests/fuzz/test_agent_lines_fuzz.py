@@ -9,7 +9,7 @@ import pytest
 
 from memprof.model.meta import ClockAnchor, RecordingMeta
 from memprof.recording import RecordingWriter
-from memprof.sources.agent import AgentSource
+from memprof.sources.agent_reader.source import AgentSource
 from tests.fuzz.corpus_agent import agent_lines
 
 LINES = agent_lines()

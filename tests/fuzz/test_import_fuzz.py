@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from memprof.cli.main import cli
 from memprof.recording import open_recording
-from memprof.sources.torch_snapshot import MAX_SETTINGS_VALUES
+from memprof.sources.torch_import.snapshot import MAX_SETTINGS_VALUES
 from tests.fuzz.corpus_import import expected, gzip_files, handmade_pickles, import_corpus, snapshot_structures
 
 REPO = Path(__file__).resolve().parents[2]

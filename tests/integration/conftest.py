@@ -35,7 +35,7 @@ def _missing_prerequisite() -> str | None:
         import bcc  # noqa: F401
     except Exception as e:  # ImportError, or libbcc failing to load
         return f"bcc is not importable ({type(e).__name__}: {e}); apt-get install python3-bpfcc"
-    from memprof.sources.kmem import tracefs_root
+    from memprof.sources.ebpf.kmem import tracefs_root
     if tracefs_root() is None:
         return "no kmem tracepoints: tracefs with events/kmem is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
     return None

@@ -86,7 +86,7 @@ def test_installed_wheel_records(tmp_path):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
     located = _run([venv / "bin" / "python", "-c",
-                    "import json, memprof; from memprof.sources.ebpf import bpf_source_dir; "
+                    "import json, memprof; from memprof.sources.ebpf.loading import bpf_source_dir; "
                     "print(json.dumps([memprof.__file__, bpf_source_dir()]))"],
                    cwd=elsewhere, env=env, timeout=60, what="locate the package")
     assert located.returncode == 0, located.stderr

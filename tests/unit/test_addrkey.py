@@ -1,4 +1,4 @@
-"""Kernel addresses keyed per recording (memprof/sources/addrkey.py, issue 19 item 6): a
+"""Kernel addresses keyed per recording (memprof/sources/ebpf/addrkey.py, issue 19 item 6): a
 bijection that hides the layout, applied to the kernel rows only, and the analysis gives
 exactly the answers it gives on the raw addresses."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.capture.livebytes import LiveBytes
-from memprof.sources import addrkey as A
-from memprof.sources import records as R
-from memprof.sources.addrkey import AddressKey
-from memprof.sources.ebpf import EbpfOptions, EbpfSource
+from memprof.sources.ebpf import addrkey as A
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.addrkey import AddressKey
+from memprof.sources.ebpf.decode import MemoryDecoder
 from tests.factories import typed_events
 
 U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -158,10 +158,8 @@ class _Interner:
         return kstack.astype(np.int64) + 100
 
 
-def _source() -> EbpfSource:
-    source = EbpfSource(EbpfOptions())
-    source._stacks = _Interner()
-    return source
+def _source() -> MemoryDecoder:
+    return MemoryDecoder(_Interner().intern)
 
 
 def test_kernel_rows_are_keyed_user_rows_and_marks_are_not():
@@ -176,8 +174,8 @@ def test_kernel_rows_are_keyed_user_rows_and_marks_are_not():
         dict(ts_ns=7, kind=R.EXIT_MARK, pid=7),
     )
     source = _source()
-    addr = source._decode_memory(recs).columns["addr"]
-    expected = source._address_key.apply(np.array([slab, page], dtype=np.uint64))
+    addr = source.decode(recs).columns["addr"]
+    expected = source.address_key.apply(np.array([slab, page], dtype=np.uint64))
     assert addr.dtype == np.uint64
     assert addr.tolist() == [expected[0], expected[1], heap, heap, expected[1], expected[0], 0]
     assert (addr[[0, 1, 4, 5]] < np.uint64(1 << 56)).all()
@@ -190,9 +188,9 @@ def test_an_address_keeps_its_image_from_one_poll_to_the_next_not_across_recordi
     free = _records(dict(ts_ns=2, kind=R.SLAB_FREE, layer=SLAB, addr=slab),
                     dict(ts_ns=3, kind=R.USER_ALLOC, layer=NATIVE, addr=0x5000, size=8))  # a mixed batch
     one, other = _source(), _source()
-    first = one._decode_memory(alloc).columns["addr"][0]
-    assert one._decode_memory(free).columns["addr"][0] == first != slab
-    assert other._decode_memory(alloc).columns["addr"][0] != first
+    first = one.decode(alloc).columns["addr"][0]
+    assert one.decode(free).columns["addr"][0] == first != slab
+    assert other.decode(alloc).columns["addr"][0] != first
 
 
 def _kernel_workload(seed: int = 3) -> np.ndarray:
@@ -236,7 +234,7 @@ def _frame(columns: dict) -> pd.DataFrame:
 
 def test_pairing_gives_exactly_the_answers_of_the_raw_addresses():
     recs = _kernel_workload()
-    keyed = _frame(_source()._decode_memory(recs).columns)
+    keyed = _frame(_source().decode(recs).columns)
     raw = keyed.assign(addr=recs["addr"])
     assert not np.array_equal(keyed["addr"], raw["addr"])
     a, b = pair_lifetimes(raw), pair_lifetimes(keyed)
@@ -254,7 +252,7 @@ def test_the_status_lines_live_bytes_stay_exact():
     source = _source()
     keyed, raw = LiveBytes(), LiveBytes()
     for batch in np.array_split(recs, 9):
-        columns = source._decode_memory(batch).columns
+        columns = source.decode(batch).columns
         keyed.update(columns)
         raw.update({**columns, "addr": batch["addr"]})
     assert dict(keyed.bytes_by_layer) == dict(raw.bytes_by_layer)

@@ -1,4 +1,4 @@
-"""`record --pid`'s side of the attach protocol (memprof/sources/agent_attach.py): which
+"""`record --pid`'s side of the attach protocol (memprof/sources/agent_reader/attach.py): which
 folder and ready file are trusted, and when a process is signalled. Real /proc, real files;
 the processes are this test's own (their uid is the test's)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from memprof.asuser import Owner, UserThread
-from memprof.sources import agent_attach
-from memprof.sources.agent_attach import NoAgent, Refused, Target
+from memprof.sources.agent_reader import attach as agent_attach
+from memprof.sources.agent_reader.attach import NoAgent, Refused, Target
 
 
 @pytest.fixture

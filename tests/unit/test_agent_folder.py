@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from memprof.asuser import UserThread
-from memprof.sources.agent_folder import BOOT_FILES, boot_dir, make_boot_folder, unsafe_ancestor
+from memprof.sources.agent_reader.folder import BOOT_FILES, boot_dir, make_boot_folder, unsafe_ancestor
 
 
 @pytest.fixture

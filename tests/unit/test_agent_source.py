@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memprof.model.meta import ClockAnchor
-from memprof.sources.agent import AgentSource
+from memprof.sources.agent_reader.source import AgentSource
 
 MIB = 1 << 20
 FRAMES = [{"filename": "/src/train.py", "line": 42, "name": "cache_batch"},
@@ -192,7 +192,7 @@ def test_malformed_agent_lines_are_skipped_and_counted_and_the_rest_recorded(tmp
 
 
 def test_a_line_longer_than_one_read_is_skipped_whole(tmp_path, monkeypatch):
-    import memprof.sources.agent as agent_module
+    import memprof.sources.agent_reader.source as agent_module
     monkeypatch.setattr(agent_module, "MAX_READ_BYTES", 100)
     path = agent_file(tmp_path)
     path.write_bytes(b'{"kind":"mark","label":"' + b"x" * 300 + b'"}\n' + GOOD % (5, 1))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memprof.sources.ebpf import program_text
+from memprof.sources.ebpf.loading import program_text
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 HEADER = BPF / "parts.h"
@@ -61,7 +61,7 @@ def _used_structs(code: str) -> set[str]:
 
 
 def _order() -> list[str]:
-    """The parts in the order memprof/sources/ebpf.py joins them (with the kmem family)."""
+    """The parts in the order memprof/sources/ebpf/loading.py joins them (with the kmem family)."""
     return re.findall(r'^#line 1 "([^"]+)"$', program_text(str(BPF), kmem=True), flags=re.M)
 
 

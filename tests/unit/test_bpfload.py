@@ -7,7 +7,7 @@ import os
 import pytest
 
 from memprof.errors import SourceUnavailableError
-from memprof.sources.bpfload import load_program
+from memprof.sources.ebpf.bpfload import load_program
 
 INTERRUPTED = "Failed to load BPF program b'mp_kmalloc': Resource temporarily unavailable"
 REFUSED = "Failed to load BPF program b'mp_kmalloc': Permission denied"
@@ -54,24 +54,36 @@ def test_other_bcc_errors_pass_through_unchanged():
 
 
 def _libc_source(message: str):
-    from memprof.sources.ebpf import EbpfOptions, EbpfSource
-    from memprof.sources.uprobes import libc_paths
-    source = EbpfSource(EbpfOptions(families=("native",)))
-    source._bpf = RefusingBpf(message)
-    return source, libc_paths()[0]
+    from memprof.model import SourceStats
+    from memprof.sources.ebpf.library_probes import LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions
+    from memprof.sources.ebpf.uprobes import libc_paths
+    stats = SourceStats()
+    probes = LibraryProbes(RefusingBpf(message), EbpfOptions(families=("native",)), stats.detail)
+    return _Probed(probes, stats), libc_paths()[0]
+
+
+class _Probed:
+    """LibraryProbes with the stats its detail lands in (as EbpfSource holds them)."""
+
+    def __init__(self, probes, stats):
+        self.probes, self.stats = probes, stats
+
+    def probe_library(self, *args):
+        self.probes.probe_library(*args)
 
 
 def test_a_library_probed_at_start_up_fails_the_start_when_its_program_is_refused():
-    from memprof.sources.ebpf import BEFORE_START
+    from memprof.sources.ebpf.library_probes import BEFORE_START
     source, libc = _libc_source(INTERRUPTED)
     with pytest.raises(SourceUnavailableError, match="kept interrupting"):
-        source._probe_library(libc, "native", BEFORE_START)
+        source.probe_library(libc, "native", BEFORE_START)
 
 
 def test_a_library_mapped_mid_recording_notes_the_refusal_and_names_no_symbol_missing():
-    from memprof.sources.ebpf import ON_MAPPING
+    from memprof.sources.ebpf.library_probes import ON_MAPPING
     source, libc = _libc_source(INTERRUPTED)
-    source._probe_library(libc, "native", ON_MAPPING)
+    source.probe_library(libc, "native", ON_MAPPING)
     (entry,) = source.stats.detail["uprobes"].values()
     assert entry["missing"] == [] and entry["probes"] == 0
     assert "malloc" in entry["refused"]
@@ -79,9 +91,9 @@ def test_a_library_mapped_mid_recording_notes_the_refusal_and_names_no_symbol_mi
 
 
 def test_a_symbol_the_library_lacks_is_still_reported_missing():
-    from memprof.sources.ebpf import ON_MAPPING
+    from memprof.sources.ebpf.library_probes import ON_MAPPING
     source, libc = _libc_source(NO_SYMBOL)
-    source._probe_library(libc, "native", ON_MAPPING)
+    source.probe_library(libc, "native", ON_MAPPING)
     (entry,) = source.stats.detail["uprobes"].values()
     assert "malloc" in entry["missing"] and "refused" not in entry
 
@@ -104,9 +116,9 @@ def test_the_verifiers_log_is_shown_for_a_refusal_only(capfd, message, log_shown
 def test_every_report_notes_a_library_whose_probes_were_refused():
     from memprof.analysis.loss import recording_notes
     from memprof.model import RecordingMeta, SourceStats
-    from memprof.sources.ebpf import ON_MAPPING
+    from memprof.sources.ebpf.library_probes import ON_MAPPING
     source, libc = _libc_source(INTERRUPTED)
-    source._probe_library(libc, "native", ON_MAPPING)
+    source.probe_library(libc, "native", ON_MAPPING)
     notes = [n for n in recording_notes(RecordingMeta(sources={"ebpf": source.stats})) if "refused" in n]
     assert len(notes) == 1, notes
     assert f"in {libc}" in notes[0] and "malloc" in notes[0] and "native_heap allocations" in notes[0], notes[0]
@@ -130,7 +142,7 @@ class RecordingBpf(RefusingBpf):
 
 
 def test_family_programs_are_every_program_a_library_of_the_family_may_need():
-    from memprof.sources.uprobes import CUDA, TORCH, family_programs
+    from memprof.sources.ebpf.uprobes import CUDA, TORCH, family_programs
     assert family_programs(TORCH) == ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu")
     assert family_programs(TORCH, "entry-return") == ("mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu")
     assert family_programs(CUDA) == (
@@ -142,21 +154,22 @@ def test_family_programs_are_every_program_a_library_of_the_family_may_need():
 def test_families_with_no_library_yet_have_their_programs_verified_at_the_start():
     """torch was probed before the start (its programs load then); cuda had no library yet:
     its programs are loaded now, so that a libcuda dlopened later needs attach calls only."""
-    from memprof.sources.ebpf import EbpfOptions, EbpfSource
-    from memprof.sources.uprobes import CUDA, family_programs
-    source = EbpfSource(EbpfOptions(families=("torch", "cuda")))
-    source._bpf = RecordingBpf()
-    source._probed.add(("/venv/torch/lib/libc10.so", "torch"))
-    source._verify_programs_of_late_families()
-    assert source._bpf.loaded == list(family_programs(CUDA))
+    from memprof.sources.ebpf.library_probes import LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions
+    from memprof.sources.ebpf.uprobes import CUDA, family_programs
+    bpf = RecordingBpf()
+    probes = LibraryProbes(bpf, EbpfOptions(families=("torch", "cuda")), {})
+    probes.probed.add(("/venv/torch/lib/libc10.so", "torch"))
+    probes.verify_programs_of_late_families()
+    assert bpf.loaded == list(family_programs(CUDA))
 
 
 def test_a_program_refused_before_the_start_is_left_to_the_attach_that_needs_it(capfd):
     """Nothing is printed and nothing fails at the start: if libcuda appears, its attach
     meets the refusal and notes it (test_a_library_mapped_mid_recording_notes_the_refusal…)."""
-    from memprof.sources.ebpf import EbpfOptions, EbpfSource
-    source = EbpfSource(EbpfOptions(families=("cuda",)))
-    source._bpf = RecordingBpf(refuse={"mp_cuda_return"})
-    source._verify_programs_of_late_families()
-    assert "mp_cuda_return" not in source._bpf.loaded and "mp_cu_mem_free" in source._bpf.loaded
+    from memprof.sources.ebpf.library_probes import LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions
+    bpf = RecordingBpf(refuse={"mp_cuda_return"})
+    LibraryProbes(bpf, EbpfOptions(families=("cuda",)), {}).verify_programs_of_late_families()
+    assert "mp_cuda_return" not in bpf.loaded and "mp_cu_mem_free" in bpf.loaded
     assert capfd.readouterr().err == ""

@@ -1,4 +1,4 @@
-"""memprof.sources.btf: a synthetic BTF blob, malformed blobs, and the running kernel's BTF."""
+"""memprof.sources.ebpf.btf: a synthetic BTF blob, malformed blobs, and the running kernel's BTF."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from memprof.errors import SourceUnavailableError
-from memprof.sources.btf import Btf, BtfError
+from memprof.sources.ebpf.btf import Btf, BtfError
 
 INT, PTR, STRUCT, UNION, TYPEDEF, CONST, FUNC_PROTO = 1, 2, 4, 5, 8, 10, 13
 VMLINUX = "/sys/kernel/btf/vmlinux"

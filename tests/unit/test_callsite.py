@@ -1,4 +1,4 @@
-"""memprof/sources/callsite.py: the one `call` an allocator makes with (address, size), found
+"""memprof/sources/ebpf/callsite.py: the one `call` an allocator makes with (address, size), found
 in a real shared library built here with gcc, and in torch's own libc10 where installed."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memprof.sources.callsite import CallSite, _read_vaddr, find_call_site
+from memprof.sources.ebpf.callsite import CallSite, _read_vaddr, find_call_site
 
 pytest.importorskip("capstone")
 

@@ -1,9 +1,9 @@
-"""Ring-buffer records → events-table columns (EbpfSource._decode_memory), no kernel needed."""
+"""Ring-buffer records → events-table columns (MemoryDecoder.decode), no kernel needed."""
 import numpy as np
 import pandas as pd
 
-from memprof.sources import records as R
-from memprof.sources.ebpf import EbpfOptions, EbpfSource
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.decode import MemoryDecoder
 
 
 class _Interner:
@@ -22,9 +22,7 @@ def _records(*rows):
 
 
 def _decode(recs, native_sample_bytes=0):
-    source = EbpfSource(EbpfOptions(native_sample_bytes=native_sample_bytes))
-    source._stacks = _Interner()
-    return source._decode_memory(recs).columns
+    return MemoryDecoder(_Interner().intern, native_sample_bytes).decode(recs).columns
 
 
 CUDA, NATIVE, SLAB = R.LAYER_CODES.index("cuda_driver"), R.LAYER_CODES.index("native_heap"), R.LAYER_CODES.index("kernel_slab")

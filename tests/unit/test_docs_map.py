@@ -24,5 +24,14 @@ def test_every_file_a_doc_names_exists(doc):
 
 def test_every_source_module_is_on_the_map():
     text = (REPO / "docs/ARCHITECTURE.md").read_text()
-    modules = sorted(p.name for p in (REPO / "memprof/sources").glob("*.py") if p.name != "__init__.py")
+    sources = REPO / "memprof/sources"
+    modules = sorted(str(p.relative_to(sources)) for p in sources.rglob("*.py") if p.name != "__init__.py")
     assert [name for name in modules if f"`{name}`" not in text] == []
+
+
+def test_sources_is_split_by_subsystem():
+    """Issue 20: memprof/sources/ holds subpackages, one per subsystem, not a flat room."""
+    sources = REPO / "memprof/sources"
+    packages = sorted(p.parent.name for p in sources.glob("*/__init__.py"))
+    assert packages == ["agent_reader", "cpython", "ebpf", "symbols", "torch_import"]
+    assert sorted(p.name for p in sources.glob("*.py")) == ["__init__.py", "samplers.py"]

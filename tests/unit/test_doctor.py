@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from memprof import doctor
-from memprof.sources import kmem
+from memprof.sources.ebpf import kmem
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOBODY = 65534

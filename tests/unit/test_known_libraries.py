@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memprof.sources.uprobes import find_known_libraries
+from memprof.sources.ebpf.uprobes import find_known_libraries
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +50,20 @@ def test_symbols_read_ahead_for_a_command_and_for_a_process_attached_to():
 
     import torch
 
-    from memprof.sources.ebpf import EbpfSource
-    from memprof.sources.pyinterp import runtime_file
-    from memprof.sources.uprobes import libc_paths
+    from memprof.sources.cpython.interp import runtime_file
+    from memprof.sources.ebpf.library_probes import known_libraries, prewarm_paths
+    from memprof.sources.ebpf.source import EbpfOptions
+    from memprof.sources.ebpf.uprobes import libc_paths
     torch_lib = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
     wanted = {os.path.join(torch_lib, name) for name in ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")}
     wanted |= {runtime_file(os.path.realpath(sys.executable)), *libc_paths()}
 
-    command = EbpfSource(command_path=sys.executable)
-    assert set(command._prewarm_paths(command._known_libraries(), [])) == wanted
+    options = EbpfOptions()
+    assert set(prewarm_paths(known_libraries(options, sys.executable), sys.executable, [])) == wanted
 
     with subprocess.Popen([sys.executable, "-c", "import torch, sys; print(flush=True); sys.stdin.read()"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as process:
         process.stdout.readline()  # torch is imported: its libraries are mapped
-        attached = EbpfSource(command_path=None)
-        paths = attached._prewarm_paths(attached._known_libraries(), [process.pid])
+        paths = prewarm_paths(known_libraries(options, None), None, [process.pid])
         process.stdin.close()
     assert set(paths) == wanted

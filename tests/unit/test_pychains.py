@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from memprof.analysis.leaks import chain_frames
-from memprof.sources import pylines
-from memprof.sources.pyinterp import runtime_file
-from memprof.sources.python import PyFrame, decode_lines, decode_str, merge_chain, python_runtimes
-from memprof.sources.symbolize import Mapping
+from memprof.sources.cpython import lines as pylines
+from memprof.sources.cpython.interp import runtime_file
+from memprof.sources.cpython.frames import PyFrame, decode_lines, decode_str, merge_chain, python_runtimes
+from memprof.sources.symbols.symbolize import Mapping
 
 EVAL = "_PyEval_EvalFrameDefault"
 

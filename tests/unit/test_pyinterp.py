@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from memprof.sources.pyinterp import (PythonLayoutError, inspect_python, load_bias, parse_debug_offsets,
+from memprof.sources.cpython.interp import (PythonLayoutError, inspect_python, load_bias, parse_debug_offsets,
                                       python_file_in_maps, runtime_file)
-from memprof.sources.pyoffsets_table import OFFSETS
-from memprof.sources.symbolize import Mapping, parse_maps
+from memprof.sources.cpython.offsets_table import OFFSETS
+from memprof.sources.symbols.symbolize import Mapping, parse_maps
 
 PYENV = "/root/.pyenv/versions"
 # (runtime file, executable, version)
@@ -136,7 +136,7 @@ def test_tampered_code_object_size_is_refused(tmp_path):
 
 
 def _debug_field_offset(field: str) -> int:
-    from memprof.sources.pyinterp import _DEBUG_FIELDS
+    from memprof.sources.cpython.interp import _DEBUG_FIELDS
     return 8 + 8 * _DEBUG_FIELDS[(3, 13)].index(field)
 
 

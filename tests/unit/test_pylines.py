@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from memprof.sources.pylines import line_at, line_for, lines_table
+from memprof.sources.cpython.lines import line_at, line_for, lines_table
 
 # --- hand-made tables ---
 

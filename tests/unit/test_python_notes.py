@@ -1,11 +1,11 @@
-"""meta.json's `interpreters` (memprof/sources/python.py, PythonFrames.interpreter_notes): an
+"""meta.json's `interpreters` (memprof/sources/cpython/frames.py, PythonFrames.interpreter_notes): an
 interpreter memprof supports but from whose processes no Python frame was read says so, as an
 unsupported one does, so that the reports do not imply frames that are not there (issue 20,
 point 16)."""
 from __future__ import annotations
 
 from memprof.analysis.loss import _python_notes
-from memprof.sources.python import PythonFrames
+from memprof.sources.cpython.frames import PythonFrames
 
 LIB = "/opt/python/lib/libpython3.10.so.1.0"
 

@@ -11,7 +11,7 @@ from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import CAP_BPF, CAP_PERFMON, effective_capabilities
 from memprof.capture.session import default_output
 from memprof.capture.target import resolve_executable
-from memprof.sources.stacks import StackInterner
+from memprof.sources.symbols.stacks import StackInterner
 from memprof.units import format_bytes, parse_duration, parse_size
 
 
@@ -42,7 +42,7 @@ def test_live_bytes_follow_allocs_and_frees_across_batches():
 
 class _Symbols:
     def resolve(self, addrs):
-        from memprof.sources.symbolize import KFrame
+        from memprof.sources.symbols.symbolize import KFrame
         names = {0x100: "trace_kmalloc", 0x200: "__kmalloc", 0x300: "alloc_pipe_info"}
         return [KFrame(names.get(int(a) + 1, "[unknown]"), "vmlinux", 0) for a in addrs]
 

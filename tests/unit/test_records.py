@@ -2,7 +2,7 @@
 import re
 from pathlib import Path
 
-from memprof.sources import records as R
+from memprof.sources.ebpf import records as R
 
 HEADER = (Path(__file__).resolve().parents[2] / "bpf" / "memprof.h").read_text()
 _SIZES = {"__u64": 8, "__s64": 8, "__u32": 4, "__s32": 4, "__u16": 2, "__u8": 1, "__s8": 1}

@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from memprof.sources.records import EVENT_DTYPE
-from memprof.sources.ringbuf import RingBufferConsumer
+from memprof.sources.ebpf.records import EVENT_DTYPE
+from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 
 PAGE = mmap.PAGESIZE
 SIZE = 4 * PAGE

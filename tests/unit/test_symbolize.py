@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memprof.sources.elfsyms import demangle
-from memprof.sources.symbolize import (
+from memprof.sources.symbols.elfsyms import demangle
+from memprof.sources.symbols.symbolize import (
     UNKNOWN, KernelSymbols, Mapping, UserSymbolizer, parse_maps, snapshot_maps,
 )
 
@@ -278,7 +278,7 @@ def test_replaced_binary_is_reread(tmp_path, run):
 def test_symbols_read_ahead_are_not_read_again(monkeypatch, tmp_path):
     """SymbolPrewarm reads each file once, on its thread; afterwards the symbolizer finds it
     cached, and a file it could not read stays 'no symbols' (None) without a retry."""
-    import memprof.sources.symbolize as symbolize
+    import memprof.sources.symbols.symbolize as symbolize
     reads = []
     real = symbolize.ElfSymbols
 

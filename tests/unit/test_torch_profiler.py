@@ -1,4 +1,4 @@
-"""torch.profiler Chrome traces → timeline rows (memprof/sources/torch_profiler.py), over a
+"""torch.profiler Chrome traces → timeline rows (memprof/sources/torch_import/profiler.py), over a
 hand-built CUDA trace and a real CPU trace recorded with torch (tests/data/)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.errors import BadInputError
 from memprof.recording import open_recording
-from memprof.sources.torch_profiler import profiler_rows
-from memprof.sources.torch_snapshot import realtime_ns
+from memprof.sources.torch_import.profiler import profiler_rows
+from memprof.sources.torch_import.snapshot import realtime_ns
 from tests.factories import typed_events
 
 DATA = Path(__file__).resolve().parents[1] / "data"

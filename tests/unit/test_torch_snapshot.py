@@ -1,4 +1,4 @@
-"""CUDA memory snapshots → timeline rows (memprof/sources/torch_snapshot.py, torch_trace.py),
+"""CUDA memory snapshots → timeline rows (memprof/sources/torch_import/snapshot.py, torch_trace.py),
 over the hand-built fixtures of tests/data/ (tests/data/make_snapshot_fixtures.py) and small
 hand-written dicts for each format quirk."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.errors import BadInputError, UnsafeInputError
-from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import load_plain, loads_plain
-from memprof.sources.torch_snapshot import check_snapshot, realtime_ns, snapshot_rows, trace_rows
-from memprof.sources.torch_trace import MAX_LABELS, TraceConverter
+from memprof.sources.symbols.frame_interner import FrameInterner
+from memprof.sources.torch_import.safe_pickle import load_plain, loads_plain
+from memprof.sources.torch_import.snapshot import check_snapshot, realtime_ns, snapshot_rows, trace_rows
+from memprof.sources.torch_import.trace import MAX_LABELS, TraceConverter
 from tests.factories import typed_events
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -327,8 +327,8 @@ def test_safe_loader_reads_plain_data_and_refuses_globals():
 
 def test_live_traces_keep_ids_and_mapped_pieces_across_drains():
     from memprof.model.schema import EVENT_COLUMNS
-    from memprof.sources.torch_snapshot import LiveTraces, agent_trace_tables
-    from memprof.sources.torch_trace import LIVE_ID_BASE
+    from memprof.sources.torch_import.snapshot import LiveTraces, agent_trace_tables
+    from memprof.sources.torch_import.trace import LIVE_ID_BASE
     state = LiveTraces()
     to_ns = lambda us: us * 1000 - 5  # noqa: E731 (monotonic = realtime - 5 ns)
     first = agent_trace_tables([

@@ -16,7 +16,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from memprof.analysis.series import instants
 from memprof.cli.main import cli
 from memprof.model.meta import ClockAnchor
-from memprof.sources.agent import AgentSource
+from memprof.sources.agent_reader.source import AgentSource
 from tests.export_factories import MS, known_events, write_recording
 from tests.factories import concat_events, events_frame, mark
 from tests.unit.test_agent_source import agent  # noqa: F401  (the real agent module, a fixture)

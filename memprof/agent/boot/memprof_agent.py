@@ -408,7 +408,7 @@ class _TorchWatcher:
 # It makes a private folder, tempfile.mkdtemp(prefix="memprof-agent-<pid>-") (0700, its own
 # uid: no one else can put anything in it, and its name cannot be guessed), and writes a
 # ready file there naming itself. A `record --pid` that verifies folder and file (see
-# memprof/sources/agent_attach.py) writes a request file into the folder, as this process's
+# memprof/sources/agent_reader/attach.py) writes a request file into the folder, as this process's
 # user, and sends ATTACH_SIGNAL; the handler reads the request relative to the folder's fd
 # (a regular file of this uid only, no symlink followed) and points the agent at the
 # recording. Nothing is ever opened by a predictable name in a shared folder.

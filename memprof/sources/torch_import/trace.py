@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 from memprof.errors import BadInputError
 from memprof.model import Action, Layer
-from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import short_repr
+from memprof.sources.symbols.frame_interner import FrameInterner
+from memprof.sources.torch_import.safe_pickle import short_repr
 
 ToNs = Callable[[int], int]
 

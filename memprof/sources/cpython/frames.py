@@ -13,11 +13,11 @@ import shutil
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from memprof.sources import pylines
-from memprof.sources.bpfload import load_program
-from memprof.sources.records import CNT_PY_RELEARNED
-from memprof.sources.pyinterp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
-from memprof.sources.symbolize import Mapping
+from memprof.sources.cpython import lines as pylines
+from memprof.sources.ebpf.bpfload import load_program
+from memprof.sources.ebpf.records import CNT_PY_RELEARNED
+from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
+from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
 LASTI_NONE = 0x7FFFFFFF  # PY_LASTI_NONE
@@ -38,7 +38,7 @@ class PythonOptions:
 
 def python_cflags(options: PythonOptions) -> list[str]:
     """-D constants of bpf/python.bpf.c (the thread pointer's place in task_struct from BTF)."""
-    from memprof.sources.btf import load_cached
+    from memprof.sources.ebpf.btf import load_cached
     btf = load_cached()
     fsbase = btf.member_offset("task_struct", "thread") + btf.member_offset("thread_struct", "fsbase")
     if options.max_frames & (options.max_frames - 1):

@@ -10,11 +10,11 @@ import subprocess
 from dataclasses import dataclass
 
 from memprof.model import Layer
-from memprof.sources.callsite import CallSite, find_call_site
+from memprof.sources.ebpf.callsite import CallSite, find_call_site
 
 ENTRY, RETURN = "entry", "return"
 # record --alloc-probes: CALL_SITE takes an allocator whose call to a known function carries
-# (address, size) in one uprobe there, where memprof/sources/callsite.py finds it; ENTRY_RETURN
+# (address, size) in one uprobe there, where memprof/sources/ebpf/callsite.py finds it; ENTRY_RETURN
 # always takes it at entry and return.
 CALL_SITE, ENTRY_RETURN = "call-site", "entry-return"
 ALLOC_PROBES = (CALL_SITE, ENTRY_RETURN)
@@ -24,7 +24,7 @@ ALLOC_PROBES = (CALL_SITE, ENTRY_RETURN)
 class AtCall:
     """A one-trap alternative to an allocator's entry and return probes: `program` on the
     allocator's call to `callee`, which receives (address, size) as its first two arguments
-    (see memprof/sources/callsite.py for when it is used)."""
+    (see memprof/sources/ebpf/callsite.py for when it is used)."""
 
     callee: str
     program: str
@@ -55,7 +55,7 @@ class Place:
 
 def places(path: str, probe: Probe, alloc_probes: str = CALL_SITE) -> tuple[tuple[Place, ...], str | None]:
     """Where to attach `probe` in the library at `path`: its call to `at_call.callee`, where
-    memprof/sources/callsite.py finds it (one trap per allocation), else its entry and, for an
+    memprof/sources/ebpf/callsite.py finds it (one trap per allocation), else its entry and, for an
     allocator, its return. `alloc_probes` is `record --alloc-probes` ("call-site" or
     "entry-return"). Also returns, in words, how an allocator with a call-site alternative
     is probed (meta.json's allocation_probes); None for the other probes."""

@@ -9,7 +9,7 @@ memprof_agent.py). At every flush this source reads the lines added since the la
 (complete lines only) and turns them into event rows: step and mark rows now
 (CLOCK_MONOTONIC already: the agent stamps time.monotonic_ns(); a `memprof.mark` that counts
 the steps gives a step row and a row with its label), CUDA caching-allocator
-history through memprof/sources/torch_snapshot.py, with its epoch times converted once here
+history through memprof/sources/torch_import/snapshot.py, with its epoch times converted once here
 through the clock anchors. Failures the agent logged go to meta.json, never to the target.
 
 The folder is the target user's, and the recorder reads it as root: every file is opened
@@ -29,8 +29,9 @@ from pathlib import Path
 from memprof.model import ClockAnchor, SourceStats
 from memprof.model.schema import TENSOR_PREFIX, Action, Layer, Mark
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
-from memprof.sources import agent_attach, agent_lines
-from memprof.sources.agent_folder import absolute_boot_path, make_attach_folder, make_boot_folder
+from memprof.sources.agent_reader import attach as agent_attach
+from memprof.sources.agent_reader import lines as agent_lines
+from memprof.sources.agent_reader.folder import absolute_boot_path, make_attach_folder, make_boot_folder
 
 AGENT_FOLDER = "agent"
 MAX_ERRORS_KEPT = 20
@@ -73,7 +74,7 @@ class AgentSource:
         return Path(self.recording) / AGENT_FOLDER
 
     def __post_init__(self):
-        from memprof.sources.torch_snapshot import LiveTraces
+        from memprof.sources.torch_import.snapshot import LiveTraces
         self._cuda_state = LiveTraces()
         self._stats.detail.update(unreadable_lines=0, malformed_lines=0, skipped_files=0, failures=0)
 
@@ -340,7 +341,7 @@ class AgentRows:
         stacks: dict = {"stack_id": [], "depth": [], "frame_id": []}
         frames: dict = {"frame_id": [], "kind": [], "function": [], "module": [], "file": [], "line": []}
         if self._cuda:
-            from memprof.sources.torch_snapshot import agent_trace_tables
+            from memprof.sources.torch_import.snapshot import agent_trace_tables
             cuda_events, stacks, frames = agent_trace_tables(self._cuda, self.epoch_us_to_ns, self.cuda_state)
             events = _joined(events, cuda_events)
         elif self._tensors and self.cuda_state is not None:

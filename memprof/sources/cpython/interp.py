@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from memprof.errors import SourceUnavailableError
-from memprof.sources.pyoffsets_table import OFFSETS
-from memprof.sources.symbolize import Mapping
+from memprof.sources.cpython.offsets_table import OFFSETS
+from memprof.sources.symbols.symbolize import Mapping
 
 _SUPPORTED = f"3.{min(OFFSETS)[1]}–3.{max(OFFSETS)[1]}"
 _LIBPYTHON = re.compile(r"libpython3\.(\d+)[a-z]*\.so(\.[\d.]+)?$")

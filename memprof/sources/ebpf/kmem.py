@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from memprof.errors import SourceUnavailableError
-from memprof.sources import records as R
+from memprof.sources.ebpf import records as R
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SLAB_TRACEPOINTS = ("kmalloc", "kmalloc_node", "kmem_cache_alloc", "kmem_cache_alloc_node", "kfree", "kmem_cache_free")
@@ -53,7 +53,7 @@ def tracepoint_has_field(category: str, name: str, field_name: str) -> bool:
 
 def kmem_cflags(options: KmemOptions) -> list[str]:
     """-D constants of bpf/kmem.bpf.c, from the options and the running kernel's BTF."""
-    from memprof.sources.btf import BtfError, load_cached
+    from memprof.sources.ebpf.btf import BtfError, load_cached
     try:
         btf = load_cached()
         size_off = btf.member_offset("kmem_cache", "size")
@@ -74,7 +74,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
 def plan_attach() -> list[tuple[str, str]]:
     """(tracepoint, program) pairs for the kmem tracepoints this kernel has; each free
     tracepoint gets its backup program right after its main one (see bpf/README.md)."""
-    from memprof.sources.btf import load_cached
+    from memprof.sources.ebpf.btf import load_cached
     btf = load_cached()
     plan = []
     for tp in ALL_TRACEPOINTS:

@@ -1,7 +1,7 @@
 """Interning of symbolized frame lists (PyTorch's `{filename, line, name}` dicts) into the
 recording's `stacks` and `frames` tables: each distinct chain gets one `stack_id`, each distinct
 frame one `frame_id`, and table rows are emitted once, at the next `drain_tables()` — the same
-contract as the eBPF sources' `StackInterner` (memprof/sources/stacks.py)."""
+contract as the eBPF sources' `StackInterner` (memprof/sources/symbols/stacks.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memprof.sources.elfsyms import demangle
+from memprof.sources.symbols.elfsyms import demangle
 
 _ENDBR64 = bytes.fromhex("f30f1efa")
 _FRAME_SETUP = bytes.fromhex("554889e5")  # push %rbp; mov %rsp,%rbp

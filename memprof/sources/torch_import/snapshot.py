@@ -5,7 +5,7 @@ A snapshot (`torch.cuda.memory._snapshot()`, pickled by `_dump_snapshot`) is a d
     segments:       [{device, address, total_size, allocated_size, active_size, stream, segment_type,
                       is_expandable?, frames?, blocks: [{address?, size, requested_size, state,
                       frames? | history?}]}]
-    device_traces:  [[trace entry, …], …]   one list per device, oldest first (memprof/sources/torch_trace.py)
+    device_traces:  [[trace entry, …], …]   one list per device, oldest first (memprof/sources/torch_import/trace.py)
     allocator_settings?:   {PYTORCH_CUDA_ALLOC_CONF, expandable_segments, max_split_size, …}
     external_annotations?: [{stage: START | END, name, device, time_us}]
 
@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 
 from memprof.errors import BadInputError
 from memprof.model import Action, Layer
-from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import short_repr
-from memprof.sources.torch_trace import (
+from memprof.sources.symbols.frame_interner import FrameInterner
+from memprof.sources.torch_import.safe_pickle import short_repr
+from memprof.sources.torch_import.trace import (
     MAX_LABELS, LiveTraces, Rows, ToNs, TraceConverter, _size, _u64, agent_trace_tables, clean_frames, is_time_us,
     realtime_ns, text, trace_rows,
 )

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from memprof.errors import NoPrivilegeError
-from memprof.sources.elfsyms import ElfSymbols, first_of_each_start
+from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
 
 UNKNOWN = "[unknown]"
 

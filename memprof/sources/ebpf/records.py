@@ -39,7 +39,7 @@ MAP_EXEC = 12
 
 ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
 # Records whose `addr` is a kernel address (a slab object, a struct page): keyed before it
-# leaves the recorder (memprof/sources/addrkey.py).
+# leaves the recorder (memprof/sources/ebpf/addrkey.py).
 KERNEL_KINDS = (SLAB_ALLOC, SLAB_FREE, PAGE_ALLOC, PAGE_FREE)
 assert KERNEL_KINDS == tuple(range(SLAB_ALLOC, SLAB_ALLOC + 4))  # the decoder tests a range
 

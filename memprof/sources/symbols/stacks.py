@@ -4,7 +4,7 @@ An event's chain is identified by (kernel stack id, user stack id, process, call
 stack): user addresses mean something only within one process's mappings, and the call site
 stands in for the kernel stack when that one could not be captured. Chains are symbolized in
 batches at each flush — kernel frames from kallsyms, user frames from the process's latest
-maps, Python frames from the code objects BPF copied (memprof/sources/python.py) — and
+maps, Python frames from the code objects BPF copied (memprof/sources/cpython/frames.py) — and
 stored innermost first: kernel frames, then native frames with the Python frames each
 eval-loop call was running placed just before it, then any Python frames left over."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from memprof.model import FrameKind
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS
-from memprof.sources.python import PyFrame, merge_chain
-from memprof.sources.symbolize import KernelSymbols, Mapping, UserSymbolizer
+from memprof.sources.cpython.frames import PyFrame, merge_chain
+from memprof.sources.symbols.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
 # Frames of the tracing machinery itself sit on top of every kernel stack a BPF program
 # captures; they say nothing about who allocated.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from memprof.sources.symbolize import Mapping, parse_maps, snapshot_maps
+from memprof.sources.symbols.symbolize import Mapping, parse_maps, snapshot_maps
 
 
 @dataclass

@@ -29,10 +29,10 @@ from typing import Any
 
 from memprof.errors import BadInputError
 from memprof.model import Action, FrameKind, Layer
-from memprof.sources.frame_interner import FrameInterner
-from memprof.sources.safe_pickle import short_repr
-from memprof.sources.torch_snapshot import SnapshotRows
-from memprof.sources.torch_trace import Rows, ToNs, text
+from memprof.sources.symbols.frame_interner import FrameInterner
+from memprof.sources.torch_import.safe_pickle import short_repr
+from memprof.sources.torch_import.snapshot import SnapshotRows
+from memprof.sources.torch_import.trace import Rows, ToNs, text
 
 _HINT = "pass a file written by torch.profiler's export_chrome_trace (profile_memory=True)"
 _SPAN_CATEGORIES = {"python_function": FrameKind.PYTHON.value, "cpu_op": FrameKind.NATIVE.value}

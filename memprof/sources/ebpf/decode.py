@@ -1,0 +1,115 @@
+"""Ring-buffer records (`struct mp_event`, records.py) → columns of the events table.
+
+Array operations only: no Python object per event, since a kernel-heavy job makes over a
+million events a second. Kernel addresses are replaced by their images under the
+recording's key (addrkey.py) before they reach any table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from memprof.model import Action, Layer
+from memprof.model.schema import Mark
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.addrkey import AddressKey
+
+LAYER_NAMES = [layer.value for layer in Layer]
+ACTION_NAMES = [action.value for action in Action]
+DEVICE_NAMES = ["cpu", "cuda"]
+# The record's layer byte -> index in LAYER_NAMES; its kind -> index in ACTION_NAMES.
+_LAYER_INDEX = np.full(256, -1, dtype=np.int8)
+for _code, _name in enumerate(R.LAYER_CODES):
+    _LAYER_INDEX[_code] = LAYER_NAMES.index(_name)
+_KIND_ACTION = np.full(256, ACTION_NAMES.index(Action.FREE.value), dtype=np.int8)
+_KIND_ACTION[list(R.ALLOC_KINDS)] = ACTION_NAMES.index(Action.ALLOC.value)
+_KIND_ACTION[R.EXIT_MARK] = ACTION_NAMES.index(Action.MARK.value)
+
+
+@dataclass
+class EventBatch:
+    """Decoded memory events as columns of the events table (no `seq`: the session adds it)."""
+
+    columns: dict
+    rows: int
+
+
+class MemoryDecoder:
+    """Decodes the memory records of a drained batch (allocations, frees, exit marks).
+
+    `intern(kstack_ids, ustacks, pids, call_sites, py_stacks) -> stack ids` is the stack
+    interner's; `native_sample_bytes` is the libc byte sampling the BPF side applied (0 =
+    none), from which each sampled allocation's weight follows."""
+
+    def __init__(self, intern: Callable[..., np.ndarray], native_sample_bytes: int = 0,
+                 address_key: AddressKey | None = None):
+        self.intern = intern
+        self.native_sample_bytes = native_sample_bytes
+        # Drawn per recording, never saved: kernel addresses reach the events table only as
+        # their images under it (see addrkey.py).
+        self.address_key = address_key or AddressKey.generate()
+
+    def decode(self, recs: np.ndarray) -> EventBatch:
+        """Columns of the events table for the memory records among `recs`."""
+        kinds = recs["kind"]
+        mem = recs[(kinds <= R.USER_FREE) | (kinds == R.EXIT_MARK)]
+        k, layer, flags = mem["kind"], mem["layer"], mem["flags"]
+        is_alloc = np.isin(k, R.ALLOC_KINDS)
+        is_mark = k == R.EXIT_MARK
+        size = mem["size"].astype(np.int64)
+        requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
+        stack_ids = np.zeros(mem.size, dtype=np.int64)
+        stack_ids[is_alloc] = self.intern(
+            mem["kstack_id"][is_alloc], mem["ustack"][is_alloc], mem["pid"][is_alloc], mem["call_site"][is_alloc],
+            mem["py_stack"][is_alloc])
+        is_device = (layer == R.LAYER_CODES.index(Layer.CUDA_DRIVER.value)) & ((flags & R.FLAG_HOST) == 0) & ~is_mark
+        columns = {
+            "ts_ns": mem["ts_ns"].astype(np.int64),
+            "layer": _categorical(np.where(is_mark, -1, _LAYER_INDEX[layer]).astype(np.int8), LAYER_NAMES),
+            "action": _categorical(_KIND_ACTION[k], ACTION_NAMES),
+            "addr": self.keyed_addresses(k, mem["addr"]),
+            "size_bytes": _masked(size, (~is_alloc & (size == 0)) | is_mark),
+            "requested_bytes": _masked(requested, ~is_alloc),
+            "device": _categorical(is_device.astype(np.int8), DEVICE_NAMES),
+            "pid": mem["pid"].astype(np.int32),
+            "tid": mem["tid"].astype(np.int32),
+            "stack_id": _masked(stack_ids, ~is_alloc),
+            "category": _categorical(np.where(is_mark, 0, -1).astype(np.int8), [Mark.EXIT.value]),
+            "weight": self.weights(is_alloc, layer, size),
+        }
+        return EventBatch(columns, int(mem.size))
+
+    def keyed_addresses(self, kinds: np.ndarray, addrs: np.ndarray) -> np.ndarray:
+        """The `addr` column: kernel addresses (slab objects, struct pages) replaced by their
+        images under this recording's key, so that the user's files do not show the kernel's
+        layout; user-space addresses (the target's own) as they are."""
+        # KERNEL_KINDS are 1..4 (records.py checks): one uint8 comparison, where a table
+        # lookup costs twice as much and np.isin four times (ns an event, bench/addrkey_cost.py).
+        kernel = (kinds - np.uint8(R.SLAB_ALLOC)) < np.uint8(len(R.KERNEL_KINDS))
+        if not kernel.any():
+            return addrs
+        if kernel.all():  # the kernel-heavy case: one pass, no gather and scatter
+            return self.address_key.apply(addrs)
+        keyed = addrs.copy()
+        keyed[kernel] = self.address_key.apply(addrs[kernel])
+        return keyed
+
+    def weights(self, is_alloc: np.ndarray, layer: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Sampled libc allocations stand for max(1, N/size) allocations; others: null (1)."""
+        n = self.native_sample_bytes
+        weight = np.full(size.size, np.nan)
+        if n > 0:
+            native = is_alloc & (layer == R.LAYER_CODES.index(Layer.NATIVE_HEAP.value))
+            weight[native] = np.maximum(1.0, n / np.maximum(size[native], 1))
+        return weight
+
+
+def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
+    """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
+    return pd.arrays.IntegerArray(values.astype(np.int64), null_mask.astype(bool))

@@ -1,0 +1,176 @@
+"""Uprobes on user-space allocators: which libraries get them, and when.
+
+Libraries found before the command starts (the command's Python environment, libc) are
+probed then; others as the target maps them (dlopen, lazy loading: `probe_new_mappings`,
+called whenever the process table sees new mappings). Which symbols of a library are
+probed, and where (entry, return, call sites), is uprobes.py's and callsite.py's."""
+from __future__ import annotations
+
+import os
+
+from memprof.errors import NoPrivilegeError, SourceUnavailableError
+from memprof.sources.cpython.frames import python_runtimes
+from memprof.sources.ebpf import uprobes as U
+from memprof.sources.ebpf.bpfload import load_program
+from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
+
+# When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
+BEFORE_START = "before the command started"    # found by path (the command's Python environment, …)
+ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
+# torch/lib files read ahead (SymbolPrewarm): where nearly every frame of a PyTorch chain lies.
+_TORCH_SYMBOL_FILES = ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")
+
+
+def attach_place(bpf, path: str, symbol: str, place: U.Place, program: str | None = None) -> None:
+    """Attach one uprobe (or uretprobe) of `symbol` in `path`, running `place.program`, or
+    `program` instead (bench/train_overhead.py attaches an empty one in the same places)."""
+    fn_name = program or place.program
+    if place.kind == U.RETURN:
+        bpf.attach_uretprobe(name=path, sym=symbol, fn_name=fn_name)
+    else:
+        bpf.attach_uprobe(name=path, sym=symbol, sym_off=place.offset, fn_name=fn_name)
+
+
+def enabled_families(options) -> dict[str, U.Family]:
+    """The user-space families `options` (an EbpfOptions) enables, by name."""
+    fams = {name: fam for name, fam in U.FAMILIES.items() if name in options.families}
+    if "native" in options.families:
+        fams["native"] = U.native_family(options.allocator_prefix)
+    return fams
+
+
+def known_libraries(options, command_path: str | None) -> dict[str, list[str]]:
+    """Family name -> the library files we can find before the command starts."""
+    known = U.find_known_libraries(command_path)
+    if "native" in options.families:
+        known["native"] = U.libc_paths()
+    return known
+
+
+def prewarm_paths(known: dict[str, list[str]], command_path: str | None, pids: list[int]) -> list[str]:
+    """The files whose symbols nearly every chain of a PyTorch job needs: torch's main
+    libraries (beside each libc10 found, or mapped by a process attached to), the Python
+    runtime (the command's, or the one such a process maps), and libc."""
+    attached = [_current_maps(pid) for pid in pids]
+    paths = [os.path.join(os.path.dirname(libc10), name)
+             for libc10 in known.get("torch", []) for name in _TORCH_SYMBOL_FILES]
+    paths += [m.path for maps in attached for m in maps if os.path.basename(m.path) in _TORCH_SYMBOL_FILES]
+    paths += python_runtimes(command_path, attached)
+    paths += U.libc_paths()
+    return [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
+
+
+class LibraryProbes:
+    """The uprobes placed so far, per (library, family), and what meta.json says of them
+    (`detail["uprobes"][path]`: family, layer, probes attached, required symbols missing,
+    when placed, how allocators were probed, and programs the kernel refused)."""
+
+    def __init__(self, bpf, options, detail: dict):
+        self._bpf = bpf
+        self._options = options
+        self._detail = detail
+        self._families = enabled_families(options)
+        self.probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
+        self._finalize_probes: set[str] = set()
+
+    def attach_known(self, known: dict[str, list[str]]) -> None:
+        """Probe the libraries found before the command starts."""
+        for name, paths in known.items():
+            if name in self._families:
+                for path in paths:
+                    self.probe_library(path, name, BEFORE_START)
+
+    def verify_programs_of_late_families(self) -> None:
+        """Load (verify) now the programs of each enabled family none of whose libraries was
+        found before the start, so that when one appears later (torch dlopens libcuda) it is
+        probed with attach calls alone. Verifying the return program takes the kernel ~40-50 ms
+        here (it reads Python frames); an allocation the target makes meanwhile is not seen.
+        A refusal is left to the attach that needs the program, which reports it (mid-recording:
+        in meta.json and the report's notes)."""
+        probed = {family for _, family in self.probed}
+        for name, family in self._families.items():
+            if name in probed:
+                continue
+            for program in U.family_programs(family, self._options.alloc_probes):
+                try:  # bcc keeps a loaded program for the attach
+                    load_program(self._bpf, program, self._bpf.KPROBE, show_log=False)
+                except SourceUnavailableError:
+                    pass  # the attach that needs it loads it again, and shows why it is refused
+
+    def probe_library(self, path: str, family_name: str, placed: str) -> None:
+        """Uprobes of one family on one library file (once). Missing optional symbols are
+        skipped; a library lacking a required one is noted in meta.json, as is when the
+        probes were placed (`placed`: BEFORE_START or ON_MAPPING)."""
+        key = (os.path.realpath(path), family_name)
+        if key in self.probed:
+            return
+        self.probed.add(key)
+        family = self._families[family_name]
+        attached, missing_required, at_calls, refused = 0, [], {}, {}
+        for probe in family.probes:
+            try:
+                how = self._attach_probe(key[0], probe)
+                if how is not None:
+                    at_calls[probe.symbol] = how
+                attached += 1
+            except SourceUnavailableError as e:  # the kernel refused the probe's program
+                if placed == BEFORE_START:
+                    raise  # at start-up: say so, before the command runs
+                refused[probe.symbol] = str(e)  # mid-recording: keep recording, say which
+            except Exception:  # bcc raises bare Exception for a symbol the file lacks
+                if not probe.optional:
+                    missing_required.append(probe.symbol)
+        libs = self._detail.setdefault("uprobes", {})
+        libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
+                        "missing": missing_required, "placed": placed}
+        if at_calls:
+            libs[key[0]]["allocation_probes"] = at_calls
+        if refused:
+            libs[key[0]]["refused"] = refused
+
+    def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
+        """Attach one probe where U.places() says; returns how an allocator with a call-site
+        alternative was probed, in words (None for the others)."""
+        found, how = U.places(path, probe, self._options.alloc_probes)
+        for place in found:
+            load_program(self._bpf, place.program, self._bpf.KPROBE)  # typed error; bcc caches it for the attach
+            attach_place(self._bpf, path, probe.symbol, place)
+        return how
+
+    def probe_new_mappings(self, maps) -> None:
+        """Probe the allocator libraries and Python runtimes among a process's mappings."""
+        for m in maps:
+            if not m.path or not m.path.startswith("/"):
+                continue
+            family = U.family_of_mapping(m.path)
+            if family and family in self._families:
+                self.probe_library(m.path, family, ON_MAPPING)
+            elif "native" in self._families and U.is_native_library(m.path, self._options.allocator_prefix):
+                self.probe_library(m.path, "native", ON_MAPPING)
+        for path in {m.path for m in maps if m.path and _is_python(m.path)}:
+            self._probe_finalize(path)
+
+    def _probe_finalize(self, path: str) -> None:
+        """Python targets: a uprobe on Py_FinalizeEx marks the start of interpreter teardown."""
+        if path in self._finalize_probes:
+            return
+        self._finalize_probes.add(path)
+        try:
+            self._bpf.attach_uprobe(name=path, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
+        except Exception:
+            pass  # no such symbol in this file (e.g. python linked against libpython)
+
+
+def _is_python(path: str) -> bool:
+    base = os.path.basename(path)
+    return base.startswith("libpython3") or (base.startswith("python3") and "." not in base.replace("python3.", "", 1))
+
+
+def _current_maps(pid: int) -> list:
+    """A running process's mappings now ([] when they cannot be read: it is then followed as
+    any other, only without symbols read ahead)."""
+    try:
+        text = snapshot_maps(pid)
+    except NoPrivilegeError:
+        return []
+    return parse_maps(text) if text else []

@@ -1,0 +1,150 @@
+"""Compiling memprof's one BPF object and attaching its kernel programs.
+
+The program text is joined from the parts in bpf/ (bpf/parts.h says why and in which
+order), configured with -D constants from the options and the kernel (BTF, tracefs), and
+compiled by bcc. The kmem family's raw tracepoints are attached here, through libbcc: bcc's
+own `attach_raw_tracepoint` allows one program per tracepoint, and the free tracepoints
+take two (main + backup). User-space probes are library_probes.py's."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from importlib import resources
+from typing import Callable
+
+from memprof.errors import SourceUnavailableError
+from memprof.sources.cpython.frames import python_cflags
+from memprof.sources.ebpf import kmem as K
+from memprof.sources.ebpf.bpfinfo import prog_stats
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.bpfload import captured_stderr, is_load_failure, load_failure, load_program
+
+USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
+
+
+def bpf_source_dir() -> str:
+    return str(resources.files("memprof.bpf"))
+
+
+def program_text(src_dir: str, *, kmem: bool) -> str:
+    """The BPF program: its parts joined in order (see bpf/parts.h for why)."""
+    parts = ["common.bpf.c", "python.bpf.c", *(["kmem.bpf.c"] if kmem else []), "uprobes.bpf.c", "memprof.bpf.c"]
+    texts = []
+    for name in parts:
+        with open(os.path.join(src_dir, name)) as f:
+            texts.append(f"#line 1 \"{name}\"\n" + f.read())
+    return "\n".join(texts)
+
+
+def compile_program(options, enabled: Callable[[str], bool]):
+    """bcc's BPF object for `options` (an EbpfOptions); SourceUnavailableError with a remedy
+    when bcc is missing, tracefs is not mounted, or the program does not compile or load."""
+    try:
+        from bcc import BPF
+    except ImportError as e:
+        raise SourceUnavailableError("bcc is not importable", "install python3-bpfcc (make setup), and run memprof from a Python that sees it") from e
+    if enabled("kmem") and K.tracefs_root() is None:
+        raise SourceUnavailableError("tracefs is not mounted (no kmem tracepoints found)", "mount -t tracefs nodev /sys/kernel/tracing")
+    src_dir = bpf_source_dir()
+    text = program_text(src_dir, kmem=enabled("kmem"))
+    cflags = [f"-I{src_dir}", *program_cflags(options, enabled)]
+    with captured_stderr() as diagnostics:
+        try:
+            return BPF(text=text, cflags=cflags)
+        except Exception as e:  # bcc raises bare Exception on compile failure
+            failure = e
+    if is_load_failure(failure):  # compiled; bcc then loads the classic tracepoint programs
+        raise load_failure(failure) from failure
+    first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))
+    raise SourceUnavailableError(f"could not compile the eBPF probes: {first_error}",
+                                 "run `memprof doctor`: bcc needs kernel headers at /lib/modules/$(uname -r)/build")
+
+
+def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
+    """The -D constants that size the maps and switch the program's optional parts."""
+    o = options
+    pid_max = int(open("/proc/sys/kernel/pid_max").read())
+    flags = [
+        f"-DRINGBUF_PAGES={o.ringbuf_bytes // mmap.PAGESIZE}",
+        f"-DSTACK_ENTRIES={o.stack_entries}",
+        f"-DUSTACK_ENTRIES={o.user_stack_entries}",
+        f"-DUSTACK_DEPTH={USER_STACK_DEPTH}",
+        f"-DTRACKED_WORDS={pid_max // 64 + 1}",
+        f"-DADDR_BITS_LOG2={o.addr_filter_bits_log2}",
+        f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
+        f"-DUSER_STACK_SAMPLE_MASK={o.user_stack_every - 1}",
+    ]
+    if K.tracepoint_has_field("sched", "sched_process_exit", "group_dead"):
+        flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
+    if enabled("kmem"):
+        flags += K.kmem_cflags(o.kmem)
+    flags += python_cflags(o.python)
+    return flags
+
+
+class Tracepoints:
+    """The kmem family's raw tracepoints, attached through libbcc; closing a link's fd
+    detaches its program."""
+
+    def __init__(self):
+        self.attached: list[tuple[str, str]] = []  # (tracepoint, program)
+        self._link_fds: list[int] = []
+
+    def attach(self, bpf) -> None:
+        from bcc.libbcc import lib
+        for tp, fn in K.plan_attach():
+            prog = load_program(bpf, fn, bpf.RAW_TRACEPOINT)
+            fd = lib.bpf_attach_raw_tracepoint(prog.fd, tp.encode())
+            if fd < 0:
+                raise SourceUnavailableError(f"could not attach to tracepoint kmem:{tp} (error {-fd})", "run `memprof doctor`")
+            self.attached.append((tp, fn))
+            self._link_fds.append(fd)
+
+    def names(self) -> list[str]:
+        return sorted({tp for tp, _ in self.attached})
+
+    def missed(self, bpf, counters, detail: dict) -> dict[str, int]:
+        """Per tracepoint: events the kernel skipped (recursion) less those a backup
+        recovered (`detail["nested_frees_recovered"]` says how many, per free tracepoint)."""
+        missed, counted = {}, set()
+        for tp, fn in self.attached:
+            if fn in counted or fn.endswith("_nested"):  # shared (kmalloc/_node) or a backup
+                continue
+            counted.add(fn)
+            try:
+                prog = prog_stats(bpf.load_func(fn, bpf.RAW_TRACEPOINT).fd)  # cached by bcc
+            except Exception:
+                continue
+            skipped = prog.recursion_misses
+            if tp in R.FREE_TRACEPOINTS:
+                caught = counter_total(counters, R.CNT_NESTED_FREES + R.FREE_TRACEPOINTS.index(tp))
+                detail.setdefault("nested_frees_recovered", {})[tp] = caught
+                skipped = max(0, skipped - caught)
+            missed[tp] = missed.get(tp, 0) + skipped
+        return missed
+
+    def detach(self) -> None:
+        for fd in self._link_fds:
+            os.close(fd)
+        self._link_fds = []
+
+
+def counter_total(counters, slot: int) -> int:
+    """One slot of the per-CPU `counters` map, summed over CPUs."""
+    return int(sum(counters[ctypes.c_int(slot)]))
+
+
+def program_costs(bpf) -> tuple[dict, dict] | None:
+    """Mean ns per run and runs of every loaded program — counted by the kernel only with
+    sysctl kernel.bpf_stats_enabled=1 (bench/ turns it on); None otherwise."""
+    ns, runs = {}, {}
+    for name, fn in sorted(bpf.funcs.items()):
+        name = name.decode() if isinstance(name, bytes) else name
+        try:
+            prog = prog_stats(fn.fd)
+        except Exception:
+            continue
+        if prog.run_cnt:
+            ns[name], runs[name] = round(prog.run_time_ns / prog.run_cnt, 1), prog.run_cnt
+    return (ns, runs) if ns else None

@@ -1,0 +1,211 @@
+"""The eBPF source: one BPF object (bpf/memprof.bpf.c) with the kernel probe family (kmem
+tracepoints) and the user-space allocator families (uprobes on libc10, libcuda, libc),
+sharing one ring buffer, one stack map and one process filter.
+
+`EbpfSource` is the session's one handle on them; the work is in its parts:
+loading.py compiles the program and attaches the tracepoints, library_probes.py places
+uprobes on allocator libraries as they are found, decode.py turns drained records into
+event-table columns, and the symbols subpackage interns and symbolizes stacks at each flush."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memprof.model import SourceStats
+from memprof.sources.cpython.frames import PythonFrames, PythonOptions
+from memprof.sources.ebpf import kmem as K
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf import uprobes as U
+from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
+from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
+from memprof.sources.ebpf.loading import Tracepoints, compile_program, counter_total, program_costs
+from memprof.sources.ebpf.ringbuf import RingBufferConsumer
+from memprof.sources.symbols.procs import ProcessTable
+from memprof.sources.symbols.stacks import StackInterner
+from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer
+
+DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
+ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
+
+
+@dataclass
+class EbpfOptions:
+    """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
+    to processes that map libc10 / libcuda. `native_sample_bytes` 0 = every libc allocation."""
+
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
+    native_sample_bytes: int = 0
+    user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
+    allocator_prefix: str = ""
+    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
+    ringbuf_bytes: int = 128 << 20
+    stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
+    user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
+    addr_filter_bits_log2: int = 26
+    python: PythonOptions = field(default_factory=PythonOptions)
+
+
+class EbpfSource:
+    """Compile, attach, poll and account for every eBPF probe family.
+    Use: start(pids) → poll()… (periodic() about once a second) → stop()."""
+
+    name = "ebpf"
+
+    def __init__(self, options: EbpfOptions | None = None, command_path: str | None = None):
+        self.options = options or EbpfOptions()
+        self.command_path = command_path
+        self.processes = ProcessTable()
+        self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
+                                 detail={"families": list(self.options.families)})
+        self.exit_marks: dict[int, tuple[int, int]] = {}  # tgid -> (ts_ns, why)
+        self._bpf = None
+        self._ring: RingBufferConsumer | None = None
+        self._stacks: StackInterner | None = None
+        self._tracepoints = Tracepoints()
+        self._libraries: LibraryProbes | None = None
+        self._python: PythonFrames | None = None
+        self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
+
+    def enabled(self, family: str) -> bool:
+        return family in self.options.families
+
+    # ---- start ----
+    def start(self, pids: list[int]) -> None:
+        """Compile, attach, and begin following `pids` and their future descendants."""
+        known = known_libraries(self.options, self.command_path)
+        # ELF symbol tables are read on a thread while bcc compiles, not at the first
+        # flushes, which come while the target runs.
+        self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, pids))
+        self._bpf = compile_program(self.options, self.enabled)
+        if self.enabled("kmem"):
+            self._tracepoints.attach(self._bpf)
+            self.stats.detail["tracepoints"] = self._tracepoints.names()
+        self._libraries = LibraryProbes(self._bpf, self.options, self.stats.detail)
+        self._libraries.attach_known(known)
+        self._libraries.verify_programs_of_late_families()
+        self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
+        self._python = PythonFrames(self._bpf, self.options.python)
+        self._python.install()
+        self._python.prewarm(self.command_path)
+        # kallsyms is read at the first flush, not here: the command waits for start() to return.
+        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
+                                     python_frames=self._python.frames, read_user_stack=self._read_user_stack,
+                                     user_symbols=self._symbols.user)
+        for pid in pids:
+            self.track(pid)
+
+    def track(self, pid: int, before_exec: bool = False) -> None:
+        """Follow `pid` (and its future children). `before_exec`: it is memprof's own gated
+        child, still running memprof's interpreter: its Python frames wait for its exec."""
+        if before_exec:
+            self._python.defer(pid)
+        table = self._bpf["tracked"]
+        key = ctypes.c_int(pid >> 6)
+        table[key] = ctypes.c_ulonglong(table[key].value | (1 << (pid & 63)))
+        self.processes.add(pid, None, None)
+        self._refresh_processes(only_stale=True)
+
+    # ---- polling ----
+    def poll(self) -> EventBatch | None:
+        """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
+        recs = self._ring.drain()
+        if recs.size == 0:
+            return None
+        self.stats.events += int(recs.size)
+        self._apply_lifecycle(recs)
+        return self.decoder.decode(recs)
+
+    def _apply_lifecycle(self, recs: np.ndarray) -> None:
+        kinds = recs["kind"]
+        for r in recs[kinds >= R.PROC_FORK]:  # rare: one Python step each is fine
+            kind, pid, ts = int(r["kind"]), int(r["pid"]), int(r["ts_ns"])
+            if kind == R.PROC_FORK:
+                self.processes.add(pid, int(r["tid"]), ts)
+            elif kind == R.PROC_EXEC:
+                self.processes.exec_(pid)
+                self._python.forget(pid)
+            elif kind == R.PROC_EXIT:
+                self.processes.exit_(pid, ts)
+                self._python.forget(pid)
+            elif kind == R.EXIT_MARK and pid not in self.exit_marks:
+                self.exit_marks[pid] = (ts, int(r["requested"]))
+            elif kind == R.MAP_EXEC:
+                self.processes.mark_stale(pid)
+        if np.isin(kinds, (R.PROC_EXEC, R.PROC_FORK, R.MAP_EXEC)).any():
+            self._refresh_processes(only_stale=True)
+
+    def _intern(self, *columns) -> np.ndarray:
+        return self._stacks.intern(*columns)
+
+    def _read_stack(self, bpf_stack_id: int) -> list[int]:
+        return list(self._bpf["stacks"].walk(bpf_stack_id))
+
+    def _read_user_stack(self, key: int) -> list[int]:
+        """A user stack's addresses, innermost first (KeyError once evicted)."""
+        trace = self._bpf["ustacks"][ctypes.c_uint64(key)]
+        addrs = list(trace.ip)
+        return addrs[:addrs.index(0)] if 0 in addrs else addrs
+
+    def _refresh_processes(self, only_stale: bool) -> None:
+        for info in self.processes.refresh(only_stale=only_stale):
+            self._libraries.probe_new_mappings(info.maps)
+            self._python.register(info.pid, info.maps)
+
+    def periodic(self) -> None:
+        """About once a second: keep maps of live processes current, probe new libraries."""
+        self._refresh_processes(only_stale=False)
+
+    def drain_stack_tables(self) -> tuple[dict, dict]:
+        self._symbols.wait()
+        self._python.refresh()
+        return self._stacks.drain_tables()
+
+    # ---- accounting ----
+    def update_stats(self) -> SourceStats:
+        counters = self._bpf["counters"]
+        total = lambda slot: counter_total(counters, slot)  # noqa: E731
+        self.stats.lost = total(R.CNT_RINGBUF_FULL)
+        self.stats.detail.update(
+            stack_failures=total(R.CNT_STACK_FAIL), site_cache_full=total(R.CNT_SITE_FULL),
+            nested_in_scratch=total(R.CNT_SCRATCH_BUSY),
+            page_stack_sample_every=self.options.kmem.page_stack_every,
+            user_pages=self.options.kmem.include_user_pages,
+            native_sample_bytes=self.options.native_sample_bytes,
+            user_stack_sample_every=self.options.user_stack_every)
+        self.stats.missed = self._tracepoints.missed(self._bpf, counters, self.stats.detail)
+        costs = program_costs(self._bpf)
+        if costs:
+            self.stats.detail["prog_ns_per_run"], self.stats.detail["prog_runs"] = costs
+        if self._python is not None:
+            self.stats.detail["python"] = {
+                "enabled": self.options.python.enabled,
+                "interpreters": self._python.interpreter_notes(),
+                "events_without_thread_state": total(R.CNT_PY_NO_THREAD),
+                "not_code_objects": total(R.CNT_PY_BAD_CODE),
+                "map_full": total(R.CNT_PY_MAP_FULL),
+                **self._python.stats}
+        return self.stats
+
+    def exits(self) -> list[dict]:
+        return [{"pid": pid, "ts_ns": ts, "reason": _exit_reason(why)} for pid, (ts, why) in sorted(self.exit_marks.items())]
+
+    def live_tgids(self) -> list[int]:
+        return self.processes.live()
+
+    def stop(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self._tracepoints.detach()
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+
+def _exit_reason(why: int) -> str:
+    if why == R.EXIT_WHY_FINALIZE:
+        return "python finalize"
+    return f"signal {why}" if why else "exit_group"

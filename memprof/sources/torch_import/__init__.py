@@ -1,0 +1,1 @@
+"""PyTorch's own memory records (CUDA snapshots, allocator traces, profiler traces) into timeline rows."""
