@@ -15,11 +15,14 @@
 #include "parts.h" /* what the parts give each other */
 
 /* Where an allocation comes from, cheaply: the kernel call site, plus the user stack
- * pointer at syscall entry — enough to keep two user paths into one kernel call site apart
- * without unwinding. */
+ * pointer at syscall entry and the word it points at — enough to keep two user paths into
+ * one kernel call site apart without unwinding. The word tells apart two callers of one
+ * frameless glibc wrapper at one depth (site_a and site_b both calling pipe() from main):
+ * there it is the wrapper's return address, into each caller. */
 struct site_key {
     u64 call_site;
     u64 user_sp;
+    u64 word_at_sp;
     u32 tgid;
     u32 layer;
 };
@@ -33,8 +36,12 @@ struct site_key {
 #error "USTACK_DEPTH must be below 128"
 #endif
 struct ustack_trace {
-    u64 ip[USTACK_INDEX_MASK + 1]; /* USTACK_DEPTH frames, then zeros */
+    u64 ip[USTACK_INDEX_MASK + 1]; /* USTACK_DEPTH frames, then zeros; the last: WORD_AT_SP_SLOT */
 };
+/* Kernel events' user stacks keep the word at the user stack pointer in their last slot
+ * (0 for user-space allocators'): user space makes it the caller's frame where the .eh_frame
+ * says the interrupted function is frameless (memprof/sources/symbols/frameless.py). */
+#define WORD_AT_SP_SLOT USTACK_INDEX_MASK
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_STACK_TRACE(stacks, STACK_ENTRIES);
@@ -173,16 +180,16 @@ static __always_inline int stack_sample_due(u64 mask)
     return ((*tick - 1) & mask) == 0;
 }
 
-static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip);
+static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip, u64 word_at_sp);
 
 /* take_user_stack() when this event interrupted another's taking (see `struct
  * ustack_scratch`): no stack, and none to remember for the site either — the site's next
  * event may well take one. Even, so never a key (keys are odd). */
 #define USTACK_NESTED 2ULL
 
-/* The current task's user stack (innermost `skip` frames left out), stored in `ustacks`:
- * its key there, 0 when it could not be taken, or USTACK_NESTED. */
-static __always_inline u64 take_user_stack(void *ctx, u64 skip)
+/* The current task's user stack (innermost `skip` frames left out) and `word_at_sp`, stored
+ * in `ustacks`: its key there, 0 when it could not be taken, or USTACK_NESTED. */
+static __always_inline u64 take_user_stack(void *ctx, u64 skip, u64 word_at_sp)
 {
     u32 zero = 0;
     struct ustack_scratch *scratch = ustack_scratch.lookup(&zero);
@@ -193,13 +200,13 @@ static __always_inline u64 take_user_stack(void *ctx, u64 skip)
         return USTACK_NESTED;
     }
     scratch->busy = 1;
-    u64 key = hash_user_stack(&scratch->trace, ctx, skip);
+    u64 key = hash_user_stack(&scratch->trace, ctx, skip, word_at_sp);
     scratch->busy = 0;
     return key;
 }
 
 /* take_user_stack's work, with the scratch `buf` held. */
-static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip)
+static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, u64 skip, u64 word_at_sp)
 {
     long bytes = bpf_get_stack(ctx, buf->ip, USTACK_DEPTH * sizeof(u64), BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
     if (bytes <= 0) {
@@ -214,6 +221,8 @@ static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, 
             break;
         hash = (hash ^ buf->ip[i & USTACK_INDEX_MASK]) * 0x100000001b3ULL;
     }
+    buf->ip[WORD_AT_SP_SLOT] = word_at_sp; /* bpf_get_stack zeroed the slots it did not fill, not this one */
+    hash = (hash ^ word_at_sp) * 0x100000001b3ULL;
     hash |= 1; /* never 0, which means "none" */
     if (!ustacks.lookup(&hash) && ustacks.update(&hash, buf) < 0) {
         count(MP_CNT_STACK_FAIL);
@@ -238,7 +247,7 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
             return;
         }
     }
-    e->ustack = take_user_stack(ctx, skip);
+    e->ustack = take_user_stack(ctx, skip, 0);
     if (e->ustack == USTACK_NESTED) {
         e->ustack = 0;
         return;
@@ -256,7 +265,10 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
 {
     e->py_stack = py_stack_id();
-    struct site_key key = {.call_site = site, .user_sp = task_user_sp(), .tgid = e->pid, .layer = e->layer};
+    u64 user_sp = task_user_sp(), word_at_sp = 0;
+    if (user_sp && bpf_probe_read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
+        word_at_sp = 0; /* not resident: the key and the stack go without it */
+    struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
         struct site_stack *cached = site_stacks.lookup(&key);
         if (cached) {
@@ -266,7 +278,7 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
         }
     }
     e->kstack_id = stacks.get_stackid(ctx, 0);
-    e->ustack = take_user_stack(ctx, 0);
+    e->ustack = take_user_stack(ctx, 0, word_at_sp);
     e->flags |= MP_FLAG_STACK_SAMPLED;
     if (e->kstack_id < 0)
         count(MP_CNT_STACK_FAIL);

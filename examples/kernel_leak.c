@@ -15,26 +15,19 @@
 #include <unistd.h>
 #include "churn.h"
 
-/* Out of line, with its own frame. (Frame-pointer unwinding through libc's frameless
- * pipe() wrapper skips this function itself: chains name its caller, leak_and_churn.) */
-__attribute__((noinline)) int hold_pipe(int fds[2])
-{
-    return pipe(fds);
-}
-
 __attribute__((noinline)) static int leak_and_churn(int held, long churn, int hold_ms)
 {
     int (*fds)[2] = calloc(held, sizeof *fds);
     long stride = held > 0 && churn / held > 0 ? churn / held : 1;
     int n = 0;
     for (long i = 0; i < churn; i++) {
-        if (n < held && i % stride == 0 && hold_pipe(fds[n++]) < 0)
+        if (n < held && i % stride == 0 && pipe(fds[n++]) < 0)
             return 1;
         if (churn_once() < 0)
             return 1;
     }
     while (n < held)
-        if (hold_pipe(fds[n++]) < 0)
+        if (pipe(fds[n++]) < 0)
             return 1;
     usleep(hold_ms * 1000);
     printf("held=%d pid=%d\n", held, (int)getpid());

@@ -134,6 +134,28 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     assert read_meta(recording)["status"] == "complete"
 
 
+def test_the_caller_of_a_frameless_syscall_wrapper_is_kept(tmp_path, run_memprof, leaks_json):
+    """Issue 20, point 17: site_a and site_b call glibc's pipe() in turn, keeping 70 and 130
+    pipes. pipe() pushes no frame, so unwinding by frame pointers skipped its caller and
+    both sites were one chain, `__pipe ← main`; the caller now comes back from the word at
+    the user stack pointer, and call-site stack reuse keys on that word too, so the counts
+    per site are exact even for the allocations that reuse a sampled stack."""
+    recording = tmp_path / "two.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", str(BIN / "two_sites"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "site_a=70 site_b=130" in result.stdout
+
+    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000", "--min-age", "0")
+    arrays = [f for f in merged(report["findings"])  # the pipe_buffer arrays: one a pipe
+              if "alloc_pipe_info" in functions(f, "kernel") and f["live_bytes"] == f["live_count"] * PIPE_BUFFER_ARRAY_BYTES]
+    by_site = {}
+    for f in arrays:
+        native = functions(f, "native")
+        assert native[:1] == ["__pipe"] and native[1] in ("site_a", "site_b") and native[2] == "main", describe(arrays)
+        by_site[native[1]] = by_site.get(native[1], 0) + f["live_count"]
+    assert by_site == {"site_a": 70, "site_b": 130}, describe(arrays)
+
+
 def test_a_second_probe_does_not_split_a_finding(tmp_path, leaks_json):
     """Another program attaches to kmem:kmalloc while kernel_leak is half-way through
     taking its pipes (as a concurrent recording would): still one finding per chain."""

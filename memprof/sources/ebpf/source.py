@@ -20,10 +20,10 @@ from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
-from memprof.sources.ebpf.loading import Tracepoints, compile_program, counter_total, program_costs
+from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 from memprof.sources.symbols.procs import ProcessTable
-from memprof.sources.symbols.stacks import StackInterner
+from memprof.sources.symbols.stacks import StackInterner, UserStack
 from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer
 
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
@@ -143,11 +143,12 @@ class EbpfSource:
     def _read_stack(self, bpf_stack_id: int) -> list[int]:
         return list(self._bpf["stacks"].walk(bpf_stack_id))
 
-    def _read_user_stack(self, key: int) -> list[int]:
-        """A user stack's addresses, innermost first (KeyError once evicted)."""
-        trace = self._bpf["ustacks"][ctypes.c_uint64(key)]
-        addrs = list(trace.ip)
-        return addrs[:addrs.index(0)] if 0 in addrs else addrs
+    def _read_user_stack(self, key: int) -> UserStack:
+        """A user stack, innermost first, and the word at its stack pointer (KeyError once
+        evicted). The last slot holds the word (bpf/common.bpf.c, WORD_AT_SP_SLOT)."""
+        ips = list(self._bpf["ustacks"][ctypes.c_uint64(key)].ip)
+        frames, word_at_sp = ips[:USER_STACK_DEPTH], ips[-1]
+        return UserStack(frames[:frames.index(0)] if 0 in frames else frames, word_at_sp)
 
     def _refresh_processes(self, only_stale: bool) -> None:
         for info in self.processes.refresh(only_stale=only_stale):

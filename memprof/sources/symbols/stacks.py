@@ -18,6 +18,7 @@ import numpy as np
 from memprof.model import FrameKind
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS
 from memprof.sources.cpython.frames import PyFrame, merge_chain
+from memprof.sources.symbols.frameless import FramelessFrames
 from memprof.sources.symbols.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
 # Frames of the tracing machinery itself sit on top of every kernel stack a BPF program
@@ -35,12 +36,22 @@ class _Pending:
     py_stack: int = 0
 
 
+@dataclass(frozen=True)
+class UserStack:
+    """A user stack as BPF took it: return addresses innermost first (the first is the
+    interrupted instruction's), and for kernel events the word at the user stack pointer
+    (0 for none)."""
+
+    frames: list[int]
+    word_at_sp: int = 0
+
+
 def _no_python(py_stack: int) -> list[PyFrame]:
     return []
 
 
-def _no_user_stacks(key: int) -> list[int]:
-    return []
+def _no_user_stacks(key: int) -> UserStack:
+    return UserStack([])
 
 
 @dataclass
@@ -48,7 +59,7 @@ class StackInterner:
     """Gives each distinct chain a stable int64 `stack_id` and emits table rows once.
 
     `read_stack(bpf_stack_id) -> list[int]` reads a kernel stack's raw addresses (innermost
-    first) from the kernel's stack map, `read_user_stack(key)` a user stack's from `ustacks`;
+    first) from the kernel's stack map, `read_user_stack(key) -> UserStack` a user stack's from `ustacks`;
     `maps_of(pid)` returns the latest known mappings of a process;
     `python_frames(py_stack) -> list[PyFrame]` the Python frames of an interned Python stack."""
 
@@ -56,8 +67,9 @@ class StackInterner:
     maps_of: Callable[[int], Sequence[Mapping]]
     load_kernel_symbols: Callable[[], KernelSymbols]
     python_frames: Callable[[int], list[PyFrame]] = _no_python
-    read_user_stack: Callable[[int], list[int]] = _no_user_stacks
+    read_user_stack: Callable[[int], UserStack] = _no_user_stacks
     user_symbols: UserSymbolizer = field(default_factory=UserSymbolizer)
+    frameless: FramelessFrames = field(default_factory=FramelessFrames)
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
@@ -168,19 +180,41 @@ class StackInterner:
         return [self._frame_id(FrameKind.KERNEL.value, fn, mod) for fn, mod in names]
 
     def _user_frames(self, p: _Pending) -> list[int]:
-        addrs = self._safe_read_user(p.ustack)
-        if not addrs:
+        stack = self._safe_read_user(p.ustack)
+        if not stack.frames:
             return []
-        frames = self.user_symbols.resolve(self.maps_of(p.pid), _callers(addrs))
+        maps = self.maps_of(p.pid)
+        addrs = self._with_frameless_caller(maps, stack)
+        frames = self.user_symbols.resolve(maps, _callers(addrs))
         return [self._frame_id(FrameKind.NATIVE.value, f.function, f.module) for f in frames]
+
+    def _with_frameless_caller(self, maps: Sequence[Mapping], stack: UserStack) -> list[int]:
+        """The stack's addresses, with the caller a frameless function hid put back.
+
+        Frame-pointer unwinding from a system call skips the caller of a function that
+        pushed no frame (glibc's `pipe()`, `socket()`…: see frameless.py); the word at the
+        stack pointer is then that caller's return address, and goes second."""
+        addrs = stack.frames
+        if not stack.word_at_sp or (len(addrs) > 1 and addrs[1] == stack.word_at_sp):
+            return addrs
+        where = self.user_symbols.file_address(maps, addrs[0] - 1)  # the interrupted instruction
+        if where is None or not self.frameless.return_address_at_sp(*where):
+            return addrs
+        return [addrs[0], stack.word_at_sp, *addrs[1:]]
 
     def _safe_read(self, bpf_stack_id: int) -> list[int]:
         """A kernel stack's addresses (none for a negative id, or one gone from the map)."""
         return _read_quietly(self.read_stack, bpf_stack_id) if bpf_stack_id >= 0 else []
 
-    def _safe_read_user(self, key: int) -> list[int]:
-        """A user stack's addresses (none for key 0, or one evicted from `ustacks`)."""
-        return _read_quietly(self.read_user_stack, key) if key else []
+    def _safe_read_user(self, key: int) -> UserStack:
+        """A user stack (none for key 0, or one evicted from `ustacks`), zeros left out."""
+        if not key:
+            return UserStack([])
+        try:
+            stack = self.read_user_stack(key)
+        except (KeyError, OSError):
+            return UserStack([])
+        return UserStack([a for a in stack.frames if a], stack.word_at_sp)
 
     def _frame_id(self, kind: str, function: str, module: str | None, file: str | None = None,
                   line: int | None = None) -> int:

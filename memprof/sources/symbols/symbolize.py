@@ -247,6 +247,20 @@ class UserSymbolizer:
                 frames[lo:lo + n] = self._resolve_in(maps[m], unique[lo:lo + n])
         return [frames[i] for i in inverse.reshape(-1).tolist()]
 
+    def file_address(self, maps: Sequence[Mapping], addr: int) -> tuple[str, int] | None:
+        """(file path, ELF virtual address) of a user address, None where no readable ELF
+        file's loaded bytes hold it."""
+        maps = sorted(maps, key=lambda m: m.start)
+        which = int(_containing_mapping(maps, _as_addrs([addr]))[0])
+        if which < 0 or not maps[which].path.startswith("/") or maps[which].deleted:
+            return None
+        mapping = maps[which]
+        table = self.symbols_for(mapping.path)
+        if table is None:
+            return None
+        vaddrs, mapped = table.vaddrs(_as_addrs([addr - mapping.start + mapping.offset]))
+        return (mapping.path, int(vaddrs[0])) if mapped[0] else None
+
     def _resolve_in(self, mapping: Mapping, addrs: np.ndarray) -> list[UFrame]:
         """Frames for addresses that all lie inside `mapping`."""
         module = os.path.basename(mapping.path) if mapping.path else "[anon]"
