@@ -11,19 +11,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memprof.model.schema import TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 
 def timeline(recording) -> pd.DataFrame:
     """The recording's events in time order (ties keep ingest order, `seq`), with `step`
-    filled in from the step marks.
+    filled in from the step marks, and the allocations the agent named given their tensor
+    role (profiler windows) and their model-state role and name.
 
     Every source of this version stamps CLOCK_MONOTONIC ns already; sources with epoch time
     are converted in their adapters through the clock anchors."""
     events = recording.events
     if len(events) == 0:
         return events
-    return with_tensor_roles(with_steps(in_time_order(events)))
+    # Model state last: its "state:ROLE:NAME" is the more precise, and wins over a profiler role.
+    return with_model_state(with_tensor_roles(with_steps(in_time_order(events))))
 
 
 def in_time_order(events: pd.DataFrame) -> pd.DataFrame:
@@ -109,6 +111,51 @@ def with_tensor_roles(events: pd.DataFrame) -> pd.DataFrame:
     events = events.copy(deep=False)  # copy-on-write: only the replaced column is new
     events["category"] = _with_values(events["category"], matched["index"].astype(np.int64).to_numpy(), roles)
     return events
+
+
+_ENDS = [Action.FREE.value, Action.FREE_REQUESTED.value]
+
+
+def with_model_state(events: pd.DataFrame) -> pd.DataFrame:
+    """Name the model's own tensors. Each model-state note (a `mark` row whose category is
+    "state:ROLE:NAME", at a tensor's data pointer in `torch_cpu` or `cuda_block`) hands its
+    category to the allocation of the same layer and address that was live at the note's
+    time: the latest `alloc` there at or before the note (the agent looks at step marks and
+    before exit, long after the allocation: no tolerance), unless a `free` or
+    `free_requested` of that address lies between the two. An allocation named by several
+    notes (one per step) keeps the first one's name; a note with no live allocation at its
+    address changes nothing. `events` must be in time order."""
+    is_note = _is_mark(events) & _has_prefix(events["category"], STATE_PREFIX)
+    if not is_note.any():
+        return events
+    notes = _keyed(events, np.flatnonzero(is_note), "category")
+    # Only rows at the notes' addresses can match: one hash pass over 10^7, then a few rows.
+    here = events["addr"].isin(pd.unique(notes["addr"])).to_numpy()
+    action = events["action"]
+    allocs = _keyed(events, np.flatnonzero(here & (action == Action.ALLOC.value).to_numpy()))
+    ends = _keyed(events, np.flatnonzero(here & action.isin(_ENDS).to_numpy()))
+    # Rows are in time order, so a row's position orders it in time (ties broken by seq).
+    matched = pd.merge_asof(notes, allocs.rename(columns={"at": "alloc_at"}), left_on="at", right_on="alloc_at",
+                            by=["layer", "addr"], direction="backward")
+    matched = pd.merge_asof(matched, ends.rename(columns={"at": "end_at"}), left_on="at", right_on="end_at",
+                            by=["layer", "addr"], direction="backward")
+    live = matched["alloc_at"].notna() & ~(matched["end_at"] > matched["alloc_at"])  # NaN end: never freed
+    matched = matched[live].drop_duplicates("alloc_at", keep="first")
+    if matched.empty:
+        return events
+    events = events.copy(deep=False)  # copy-on-write: only the replaced column is new
+    events["category"] = _with_values(events["category"], matched["alloc_at"].astype(np.int64).to_numpy(),
+                                      matched["category"].to_numpy(dtype=object))
+    return events
+
+
+def _keyed(events: pd.DataFrame, rows: np.ndarray, *extra: str) -> pd.DataFrame:
+    """The rows at positions `rows` (ascending) as (at: the position, layer as text, addr,
+    *extra), for pd.merge_asof on `at`."""
+    frame = events.iloc[rows][["layer", "addr", *extra]].astype({"layer": "object"})
+    if extra:
+        frame = frame.astype({name: "object" for name in extra})
+    return frame.assign(at=rows.astype(np.int64)).reset_index(drop=True)
 
 
 def _is_mark(events: pd.DataFrame) -> np.ndarray:

@@ -21,7 +21,7 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
-from memprof.model.schema import LAYERS, TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import LAYERS, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 DEFAULT_MAX_POINTS = 20_000
 _NO_STACK = -1
@@ -154,7 +154,8 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
     every `mark` row with category "step" (`step` is the new step's number) and "mark" for
     the user's own marks (`memprof.mark("epoch 1")`: `label` is its text, `step` the step it
     fell in). `label` is the mark row's category ("step" for steps), None for OOMs. The
-    exit mark and the agent's per-tensor notes (`tensor:ROLE`) are not moments to show."""
+    exit mark and the agent's per-tensor notes (`tensor:ROLE`, `state:ROLE:NAME`) are not
+    moments to show."""
     action = labels(events["action"]) if len(events) else np.array([], dtype=object)
     category = labels(events["category"]) if len(events) else np.array([], dtype=object)
     is_oom = action == Action.OOM.value
@@ -175,11 +176,11 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
 
 def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Per row (its action and category labels): a mark of the user's own — a `mark` row
-    whose category is neither a step, the exit, nor a per-tensor note (`tensor:ROLE`).
-    Judged on the mark rows alone (a few in 10^7 events)."""
+    whose category is neither a step, the exit, nor one of the agent's per-tensor notes
+    (`tensor:ROLE`, `state:ROLE:NAME`). Judged on the mark rows alone (a few in 10^7 events)."""
     marks = np.flatnonzero(action == Action.MARK.value)
     own = [isinstance(text, str) and text not in (Mark.STEP.value, Mark.EXIT.value)
-           and not text.startswith(TENSOR_PREFIX) for text in category[marks]]
+           and not text.startswith((TENSOR_PREFIX, STATE_PREFIX)) for text in category[marks]]
     rows = np.zeros(len(action), dtype=bool)
     rows[marks[np.array(own, dtype=bool)]] = True
     return rows

@@ -58,6 +58,22 @@ class Mark(str, enum.Enum):
 # `category` of a profiler-window tensor annotation (a `mark` row): "tensor:parameter", …
 TENSOR_PREFIX = "tensor:"
 
+# `category` of a model-state note (a `mark` row in `torch_cpu` or `cuda_block`, at the
+# tensor's data pointer, size its storage bytes): "state:ROLE:NAME", ROLE a ModelStateRole
+# value, NAME the dotted name (`transformer.h.3.mlp.c_fc.weight`; a gradient is named as
+# its parameter; optimizer state `NAME.exp_avg`, `NAME.step`, …). `timeline()` copies it onto
+# the allocation live at that address, which then reads "state:ROLE:NAME" too.
+STATE_PREFIX = "state:"
+
+
+class ModelStateRole(str, enum.Enum):
+    """What a tensor of model state is: the model's own memory, held on purpose until exit."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+
 LAYERS = [layer.value for layer in Layer]
 ACTIONS = [action.value for action in Action]
 
