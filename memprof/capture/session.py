@@ -314,6 +314,9 @@ class Session:
         if self.agent is None:
             return
         tables = self.agent.poll(self.writer.meta.clock_anchors[-1])
+        samples = self.agent.take_samples()
+        if samples["ts_ns"]:
+            self.writer.append("samples", samples)
         if tables is None:
             return
         events, stacks, frames = tables

@@ -21,12 +21,16 @@ RECORDS = {
         "action": "alloc", "addr": 4096, "size": 64, "stream": 0, "time_us": 1_700_000_000_000_000,
         "frames": [{"filename": "/w/t.py", "line": 1, "name": "f"}]}},
     "info": {"kind": "info", "pid": 7, "torch": "2.4.0"},
+    "values": {"kind": "values", "ts_ns": 1_000, "pid": 7, "tid": 7, "values": {"tokens": 512, "batch": 2}},
+    "model_state": {"kind": "model_state", "ts_ns": 1_000, "pid": 7, "tid": 7,
+                    "tensors": [["parameter", "h.0.mlp.c_fc.weight", 4096, 64, "cpu"]]},
 }
 # Fields of each record given hostile values (the ones a wrong value of breaks conversion).
 FIELDS = {
     "step": ("ts_ns", "pid", "tid", "step"), "mark": ("ts_ns", "label"),
     "tensor": ("epoch_ns", "addr", "size", "device", "role", "op", "step"),
     "cuda_trace": ("device", "pid", "entry"), "info": ("pid",),
+    "values": ("ts_ns", "pid", "values"), "model_state": ("ts_ns", "pid", "tid", "tensors"),
 }
 ENTRY_FIELDS = ("action", "addr", "size", "time_us", "frames")
 

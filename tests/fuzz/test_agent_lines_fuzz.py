@@ -44,7 +44,8 @@ def test_a_hostile_line_is_skipped_and_counted_never_raised(tmp_path, name):
     assert 41 in steps and 42 in steps, f"{name}: the good lines around it were lost"
     counted = sum(stats.detail.get(c, 0) for c in COUNTERS) + _cuda_entries_left_out(source)
     extra_rows = sum(len(batch["ts_ns"]) for batch in events) - 2
-    kept = extra_rows > 0 or bool(stats.detail.get("processes"))  # an info record gives no row
+    samples = source.take_samples()  # a `values` record gives samples, not event rows
+    kept = extra_rows > 0 or bool(stats.detail.get("processes")) or bool(samples["ts_ns"])  # an info record gives no row
     assert counted + kept == 1, f"{name}: counted {counted}, {extra_rows} rows of its own"
     writer = RecordingWriter(tmp_path / "out.memprof", RecordingMeta())
     for batch, stacks, frames in (p for p in polls if p is not None):
@@ -53,4 +54,6 @@ def test_a_hostile_line_is_skipped_and_counted_never_raised(tmp_path, name):
             writer.append("stacks", stacks)
         if frames["frame_id"]:
             writer.append("frames", frames)
+    if samples["ts_ns"]:
+        writer.append("samples", samples)
     writer.finalize()

@@ -6,8 +6,15 @@ the target's interpreter may be another Python than memprof's, with only the sta
 library and torch.
 
 What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one file per process):
-  {"kind": "step", "ts_ns", "pid", "tid", "step", "source"}   a training step began
+  {"kind": "step", "ts_ns", "pid", "tid", "step", "source"}   a step began (source: below)
   {"kind": "mark", "ts_ns", "pid", "tid", "step", "label"}    memprof.mark(label)
+  {"kind": "values", "ts_ns", "pid", "tid", "values": {NAME: number}}   quantities at that
+       moment: memprof.mark(label, tokens=…)'s, and each outermost forward's first tensor
+       input's batch and seq_len, with `tokens`, the seq_len summed over those forwards
+  {"kind": "model_state", "ts_ns", "pid", "tid", "tensors": [[role, name, data_ptr,
+       bytes, device], …]}   the tensors that are model state (parameters, buffers,
+       gradients, optimizer state) of the modules seen and the optimizers hooked, at each
+       step and before exit, only those new or changed since the last record
   {"kind": "cuda_trace", "device", "entry"}                   one entry of the CUDA caching
        allocator's history (torch.cuda.memory._record_memory_history), drained every
        MEMPROF_AGENT_DRAIN_S seconds and at exit
@@ -19,15 +26,20 @@ stopped by a failure here.
 
 Steps: the first of these sources that fires becomes the step clock of the process — an
 optimizer's step() (a global post-hook), torch.profiler's profile.step(), or memprof.mark()
-when nothing else counts steps; the others still leave mark events.
+when nothing else counts steps; the others still leave mark events. When none of them has
+fired, each outermost nn.Module forward on a thread is a step (a global forward pre-hook at
+depth 0 → 1): in `generate`, one decode step, one token; the first of the others to fire
+then takes over from the forwards.
 """
 import atexit
 import json
+import math
 import os
 import sys
 import threading
 import time
 import traceback
+import weakref
 
 _lock = threading.Lock()
 _state = {"installed": False, "step": 0, "step_source": None, "file": None, "cuda_last": {}}
@@ -183,34 +195,191 @@ def _event(kind, **fields):
     _write(record)
 
 
+FORWARD = "forward"  # the step source of last resort: outermost nn.Module forwards
+
+
 def _advance(source):
-    """A step boundary from `source`; only the process's first step source counts steps."""
-    if _state["step_source"] is None:
+    """A step boundary from `source`; only the process's first step source counts steps
+    (forwards count only until another source fires)."""
+    if _state["step_source"] in (None, FORWARD):
         _state["step_source"] = source
     if _state["step_source"] != source:
         _event("mark", step=_state["step"], label=source)
         return
+    _new_step(source)
+
+
+def _new_step(source, label=None):
     _state["step"] += 1
-    _event("step", step=_state["step"], source=source)
+    fields = {"step": _state["step"], "source": source}
+    if label is not None:
+        fields["label"] = label
+    _event("step", **fields)
     _profile_window_at(_state["step"])
+    _write_model_state()
 
 
-def mark(label="mark"):
-    """A named moment on the timeline. Counts steps too when nothing else does."""
+def mark(label="mark", **values):
+    """A named moment on the timeline, with numbers (`tokens=512, batch=8`) that `report
+    growth --against NAME` can plot memory against. Counts steps too when nothing else does."""
     try:
-        if _state["step_source"] in (None, "mark"):
+        numbers = _numbers(values)
+        if numbers:  # first: the mark's checkpoint reads the last values at or before it
+            _event("values", values=numbers)
+        if _state["step_source"] in (None, "mark", FORWARD):
             _state["step_source"] = "mark"
-            _state["step"] += 1
-            _event("step", step=_state["step"], source="mark", label=str(label))
-            _profile_window_at(_state["step"])
+            _new_step("mark", str(label))
         else:
             _event("mark", step=_state["step"], label=str(label))
     except Exception as e:
         log_failure("mark", e)
 
 
+MAX_VALUES = 16
+
+
+def _numbers(values):
+    """The finite int and float values among `values` (bool is not a number here)."""
+    kept = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        kept[str(name)[:64]] = value
+        if len(kept) >= MAX_VALUES:
+            break
+    return kept
+
+
+# ---- outermost forwards: steps when nothing else counts them, and input sizes ----
+_forward = threading.local()  # .depth: nn.Module forwards running on this thread
+_modules = weakref.WeakSet()  # modules whose forward was outermost: their state is model state
+
+
+@_guarded("forward pre-hook")
+def _on_forward_pre(module, args):
+    depth = getattr(_forward, "depth", 0)
+    _forward.depth = depth + 1
+    if depth:
+        return
+    _modules.add(module)
+    values = _input_sizes(args)
+    if values:  # first: a step's checkpoint reads the last values at or before its mark
+        _event("values", values=values)
+    if _state["step_source"] in (None, FORWARD):
+        _state["step_source"] = FORWARD
+        _new_step(FORWARD)
+
+
+@_guarded("forward hook")
+def _on_forward(module, args, output):
+    _forward.depth = max(0, getattr(_forward, "depth", 1) - 1)
+
+
+def _input_sizes(args):
+    """{batch, seq_len, tokens} of the first tensor input of an outermost forward: its first
+    two dimensions, and `tokens`, the seq_len summed over this process's earlier outermost
+    forwards (in `generate`: the length of the sequence the KV cache holds as this forward
+    begins)."""
+    import torch
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None:
+        # Called with keywords only (`model(**inputs)`, as `generate` does): a global
+        # forward pre-hook sees positional inputs only; Module._call_impl, its caller, holds
+        # the keywords.
+        kwargs = _call_impl_kwargs(sys._getframe(1))
+        first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    if first is None or first.dim() == 0:
+        return {}
+    values = {"batch": int(first.shape[0])}
+    if first.dim() >= 2:
+        values["seq_len"] = int(first.shape[1])
+        values["tokens"] = _state.get("tokens", 0)
+        _state["tokens"] = values["tokens"] + values["seq_len"]
+    return values
+
+
+def _call_impl_kwargs(frame, up_to=6):
+    """The keyword arguments of the nn.Module call running the hooks: Module._call_impl's
+    `kwargs`, a few frames up ({} when it is not found)."""
+    for _ in range(up_to):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_call_impl":
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+        frame = frame.f_back
+    return {}
+
+
+def _hook_forwards(torch):
+    from torch.nn.modules import module as nn_module
+    handles = _state.setdefault("hooks", [])
+    handles.append(nn_module.register_module_forward_pre_hook(_on_forward_pre))
+    try:
+        handles.append(nn_module.register_module_forward_hook(_on_forward, always_call=True))  # also when forward raises
+    except TypeError:  # a torch without always_call
+        handles.append(nn_module.register_module_forward_hook(_on_forward))
+
+
+def remove_hooks():
+    """Take off the global hooks install() put on torch (tests load the agent many times in
+    one process; a program never needs this)."""
+    for handle in _state.pop("hooks", []):
+        handle.remove()
+
+
+# ---- model state ----
+# Which tensors are the model's own memory: parameters, buffers, gradients and optimizer
+# state, by name, so that reports can tell them from leaks. Written at each step and before
+# exit, only what is new or changed since the last record (a step of a 100-tensor model
+# costs a walk of its tensors, ~100 µs, and a few bytes when nothing changed).
+_optimizers = weakref.WeakSet()
+_state_written = {}  # (role, name) -> (data_ptr, bytes, device) last written
+
+
+def _model_state():
+    """[(role, name, data_ptr, bytes, device)] of the model state known now."""
+    tensors, names = [], {}
+    for module in list(_modules):
+        for name, p in module.named_parameters(remove_duplicate=True):
+            names[id(p)] = name
+            tensors.append(("parameter", name, p))
+            if p.grad is not None:
+                tensors.append(("gradient", name, p.grad))
+        for name, b in module.named_buffers(remove_duplicate=True):
+            tensors.append(("buffer", name, b))
+    for optimizer in list(_optimizers):
+        for index, (p, slots) in enumerate(optimizer.state.items()):
+            base = names.get(id(p), "param%d" % index)
+            for key, value in slots.items():
+                if hasattr(value, "untyped_storage"):
+                    tensors.append(("optimizer_state", "%s.%s" % (base, key), value))
+    return [(role, name, *_where(t)) for role, name, t in tensors]
+
+
+def _where(tensor):
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes(), str(tensor.device)
+
+
+@_guarded("model state")
+def _write_model_state():
+    if not _modules and not _optimizers:
+        return
+    changed = []
+    for role, name, ptr, size, device in _model_state():
+        if ptr and _state_written.get((role, name)) != (ptr, size, device):
+            _state_written[(role, name)] = (ptr, size, device)
+            changed.append([role, name, ptr, size, device])
+    if changed:
+        _event("model_state", tensors=changed)
+
+
 @_guarded("optimizer step hook")
 def _on_optimizer_step(optimizer, args, kwargs):
+    _optimizers.add(optimizer)
     _advance("optimizer.step")
 
 
@@ -343,8 +512,9 @@ def install():
     try:
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
-        register_optimizer_step_post_hook(_on_optimizer_step)
+        _state.setdefault("hooks", []).append(register_optimizer_step_post_hook(_on_optimizer_step))
         _patch_profiler_step(torch)
+        _hook_forwards(torch)
         _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
                 "torch": torch.__version__, "python": sys.version.split()[0]})
         _event("step", step=0, source="start")  # step 0: everything before the first step
@@ -379,6 +549,7 @@ def _patch_profiler_step(torch):
 def _at_exit():
     if _state.get("profiler") is not None:
         _stop_profiler()
+    _write_model_state()
 
 
 class _TorchWatcher:

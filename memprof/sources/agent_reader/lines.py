@@ -17,6 +17,8 @@ import math
 import re
 from typing import Any
 
+from memprof.model.schema import ModelStateRole
+
 MAX_TEXT = 1024            # characters of a label, an operator name, a frame's file or function
 MAX_FRAMES = 256           # frames of one CUDA history entry's stack (innermost kept)
 MAX_DEVICES = 64           # cuda:0 … cuda:63 (the `device` column holds a few dozen names a batch)
@@ -24,11 +26,15 @@ MAX_INFO_FIELDS = 32       # fields of one `info` record kept for meta.json
 MAX_SETTINGS_CHARS = 16_384
 MAX_SETTINGS_DEPTH = 6
 MAX_EPOCH_US = 4 * 10**15  # year 2096: in nanoseconds still an int64 after any clock offset
+MAX_VALUES = 16            # quantities of one `values` record (memprof.mark's keywords)
+MAX_STATE_TENSORS = 1 << 20  # model-state tensors of one record (a large model has a few thousand)
 _I32 = 2**31
 _I64 = 2**63
 _U64 = 2**64
 _PROFILE_NAME = re.compile(r"[0-9]{1,10}\.profile\.[0-9]{1,10}\.json")
 _DEVICE_NAME = re.compile(r"cpu|cuda:([0-9]{1,2})")
+_VALUE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+STATE_ROLES = frozenset(role.value for role in ModelStateRole)
 _TRACE_TEXT_KEYS = ("action", "category")
 _TRACE_INT_KEYS = {"addr": (0, _U64), "size": (0, _I64)}  # with the two above: what torch_trace reads
 
@@ -89,6 +95,50 @@ def mark_fields(record: dict) -> tuple[int, int, int, str | None, int | None]:
     """(ts_ns, pid, tid, label, step) of a `step` or `mark` record; ts_ns is CLOCK_MONOTONIC ns."""
     return (integer(record, "ts_ns", 0, _I64), integer(record, "pid", 0, _I32, 0), integer(record, "tid", 0, _I32, 0),
             text(record, "label"), integer(record, "step", -_I32, _I32, None))
+
+
+def step_source(record: dict) -> str | None:
+    """What counts the steps of a `step` record's process: optimizer.step, profiler.step,
+    mark, forward, or start/attach (step 0, and the step in progress on attach)."""
+    source = text(record, "source")
+    return source[:32] if source else None
+
+
+def values_fields(record: dict) -> tuple[int, int, dict[str, float]]:
+    """(ts_ns, pid, {name: value}) of a `values` record: names of identifier characters (at
+    most 64), finite numbers only, at most MAX_VALUES of them."""
+    values = record.get("values")
+    if not isinstance(values, dict) or len(values) > MAX_VALUES:
+        raise BadLine("values is not an object of a few numbers")
+    clean = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not _VALUE_NAME.fullmatch(name):
+            raise BadLine("a value's name is not an identifier")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or abs(value) >= _I64:
+            raise BadLine(f"{name} is {_short(value)}, not a finite number")
+        clean[name] = float(value)
+    return integer(record, "ts_ns", 0, _I64), integer(record, "pid", 0, _I32, 0), clean
+
+
+def model_state_fields(record: dict) -> tuple[int, int, int, list[tuple[str, str, int, int, str]]]:
+    """(ts_ns, pid, tid, [(role, name, data_ptr, bytes, device)]) of a `model_state` record;
+    role a ModelStateRole value, name text (cut at MAX_TEXT), device "cpu" or "cuda:N"."""
+    tensors = record.get("tensors")
+    if not isinstance(tensors, list) or len(tensors) > MAX_STATE_TENSORS:
+        raise BadLine("tensors is not a list")
+    rows = []
+    for item in tensors:
+        if not isinstance(item, list) or len(item) != 5:
+            raise BadLine("a tensor is not [role, name, data_ptr, bytes, device]")
+        role, name, ptr, size, device = item
+        if role not in STATE_ROLES or not isinstance(name, str):
+            raise BadLine("a tensor's role or name is not one memprof knows")
+        fields = {"ptr": ptr, "size": size}
+        rows.append((role, name[:MAX_TEXT], integer(fields, "ptr", 1, _U64), integer(fields, "size", 0, _I64),
+                     device_name(device)))
+    return (integer(record, "ts_ns", 0, _I64), integer(record, "pid", 0, _I32, 0), integer(record, "tid", 0, _I32, 0),
+            rows)
 
 
 def tensor_fields(record: dict) -> dict:

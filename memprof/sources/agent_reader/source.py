@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof.model import ClockAnchor, SourceStats
-from memprof.model.schema import TENSOR_PREFIX, Action, Layer, Mark
+from memprof.model.schema import STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mark
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 from memprof.sources.agent_reader import attach as agent_attach
 from memprof.sources.agent_reader import lines as agent_lines
@@ -37,6 +37,7 @@ AGENT_FOLDER = "agent"
 MAX_ERRORS_KEPT = 20
 MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the next
 MAX_PROCESSES_KEPT = 4096   # processes described in meta.json
+QUANTITY_PREFIX = "quantity:"  # `metric` of a quantity's samples: quantity:tokens, quantity:batch, …
 
 
 @dataclass
@@ -68,6 +69,7 @@ class AgentSource:
     _processes: dict = field(default_factory=dict)  # pid -> what the agent said of itself
     _cuda_state: object = None  # torch_trace.LiveTraces: ids and mapped pages across polls
     _attach_folder_made: bool = False
+    _samples: dict = field(default_factory=lambda: _no_samples())  # quantities since take_samples()
 
     @property
     def folder(self) -> Path:
@@ -172,10 +174,15 @@ class AgentSource:
             ts_ns, pid, tid, label, step = agent_lines.mark_fields(record)
             if kind == "step":
                 rows.mark(ts_ns, pid, tid, Mark.STEP.value, step)
+                self._take_step_source(pid, agent_lines.step_source(record))
             if kind == "mark" or label:  # memprof.mark("epoch 1") that began a step: its label too
                 rows.mark(ts_ns, pid, tid, label or "mark", step)
         elif kind == "tensor":
             rows.tensor(agent_lines.tensor_fields(record))
+        elif kind == "values":
+            self._take_values(*agent_lines.values_fields(record))
+        elif kind == "model_state":
+            rows.model_state(*agent_lines.model_state_fields(record))
         elif kind == "cuda_trace":
             device, pid, entry = agent_lines.cuda_trace_fields(record)
             rows.cuda_trace(entry, device, pid)
@@ -187,6 +194,28 @@ class AgentSource:
             self._stats.detail.setdefault("profiles", []).append(agent_lines.profile_name(record))
         else:
             raise agent_lines.BadLine("no known kind")
+
+    def _take_step_source(self, pid: int, source: str | None) -> None:
+        """meta.json's `step_sources`: what counts each process's steps (the latest source
+        that began one: forwards until an optimizer, profiler or mark takes over)."""
+        if source and source not in ("start", "attach"):
+            sources = self._stats.detail.setdefault("step_sources", {})
+            if str(pid) in sources or len(sources) < MAX_PROCESSES_KEPT:
+                sources[str(pid)] = source
+
+    def _take_values(self, ts_ns: int, pid: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self._samples["ts_ns"].append(ts_ns)
+            self._samples["metric"].append(QUANTITY_PREFIX + name)
+            self._samples["device"].append("")
+            self._samples["value"].append(value)
+
+    def take_samples(self) -> dict:
+        """The quantities read by the polls since the last call, as `samples` columns (metric
+        quantity:NAME, device "", the value at ts_ns: memprof.mark's keywords, and each
+        outermost forward's batch, seq_len and tokens)."""
+        samples, self._samples = self._samples, _no_samples()
+        return samples
 
     def _take_info(self, pid: int, info: dict) -> None:
         if pid in self._processes or len(self._processes) < MAX_PROCESSES_KEPT:
@@ -327,6 +356,15 @@ class AgentRows:
                               f"{TENSOR_PREFIX}{record['role']}", stack_id, record["step"]))
         self.count += 1
 
+    def model_state(self, ts_ns: int, pid: int, tid: int, tensors: list[tuple[str, str, int, int, str]]) -> None:
+        """Model-state notes (agent_lines.model_state_fields): `mark` rows in the tensor's
+        layer at its data pointer, category "state:ROLE:NAME"; timeline() hands that to the
+        allocation live there."""
+        for role, name, ptr, size, device in tensors:
+            layer = Layer.TORCH_CPU.value if device == "cpu" else Layer.CUDA_BLOCK.value
+            self._tensors.append((ts_ns, pid, tid, layer, ptr, size, device, f"{STATE_PREFIX}{role}:{name}", None, None))
+            self.count += 1
+
     def cuda_trace(self, entry: dict, device: int, pid: int) -> None:
         self._cuda.append((device, pid, entry))
         self.count += 1
@@ -347,6 +385,10 @@ class AgentRows:
         elif self._tensors and self.cuda_state is not None:
             stacks, frames = self.cuda_state.interner.drain_tables()
         return events, stacks, frames
+
+
+def _no_samples() -> dict:
+    return {"ts_ns": [], "metric": [], "device": [], "value": []}
 
 
 def _joined(a: dict, b: dict) -> dict:

@@ -1,0 +1,121 @@
+"""The agent inside a real torch program (issue 21): outermost forwards count the steps when
+nothing else does, their inputs' sizes and memprof.mark's numbers become quantities, and the
+model's own tensors are named by role. The real agent module writes its JSON lines; these
+tests read them back (no recorder needed)."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+@pytest.fixture
+def agent(tmp_path, monkeypatch):
+    """The real agent, installed (its hooks on torch), writing into tmp_path/agent; the hooks
+    come off afterwards, so that no other test's forwards reach this agent."""
+    folder = tmp_path / "agent"
+    folder.mkdir()
+    monkeypatch.setenv("MEMPROF_AGENT_DIR", str(folder))
+    monkeypatch.syspath_prepend(str(importlib.resources.files("memprof.agent").joinpath("boot")))
+    sys.modules.pop("memprof_agent", None)
+    module = importlib.import_module("memprof_agent")
+    module.install()
+    yield module
+    module.remove_hooks()
+    sys.modules.pop("memprof_agent", None)
+
+
+def records(agent, tmp_path, kind=None):
+    agent.flush()
+    lines = [json.loads(line) for path in (tmp_path / "agent").glob("*.jsonl") if "errors" not in path.name
+             for line in path.read_text().splitlines()]
+    return [r for r in lines if kind is None or r["kind"] == kind]
+
+
+def model():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 8), nn.LayerNorm(8)))
+
+
+def test_each_outermost_forward_is_a_step_when_nothing_else_counts_them(agent, tmp_path):
+    net = model()
+    with torch.no_grad():
+        for seq_len in (5, 1, 1):  # a prompt, then two decode steps: nested modules are no steps
+            net(torch.zeros(3, seq_len, 16))
+    steps = [r for r in records(agent, tmp_path, "step") if r["source"] == "forward"]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    values = [r["values"] for r in records(agent, tmp_path, "values")]
+    assert values == [{"batch": 3, "seq_len": 5, "tokens": 0}, {"batch": 3, "seq_len": 1, "tokens": 5},
+                      {"batch": 3, "seq_len": 1, "tokens": 6}]
+    # A step's checkpoint reads the last values at or before its mark: values come first.
+    assert all(v["ts_ns"] <= s["ts_ns"] for v, s in zip(records(agent, tmp_path, "values"), steps))
+
+
+def test_keyword_inputs_are_measured_as_generate_passes_them(agent, tmp_path):
+    class ByKeyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, input_ids=None):
+            return self.proj(input_ids)
+
+    with torch.no_grad():
+        ByKeyword()(input_ids=torch.zeros(2, 7, 4))
+    assert [r["values"] for r in records(agent, tmp_path, "values")] == [{"batch": 2, "seq_len": 7, "tokens": 0}]
+
+
+def test_an_optimizer_takes_the_step_count_over_from_the_forwards(agent, tmp_path):
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        net(torch.zeros(4, 16)).sum().backward()
+        optimizer.step()
+    steps = [(r["step"], r["source"]) for r in records(agent, tmp_path, "step") if r["source"] != "start"]
+    # The first forward began step 1; from the first optimizer step on, only steps count.
+    assert steps == [(1, "forward"), (2, "optimizer.step"), (3, "optimizer.step"), (4, "optimizer.step")]
+
+
+def test_marks_carry_finite_numbers_only(agent, tmp_path):
+    agent.mark("request", tokens=512, batch=8, ratio=0.5, bad=float("nan"), flag=True, text="x")
+    (values,) = records(agent, tmp_path, "values")
+    assert values["values"] == {"tokens": 512, "batch": 8, "ratio": 0.5}
+
+
+def state_by_role(agent, tmp_path) -> dict[str, dict[str, int]]:
+    """role -> {name: bytes}, over every model_state record (later ones win)."""
+    roles: dict[str, dict[str, int]] = {}
+    for record in records(agent, tmp_path, "model_state"):
+        for role, name, ptr, size, device in record["tensors"]:
+            assert ptr > 0 and device == "cpu"
+            roles.setdefault(role, {})[name] = size
+    return roles
+
+
+def test_model_state_is_named_by_role_with_adam(agent, tmp_path):
+    net = model()
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    for _ in range(2):
+        net(torch.zeros(4, 16)).sum().backward()
+        optimizer.step()
+    agent._at_exit()
+    roles = state_by_role(agent, tmp_path)
+    names = {name for name, _ in net.named_parameters()}
+    assert set(roles["parameter"]) == names == set(roles["gradient"])
+    assert roles["parameter"]["0.weight"] == 32 * 16 * 4 and roles["gradient"]["0.weight"] == 32 * 16 * 4
+    assert set(roles["optimizer_state"]) == {f"{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step")}
+    assert roles["optimizer_state"]["2.0.weight.exp_avg_sq"] == 8 * 32 * 4
+    assert "buffer" not in roles  # no buffers in this model
+
+
+def test_model_state_is_written_again_only_when_it_changes(agent, tmp_path):
+    net = nn.BatchNorm1d(6)  # two parameters, three buffers
+    with torch.no_grad():
+        for _ in range(4):
+            net(torch.zeros(2, 6))
+    written = [len(r["tensors"]) for r in records(agent, tmp_path, "model_state")]
+    assert written == [5]  # the first step writes them all; in-place updates change nothing
