@@ -1,0 +1,70 @@
+"""LLM inference under `memprof record` (issue 21): examples/generate_kv.py, a transformers
+GPT-2 (random weights: 6 layers, hidden 512, batch 2) generating tokens with no optimizer.
+Its memory grows by the KV cache, 2 × layers × batch × hidden × 4 bytes = 48 KiB per token.
+
+One recording (module-scoped: a run takes tens of seconds), several reports of it."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("transformers")
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "generate_kv.py"
+TOKENS = 160
+KV_BYTES_PER_TOKEN = 2 * 6 * 2 * 512 * 4
+
+
+def names(stack: list[dict]) -> list[str]:
+    return [f"{f.get('file') or ''}:{f['function']}" for f in stack]
+
+
+def is_cache_chain(stack: list[dict]) -> bool:
+    return any("DynamicLayer.update" in f["function"] or (f.get("file") or "").endswith("cache_utils.py")
+               for f in stack)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory, run_memprof) -> Path:
+    folder = tmp_path_factory.mktemp("generate")
+    path = folder / "generate.memprof"
+    result = run_memprof("record", "-q", "-o", path, "--", sys.executable, EXAMPLE, "--tokens", TOKENS,
+                                cwd=folder, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert f"generated={TOKENS} " in result.stdout
+    return path
+
+
+def report_json(run, path: Path, *args) -> dict:
+    result = run("report", *args, path, "--format", "json", cwd=path.parent, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_steps_are_the_forwards_one_per_token(recording):
+    meta = json.loads((recording / "meta.json").read_text())
+    assert set(meta["sources"]["agent"]["detail"]["step_sources"].values()) == {"forward"}
+
+
+def test_growth_against_tokens_names_the_kv_cache_at_its_size(recording, run_memprof):
+    report = report_json(run_memprof, recording, "growth", "--against", "tokens", "--top", "10")
+    assert report["against"] == "tokens"
+    cache = [s for s in report["series"] if s["chain"] and is_cache_chain(s.get("stack", []))]
+    context = "\n".join(f"{s['layer']} {s['linear'] and s['linear']['b']} {names(s.get('stack', []))[:6]}"
+                        for s in report["series"])
+    assert cache, f"no chain through the KV cache among the series:\n{context}"
+    slope = sum(s["linear"]["b"] for s in cache)
+    assert abs(slope - KV_BYTES_PER_TOKEN) <= 0.15 * KV_BYTES_PER_TOKEN, (slope, context)
+    for s in cache:
+        assert 0.9 <= s["power"]["b"] <= 1.1, (s["power"], context)
+
+
+def test_no_parameter_is_a_leak(recording, run_memprof):
+    report = report_json(run_memprof, recording, "leaks", "--top", "1000", "--min-age", "0")
+    init = [f for f in report["findings"] if any(fr["function"].endswith(("Conv1D.__init__", "Embedding.__init__"))
+                                                 for fr in f["stack"])]
+    assert init == [], [names(f["stack"])[:6] for f in init]
