@@ -66,7 +66,27 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
             notes.append(_shared_stacks_note(name, stats))
         notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
+        notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
     return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
+
+
+# What a step is, by the agent's step source (meta.json sources.agent.detail.step_sources).
+STEP_SOURCE_WORDS = {
+    "optimizer.step": "an optimizer step",
+    "profiler.step": "a torch.profiler step",
+    "mark": "the interval between two memprof.mark() calls",
+    "forward": "an outermost nn.Module forward (nothing else counted steps: in generate, one token)",
+}
+
+
+def _step_source_notes(step_sources: dict) -> list[str]:
+    """One note saying what a step is, per distinct step source (processes by pid)."""
+    by_source: dict[str, list[str]] = {}
+    for pid, source in step_sources.items():
+        by_source.setdefault(str(source), []).append(str(pid))
+    return [f"a step is {STEP_SOURCE_WORDS.get(source, source)}"
+            + (f" (pids {', '.join(sorted(pids, key=int))})" if len(by_source) > 1 else "")
+            for source, pids in sorted(by_source.items())]
 
 
 def _shared_stacks_note(name: str, stats) -> Note:

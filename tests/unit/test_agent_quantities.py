@@ -63,3 +63,15 @@ def test_a_bad_model_state_line_is_counted_and_skipped(tmp_path):
     assert source.poll(ClockAnchor(0, 0)) is None  # no event rows: the one good line is a quantity
     assert source.take_samples()["value"] == [3.0]
     assert source.stats().detail["malformed_lines"] == 1
+
+
+def test_reports_say_what_a_step_is():
+    from memprof.analysis.loss import recording_notes
+    from memprof.model import RecordingMeta, SourceStats
+    one = RecordingMeta(sources={"agent": SourceStats(detail={"step_sources": {"77": "forward", "78": "forward"}})})
+    assert [n for n in recording_notes(one) if n.startswith("a step is")] == [
+        "a step is an outermost nn.Module forward (nothing else counted steps: in generate, one token)"]
+    two = RecordingMeta(sources={"agent": SourceStats(detail={"step_sources": {"77": "forward", "9": "optimizer.step"}})})
+    assert sorted(n for n in recording_notes(two) if n.startswith("a step is")) == [
+        "a step is an optimizer step (pids 9)",
+        "a step is an outermost nn.Module forward (nothing else counted steps: in generate, one token) (pids 77)"]
