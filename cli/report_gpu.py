@@ -39,13 +39,22 @@ def gpu(path, points, fmt):
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Chains fitted per layer and device: those holding the most bytes at the last point.")
 @click.option("--points", default=50, show_default=True, type=click.IntRange(min=3),
-              help="Without step marks: fit at this many evenly spaced times.")
+              help="With fewer than 3 step marks: fit at this many evenly spaced times.")
+@click.option("--against", metavar="NAME", default=None,
+              help="Fit live bytes against this quantity instead of the step number: its value at each step "
+                   "mark is x. The usual ones: tokens, seq_len, batch (the agent's sizes of each outermost "
+                   "forward, or memprof.mark(label, tokens=…)), or any name given to memprof.mark; step is the "
+                   "default. Slopes are then bytes per unit of NAME (\"per token\"), and the forecast is the "
+                   "NAME at which the device fills.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
-def growth(path, layers, top, points, fmt, native_frames):
+def growth(path, layers, top, points, against, fmt, native_frames):
     """How each layer's live bytes grow per training step (per second when the recording has
-    no step marks), per device and for its biggest chains: a linear fit (bytes per step) and
-    a power law (bytes = a·step^b), each with R²; and, where the device's size is known (NVML
-    for a GPU, MemTotal for the machine's RAM), when the better fit fills it at this rate.
+    fewer than 3 step marks; per token, or any quantity, with --against), per device and for
+    its biggest chains: a linear fit (bytes per step) and a power law (bytes = a·step^b), each
+    with R²; where the growth changes regime (one line bent once fits far better than one
+    line); and, where the device's size is known (NVML for a GPU, MemTotal for the machine's
+    RAM), when the better fit fills it at this rate.
     """
-    emit(fmt, analysed(path).growth(layers=layers, top=top, points=points, native_frames=native_frames))
+    emit(fmt, analysed(path).growth(layers=layers, top=top, points=points, native_frames=native_frames,
+                                    against=against))

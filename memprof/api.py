@@ -153,11 +153,13 @@ class Analysed:
 
     @_kept
     def growth(self, *, layers: tuple = (), top: int = 3, points: int = 50,
-               native_frames: str = DEFAULT_NATIVE_FRAMES) -> GrowthView:
-        """`report growth`: fits and forecasts per layer, device and `top` chains."""
+               native_frames: str = DEFAULT_NATIVE_FRAMES, against: str | None = None) -> GrowthView:
+        """`report growth`: fits and forecasts per layer, device and `top` chains, x the step
+        (or time), or the quantity `against` (UnknownQuantityError, exit 2, if there is none)."""
         from memprof.analysis.growth import growth
         result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
-                        points=points, top=top, layers=layers or None, canonical_stack=self.canonical)
+                        points=points, top=top, layers=layers or None, canonical_stack=self.canonical,
+                        against=against)
         ids = [s.stack_id for s in result.series if s.chain]
         return GrowthView(result, self.about, self.chains(ids, native_frames))
 

@@ -30,3 +30,18 @@ def slow_power_law(seconds: int = 50, b: float = 0.05) -> pd.DataFrame:
     the old report printed that number."""
     level = lambda t: round(MiB * t ** b) if t > 0 else 0  # noqa: E731
     return timeline_of([ev(t * S, "alloc", 0x1000 + t, level(t) - level(t - 1), 7) for t in range(1, seconds + 1)])
+
+
+def quantity_steps(values, live_of, name: str = "tokens", stack_id: int = 7) -> tuple[list[dict], pd.DataFrame]:
+    """Step marks 1…len(values), 1 s apart (from 1 s), each carrying the quantity `name` =
+    values[k − 1] (a `quantity:NAME` sample at the mark's time, as the agent writes them);
+    just before mark k, an allocation of stack `stack_id`, never freed, brings its live bytes
+    to round(live_of(values[k − 1])) (which must not fall). (events rows, samples)."""
+    rows, samples, live = step_marks(range(1, len(values) + 1)), [], 0
+    for k, value in enumerate(values, start=1):
+        target = int(round(live_of(value)))
+        if target > live:
+            rows.append(ev(k * S - S // 2, "alloc", 0x60_0000 + k * 0x1000, target - live, stack_id))
+        live = target
+        samples.append((k * S, f"quantity:{name}", "", float(value)))
+    return rows, samples_frame(samples)

@@ -6,16 +6,22 @@ Pure functions over lifetimes, the timeline and the `samples` table; no I/O. Tim
 CLOCK_MONOTONIC ns, sizes bytes. A series is one (layer, device): bytes are never added
 across layers (DESIGN.md §3), nor across devices (each has its own capacity).
 
-x is the step number (at each step mark: the live bytes once every event at the mark's time
-is counted, i.e. what the steps before it left behind), else seconds since the recording
-start at `points` evenly spaced times. V(x) is the series' live bytes there, each allocation
-weighted by `weight` (sampled sources).
+The checkpoints are the step marks (the live bytes once every event at the mark's time is
+counted, i.e. what the steps before it left behind) when there are at least MIN_POINTS of
+them, else `points` evenly spaced times (the result's notes say so when there were 1 or 2
+step marks: "only 1 step mark: judged at 50 times 0.40s apart"). x is the step number, else
+seconds since the recording start; or, `against` a quantity (`report growth --against
+tokens`), that quantity's value at each checkpoint: its last `quantity:NAME` sample (device "")
+at or before it, checkpoints before its first sample left out. V(x) is the series' live bytes
+there, each allocation weighted by `weight` (sampled sources).
 
 Models, fitted by least squares:
 - linear: V = a + b·x (b in bytes per step, or per second);
 - power:  V = a·x^b, fitted in log-log space over the points with x > 0 and V > 0.
 Each carries R² computed in the original space (the power model's over the points with
 x > 0), so the two compare; the better fit is the higher R² (a tie goes to the line).
+Each series also gets its regime change, if any (memprof.analysis.growth_regime): the x where
+one line bent once fits far better than one line, and better than the power law.
 
 Forecast, only from a fit that passes the bar of memprof.analysis.growth_forecast (enough points,
 R², a positive linear slope; else the forecast says which failed): from the better model
@@ -37,18 +43,33 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.growth_forecast import SECOND, STEP, Forecast, SeriesContext, forecast
+from memprof.analysis.growth_regime import Regime, regime_change
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
+from memprof.errors import UsageError
 from memprof.model.schema import LAYERS
+from memprof.units import format_duration_ns
 
 MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
+# The `samples` rows of a quantity on the timeline: metric "quantity:NAME", device "", one
+# at each step mark or mark that carried it (memprof.mark(label, tokens=…), the agent's
+# batch and seq_len of each outermost forward).
+QUANTITY_PREFIX = "quantity:"
+QUANTITY_DEVICE = ""
+
+
+class UnknownQuantityError(UsageError):
+    """`--against NAME` names a quantity the recording does not have (exit 2); the hint lists
+    those it has."""
 
 
 @dataclass(frozen=True)
 class Fit:
-    """One fitted model. linear: V = a + b·x; power: V = a·x^b. V in bytes, x in steps or
-    seconds. `r2` is R² in the original space (None when V is constant and the model misses
-    it); `points` how many points the fit used."""
+    """One fitted model. linear: V = a + b·x; power: V = a·x^b; since_break: the line the
+    growth follows since its regime change, V = a + b·x (what a forecast extrapolates when
+    there is one). V in bytes, x in steps, seconds or the quantity's unit. `r2` is R² in the
+    original space (None when V is constant and the model misses it); `points` how many
+    points the fit used."""
 
     model: str
     a: float
@@ -59,19 +80,20 @@ class Fit:
     def at(self, x):
         """The model's bytes at x (array or scalar)."""
         x = np.asarray(x, dtype=float)
-        return self.a + self.b * x if self.model == "linear" else self.a * np.power(x, self.b)
+        return self.a + self.b * x if self.model != "power" else self.a * np.power(x, self.b)
 
     @property
     def growing(self) -> bool:
         """Rising with x: a positive slope (linear), a > 0 and b > 0 (power)."""
-        return self.b > 0 if self.model == "linear" else (self.a > 0 and self.b > 0)
+        return self.b > 0 if self.model != "power" else (self.a > 0 and self.b > 0)
 
 
 @dataclass(frozen=True)
 class GrowthSeries:
     """One (layer, device)'s live bytes (`chain` False) or one chain's within it (`stack_id`
     None: allocations recorded without a stack): the points (`x`, `bytes`), both fits (None
-    when too few points), which fits better, the forecast."""
+    when too few points), which fits better, the forecast, and where the growth changes
+    regime (None: it does not, or too few points to tell)."""
 
     layer: str
     device: str
@@ -83,6 +105,7 @@ class GrowthSeries:
     power: Fit | None
     better: str | None
     forecast: Forecast
+    regime: Regime | None = None
 
     @property
     def best(self) -> Fit | None:
@@ -92,36 +115,107 @@ class GrowthSeries:
 @dataclass
 class GrowthResult:
     """Series in layer order (schema order, then device), each (layer, device) total
-    followed by its top chains by bytes at the last point. `x_unit` is "step" or "s";
-    `step_ns` the median step duration (None without steps); `origin_ns` is x = 0 in time
-    mode."""
+    followed by its top chains by bytes at the last point. `x_unit` is "step", "s" or the
+    quantity's name; `against` that quantity (None: x is the step number or seconds);
+    `by_step` whether the checkpoints are step marks (False: evenly spaced times), `step_marks`
+    how many step marks the recording has; `step_ns` the median step duration (None with
+    fewer than two steps); `origin_ns` is x = 0 in time mode."""
 
     x_unit: str
     step_ns: int | None
     origin_ns: int
     series: list[GrowthSeries]
     notes: list[str] = field(default_factory=list)
+    against: str | None = None
+    by_step: bool = True
+    step_marks: int = 0
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """Where the series are read (`times`, ns ascending) and their `x` there, in `unit`;
+    `ns_per_x` (a quantity's pace) and the notes that say how x was found."""
+
+    times: np.ndarray
+    x: np.ndarray
+    unit: str
+    origin_ns: int
+    notes: tuple[str, ...] = ()
+    ns_per_x: float | None = None
 
 
 def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *, origin_ns: int = 0,
            points: int = 50, top: int = 3, layers: Iterable[str] | None = None,
-           canonical_stack: Mapping[int, int] | None = None) -> GrowthResult:
+           canonical_stack: Mapping[int, int] | None = None, against: str | None = None) -> GrowthResult:
     """Fit every (layer, device) of `lifetimes` (only `layers` when given) and its `top`
-    chains (module docstring). `events` gives the step marks; `samples` the capacities and
-    NVML's used bytes; `origin_ns` (the recording start) is x = 0 when there are no steps."""
+    chains (module docstring). `events` gives the step marks; `samples` the capacities,
+    NVML's used bytes and the quantities; `origin_ns` (the recording start) is x = 0 when
+    x is time. `against`: x is this quantity's value ("step" or None: the step number, else
+    seconds); raises UnknownQuantityError when the recording has no such quantity."""
+    quantity = None if against in (None, STEP) else against
+    if quantity is not None:
+        check_quantity(samples, quantity)
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     steps = step_marks(events)
-    times, x, x_unit, origin_ns = _points(allocations, steps, origin_ns, points)
+    axis = _points(allocations, steps, origin_ns, points)
+    axis = axis if quantity is None else _against(axis, samples, quantity)
     step_ns = median_step_ns(steps)
-    result = GrowthResult(x_unit=x_unit, step_ns=step_ns, origin_ns=origin_ns, series=[])
-    if len(times) == 0:
-        result.notes.append("no allocations to fit")
+    result = GrowthResult(x_unit=axis.unit, step_ns=step_ns, origin_ns=axis.origin_ns, series=[],
+                          notes=list(axis.notes), against=quantity, by_step=len(steps) >= MIN_POINTS,
+                          step_marks=len(steps))
+    if len(axis.times) == 0:
+        result.notes.append("no allocations to fit" if quantity is None else f"no checkpoint has a {quantity} value")
         return result
     wanted = set(layers) if layers else None
     for (layer, device), cols in _groups(allocations, wanted):
-        context = SeriesContext(x, x_unit, step_ns, *device_capacity(samples, device), _device_used(samples, device))
-        result.series += _layer_series(layer, device, cols, times, context, top)
+        context = SeriesContext(axis.x, axis.unit, step_ns, *device_capacity(samples, device),
+                                _device_used(samples, device), against=quantity, ns_per_x=axis.ns_per_x)
+        result.series += _layer_series(layer, device, cols, axis.times, context, top)
     return result
+
+
+# ---- quantities -----------------------------------------------------------------------------
+
+def quantity_names(samples: pd.DataFrame | None) -> list[str]:
+    """The quantities the recording carries (its `quantity:NAME` sample series), sorted."""
+    if samples is None or samples.empty:
+        return []
+    metrics = (str(m) for m in samples["metric"].unique())
+    return sorted(m[len(QUANTITY_PREFIX):] for m in metrics if m.startswith(QUANTITY_PREFIX))
+
+
+def check_quantity(samples: pd.DataFrame | None, name: str) -> None:
+    """Raise UnknownQuantityError, whose hint lists what `--against` takes here, unless the
+    recording carries the quantity `name`."""
+    names = quantity_names(samples)
+    if name in names:
+        return
+    if names:
+        hint = f"--against takes one of: {', '.join([STEP] + names)}"
+    else:
+        hint = (f"this recording has no quantities, so --against takes only {STEP}; they come from "
+                "memprof.mark(label, tokens=…) and from the agent (batch, seq_len of each outermost forward)")
+    raise UnknownQuantityError(f"no quantity {name!r} in this recording", hint)
+
+
+def _against(axis: _Axis, samples: pd.DataFrame | None, quantity: str) -> _Axis:
+    """`axis` with x the quantity's value at each checkpoint (its last sample at or before
+    it), checkpoints before its first sample left out (and counted in a note)."""
+    values = last_sample_at(samples, QUANTITY_PREFIX + quantity, QUANTITY_DEVICE, axis.times)
+    known = ~np.isnan(values)
+    times, x = axis.times[known], values[known]
+    notes = list(axis.notes)
+    if not known.all() and known.any():
+        notes.append(f"{int((~known).sum())} of {len(known)} checkpoints come before the first {quantity} value: "
+                     "left out")
+    return _Axis(times, x, quantity, axis.origin_ns, tuple(notes), _ns_per_x(times, x))
+
+
+def _ns_per_x(times: np.ndarray, x: np.ndarray) -> float | None:
+    """ns per unit of the quantity from the first checkpoint to the last, None unless it rose."""
+    if len(x) < 2 or not x[-1] > x[0] or not times[-1] > times[0]:
+        return None
+    return float(times[-1] - times[0]) / float(x[-1] - x[0])
 
 
 # ---- points ---------------------------------------------------------------------------------
@@ -135,20 +229,31 @@ def median_step_ns(steps: pd.DataFrame) -> int | None:
     return int(round(float(np.median(per_step))))
 
 
-def _points(allocations: pd.DataFrame, steps: pd.DataFrame, origin_ns: int, points: int):
-    """(times ns, x, x unit, origin ns): the step marks, else `points` evenly spaced times
-    over the allocations' span, x in seconds since `origin_ns` (the first allocation when
-    `origin_ns` is unset or later than it)."""
-    if len(steps):
-        return steps["ts_ns"].to_numpy(), steps["step"].to_numpy(dtype=float), STEP, origin_ns
+def _points(allocations: pd.DataFrame, steps: pd.DataFrame, origin_ns: int, points: int) -> _Axis:
+    """The step marks when there are at least MIN_POINTS, x the step number; else `points`
+    evenly spaced times over the allocations' span, x in seconds since `origin_ns` (the first
+    allocation when `origin_ns` is unset or later than it), with a note when there were step
+    marks, too few of them (one or two marks gave one or two points: no fit at all)."""
+    if len(steps) >= MIN_POINTS:
+        return _Axis(steps["ts_ns"].to_numpy(), steps["step"].to_numpy(dtype=float), STEP, origin_ns)
     if allocations.empty:
-        return np.array([], dtype=np.int64), np.array([]), SECOND, origin_ns
+        return _Axis(np.array([], dtype=np.int64), np.array([]), SECOND, origin_ns)
     first = int(allocations["alloc_ts_ns"].min())
     ends = allocations["end_ts_ns"].max()
     last = max(int(allocations["alloc_ts_ns"].max()), first if pd.isna(ends) else int(ends))
     origin_ns = origin_ns if 0 < origin_ns <= first else first
     times = np.unique(np.linspace(first, last, max(points, 2)).round().astype(np.int64))
-    return times, (times - origin_ns) / 1e9, SECOND, origin_ns
+    return _Axis(times, (times - origin_ns) / 1e9, SECOND, origin_ns, _too_few_steps(len(steps), times))
+
+
+def _too_few_steps(marks: int, times: np.ndarray) -> tuple[str, ...]:
+    """The note that growth was judged over time because the recording has only 1 or 2 step
+    marks: "only 1 step mark: judged at 50 times 400.0ms apart"."""
+    if marks == 0:
+        return ()
+    gap = "" if len(times) < 2 else f" {format_duration_ns(int((times[-1] - times[0]) // (len(times) - 1)))} apart"
+    plural = "s" if marks > 1 else ""
+    return (f"only {marks} step mark{plural}: judged at {len(times)} evenly spaced times{gap} instead",)
 
 
 def live_at(curve_times: np.ndarray, curve_live: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -261,9 +366,20 @@ def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: 
     linear, power = fit_linear(ctx.x, values), fit_power(ctx.x, values)
     better = better_fit(linear, power)
     best = linear if better == "linear" else power
+    regime = regime_change(ctx.x, values, rival_r2=None if power is None else power.r2)
+    # After a regime change "at this rate" is the rate since the break, not the average of both.
+    judged = (linear, best) if regime is None else (since_break(regime),) * 2
     return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values,
                         linear=linear, power=power, better=better,
-                        forecast=forecast(linear, best, ctx, level, device))
+                        forecast=forecast(*judged, ctx, level, device), regime=regime)
+
+
+def since_break(regime: Regime) -> Fit:
+    """The line of the growth since its regime change, as a Fit ("since_break"): its slope
+    after the break, through the bent line's bytes at the break; R² the bent line's, points
+    those at or after the break."""
+    a = regime.level_at_break - regime.slope_after * regime.at_x
+    return Fit("since_break", a, regime.slope_after, regime.r2, regime.points_after)
 
 
 # ---- fits -----------------------------------------------------------------------------------

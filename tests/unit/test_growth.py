@@ -1,6 +1,7 @@
 """growth (fits and forecasts) and `memprof report growth`: known slopes, exponents and fill
-steps on synthetic timelines, and the bar a fit must pass before a forecast. The rendered
-report (goldens, widths) is tests/unit/test_growth_report.py."""
+steps on synthetic timelines, the bar a fit must pass before a forecast, the fallback to time
+with fewer than 3 step marks, growth against a quantity (--against tokens) and regime changes.
+The rendered report (goldens, widths) is tests/unit/test_growth_report.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from memprof.analysis.checkpoints import step_marks as marks_of
-from memprof.analysis.growth import fit_linear, fit_power, growth, median_step_ns
+from memprof.analysis.growth import UnknownQuantityError, fit_linear, fit_power, growth, median_step_ns
+from memprof.analysis.growth_regime import regime_change
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.cli.main import cli
 from memprof.units import format_bytes
@@ -19,7 +21,7 @@ from tests.factories import ev, leak
 from tests.gpu_factories import (
     GiB, MiB, S, leak_per_step, power_law_steps, samples_frame, step_marks, timeline_of, write_recording,
 )
-from tests.growth_factories import ram, slow_power_law, steps_holding
+from tests.growth_factories import quantity_steps, ram, slow_power_law, steps_holding
 
 
 def fitted(rows, samples=None, **kwargs):
@@ -97,8 +99,9 @@ def test_series_are_per_layer_and_device_and_layers_can_be_chosen():
 
 
 def test_too_few_points_give_no_fit():
-    (total, _) = fitted(leak_per_step(2), ram(GiB)).series
-    assert (total.linear, total.power, total.better) == (None, None, None)
+    events = leak(11, every_ns=S, size=MiB, start_ns=S)  # no step marks; read at 2 times only
+    (total, _) = growth(pair_lifetimes(events), events, ram(GiB), points=2).series
+    assert (total.linear, total.power, total.better, total.regime) == (None, None, None, None)
     assert (total.forecast.status, total.forecast.reason) == ("too_few_points", "too few points to forecast: 2 < 8")
     assert (total.forecast.points, total.forecast.model, total.forecast.r2) == (2, None, None)
 
@@ -242,3 +245,170 @@ def test_cli_exit_codes(tmp_path):
     assert invoke("report", "growth", path, "--points", "2")[0] == 2
     assert invoke("report", "growth", path, "--top", "-1")[0] == 2
     assert invoke("report", "growth", path)[0] == 0
+
+
+# ---- fewer than 3 step marks: judged over time ----------------------------------------------
+
+def one_step_mark() -> list[dict]:
+    """One step mark (at 1 s), and 1 MiB kept every 0.2 s from 0.2 s to 9.8 s (49 blocks)."""
+    return step_marks([1]) + [ev(k * S // 5, "alloc", 0x1000 + k * 0x1000, MiB, 7) for k in range(1, 50)]
+
+
+def test_one_step_mark_falls_back_to_evenly_spaced_times_and_says_so():
+    """Issue 21: a generate run held one step mark and every series said 'only 1 points'."""
+    result = fitted(one_step_mark())
+    (total, chain) = result.series
+    assert (result.x_unit, result.by_step, result.step_marks, result.against) == ("s", False, 1, None)
+    assert result.notes == ["only 1 step mark: judged at 50 evenly spaced times 195.9ms apart instead"]
+    assert len(total.x) == 50 and total.x[0] == 0.0 and total.x[-1] == pytest.approx(9.6)  # 0.2 s .. 9.8 s
+    assert total.linear.b == pytest.approx(5 * MiB, rel=0.02) and total.linear.r2 > 0.99  # 1 MiB per 0.2 s
+    assert total.forecast.status == "no_capacity"  # judged, no longer "too few points: 1 < 8"
+
+
+def test_two_step_marks_fall_back_too_and_three_do_not():
+    two = fitted(step_marks([1, 2]) + one_step_mark()[1:])
+    assert two.notes[0].startswith("only 2 step marks: judged at 50 evenly spaced times")
+    three = fitted(leak_per_step(3))
+    assert (three.x_unit, three.by_step, three.notes) == ("step", True, [])
+    assert three.series[0].x.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_cli_notes_the_fallback(tmp_path):
+    path = write_recording(tmp_path / "one.memprof", timeline_of(one_step_mark()))
+    code, out, err = invoke("report", "growth", path)
+    assert code == 0, err
+    assert "note: only 1 step mark: judged at 50 evenly spaced times 195.9ms apart instead" in out
+    assert "too few step marks: x is seconds since the recording start" in out and "only 1 points" not in out
+
+
+# ---- against a quantity ---------------------------------------------------------------------
+
+KiB = 1 << 10
+TOKENS = list(range(8, 209))  # one decode step per token: tokens = 8..208 at steps 1..201
+KV_PER_TOKEN = 49152  # 48 KiB: 2 × 6 layers × 2 batch × 512 hidden × 4 bytes (GPT-2 of issue 21, float32)
+
+
+def against_tokens(live_of, samples=None, values=TOKENS, **kwargs):
+    rows, quantities = quantity_steps(values, live_of)
+    both = quantities if samples is None else pd.concat([quantities, samples])
+    return fitted(rows, both, against="tokens", **kwargs)
+
+
+def test_a_chain_growing_48_kib_per_token_fits_per_token():
+    result = against_tokens(lambda t: KV_PER_TOKEN * t, ram(GiB))
+    (total, chain) = result.series
+    assert (result.x_unit, result.against, result.by_step) == ("tokens", "tokens", True)
+    assert chain.x.tolist() == [float(t) for t in TOKENS] and chain.bytes[-1] == KV_PER_TOKEN * 208
+    assert chain.linear.b == pytest.approx(KV_PER_TOKEN, rel=0.01) and chain.linear.r2 > 0.99
+    assert 0.99 <= chain.power.b <= 1.01 and chain.power.r2 > 0.99
+    assert chain.regime is None
+    # 1 GiB fills at 1 GiB / 48 KiB = 21,845.3 tokens; one token a second from 8 to 208.
+    forecast = total.forecast
+    assert (forecast.status, forecast.full_at_x) == ("full", pytest.approx(GiB / KV_PER_TOKEN))
+    assert forecast.full_in_ns == pytest.approx((GiB / KV_PER_TOKEN - 208) * S, rel=1e-6)
+    assert forecast.reason == "at this rate the machine's RAM is full at tokens ≈ 21.8 k, in 6.0 h"
+
+
+def test_quadratic_growth_has_power_b_2_and_no_regime_change():
+    """V ∝ L² (attention scores of a whole sequence): one curve, which a bent line also cuts
+    well; the power law fits it better, so no regime change is claimed."""
+    (_, chain) = against_tokens(lambda t: 64 * t * t).series
+    assert chain.power.b == pytest.approx(2.0, abs=0.01) and chain.power.r2 > 0.999
+    assert chain.better == "power" and chain.regime is None
+
+
+def test_a_flat_control_has_no_regime_change_and_no_forecast():
+    (total, chain) = against_tokens(lambda t: MiB, ram(GiB)).series
+    assert chain.linear.b == pytest.approx(0, abs=1e-6) and chain.bytes.tolist() == [MiB] * len(TOKENS)
+    assert (total.regime, chain.regime) == (None, None)
+    assert total.forecast.status == "not_growing" and total.forecast.full_at_x is None
+    assert total.forecast.reason == "not growing: 0 B per token"
+
+
+def test_checkpoints_before_the_first_value_are_left_out():
+    rows, quantities = quantity_steps(TOKENS, lambda t: KV_PER_TOKEN * t)
+    result = fitted(rows, quantities[quantities["ts_ns"] >= 11 * S], against="tokens")  # marks 1..10 carry none
+    assert result.series[0].x[0] == 18.0 and len(result.series[0].x) == len(TOKENS) - 10
+    assert result.notes == ["10 of 201 checkpoints come before the first tokens value: left out"]
+
+
+def test_a_quantity_between_checkpoints_is_its_last_value_at_or_before():
+    """Three marks carry tokens (at 1, 4 and 7 s); step marks at every second read the last."""
+    rows = leak_per_step(9)
+    quantities = samples_frame([(S, "quantity:tokens", "", 10.0), (4 * S, "quantity:tokens", "", 40.0),
+                                (7 * S, "quantity:tokens", "", 70.0)])
+    total = fitted(rows, quantities, against="tokens").series[0]
+    assert total.x.tolist() == [10, 10, 10, 40, 40, 40, 70, 70, 70]
+
+
+def test_against_step_is_the_default():
+    by_step = fitted(leak_per_step(10), against="step")
+    assert (by_step.x_unit, by_step.against) == ("step", None)
+    assert by_step.series[0].linear.b == pytest.approx(MiB)
+
+
+def test_an_unknown_quantity_is_a_usage_error_listing_those_the_recording_has():
+    rows, quantities = quantity_steps(TOKENS, lambda t: t)
+    with pytest.raises(UnknownQuantityError) as caught:
+        fitted(rows, pd.concat([quantities, ram(GiB), samples_frame([(S, "quantity:batch", "", 2.0)])]),
+               against="seq_len")
+    assert (caught.value.message, caught.value.exit_code) == ("no quantity 'seq_len' in this recording", 2)
+    assert caught.value.hint == "--against takes one of: step, batch, tokens"
+    with pytest.raises(UnknownQuantityError) as caught:
+        fitted(rows, ram(GiB), against="tokens")
+    assert caught.value.hint.startswith("this recording has no quantities, so --against takes only step")
+
+
+def test_cli_against_tokens_json(tmp_path):
+    rows, quantities = quantity_steps(TOKENS, lambda t: KV_PER_TOKEN * t)
+    path = write_recording(tmp_path / "kv.memprof", timeline_of(rows), pd.concat([quantities, ram(GiB)]))
+    code, out, err = invoke("report", "growth", path, "--against", "tokens", "--format", "json", "--top", "1")
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["against"], data["x_unit"], data["by_step"], data["step_marks"]) == ("tokens", "tokens", True, 201)
+    assert data["regime_bar"] == {"min_sse_cut": 4.0, "min_slope_ratio": 1.5, "min_points": 12, "min_side": 3}
+    total, chain = data["series"]
+    assert chain["linear"]["b"] == pytest.approx(KV_PER_TOKEN) and chain["power"]["b"] == pytest.approx(1, abs=0.01)
+    assert (chain["regime"], total["forecast"]["full_at_x"]) == (None, pytest.approx(GiB / KV_PER_TOKEN))
+
+
+def test_cli_unknown_quantity_is_one_line_and_exit_2(tmp_path):
+    rows, quantities = quantity_steps(TOKENS, lambda t: t)
+    path = write_recording(tmp_path / "q.memprof", timeline_of(rows), quantities)
+    code, out, err = invoke("report", "growth", path, "--against", "seq_len")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == ["memprof: error: no quantity 'seq_len' in this recording",
+                                "hint: --against takes one of: step, tokens"]
+
+
+# ---- regime changes -------------------------------------------------------------------------
+
+def twelve_then_48_kib(t: float) -> float:
+    """12 KiB per token up to tokens = 400, 48 KiB per token after."""
+    return 12 * KiB * min(t, 400) + 48 * KiB * max(t - 400, 0)
+
+
+def test_a_regime_change_at_400_tokens_is_found():
+    tokens = list(range(8, 809, 6))  # 398 and 404 around the break: it lies between two points
+    jitter = np.random.default_rng(0).integers(-2 * KiB, 2 * KiB, len(tokens))  # a few KiB of noise
+    live = {t: twelve_then_48_kib(t) + 64 * KiB + j for t, j in zip(tokens, jitter)}
+    (total, chain) = against_tokens(live.get, values=tokens).series
+    for series in (total, chain):
+        regime = series.regime
+        assert regime is not None and abs(regime.at_x - 400) <= 10
+        assert regime.slope_before == pytest.approx(12 * KiB, rel=0.03)
+        assert regime.slope_after == pytest.approx(48 * KiB, rel=0.01)
+        assert regime.sse_cut >= 4 and regime.points_before + regime.points_after == len(tokens) + 1
+
+
+def test_regime_change_bar():
+    x = np.arange(1.0, 41.0)
+    bent = np.where(x <= 20, 100 * x, 2000 + 400 * (x - 20))
+    assert regime_change(x, bent).at_x == 20.0
+    assert regime_change(x, bent, rival_r2=1.0) is None  # a smooth model fits as well: no claim
+    assert regime_change(x, 5 + 3 * x) is None  # already one line
+    slight = np.where(x <= 20, 100 * x, 2000 + 140 * (x - 20))  # slopes 1.4× apart: the same growth
+    assert regime_change(x, slight) is None
+    assert regime_change(x[:11], bent[:11]) is None  # 11 points: too few to tell
+    rising_then_flat = np.minimum(100 * x, 2000)
+    assert regime_change(x, rising_then_flat).slope_after == pytest.approx(0, abs=1e-9)

@@ -23,7 +23,7 @@ from memprof.analysis.views import About, GrowthView
 from memprof.report.growth import render, to_json
 from tests.factories import ev, stacks_frames
 from tests.gpu_factories import GiB, MiB, S, leak_per_step, samples_frame, timeline_of
-from tests.growth_factories import ram, slow_power_law, steps_holding
+from tests.growth_factories import quantity_steps, ram, slow_power_law, steps_holding
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 UPDATE = os.environ.get("MEMPROF_UPDATE_GOLDEN") == "1"  # rewrite the golden files instead of comparing
@@ -104,6 +104,16 @@ def absurd_result():
     return growth(pair_lifetimes(events), events, ram(64 * GiB), points=50, top=1), {}
 
 
+def against_result():
+    """--against tokens: chain 7 (the long one) holds 12 KiB per token up to tokens = 400 and
+    48 KiB per token after, tokens = 8, 16, … 808 at step marks 1 s apart; 1 GiB of RAM."""
+    tokens = range(8, 809, 8)
+    rows, quantities = quantity_steps(tokens, lambda t: 12 * KiB * min(t, 400) + 48 * KiB * max(t - 400, 0))
+    events = timeline_of(rows)
+    result = growth(pair_lifetimes(events), events, pd.concat([quantities, ram(GiB)]), top=1, against="tokens")
+    return result, chain_frames(STACKS, FRAMES, [7], "merged")
+
+
 def table_lines(text: str) -> list[str]:
     """The table's header, rule and rows: the lines after the title up to the first blank line
     after them."""
@@ -118,7 +128,7 @@ def row_cells(text: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("width", [80, 90, 100, 120, 140, 160, 200])
-@pytest.mark.parametrize("make", [golden_result, absurd_result])
+@pytest.mark.parametrize("make", [golden_result, absurd_result, against_result])
 def test_every_column_is_readable_at_any_width_from_80(width, make):
     """The old table collapsed to "l…" headers and lost the series column at 100 and 160."""
     result, chains = make()
@@ -194,3 +204,49 @@ def test_json_has_points_fits_forecasts_and_stacks():
     assert "stack" not in block and block_chain["stack"][0]["function"] == "Tensor.to"
     poor = next(s for s in data["series"] if s["stack_id"] == 11)["forecast"]
     assert (poor["status"], poor["full_at_x"], poor["r2"]) == ("poor_fit", None, pytest.approx(0.25, abs=0.005))
+
+
+# ---- against a quantity, and regime changes -------------------------------------------------
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_against_tokens_heads_columns_per_token_and_says_the_regime_change(width):
+    result, chains = against_result()
+    text = rendered(result, chains, width)
+    assert text.splitlines()[0] == "growth per token (x is tokens at each step mark)"
+    header = re.split(r"\s{2,}", table_lines(text)[0].strip())
+    assert header == ["series", "last", "per token", "R²", "power b", "R²", "full at tokens"]
+    # At this rate is the rate since the break: 48 KiB per token from the 23.8 MiB (24,384 KiB)
+    # held at tokens = 808, 1 GiB full at 808 + (1,048,576 − 24,384) / 48 = 22,145.3 tokens; 8 tokens
+    # a second (one step mark each), so in 21,337.3 / 8 s = 44 min.
+    total = result.series[0]
+    assert total.bytes[-1] == 24_384 * KiB
+    assert (total.forecast.model, total.forecast.full_at_x) == ("since_break", pytest.approx(22_145.33, abs=0.01))
+    assert [row[-1] for row in row_cells(text)] == ["≈ 22.1 k"] * 2
+    flat = " ".join(text.split())
+    assert ("native_heap cpu: at this rate the machine's RAM is full at tokens ≈ 22.1 k, in 44 min, by the line "
+            "since the regime change (R² 1.00, 52 points)") in flat
+    assert ("native_heap cpu: growth changes regime at tokens = 400: 12.0 KiB/token before, "
+            "48.0 KiB/token after") in flat
+    assert ("↳ cache_batch ← train_step[epoch] ← run_epoch ← …: growth changes regime at tokens = 400: "
+            "12.0 KiB/token before, 48.0 KiB/token after") in flat
+    assert "No regime change" not in flat
+
+
+def test_against_tokens_forecast_cell_and_words():
+    rows, quantities = quantity_steps(range(8, 209), lambda t: 49152 * t)
+    events = timeline_of(rows)
+    result = growth(pair_lifetimes(events), events, pd.concat([quantities, ram(GiB)]), top=0, against="tokens")
+    text = rendered(result, {}, 100)
+    assert [row[-1] for row in row_cells(text)] == ["≈ 21.8 k"]  # the time is in the words
+    assert ("native_heap cpu: at this rate the machine's RAM is full at tokens ≈ 21.8 k, in 6.0 h, by the linear "
+            "fit (R² 1.00, 201 points)") in " ".join(text.split())
+
+
+def test_json_carries_against_and_the_regime():
+    result, chains = against_result()
+    data = json.loads(json.dumps(to_json(GrowthView(result, About("r.memprof"), chains))))
+    assert (data["against"], data["x_unit"], data["by_step"], data["step_marks"]) == ("tokens", "tokens", True, 101)
+    regime = data["series"][1]["regime"]
+    assert regime["at_x"] == 400 and regime["sse_cut"] is None  # exact bend: inf, which JSON cannot hold
+    assert (regime["slope_before"], regime["slope_after"]) == (pytest.approx(12 * KiB), pytest.approx(48 * KiB))
+    assert data["series"][1]["x"][:3] == [8, 16, 24]
