@@ -337,11 +337,12 @@ def _series_columns(allocations: pd.DataFrame) -> pd.DataFrame:
 
 def _layer_series(layer: str, device: str, cols: pd.DataFrame, times: np.ndarray, ctx: SeriesContext,
                   top: int) -> list[GrowthSeries]:
-    """The (layer, device) total, then its `top` chains by bytes live at the last point."""
+    """The (layer, device) total, then its `top` chains: those that grew most from the first
+    point to the last, then those holding most at the last point."""
     total = _curve_at(cols, times)
     level = max(int(total[-1]), ctx.device_used or 0)
     series = [_series(layer, device, False, None, total, ctx, level)]
-    for stack in _top_chains(cols, int(times[-1]), top):
+    for stack in _top_chains(cols, int(times[0]), int(times[-1]), top):
         mine = cols[cols["stack"].to_numpy() == stack]
         stack_id = None if stack < 0 else int(stack)
         series.append(_series(layer, device, True, stack_id, _curve_at(mine, times), ctx, level))
@@ -353,12 +354,24 @@ def _curve_at(cols: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     return live_at(curve_times, live, times).astype(float)
 
 
-def _top_chains(cols: pd.DataFrame, ts_ns: int, top: int) -> list[int]:
-    """Stacks (-1: none recorded) holding the most bytes at `ts_ns`, ties by stack id."""
+def _top_chains(cols: pd.DataFrame, first_ns: int, last_ns: int, top: int) -> list[int]:
+    """Stacks (-1: none recorded) by their rise in live bytes from `first_ns` to `last_ns`
+    (the chains that grow: a KV cache rising 48 KiB a token ranks above 24 MiB of weights
+    that never change), then by bytes live at `last_ns`, ties by stack id. Only stacks with
+    bytes live at `last_ns` or a rise are ranked."""
+    held = _live_by_stack(cols, last_ns)
+    rise = held.sub(_live_by_stack(cols, first_ns), fill_value=0)
+    ranked = pd.DataFrame({"rise": rise, "held": held.reindex(rise.index, fill_value=0)})
+    ranked = ranked[(ranked["held"] > 0) | (ranked["rise"] > 0)].rename_axis("stack").reset_index()
+    ranked["rise"] = ranked["rise"].clip(lower=0)
+    ranked = ranked.sort_values(["rise", "held", "stack"], ascending=[False, False, True], kind="stable")
+    return ranked["stack"].head(max(top, 0)).tolist()
+
+
+def _live_by_stack(cols: pd.DataFrame, ts_ns: int) -> pd.Series:
+    """Bytes live at `ts_ns` per stack."""
     live = live_mask(cols["alloc"], cols["end"], ts_ns) & (cols["size"] > 0)
-    held = cols[live].groupby("stack")["size"].sum().reset_index()
-    held = held.sort_values(["size", "stack"], ascending=[False, True], kind="stable")
-    return held["stack"].head(max(top, 0)).tolist()
+    return cols[live].groupby("stack")["size"].sum()
 
 
 def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: np.ndarray, ctx: SeriesContext,

@@ -412,3 +412,15 @@ def test_regime_change_bar():
     assert regime_change(x[:11], bent[:11]) is None  # 11 points: too few to tell
     rising_then_flat = np.minimum(100 * x, 2000)
     assert regime_change(x, rising_then_flat).slope_after == pytest.approx(0, abs=1e-9)
+
+
+def test_the_chain_that_grows_outranks_bigger_ones_that_do_not():
+    """generate_kv.py's case: 24 MiB of weights made before the first token, never changing,
+    and a KV cache rising 48 KiB a token to under 10 MiB. With room for one chain, growth
+    shows the cache (ranked by bytes held at the end, it showed the weights)."""
+    rows, quantities = quantity_steps(TOKENS, lambda t: KV_PER_TOKEN * t)
+    rows.append(ev(S // 4, "alloc", 0x90_0000, 24 * MiB, 99))  # the weights, before the first step
+    (_, chain) = fitted(rows, quantities, against="tokens", top=1).series
+    assert chain.stack_id == 7 and chain.linear.b == pytest.approx(KV_PER_TOKEN, rel=0.01)
+    (_, first, second) = fitted(rows, quantities, against="tokens", top=2).series
+    assert (first.stack_id, second.stack_id) == (7, 99)  # then by bytes held
