@@ -196,21 +196,28 @@ def _stacks_of(stacks: pd.DataFrame, frame_ids: pd.Series) -> frozenset[int]:
 def cached_segments(allocations: pd.DataFrame, at_ns: np.ndarray) -> np.ndarray:
     """Per allocation: True for a `cuda_segment` live at its `at_ns` with no `cuda_block`
     of the same device live then at an address inside it ([addr, addr + size_bytes))."""
+    is_segment = labels(allocations["layer"]) == Layer.CUDA_SEGMENT.value
+    return is_segment & (blocks_inside(allocations, at_ns, allocations) == 0)
+
+
+def blocks_inside(allocations: pd.DataFrame, at_ns: np.ndarray, blocks: pd.DataFrame) -> np.ndarray:
+    """Per allocation of `allocations`: for a `cuda_segment`, how many `cuda_block`s of
+    `blocks` (allocations too: the same frame, or another) of its device were live inside it
+    ([addr, addr + size_bytes)) at the latest `at_ns` of the segments; 0 for the rest."""
     layer = labels(allocations["layer"])
     is_segment = layer == Layer.CUDA_SEGMENT.value
-    out = np.zeros(len(allocations), dtype=bool)
-    if not is_segment.any():
+    out = np.zeros(len(allocations), dtype=np.int64)
+    if not is_segment.any() or blocks.empty:
         return out
-    alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    end_ts = end_times(allocations)
     device = labels(allocations["device"])
     addr = allocations["addr"].to_numpy().astype(np.uint64)
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0).astype(np.uint64)
     when = float(np.max(at_ns[is_segment]))  # blocks are judged at the latest segment time
-    live_block = (layer == Layer.CUDA_BLOCK.value) & live_mask(alloc_ts, end_ts, when)
+    block_addr, block_device = blocks["addr"].to_numpy().astype(np.uint64), labels(blocks["device"])
+    live_block = (labels(blocks["layer"]) == Layer.CUDA_BLOCK.value) & live_mask(
+        blocks["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(blocks), when)
     for dev in np.unique(device[is_segment].astype(str)):
-        blocks = np.sort(addr[live_block & (device == dev)])
+        inner = np.sort(block_addr[live_block & (block_device == dev)])
         segs = np.flatnonzero(is_segment & (device == dev))
-        inside = np.searchsorted(blocks, addr[segs] + size[segs], "left") - np.searchsorted(blocks, addr[segs], "left")
-        out[segs] = inside == 0
+        out[segs] = np.searchsorted(inner, addr[segs] + size[segs], "left") - np.searchsorted(inner, addr[segs], "left")
     return out

@@ -21,11 +21,12 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.caches import KnownChains, cached_segments
+from memprof.analysis.caches import KnownChains, blocks_inside
 from memprof.analysis.chain_trends import ChainTrends, chain_trends, rows_of_chains
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
 from memprof.analysis.checkpoints import Checkpoints
 from memprof.analysis.lifetimes import NEVER, Lifetimes, end_times, label_of, labels, live_mask
+from memprof.analysis.model_state import ModelStateTotal, model_state_totals, state_roles
 from memprof.analysis.trend import Trend
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FRAME_KEYS, Action, FrameKind, Layer, Mark
@@ -59,6 +60,7 @@ class LeakReason(str, enum.Enum):
     SAWTOOTH = "sawtooth"              # filled and released again and again
     STARTUP = "startup"                # made once at start-up, held until exit (_at_startup)
     THREADS = "threads"                # kernel objects of threads still running
+    MODEL_STATE = "model_state"        # parameters, buffers, gradients, optimizer state (model_state.py)
 
 
 KINDS = tuple(kind.value for kind in LeakKind)
@@ -142,6 +144,12 @@ class LeakResult:
     Python frames were read for every interpreter it saw (a chain through the interpreter
     without them was made while its thread ran no Python code), False when not for some
     (the recording's notes say why), None when unknown.
+
+    `model_state`: the model's own memory live at the end (parameters, buffers, gradients,
+    optimizer state, as the agent named them; any age), totalled by role, layer and device
+    (model_state.model_state_totals). None of it is ever a finding; its chains are among
+    `not_leaks` with reason "model_state", and a chain partly of model state is judged on
+    its other allocations alone.
     """
 
     findings: list[LeakFinding]
@@ -158,6 +166,7 @@ class LeakResult:
     younger_count: int = 0
     younger_bytes: int = 0
     python_frames: bool | None = None
+    model_state: list[ModelStateTotal] = field(default_factory=list)
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = DEFAULT_MIN_AGE_NS,
@@ -178,7 +187,10 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
       plateau (chains recognized by their frames in `known`, from caches.known_chains);
       and, unless they grow per step, the kernel objects of threads still running
       (`known.threads`) and what the program made once at start-up (_at_startup); also
-      sawtooth and plateau chains not held at the end, by their highest checkpoint.
+      sawtooth and plateau chains not held at the end, by their highest checkpoint;
+    - model state (allocations the timeline named "state:ROLE:NAME"): never a finding, nor
+      part of a chain's trend; held at the end at any age, it is totalled in
+      `LeakResult.model_state` and its chains are not-leaks of reason "model_state".
 
     Each list is sorted by live_bytes, then live_count (both descending), then stack_id, and
     cut to `top`. `layers` keeps only those layers. Each allocation is judged at the end of
@@ -192,24 +204,67 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     if wanted is not None:
         allocations = allocations[np.isin(labels(allocations["layer"]), list(wanted))].reset_index(drop=True)
-    ends = _end_per_allocation(allocations, end_ns, end_by_pid)
-    exited = allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
-    trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
-    held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, known, _setup_end(checkpoints)))
     missed_by_chain = _missed_by_chain(allocations)
     target_exited = end_ns < recording_end_ns
+    # The model's own memory is judged apart, and first: nothing of it is a leak, and it must
+    # not make the rest of its chain look like growth either.
+    state, allocations = _split_model_state(allocations)
+    model_state, state_chains = _model_state(state, end_ns, recording_end_ns, end_by_pid, missed_by_chain)
+    ends = _end_per_allocation(allocations, end_ns, end_by_pid)
+    exited = _exited(allocations, end_ns, recording_end_ns, end_by_pid)
+    trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
+    held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, known, _setup_end(checkpoints), state))
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)
     leaks = [f for f in kinds if f.is_leak]
-    not_leaks = [f for f in kinds if not f.is_leak] + _shape_only_findings(trends, held, allocations, None)
+    not_leaks = ([f for f in kinds if not f.is_leak] + state_chains
+                 + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
     return LeakResult(findings=leaks[:top], not_leaks=_biggest_first(not_leaks)[:top], end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
                       not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
-                      younger_bytes=int(round(younger["size_bytes"].sum())))
+                      younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
+
+
+def _exited(allocations: pd.DataFrame, end_ns: int, recording_end_ns: int,
+            end_by_pid: Mapping[int, int] | None) -> np.ndarray:
+    """Per allocation: its process began to exit while recorded (the kernel then takes back
+    what it still held)."""
+    return allocations["pid"].isin(list(end_by_pid or ())).to_numpy() | (end_ns < recording_end_ns)
+
+
+def _split_model_state(allocations: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the model state, with its `role`; every other allocation), each with a fresh index.
+    Without model state the second is `allocations` itself, not a copy."""
+    roles = state_roles(allocations)
+    is_state = roles != None  # noqa: E711  (element-wise, on an object array)
+    if not is_state.any():
+        return allocations.iloc[:0].assign(role=roles[:0]), allocations
+    state = allocations[is_state].assign(role=roles[is_state]).reset_index(drop=True)
+    return state, allocations[~is_state].reset_index(drop=True)
+
+
+def _model_state(state: pd.DataFrame, end_ns: int, recording_end_ns: int, end_by_pid: Mapping[int, int] | None,
+                 missed_by_chain: dict) -> tuple[list[ModelStateTotal], list[LeakFinding]]:
+    """What the model held at its end, whatever its age (its weights are as old as the job):
+    totals by role, layer and device, and its chains as not-a-leak findings (reason
+    "model_state"), so each chain's stack still shows where the model's memory came from."""
+    if state.empty:
+        return [], []
+    ends = _end_per_allocation(state, end_ns, end_by_pid)
+    held = _held(state, ends, _exited(state, end_ns, recording_end_ns, end_by_pid), 0)
+    rows = held.index.to_numpy()
+    totals = model_state_totals(state["role"].to_numpy(dtype=object)[rows], held["layer"].to_numpy(),
+                                labels(state["device"])[rows], held["size_bytes"].to_numpy(dtype=float),
+                                held["weight"].to_numpy(dtype=float))
+    groups = _sorted_groups(held.assign(reason=LeakReason.MODEL_STATE.value))
+    target_exited = end_ns < recording_end_ns
+    no_trends = ChainTrends.none()
+    chains = [_finding(row, missed_by_chain, no_trends, target_exited) for row in groups.itertuples(index=False)]
+    return totals, chains
 
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:
@@ -289,25 +344,40 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, known: KnownChains,
-                  setup_end_ns: int | None) -> np.ndarray:
+                  setup_end_ns: int | None, state: pd.DataFrame) -> np.ndarray:
     """Per held row, a LeakReason value: "memprof_own" (memprof's BPF programs, uprobes or
     agent: any layer), else for kernel rows "address_space", "slab_pages" (pages),
-    "kernel_cache" (a cache chain that outlived the process), else "cached_segment", else
-    "threads" (kernel objects of a thread), else "startup" (_at_startup, for every held
-    allocation of the chain), else "held"."""
+    "kernel_cache" (a cache chain that outlived the process), else "cached_segment" (no live
+    block inside) or "model_state" (a segment whose live blocks are all model state, the
+    allocations in `state`), else "threads" (kernel objects of a thread), else "startup"
+    (_at_startup, for every held allocation of the chain), else "held"."""
     reason = np.full(len(held), LeakReason.HELD.value, dtype=object)
     stack = held["stack_id"]
     is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
     reason[_whole_chains(held, _at_startup(allocations, held, known, setup_end_ns))] = LeakReason.STARTUP.value
     reason[is_kernel & _in(stack, known.threads)] = LeakReason.THREADS.value
     if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
-        reason[cached_segments(allocations, ends)[held.index.to_numpy()]] = LeakReason.CACHED_SEGMENT.value
+        segment = _segment_reasons(allocations, ends, state)[held.index.to_numpy()]
+        reason = np.where(segment != None, segment, reason)  # noqa: E711  (element-wise)
     reason[_in(stack, known.cache) & is_kernel & ~held["released_at_exit"].to_numpy()] = LeakReason.KERNEL_CACHE.value
     is_page = (held["layer"] == Layer.KERNEL_PAGE.value).to_numpy()
     reason[is_page & _in(stack, known.slab_pages)] = LeakReason.SLAB_PAGES.value
     reason[is_kernel & _in(stack, known.address_space)] = LeakReason.ADDRESS_SPACE.value
     reason[_in(stack, known.memprof)] = LeakReason.MEMPROF_OWN.value
     return reason
+
+
+def _segment_reasons(allocations: pd.DataFrame, ends: np.ndarray, state: pd.DataFrame) -> np.ndarray:
+    """Per allocation: "cached_segment" for a CUDA segment with no live block inside at the
+    end, "model_state" for one whose live blocks are all model state (it is the model's
+    memory too, one layer out), None otherwise. `state`: the model-state allocations, apart
+    from `allocations`."""
+    own, of_state = blocks_inside(allocations, ends, allocations), blocks_inside(allocations, ends, state)
+    is_segment = labels(allocations["layer"]) == Layer.CUDA_SEGMENT.value
+    out = np.full(len(allocations), None, dtype=object)
+    out[is_segment & (own == 0) & (of_state == 0)] = LeakReason.CACHED_SEGMENT.value
+    out[is_segment & (own == 0) & (of_state > 0)] = LeakReason.MODEL_STATE.value
+    return out
 
 
 def _in(stack_ids: pd.Series, ids: frozenset[int]) -> np.ndarray:

@@ -38,9 +38,9 @@ _KIND_OF_ACTION = {Action.ALLOC.value: _ALLOC, Action.FREE.value: _FREE,
                    Action.FREE_REQUESTED.value: _FREE_REQUESTED}
 
 _CARRIED = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
-            "requested_bytes", "ts_ns"]
+            "requested_bytes", "ts_ns", "category"]
 ALLOCATION_COLUMNS = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
-                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight"]
+                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight", "category"]
 # `end_ts_ns` of an allocation that never ended (NA in the column), as int64: later than any time.
 NEVER = np.iinfo(np.int64).max
 
@@ -62,8 +62,10 @@ class Lifetimes:
 
     `allocations` has ALLOCATION_COLUMNS, one row per alloc event, in timeline order:
     `alloc_ts_ns` is the alloc's `ts_ns`; `end_ts_ns` (nullable Int64) is when it ended, NA
-    when live at the end of the recording; `end_kind` is "freed", "missed" or "live".
-    `unmatched_frees` and `missed_frees` count per layer (layers with none are absent).
+    when live at the end of the recording; `end_kind` is "freed", "missed" or "live";
+    `category` is what the timeline named the allocation (a tensor role, or model state
+    "state:ROLE:NAME"), null where nothing did. `unmatched_frees` and `missed_frees` count
+    per layer (layers with none are absent).
     """
 
     allocations: pd.DataFrame

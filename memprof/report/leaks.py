@@ -7,8 +7,8 @@ from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label
 from memprof.report.safe_text import escape
 from memprof.report.wording import (
-    counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out, note_line, short_duration, shown_of,
-    target_exited,
+    MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
+    model_state_json, model_state_line, note_line, short_duration, shown_of, target_exited,
 )
 from memprof.units import format_bytes, format_relative_ns
 
@@ -25,7 +25,9 @@ def to_json(view: LeaksView) -> dict:
     """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
     per step, each named in one line as every view names it, with stacks innermost frame
     first and the younger allocations of its chain that --min-age left out), not_leaks
-    (memory held on purpose, same keys), checkpoints (where trends were judged, or null),
+    (memory held on purpose, same keys), model_state (the model's own tensors live at the
+    end, never findings: role, layer, device, count, live_bytes per role, layer and device),
+    checkpoints (where trends were judged, or null),
     missed_frees, unconfirmed_frees, min_age_ns, end_ns, and left_out (what the filters cut:
     younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
     findings_total/not_leaks_total it cut from). Times are CLOCK_MONOTONIC ns, slopes bytes
@@ -38,6 +40,7 @@ def to_json(view: LeaksView) -> dict:
         "checkpoints": _checkpoints_json(result),
         "findings": [_finding_json(f, chains, result) for f in result.findings],
         "not_leaks": [_finding_json(f, chains, result) for f in result.not_leaks],
+        "model_state": model_state_json(result),
         "missed_frees": {str(k): int(v) for k, v in result.missed_frees.items()},
         "unconfirmed_frees": {str(k): int(v) for k, v in result.unconfirmed_frees.items()},
         "min_age_ns": int(result.min_age_ns),
@@ -97,6 +100,7 @@ def render(view: LeaksView, console: Console) -> None:
         out(f"No leaks: nothing older than {short_duration(result.min_age_ns)} was live at the end"
             + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
+    _render_model_state(out, result)
     if result.not_leaks:
         out("")
         out(f"[bold]Not leaks[/]: memory held on purpose, "
@@ -104,6 +108,16 @@ def render(view: LeaksView, console: Console) -> None:
         _render_blocks(out, result.not_leaks, "~", result, chains, start_ns)
     for note in notes:
         out(note_line(note))
+
+
+def _render_model_state(out, result: LeakResult) -> None:
+    """The model state totals, apart from the findings: one line per role, layer and device."""
+    if not result.model_state:
+        return
+    out("")
+    out(f"[bold]{MODEL_STATE_HEADING}[/]: {MODEL_STATE_WHY}")
+    for total in result.model_state:
+        out(f"    {escape(model_state_line(total))}")
 
 
 def _render_blocks(out, findings, mark: str, result: LeakResult, chains, start_ns: int) -> None:

@@ -8,7 +8,8 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
-    explain, finding_chain, kind_label, left_out_json, min_age_left_out, note_line, shown_of,
+    MODEL_STATE_HEADING, explain, finding_chain, kind_label, left_out_json, min_age_left_out, model_state_json,
+    model_state_line, note_line, shown_of,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -27,7 +28,8 @@ def to_json(view: SummaryView) -> dict:
     """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
     peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
     live_bytes, live_count, younger_count, younger_bytes, slope_bytes_per_step, confidence,
-    explanation, chain: its one-line name), not_leaks (how many, before --top), left_out (what --min-age and
+    explanation, chain: its one-line name), not_leaks (how many, before --top), model_state (the
+    model's own tensors, never findings, as `report leaks` totals them), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
     next (command → what it shows)."""
     summary, chains, recording_path = view.result, view.chains, view.about.path
@@ -43,6 +45,7 @@ def to_json(view: SummaryView) -> dict:
                     for m in summary.layers.metrics],
         "findings": [_finding_json(f, chains, summary) for f in summary.leaks.findings],
         "not_leaks": int(summary.leaks.not_leaks_total),
+        "model_state": model_state_json(summary.leaks),
         "left_out": left_out_json(summary.leaks),
         "notes": [{"severity": getattr(note, "severity", "caveat"), "text": str(note)} for note in summary.notes],
         "next": dict(next_commands(summary, recording_path)),
@@ -133,5 +136,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
             f"{escape(chain_name(finding_chain(finding, chains)))}", no_wrap=True, overflow="ellipsis")
     if min_age_left_out(leaks):
         out(f"  [dim]{min_age_left_out(leaks)}[/]")
+    if leaks.model_state:
+        totals = "; ".join(model_state_line(total) for total in leaks.model_state)
+        out(f"  [dim]{MODEL_STATE_HEADING.lower()}: {escape(totals)}[/]")
     if leaks.not_leaks:
         out(f"  [dim]and {leaks.not_leaks_total} chains held on purpose (caches, pools, buffers): not leaks[/]")

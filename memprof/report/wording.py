@@ -12,6 +12,7 @@ from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding, LeakResult
+    from memprof.analysis.model_state import ModelStateTotal
 
 
 def left_out_json(result: LeakResult) -> dict[str, Any]:
@@ -64,7 +65,32 @@ _NOT_A_LEAK_WHY = {
     "threads": "the kernel objects of threads still running at the end (task, stack, pid): not a leak",
     "kernel_cache": "a kernel cache (page cache, dentries, inodes) kept after the files were closed; the kernel "
                     "reclaims it under memory pressure: not a leak",
+    "model_state": "the model's own tensors (parameters, buffers, gradients, optimizer state), kept for the whole "
+                   "job: model state, not a leak",
 }
+# A CUDA segment of reason "model_state" holds the model's tensors rather than being one.
+_MODEL_STATE_SEGMENT_WHY = ("segments PyTorch's caching allocator holds for the model's own tensors (parameters, "
+                            "buffers, gradients, optimizer state), and for nothing else: model state, not a leak")
+
+MODEL_STATE_HEADING = "Model state, not a leak"
+MODEL_STATE_WHY = "the model's own tensors live at the end, kept for the whole job (counted in no finding)"
+# How each ModelStateRole value is said, one and many.
+ROLE_WORDS = {"parameter": ("parameter", "parameters"), "buffer": ("buffer", "buffers"),
+              "gradient": ("gradient", "gradients"),
+              "optimizer_state": ("optimizer state tensor", "optimizer state tensors")}
+
+
+def model_state_json(result: LeakResult) -> list[dict[str, Any]]:
+    """The model state live at the end (LeakResult.model_state), one dict per role, layer
+    and device: role, layer, device, count (allocations: one per tensor storage), live_bytes."""
+    return [{"role": t.role, "layer": t.layer, "device": t.device, "count": int(t.count),
+             "live_bytes": int(t.live_bytes)} for t in result.model_state]
+
+
+def model_state_line(total: ModelStateTotal) -> str:
+    """'40 parameters, 1.50 MiB (torch_cpu, cpu)'."""
+    one, many = ROLE_WORDS.get(total.role, (total.role, total.role))
+    return f"{counted(total.count, one, many)}, {format_bytes(total.live_bytes)} ({total.layer}, {total.device})"
 
 
 def explain(finding: LeakFinding, result: LeakResult) -> str:
@@ -80,6 +106,8 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "sawtooth":
         return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
                 f"a buffer filled and released every few {unit}s, not a leak")
+    if finding.reason == "model_state" and finding.layer == "cuda_segment":
+        return _MODEL_STATE_SEGMENT_WHY
     if finding.reason in _NOT_A_LEAK_WHY:
         return _NOT_A_LEAK_WHY[finding.reason]
     if finding.released_at_exit:

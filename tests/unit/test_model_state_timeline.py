@@ -62,7 +62,8 @@ def test_a_note_with_nothing_live_at_its_address_changes_nothing():
 def test_a_note_names_only_its_own_layer():
     """A CUDA block note at an address a CPU allocation also holds names the CUDA block only."""
     events = events_frame([
-        ev(10, "alloc", A, 4096, 1, layer="torch_cpu"), ev(20, "alloc", A, 4096, 2, layer="cuda_block", device="cuda:0"),
+        ev(10, "alloc", A, 4096, 1, layer="torch_cpu"),
+        ev(20, "alloc", A, 4096, 2, layer="cuda_block", device="cuda:0"),
         state(STEP_NS, A, "wte.weight", layer="cuda_block"),
     ])
     assert names(with_model_state(events))[:2] == [None, "state:parameter:wte.weight"]
@@ -79,6 +80,6 @@ def test_free_requested_ends_the_allocation_too_and_the_first_name_is_kept():
 
 def test_timeline_applies_it_and_the_notes_are_not_marks_to_show():
     events = parameters_and_a_reused_address()
-    merged = timeline(SimpleNamespace(events=events.iloc[::-1].reset_index(drop=True)))  # out of order on purpose
+    merged = timeline(SimpleNamespace(events=events.iloc[::-1].reset_index(drop=True)))  # out of order
     assert (merged["category"].astype(str).str.startswith("state:parameter:") & (merged["action"] == "alloc")).sum() == 3
     assert instants(merged).empty

@@ -278,6 +278,12 @@
     if (!leaks.findings.length) box.appendChild(el("p", {"class": "empty"}, "No leaks found."));
     if (text.min_age) box.appendChild(el("p", {"class": "note"}, text.min_age));
     leaks.findings.forEach(function (f) { box.appendChild(finding(f)); });
+    if ((text.model_state || []).length) {  // apart from the findings, as `report leaks` prints it
+      box.appendChild(el("h3", {"class": "model-state"}, text.model_state_heading));
+      var totals = el("ul", {"class": "model-state"});
+      text.model_state.forEach(function (line) { totals.appendChild(el("li", {}, line)); });
+      box.appendChild(totals);
+    }
     if (leaks.not_leaks.length) {
       box.appendChild(el("h3", {}, "Not leaks: memory held on purpose, " + text.not_leaks));
       leaks.not_leaks.forEach(function (f) { box.appendChild(finding(f)); });

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from memprof.analysis.views import About, GpuView, LeaksView
 from memprof.report import gpu, leaks
-from memprof.report.wording import min_age_left_out, shown_of
+from memprof.report.wording import MODEL_STATE_HEADING, MODEL_STATE_WHY, min_age_left_out, model_state_line, shown_of
 
 if TYPE_CHECKING:
     from memprof.analysis.html_data import Flame, HtmlData, Series, Stack
@@ -70,11 +70,14 @@ def to_json(view: HtmlView) -> dict:
 
 
 def _leaks_text(data: HtmlData) -> dict:
-    """The lines `report leaks` prints on what --top and --min-age left out ('' for none)."""
+    """The lines `report leaks` prints on what --top and --min-age left out ('' for none), and
+    its model state block (`model_state`: one line per role, layer and device; [] for none)."""
     leaks = data.leaks
     return {"count": shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings"),
             "not_leaks": shown_of(len(leaks.not_leaks), leaks.not_leaks_total, leaks.top, "chain", "chains"),
-            "min_age": min_age_left_out(leaks)}
+            "min_age": min_age_left_out(leaks),
+            "model_state_heading": f"{MODEL_STATE_HEADING}: {MODEL_STATE_WHY}",
+            "model_state": [model_state_line(total) for total in leaks.model_state]}
 
 
 def _meta_json(meta: RecordingMeta) -> dict:
