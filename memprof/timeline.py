@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memprof.model.schema import STATE_PREFIX, TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import MODULE_NONE, MODULE_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 
 def timeline(recording) -> pd.DataFrame:
@@ -25,7 +25,39 @@ def timeline(recording) -> pd.DataFrame:
     if len(events) == 0:
         return events
     # Model state last: its "state:ROLE:NAME" is the more precise, and wins over a profiler role.
-    return with_model_state(with_tensor_roles(with_steps(in_time_order(events))))
+    return with_modules(with_model_state(with_tensor_roles(with_steps(in_time_order(events)))))
+
+
+def with_modules(events: pd.DataFrame) -> pd.DataFrame:
+    """Add the derived column `module`: on each `alloc` row, the nn.Module instance path
+    (`transformer.h.3.attn`; "" the outermost module) that was running on the allocating
+    thread (same pid and tid) at its ts_ns, from the latest module boundary of that thread at
+    or before it (schema.MODULE_PREFIX); null on other rows, when none was running, and when
+    the recording has no boundaries (the column is there either way). Vectorized: one
+    pd.merge_asof by (pid, tid) of the alloc rows on the boundary rows. `events` must be in
+    time order."""
+    is_boundary = _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
+                                      | (events["category"] == MODULE_NONE).to_numpy())
+    empty = pd.Categorical.from_codes(np.full(len(events), -1, dtype=np.int8), categories=[])
+    if not is_boundary.any():
+        return _with_column(events, "module", empty)
+    categories = events.loc[is_boundary, "category"].astype(str).astype("category")
+    labels = categories.cat.categories
+    paths = pd.Index([c[len(MODULE_PREFIX):] for c in labels if c != MODULE_NONE], dtype=object)  # labels: unique
+    path_code = np.array([-1 if c == MODULE_NONE else paths.get_loc(c[len(MODULE_PREFIX):]) for c in labels])
+    bounds = events.loc[is_boundary, ["ts_ns", "pid", "tid"]].assign(code=path_code[categories.cat.codes.to_numpy()])
+    is_alloc = (events["action"] == Action.ALLOC.value).to_numpy()
+    allocs = events.loc[is_alloc, ["ts_ns", "pid", "tid"]].assign(at=np.flatnonzero(is_alloc))
+    matched = pd.merge_asof(allocs, bounds, on="ts_ns", by=["pid", "tid"], direction="backward")
+    codes = np.full(len(events), -1, dtype=np.int32)
+    codes[matched["at"].to_numpy()] = matched["code"].fillna(-1).to_numpy(dtype=np.int32)
+    return _with_column(events, "module", pd.Categorical.from_codes(codes, categories=paths))
+
+
+def _with_column(events: pd.DataFrame, name: str, values) -> pd.DataFrame:
+    events = events.copy(deep=False)  # copy-on-write: only the new column is new
+    events[name] = values
+    return events
 
 
 def in_time_order(events: pd.DataFrame) -> pd.DataFrame:

@@ -27,11 +27,12 @@ import pandas as pd
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
 from memprof.analysis.layers import ChainBytes, live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
+from memprof.analysis.modules import alloc_modules
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, LAYERS, Action, FrameKind
 
 AT_END, AT_PEAK = "end", "peak"
-BY_CHOICES = ("chain", "function", "layer", "category")
+BY_CHOICES = ("chain", "function", "layer", "category", "module")
 NO_CATEGORY = "unknown"  # the category of allocations no source gave a tensor role
 NO_FUNCTION = -1  # the function code of allocations without frames
 _NO_STACK = -1
@@ -80,7 +81,17 @@ class CategoryRow:
     live_count: int
 
 
-Row = Union[ChainBytes, FunctionRow, CategoryRow]
+@dataclass(frozen=True)
+class ModuleRow:
+    """Live bytes allocated inside one nn.Module instance path (`transformer.h.3.attn`; ""
+    the outermost module), innermost module only; `module` None: in no module's forward."""
+
+    module: str | None
+    live_bytes: int
+    live_count: int
+
+
+Row = Union[ChainBytes, FunctionRow, CategoryRow, ModuleRow]
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,8 @@ def attribute(lifetimes: Lifetimes, *, by: str, at: At, span: Span, stacks: pd.D
 
     "function" needs `stacks` and `frames` (chains read as `native_frames` says: "merged"
     drops the interpreter's eval-loop frames where the Python frames they ran are known);
-    "category" needs the `events` the lifetimes were paired from. `layers` keeps only those;
+    "category" needs the `events` the lifetimes were paired from, and so does "module" unless
+    the allocations carry their `module`. `layers` keeps only those;
     `top` None keeps every row. Raises UsageError for a time outside the recording."""
     if by not in BY_CHOICES:
         raise ValueError(f"by must be one of {BY_CHOICES}, not {by!r}")
@@ -123,6 +135,8 @@ def attribute(lifetimes: Lifetimes, *, by: str, at: At, span: Span, stacks: pd.D
         raise ValueError("grouping by function needs the stacks and frames tables")
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     table, names = _allocation_table(allocations, events if by == "category" else None, layers)
+    if by == "module":
+        table["module"] = alloc_modules(allocations, events)[table.index.to_numpy()]
     times = judge_times(table, at, span)
     live = _live_at(table, times)
     if by == "function":
@@ -275,7 +289,17 @@ def _by_function(live: pd.DataFrame, stacks: pd.DataFrame, frames: pd.DataFrame,
         ["total_bytes", "self_bytes", "_none", "fn"], ascending=[False, False, True, True], kind="stable")
 
 
-_GROUPERS = {"chain": _by_chain, "category": _by_category, "layer": _by_layer}
+def _by_module(live: pd.DataFrame) -> pd.DataFrame:
+    """layer, module (text, None: no module), live_bytes, live_count; by bytes, count
+    (descending), then path, no module last."""
+    sums = live.groupby(["layer", "module"], sort=False, observed=True, dropna=False).agg(
+        live_bytes=("bytes", "sum"), live_count=("count", "sum")).reset_index()
+    sums["module"] = sums["module"].astype(object).where(sums["module"].notna(), None)
+    return sums.assign(_none=sums["module"].isna(), _path=sums["module"].fillna("")).sort_values(
+        ["live_bytes", "live_count", "_none", "_path"], ascending=[False, False, True, True], kind="stable")
+
+
+_GROUPERS = {"chain": _by_chain, "category": _by_category, "layer": _by_layer, "module": _by_module}
 
 
 def stack_functions(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable,
@@ -338,7 +362,11 @@ def _function_row(row) -> FunctionRow:
                        total_bytes=int(row.total_bytes), total_count=_count(row.total_count))
 
 
-_ROWS = {"chain": _chain_row, "category": _category_row, "function": _function_row}
+def _module_row(row) -> ModuleRow:
+    return ModuleRow(module=_text(row.module), live_bytes=int(row.live_bytes), live_count=_count(row.live_count))
+
+
+_ROWS = {"chain": _chain_row, "category": _category_row, "function": _function_row, "module": _module_row}
 
 
 def _count(weights: float) -> int:

@@ -40,7 +40,8 @@ _KIND_OF_ACTION = {Action.ALLOC.value: _ALLOC, Action.FREE.value: _FREE,
 _CARRIED = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
             "requested_bytes", "ts_ns", "category"]
 ALLOCATION_COLUMNS = ["layer", "device", "addr", "alloc_id", "pid", "tid", "stack_id", "size_bytes",
-                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight", "category"]
+                      "requested_bytes", "alloc_ts_ns", "end_ts_ns", "end_kind", "weight", "category",
+                      "module"]
 # `end_ts_ns` of an allocation that never ended (NA in the column), as int64: later than any time.
 NEVER = np.iinfo(np.int64).max
 
@@ -64,7 +65,8 @@ class Lifetimes:
     `alloc_ts_ns` is the alloc's `ts_ns`; `end_ts_ns` (nullable Int64) is when it ended, NA
     when live at the end of the recording; `end_kind` is "freed", "missed" or "live";
     `category` is what the timeline named the allocation (a tensor role, or model state
-    "state:ROLE:NAME"), null where nothing did. `unmatched_frees` and `missed_frees` count
+    "state:ROLE:NAME"), null where nothing did; `module` the nn.Module instance path running on
+    the allocating thread (timeline.with_modules), null where none did. `unmatched_frees` and `missed_frees` count
     per layer (layers with none are absent).
     """
 
@@ -236,7 +238,17 @@ def _allocations_frame(events: pd.DataFrame, positions: np.ndarray, end_ts: np.n
     columns["end_ts_ns"] = pd.arrays.IntegerArray(end_ts, live)
     columns["end_kind"] = pd.Categorical.from_codes(end_kind, categories=list(END_KINDS))
     columns["weight"] = _weights(events, positions)
+    columns["module"] = _modules(events, positions)
     return pd.DataFrame({name: columns[name] for name in ALLOCATION_COLUMNS}, copy=False)
+
+
+def _modules(events: pd.DataFrame, positions: np.ndarray) -> pd.Categorical:
+    """The `module` timeline.with_modules derived for the alloc rows at `positions` (the
+    nn.Module path running on the allocating thread; null where none), all null for events
+    that have no such column (a timeline built without it)."""
+    if "module" not in events:
+        return pd.Categorical.from_codes(np.full(len(positions), -1, dtype=np.int8), categories=[])
+    return events["module"].array.take(positions)
 
 
 def _weights(events: pd.DataFrame, positions: np.ndarray) -> np.ndarray:

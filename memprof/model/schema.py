@@ -65,6 +65,15 @@ TENSOR_PREFIX = "tensor:"
 # the allocation live at that address, which then reads "state:ROLE:NAME" too.
 STATE_PREFIX = "state:"
 
+# `category` of a module boundary (a `mark` row without a layer, on the thread it happened
+# on): from this row on, the innermost nn.Module forward running on the thread is the one at
+# the instance path after the prefix ("module:transformer.h.3.attn"; the outermost module
+# is "module:"), or none (MODULE_NONE). One row where a module's forward begins (its path)
+# and one where it ends (the path of the module around it). `timeline()` gives each
+# allocation the path of its thread's latest boundary, in the derived column `module`.
+MODULE_PREFIX = "module:"
+MODULE_NONE = "module-none"
+
 
 class ModelStateRole(str, enum.Enum):
     """What a tensor of model state is: the model's own memory, held on purpose until exit."""

@@ -7,18 +7,19 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS, LAYERS
-from memprof.report.labels import NO_STACK_FRAME, frame_label, one_line  # one place for every view
+from memprof.report.labels import NO_STACK_FRAME, frame_label, module_label, one_line  # one place for every view
 from memprof.report.safe_text import escape, visible
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive
+    from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive, ModuleRow
     from memprof.analysis.layers import ChainBytes
     from memprof.analysis.views import AttributionView
 
-_NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories")}
+_NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories"),
+          "module": ("module", "modules")}
 
 
 # --- JSON -------------------------------------------------------------------------------------
@@ -41,7 +42,7 @@ def to_json(view: AttributionView) -> dict:
 
 def _layer_json(layer: LayerLive, by: str, chains: dict[int, list[dict]]) -> dict[str, Any]:
     row_json = {"chain": lambda row: _chain_json(row, chains), "function": _function_json,
-                "category": _category_json}.get(by)
+                "category": _category_json, "module": _module_json}.get(by)
     return {"layer": layer.layer, "ts_ns": int(layer.ts_ns), "live_bytes": int(layer.live_bytes),
             "live_count": int(layer.live_count), "rows": [row_json(row) for row in layer.rows] if row_json else [],
             "rows_left_out": int(layer.rows_left_out)}
@@ -60,6 +61,10 @@ def _function_json(row: FunctionRow) -> dict[str, Any]:
 
 def _category_json(row: CategoryRow) -> dict[str, Any]:
     return {"category": row.category, "live_bytes": int(row.live_bytes), "live_count": int(row.live_count)}
+
+
+def _module_json(row: ModuleRow) -> dict[str, Any]:
+    return {"module": row.module, "live_bytes": int(row.live_bytes), "live_count": int(row.live_count)}
 
 
 # --- the terminal -------------------------------------------------------------------------------
@@ -153,12 +158,18 @@ def _category_cells(row: CategoryRow, layer: LayerLive, chains: dict[int, list[d
             escape(row.category)]
 
 
+def _module_cells(row: ModuleRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
+    return [format_bytes(row.live_bytes), f"{row.live_count:,}", _share(row.live_bytes, layer.live_bytes),
+            escape(module_label(row.module))]
+
+
 _R, _L = "right", "left"
 _VIEWS = {
     "chain": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("chain", _L)), _chain_cells),
     "function": ((("#", _R), ("self", _R), ("total", _R), ("share", _R), ("allocations", _R), ("function", _L)),
                  _function_cells),
     "category": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("category", _L)), _category_cells),
+    "module": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("module", _L)), _module_cells),
 }
 
 

@@ -84,3 +84,15 @@ def one_line(frames: list[dict]) -> str:
     """`callers` escaped for rich markup: the chain column of the terminal tables."""
     from memprof.report.safe_text import escape
     return escape(callers(frames))
+
+
+NO_MODULE = "(no module)"  # an allocation made while no nn.Module forward ran on its thread
+OUTERMOST_MODULE = "(outermost module)"  # the module path "": the model called itself
+
+
+def module_label(path: str | None) -> str:
+    """An nn.Module instance path as every view names it (not escaped): the path, or
+    OUTERMOST_MODULE for "", NO_MODULE for None."""
+    if path is None:
+        return NO_MODULE
+    return path or OUTERMOST_MODULE

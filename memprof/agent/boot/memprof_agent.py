@@ -15,6 +15,11 @@ What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one file per p
        bytes, device], …]}   the tensors that are model state (parameters, buffers,
        gradients, optimizer state) of the modules seen and the optimizers hooked, at each
        step and before exit, only those new or changed since the last record
+  {"kind": "modules", "ts_ns", "pid", "tid", "paths": {index: path}, "spans": [[index,
+       enter_ns, exit_ns], …], "dropped"?}   when an outermost nn.Module forward ends: each
+       module call inside it (itself included, path ""; in the order they began), with the
+       instance paths (`transformer.h.3.attn`) not named in an earlier record of the process;
+       `dropped`: calls past MAX_SPANS, not kept. Off with the option torch_modules false
   {"kind": "cuda_trace", "device", "entry"}                   one entry of the CUDA caching
        allocator's history (torch.cuda.memory._record_memory_history), drained every
        MEMPROF_AGENT_DRAIN_S seconds and at exit
@@ -42,7 +47,8 @@ import traceback
 import weakref
 
 _lock = threading.Lock()
-_state = {"installed": False, "step": 0, "step_source": None, "file": None, "cuda_last": {}}
+_state = {"installed": False, "step": 0, "step_source": None, "file": None, "cuda_last": {},
+          "track_modules": False}
 
 
 def _dir():
@@ -84,6 +90,9 @@ def _after_fork():
     _state["pid"] = os.getpid()
     _state["flusher_pid"] = None
     del _pending[:]
+    global _paths_lock
+    _paths_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _resend_paths()  # the child's file is new: it has none of the names
 
 
 if hasattr(os, "register_at_fork"):
@@ -261,6 +270,8 @@ _modules = weakref.WeakSet()  # modules whose forward was outermost: their state
 def _on_forward_pre(module, args):
     depth = getattr(_forward, "depth", 0)
     _forward.depth = depth + 1
+    if _state["track_modules"]:
+        _enter_module(module, depth)
     if depth:
         return
     _modules.add(module)
@@ -274,7 +285,9 @@ def _on_forward_pre(module, args):
 
 @_guarded("forward hook")
 def _on_forward(module, args, output):
-    _forward.depth = max(0, getattr(_forward, "depth", 1) - 1)
+    depth = _forward.depth = max(0, getattr(_forward, "depth", 1) - 1)
+    if _state["track_modules"]:
+        _exit_module(depth)
 
 
 def _input_sizes(args):
@@ -311,6 +324,116 @@ def _call_impl_kwargs(frame, up_to=6):
             return kwargs if isinstance(kwargs, dict) else {}
         frame = frame.f_back
     return {}
+
+
+# ---- which module: the nn.Module instance path running on each thread ----
+# Every module call is a span [path index, enter ns, exit ns] (time.monotonic_ns), kept in a
+# per-thread list and written as one `modules` record when the thread's outermost forward
+# ends: a JSON line (a dict and a pending-list append) per module call would cost a step of
+# a 1,000-module model 1,000 records; a span is one small list. Paths are numbered per
+# process, and a record carries only the names new since the last one. The paths of an
+# outermost module's tree are computed once per root (named_modules(), the root ""), so a
+# nested call costs a dict lookup, a clock read and two list appends.
+MAX_SPANS = 1 << 18  # spans kept per outermost forward (~30 MB); later ones are counted, not kept
+_paths_lock = threading.Lock()
+_path_number = {}  # dotted path -> its index in this process's `modules` records
+_new_paths = {}  # index -> path, not yet written
+_root_paths = weakref.WeakKeyDictionary()  # outermost module -> {id(module): path index}
+
+
+def _modules_wanted():
+    """Whether every module's forward is tracked (MEMPROF_AGENT_OPTIONS' torch_modules)."""
+    return bool(_options().get("torch_modules", True))
+
+
+def _enter_module(module, depth):
+    """A module's forward begins on this thread (`depth`: forwards running before it)."""
+    f = _forward
+    if not depth:
+        f.root, f.index, f.open, f.spans, f.dropped = module, _root_index(module), [], [], 0
+    elif len(f.spans) >= MAX_SPANS:
+        f.dropped += 1
+        f.open.append(None)  # keeps the exits paired with their enters
+        return
+    index = f.index.get(id(module))
+    if index is None:
+        index = _unlisted(module, f)
+    span = [index, time.monotonic_ns(), 0]
+    f.open.append(span)
+    f.spans.append(span)
+
+
+def _exit_module(depth):
+    """A module's forward ended on this thread; `depth`: forwards still running (0: the
+    outermost ended, its record is written)."""
+    f = _forward
+    open_spans = getattr(f, "open", None)
+    if not open_spans:  # hooked in the middle of a forward (record --pid): its enter was not seen
+        return
+    span = open_spans.pop()
+    if span is not None:
+        span[2] = time.monotonic_ns()
+    if not depth:
+        _write_spans(f)
+
+
+def _write_spans(f):
+    """The outermost forward's spans as one `modules` record; spans still open (a forward
+    that raised on a torch without always_call) end now."""
+    now = time.monotonic_ns()
+    for span in f.spans:
+        if not span[2]:
+            span[2] = now
+    fields = {"spans": f.spans}
+    if f.dropped:
+        fields["dropped"] = f.dropped
+    f.spans, f.open, f.root = [], [], None
+    with _paths_lock:  # the names go out no later than the first record that uses them
+        fields["paths"] = dict(_new_paths)
+        _new_paths.clear()
+        _event("modules", **fields)
+
+
+def _root_index(root):
+    """{id(module): path index} of every module under `root` (itself ""), computed once per root."""
+    index = _root_paths.get(root)
+    if index is None:
+        index = _root_paths[root] = {id(m): _numbered(name) for name, m in root.named_modules()}
+    return index
+
+
+def _unlisted(module, f):
+    """The path index of a module that was not in its root's tree when the tree was named:
+    named again once (a submodule added since); one still absent (called from a forward
+    without being a submodule) is PARENT.<ClassName>, PARENT the module running around it."""
+    _root_paths.pop(f.root, None)
+    f.index = _root_index(f.root)
+    index = f.index.get(id(module))
+    if index is None:
+        parent = next((s for s in reversed(f.open) if s is not None), None)
+        prefix = _path_name(parent[0]) + "." if parent is not None and _path_name(parent[0]) else ""
+        index = f.index[id(module)] = _numbered("%s<%s>" % (prefix, type(module).__name__))
+    return index
+
+
+def _numbered(path):
+    with _paths_lock:
+        index = _path_number.get(path)
+        if index is None:
+            index = _path_number[path] = len(_path_number)
+            _new_paths[index] = path
+        return index
+
+
+def _path_name(index):
+    return next((p for p, i in _path_number.items() if i == index), "")
+
+
+def _resend_paths():
+    """Every path name goes out again with the next record: a new recording (record --pid
+    attached) or a forked child's file has not seen them."""
+    with _paths_lock:
+        _new_paths.update({i: p for p, i in _path_number.items()})
 
 
 def _hook_forwards(torch):
@@ -515,6 +638,7 @@ def install():
         _state.setdefault("hooks", []).append(register_optimizer_step_post_hook(_on_optimizer_step))
         _patch_profiler_step(torch)
         _hook_forwards(torch)
+        _state["track_modules"] = _modules_wanted()
         _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
                 "torch": torch.__version__, "python": sys.version.split()[0]})
         _event("step", step=0, source="start")  # step 0: everything before the first step
@@ -667,6 +791,8 @@ def _attach_now():
         os.environ["MEMPROF_AGENT_DIR"] = wanted["dir"]
         os.environ["MEMPROF_AGENT_OPTIONS"] = json.dumps(wanted.get("options") or {})
         _state.pop("options", None)
+        _state["track_modules"] = _state["installed"] and _modules_wanted()
+        _resend_paths()
         if _state["installed"]:
             _event("step", step=_state["step"], source="attach")  # the step in progress
         watch_for_torch()

@@ -28,6 +28,10 @@ MAX_SETTINGS_DEPTH = 6
 MAX_EPOCH_US = 4 * 10**15  # year 2096: in nanoseconds still an int64 after any clock offset
 MAX_VALUES = 16            # quantities of one `values` record (memprof.mark's keywords)
 MAX_STATE_TENSORS = 1 << 20  # model-state tensors of one record (a large model has a few thousand)
+MAX_SPANS = 1 << 20        # module calls of one `modules` record (the agent keeps at most 1 << 18)
+MAX_MODULE_PATHS = 1 << 16  # module paths named by one `modules` record
+MAX_MODULE_INDEX = 1 << 20  # a module path's number within its process
+_INDEX = re.compile(r"[0-9]{1,7}")
 _I32 = 2**31
 _I64 = 2**63
 _U64 = 2**64
@@ -139,6 +143,43 @@ def model_state_fields(record: dict) -> tuple[int, int, int, list[tuple[str, str
                      device_name(device)))
     return (integer(record, "ts_ns", 0, _I64), integer(record, "pid", 0, _I32, 0), integer(record, "tid", 0, _I32, 0),
             rows)
+
+
+def modules_fields(record: dict) -> tuple[int, int, int, dict[int, str], list[tuple[int, int, int]], int]:
+    """(ts_ns, pid, tid, {index: path}, [(index, enter_ns, exit_ns)], dropped) of a `modules`
+    record: at most MAX_MODULE_PATHS names (index an int's decimal text, the path text cut at
+    MAX_TEXT) and MAX_SPANS spans, each three ints with exit_ns ≥ enter_ns (CLOCK_MONOTONIC
+    ns), in the order they began (enter_ns never decreases); `dropped` ≥ 0 (calls the agent
+    did not keep)."""
+    paths, spans = record.get("paths", {}), record.get("spans")
+    if not isinstance(paths, dict) or len(paths) > MAX_MODULE_PATHS:
+        raise BadLine("paths is not an object of at most %d names" % MAX_MODULE_PATHS)
+    if not isinstance(spans, list) or len(spans) > MAX_SPANS:
+        raise BadLine("spans is not a list of at most %d spans" % MAX_SPANS)
+    return (integer(record, "ts_ns", 0, _I64), integer(record, "pid", 0, _I32, 0), integer(record, "tid", 0, _I32, 0),
+            _module_paths(paths), _spans(spans), integer(record, "dropped", 0, _I64, 0))
+
+
+def _module_paths(paths: dict) -> dict[int, str]:
+    clean = {}
+    for key, path in paths.items():
+        if not _INDEX.fullmatch(key) or int(key) >= MAX_MODULE_INDEX or not isinstance(path, str):
+            raise BadLine("a module path's index or name is not one memprof takes")
+        clean[int(key)] = path[:MAX_TEXT]
+    return clean
+
+
+def _spans(spans: list) -> list[tuple[int, int, int]]:
+    clean, last_enter = [], 0
+    for span in spans:
+        if type(span) is not list or len(span) != 3 or not all(type(v) is int for v in span):
+            raise BadLine("a span is not [index, enter_ns, exit_ns]")
+        index, enter, exit_ = span
+        if not (0 <= index < MAX_MODULE_INDEX and last_enter <= enter <= exit_ < _I64):
+            raise BadLine("a span's index is out of range, or its times are not in order")
+        clean.append((index, enter, exit_))
+        last_enter = enter
+    return clean
 
 
 def tensor_fields(record: dict) -> dict:

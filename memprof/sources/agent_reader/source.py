@@ -31,6 +31,7 @@ from memprof.model.schema import STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mar
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 from memprof.sources.agent_reader import attach as agent_attach
 from memprof.sources.agent_reader import lines as agent_lines
+from memprof.sources.agent_reader import modules as agent_modules
 from memprof.sources.agent_reader.folder import absolute_boot_path, make_attach_folder, make_boot_folder
 
 AGENT_FOLDER = "agent"
@@ -43,12 +44,15 @@ QUANTITY_PREFIX = "quantity:"  # `metric` of a quantity's samples: quantity:toke
 @dataclass
 class AgentOptions:
     """`profile_steps`: (first, last) steps of a torch.profiler window, or None; `drain_s`:
-    seconds between drains of the CUDA history; `cuda_max_entries`: its ring buffer's size."""
+    seconds between drains of the CUDA history; `cuda_max_entries`: its ring buffer's size;
+    `torch_modules`: record every nn.Module forward (which module runs on each thread), not
+    only the outermost ones."""
 
     enabled: bool = True
     profile_steps: tuple[int, int] | None = None
     drain_s: float = 2.0
     cuda_max_entries: int = 100_000
+    torch_modules: bool = True
 
 
 @dataclass
@@ -70,6 +74,7 @@ class AgentSource:
     _cuda_state: object = None  # torch_trace.LiveTraces: ids and mapped pages across polls
     _attach_folder_made: bool = False
     _samples: dict = field(default_factory=lambda: _no_samples())  # quantities since take_samples()
+    _module_paths: agent_modules.ModulePaths = field(default_factory=lambda: agent_modules.ModulePaths())
 
     @property
     def folder(self) -> Path:
@@ -98,7 +103,8 @@ class AgentSource:
         }
 
     def _agent_options(self) -> dict:
-        options = {"drain_s": self.options.drain_s, "cuda_max_entries": self.options.cuda_max_entries}
+        options = {"drain_s": self.options.drain_s, "cuda_max_entries": self.options.cuda_max_entries,
+                   "torch_modules": self.options.torch_modules}
         if self.options.profile_steps:
             options["profile_steps"] = list(self.options.profile_steps)
         return options
@@ -183,6 +189,8 @@ class AgentSource:
             self._take_values(*agent_lines.values_fields(record))
         elif kind == "model_state":
             rows.model_state(*agent_lines.model_state_fields(record))
+        elif kind == "modules":
+            self._take_modules(record, rows)
         elif kind == "cuda_trace":
             device, pid, entry = agent_lines.cuda_trace_fields(record)
             rows.cuda_trace(entry, device, pid)
@@ -194,6 +202,19 @@ class AgentSource:
             self._stats.detail.setdefault("profiles", []).append(agent_lines.profile_name(record))
         else:
             raise agent_lines.BadLine("no known kind")
+
+    def _take_modules(self, record: dict, rows: "AgentRows") -> None:
+        """A `modules` record: its module boundaries as mark rows (agent_modules), all or
+        none; calls the agent did not keep are counted in `module_calls_dropped`."""
+        ts_ns, pid, tid, paths, spans, dropped = agent_lines.modules_fields(record)
+        try:
+            marks = agent_modules.boundaries(spans, self._module_paths.learn(pid, paths))
+        except agent_modules.UnknownPath as e:
+            raise agent_lines.BadLine(str(e)) from None
+        for ts, category in marks:
+            rows.mark(ts, pid, tid, category, None)
+        if dropped:
+            self._count("module_calls_dropped", dropped)
 
     def _take_step_source(self, pid: int, source: str | None) -> None:
         """meta.json's `step_sources`: what counts each process's steps (the latest source

@@ -1,0 +1,61 @@
+"""Which module: the nn.Module instance path an allocation was made in, per allocation and
+per chain (issue 21, item 5).
+
+`timeline.with_modules` gives every alloc row of the timeline the path of the innermost
+module forward running on its thread at that moment (`transformer.h.3.attn`; "" is the
+outermost module; null when none ran, or when the recording has no module boundaries).
+Pure functions over the lifetimes; no I/O.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.chains import with_canonical_stacks
+from memprof.model.schema import Action
+
+MODULE = "module"  # the column, on the timeline and on lifetimes' allocations
+
+
+def alloc_modules(allocations: pd.DataFrame, events: pd.DataFrame | None) -> pd.Categorical:
+    """Each allocation's module path as a categorical (NaN: no module). From the allocations'
+    own `module` column where lifetimes carried it, else from `events` (the timeline the
+    lifetimes were paired from: its alloc rows are the allocations, in order); all NaN when
+    neither has one."""
+    if MODULE in allocations:
+        return _categorical(allocations[MODULE])
+    if events is None or MODULE not in events:
+        return pd.Categorical.from_codes(np.full(len(allocations), -1, dtype=np.int8), categories=[])
+    modules = _categorical(events[MODULE])[(events["action"] == Action.ALLOC.value).to_numpy()]
+    if len(modules) != len(allocations):
+        raise ValueError("`events` are not the events these lifetimes were paired from")
+    return modules
+
+
+def _categorical(column: pd.Series) -> pd.Categorical:
+    return pd.Categorical(column) if not isinstance(column.dtype, pd.CategoricalDtype) else column.array
+
+
+def chain_modules(allocations: pd.DataFrame, events: pd.DataFrame | None, stack_ids: Iterable[int],
+                  canonical_stack: Mapping[int, int] | None = None) -> dict[int, str | None]:
+    """{stack id: the module path most of its allocations were made in} for each of
+    `stack_ids` (chains as the reports show them: `canonical_stack` maps each stack to its
+    chain's id). Counted in allocations, not bytes (a chain's allocations in one module are
+    usually of one size); a tie goes to the path the timeline met first. None for a chain whose
+    allocations ran in no module, or most of them in none."""
+    wanted = pd.unique(np.asarray(list(stack_ids), dtype=np.int64))
+    found: dict[int, str | None] = {int(s): None for s in wanted}
+    modules = alloc_modules(allocations, events)
+    if not len(wanted) or not len(modules.categories):
+        return found
+    stacks = with_canonical_stacks(allocations, canonical_stack)["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
+    mine = np.isin(stacks, wanted)
+    counts = pd.DataFrame({"stack": stacks[mine], "code": np.asarray(modules.codes)[mine]}).value_counts()
+    counts = counts.reset_index(name="n").sort_values(["stack", "n", "code"], ascending=[True, False, True])
+    best = counts.drop_duplicates("stack")
+    names = modules.categories
+    for stack, code in zip(best["stack"].to_numpy(), best["code"].to_numpy()):
+        found[int(stack)] = None if code < 0 else str(names[code])
+    return found

@@ -1,0 +1,166 @@
+"""Which module (issue 21, item 5), from the agent's lines to `report top --by module`: the
+reader turns `modules` records into boundary rows (refusing bad ones), the timeline gives
+each allocation its thread's innermost module path, and attribution totals live bytes per
+path."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from memprof.analysis.attribution import ModuleRow, Span, attribute
+from memprof.analysis.lifetimes import pair_lifetimes
+from memprof.analysis.modules import chain_modules
+from memprof.model.meta import ClockAnchor
+from memprof.model.schema import MODULE_NONE
+from memprof.report import attribution as report_attribution
+from memprof.sources.agent_reader import lines
+from memprof.sources.agent_reader.modules import boundaries
+from memprof.sources.agent_reader.source import AgentSource
+from memprof.timeline import timeline
+from tests.factories import ev, events_frame
+
+PATHS = {0: "", 1: "h.0", 2: "h.0.attn", 3: "h.0.mlp", 4: "lm_head"}
+# One outermost forward on thread 100, 100..1000 ns: h.0 (attn, then mlp), then lm_head.
+SPANS = [[0, 100, 1000], [1, 200, 600], [2, 250, 400], [3, 450, 550], [4, 700, 900]]
+
+
+def modules_record(spans=SPANS, paths=PATHS, tid=100, **fields):
+    return {"kind": "modules", "ts_ns": 1000, "pid": 100, "tid": tid, "paths": {str(k): v for k, v in paths.items()},
+            "spans": spans, **fields}
+
+
+def source_with(tmp_path, *records) -> AgentSource:
+    folder = tmp_path / "rec.memprof" / "agent"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "100.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return AgentSource(tmp_path / "rec.memprof")
+
+
+def test_boundaries_say_what_runs_from_each_enter_and_exit_on():
+    assert boundaries([tuple(s) for s in SPANS], PATHS) == [
+        (100, "module:"), (200, "module:h.0"), (250, "module:h.0.attn"), (400, "module:h.0"),
+        (450, "module:h.0.mlp"), (550, "module:h.0"), (600, "module:"), (700, "module:lm_head"),
+        (900, "module:"), (1000, MODULE_NONE)]
+
+
+def test_rows_at_one_ns_end_inner_first_and_begin_outer_first():
+    # attn ends at 400 and mlp begins at 400; h.0 and its last child mlp both end at 550.
+    spans = [(0, 100, 550), (1, 100, 550), (2, 100, 400), (3, 400, 550)]
+    rows = boundaries(spans, PATHS)
+    assert rows[-1] == (550, MODULE_NONE)
+    assert [c for t, c in rows if t == 400] == ["module:h.0", "module:h.0.mlp"]
+    assert [c for t, c in rows if t == 100] == ["module:", "module:h.0", "module:h.0.attn"]
+
+
+def test_the_reader_turns_a_record_into_boundary_rows_and_remembers_names_across_polls(tmp_path):
+    source = source_with(tmp_path, modules_record())
+    events, _, _ = source.poll(ClockAnchor(0, 0))
+    assert list(zip(events["ts_ns"], events["category"]))[:3] == [(100, "module:"), (200, "module:h.0"),
+                                                                 (250, "module:h.0.attn")]
+    assert set(events["action"]) == {"mark"} and set(events["layer"]) == {None} and set(events["tid"]) == {100}
+    source_with(tmp_path, modules_record(spans=[[2, 2000, 2100]], paths={}))  # named in the first poll
+    events, _, _ = source.poll(ClockAnchor(0, 0))
+    assert list(zip(events["ts_ns"], events["category"])) == [(2000, "module:h.0.attn"), (2100, MODULE_NONE)]
+
+
+@pytest.mark.parametrize("change", [
+    {"spans": [[9, 100, 200]]},                       # a path never named
+    {"spans": [[0, 300, 200]]},                       # ends before it begins
+    {"spans": [[0, 300, 400], [1, 200, 250]]},        # not in the order they began
+    {"spans": [[0, 100, True]]},                      # a bool is no time
+    {"spans": [[0, 100]]},                            # not three numbers
+    {"spans": [[0, 100, 2 ** 63]]},                   # past int64
+    {"spans": [[-1, 100, 200]]},                      # a negative index
+    {"spans": "no"},
+    {"paths": {"x": "h.0"}},                          # an index that is not a number
+    {"paths": {"1": 5}},                              # a name that is not text
+    {"paths": {"99999999": "h.0"}},                   # an index past the bound
+    {"dropped": -1},
+])
+def test_bad_modules_records_are_refused_whole_and_counted(tmp_path, change):
+    source = source_with(tmp_path, {**modules_record(), **change})
+    assert source.poll(ClockAnchor(0, 0)) is None
+    assert source.stats().detail["malformed_lines"] == 1
+
+
+def test_a_record_of_more_spans_than_the_bound_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(lines, "MAX_SPANS", 4)
+    source = source_with(tmp_path, modules_record())
+    assert source.poll(ClockAnchor(0, 0)) is None
+
+
+def test_long_paths_are_cut_and_dropped_calls_counted(tmp_path):
+    source = source_with(tmp_path, modules_record(spans=[[0, 1, 2]], paths={0: "x" * 5000}, dropped=7))
+    events, _, _ = source.poll(ClockAnchor(0, 0))
+    assert events["category"][0] == "module:" + "x" * lines.MAX_TEXT
+    assert source.stats().detail["module_calls_dropped"] == 7
+
+
+def recording():
+    """Thread 100 runs SPANS; thread 101 runs `other` 260..310. Allocations (bytes tell them
+    apart) in each place, one freed before the end."""
+    marks = [dict(ts_ns=t, action="mark", category=c, layer=None, pid=100, tid=100)
+             for t, c in boundaries([tuple(s) for s in SPANS], PATHS)]
+    marks += [dict(ts_ns=t, action="mark", category=c, layer=None, pid=100, tid=101)
+              for t, c in boundaries([(0, 260, 310)], {0: "other"})]
+    allocs = [ev(50, "alloc", 0x1, 1, 9),            # before any module
+              ev(300, "alloc", 0x2, 1000, 1),        # h.0.attn
+              ev(350, "alloc", 0x3, 24, 1),          # h.0.attn, freed at 1500
+              ev(420, "alloc", 0x4, 200, 2),         # between attn and mlp: h.0
+              ev(500, "alloc", 0x5, 30, 3),          # h.0.mlp
+              ev(650, "alloc", 0x6, 4, 4),           # between h.0 and lm_head: the outermost module
+              ev(800, "alloc", 0x7, 7000, 5),        # lm_head
+              ev(1100, "alloc", 0x8, 2, 9),          # after the forward: none
+              ev(300, "alloc", 0x9, 60, 6, tid=101),  # the other thread, in its own module
+              ev(400, "alloc", 0xA, 5, 6, tid=101),   # the other thread, after it
+              ev(1500, "free", 0x3)]
+    events = events_frame(sorted(marks + allocs, key=lambda r: r["ts_ns"]), pid=100, tid=100)
+    return timeline(SimpleNamespace(events=events))
+
+
+def test_each_allocation_gets_the_innermost_module_of_its_own_thread():
+    events = recording()
+    allocs = events[events["action"] == "alloc"]
+    got = dict(zip(allocs["size_bytes"], allocs["module"].astype(object).where(allocs["module"].notna(), None)))
+    assert got == {1: None, 1000: "h.0.attn", 24: "h.0.attn", 200: "h.0", 30: "h.0.mlp", 4: "", 7000: "lm_head",
+                   2: None, 60: "other", 5: None}
+    assert events.loc[events["action"] != "alloc", "module"].isna().all()
+
+
+def test_a_recording_without_boundaries_has_an_empty_module_column():
+    events = timeline(SimpleNamespace(events=events_frame([(100, "alloc", 0x1, 8, 1)])))
+    assert events["module"].isna().all()
+
+
+def test_lifetimes_carry_the_module_and_chains_name_their_most_common_one():
+    events = recording()
+    lifetimes = pair_lifetimes(events)
+    assert dict(zip(lifetimes.allocations["size_bytes"], lifetimes.allocations["module"]))[1000] == "h.0.attn"
+    # Chain 9: one allocation before the forward, one after it: none. Stack 6 is chain 1's twin
+    # (canonical): attn twice, then `other` and none once each, so attn wins 2 to 1.
+    assert chain_modules(lifetimes.allocations, events, [1, 9, 5], canonical_stack={6: 1}) == {
+        1: "h.0.attn", 9: None, 5: "lm_head"}
+
+
+def test_top_by_module_totals_live_bytes_per_path_at_the_end():
+    events = recording()
+    result = attribute(pair_lifetimes(events), by="module", at="end", span=Span(0, 3000, 3000), events=events)
+    (layer,) = result.layers
+    assert layer.rows == [ModuleRow("lm_head", 7000, 1), ModuleRow("h.0.attn", 1000, 1), ModuleRow("h.0", 200, 1),
+                          ModuleRow("other", 60, 1), ModuleRow("h.0.mlp", 30, 1), ModuleRow(None, 8, 3),
+                          ModuleRow("", 4, 1)]
+    assert layer.live_bytes == 7000 + 1000 + 200 + 60 + 30 + 8 + 4  # the 24 freed at 1500 is not live
+
+
+def test_top_by_module_at_a_time_and_rendered_as_json_and_text():
+    events = recording()
+    result = attribute(pair_lifetimes(events), by="module", at=1200, span=Span(0, 3000, 3000), events=events)
+    rows = {row.module: row.live_bytes for row in result.layers[0].rows}
+    assert rows["h.0.attn"] == 1024  # both attn allocations live at 1200
+    view = SimpleNamespace(result=result, chains={}, about=SimpleNamespace(path="r", lost_events=0, notes=()))
+    shown = report_attribution.to_json(view)["layers"][0]["rows"]
+    assert shown[1] == {"module": "h.0.attn", "live_bytes": 1024, "live_count": 2}
+    assert {"module": None, "live_bytes": 8, "live_count": 3} in shown
