@@ -16,6 +16,13 @@ import numpy as np
 # fewer than 7 points even when every pair rises.
 MIN_POINTS = 8
 PLATEAU_MIN_RISES = 3
+# A release: a fall from one checkpoint to the next by at least this fraction of the series'
+# range. A quarter, not a half: an inference loop whose `out` keeps the last request's KV
+# cache until the next request returns falls by one cache from two (49 % of its range).
+RELEASE_FRACTION = 0.25
+# Troughs (the level right after each release) that rise by at least this fraction of the
+# range over the cycles: something is kept from every cycle, and the chain grows.
+TROUGH_RISE_FRACTION = 0.10
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,10 @@ class Trend:
 
     `slope` is the Theil–Sen slope in bytes per checkpoint; `confidence` is 1 − the one-sided
     Mann–Kendall p-value that the series rises; `rises` counts checkpoints above the one
-    before; `shape` is "grows", "plateau", "sawtooth" or "flat"."""
+    before; `shape` is "grows", "plateau", "sawtooth" or "flat"; `resets` counts releases
+    (RELEASE_FRACTION); `within_slope`, for a sawtooth, is the median of its cycles' Theil–Sen
+    slopes (bytes per checkpoint while it fills: per token, for a KV cache that each request
+    fills and frees), None when its cycles are too short (under 3 checkpoints)."""
 
     slope: float
     confidence: float
@@ -32,6 +42,7 @@ class Trend:
     shape: str
     resets: int = 0
     plateau_from: int | None = None
+    within_slope: float | None = None
 
 
 def theil_sen(series: np.ndarray) -> np.ndarray:
@@ -77,8 +88,10 @@ def classify(series: np.ndarray, *, confidence: float = 0.99, min_growth: float 
       rises (≥ 0.95 and a positive Theil–Sen slope there: a cache that filled early and then
       held steady fails this), it never fell back by half its range, and the fitted growth
       over the series is at least `min_growth` bytes;
-    - "sawtooth": it fell back by at least half its range two or more times (a buffer that
-      is filled and released every few steps);
+    - "sawtooth": it fell back by at least RELEASE_FRACTION of its range two or more times
+      (a buffer filled and released every few steps; a KV cache each request fills and frees),
+      with troughs that do not rise; troughs that rise by TROUGH_RISE_FRACTION of the range
+      or more (something kept from every cycle) make it "grows", whatever the rest does;
     - "plateau": it rose over PLATEAU_MIN_RISES checkpoints or more, then its later half did
       not (a cache or pool that filled);
     - "flat": none of these."""
@@ -94,9 +107,12 @@ def classify(series: np.ndarray, *, confidence: float = 0.99, min_growth: float 
     for row in range(series.shape[0]):
         shape = _shape(slope[row], conf[row], later_slope[row], later_conf[row], resets[row], rises[row],
                        series.shape[1], confidence, min_growth)
+        if shape == "sawtooth" and _troughs_rise(series[row], min_growth):
+            shape = "grows"
         out.append(Trend(slope=float(slope[row]), confidence=float(conf[row]), rises=int(rises[row]), shape=shape,
                          resets=int(resets[row]),
-                         plateau_from=_plateau_start(series[row]) if shape == "plateau" else None))
+                         plateau_from=_plateau_start(series[row]) if shape == "plateau" else None,
+                         within_slope=_within_slope(series[row]) if shape == "sawtooth" else None))
     return out
 
 
@@ -123,10 +139,36 @@ def _shape(slope, conf, later_slope, later_conf, resets, rises, k, confidence, m
 
 def _resets(series: np.ndarray) -> np.ndarray:
     """Per row, how many times the series fell from one checkpoint to the next by at least
-    half its range (max − min); 0 for a constant series."""
+    RELEASE_FRACTION of its range (max − min); 0 for a constant series."""
+    return _release_mask(series).sum(axis=1)
+
+
+def _release_mask(series: np.ndarray) -> np.ndarray:
+    """(rows, K − 1): True where the series fell from checkpoint i to i + 1 by a release."""
     span = series.max(axis=1) - series.min(axis=1)
     drops = -np.diff(series, axis=1)
-    return ((drops >= 0.5 * span[:, None]) & (span[:, None] > 0)).sum(axis=1)
+    return (drops >= RELEASE_FRACTION * span[:, None]) & (span[:, None] > 0)
+
+
+def _troughs_rise(row: np.ndarray, min_growth: float) -> bool:
+    """Whether the levels right after each release rise, each above the one before, by
+    TROUGH_RISE_FRACTION of the range (and `min_growth` bytes) in all: what every cycle
+    leaves behind accumulates."""
+    after = np.flatnonzero(_release_mask(row[None, :])[0]) + 1
+    troughs = row[after]
+    if len(troughs) < 2:
+        return False
+    rise = troughs[-1] - troughs[0]
+    return bool((np.diff(troughs) > 0).all() and rise >= max(min_growth, TROUGH_RISE_FRACTION * np.ptp(row)))
+
+
+def _within_slope(row: np.ndarray) -> float | None:
+    """Median Theil–Sen slope of the cycles between releases (those of 3 checkpoints or more)."""
+    bounds = [0, *(np.flatnonzero(_release_mask(row[None, :])[0]) + 1).tolist(), len(row)]
+    cycles = [row[a:b] for a, b in zip(bounds, bounds[1:]) if b - a >= 3]
+    if not cycles:
+        return None
+    return float(np.median([theil_sen(c[None, :])[0] for c in cycles]))
 
 
 def _plateau_start(row: np.ndarray) -> int:
