@@ -89,6 +89,11 @@ class LeakFinding:
 
     `younger_count`/`younger_bytes` are the chain's allocations (same layer and fate) that
     were live at the end but younger than `min_age_ns`: left out of live_bytes/live_count.
+
+    `released_before_end`: a chain that grew over the checkpoints and was released before
+    the end (a loop that keeps something from every request, freed as `main` returns): its
+    live_bytes/live_count are at its highest checkpoint. `within_slope_bytes_per_step`, for
+    a sawtooth: how fast it grows within each cycle (per token, for a request's KV cache).
     """
 
     layer: str
@@ -115,6 +120,8 @@ class LeakFinding:
     plateau_from: int | None = None
     younger_count: int = 0
     younger_bytes: int = 0
+    released_before_end: bool = False
+    within_slope_bytes_per_step: float | None = None
 
     @property
     def confirmed(self) -> bool:
@@ -218,7 +225,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)
-    leaks = [f for f in kinds if f.is_leak]
+    leaks = _biggest_first([f for f in kinds if f.is_leak] + _released_growth_findings(trends, held, allocations))
     not_leaks = ([f for f in kinds if not f.is_leak] + state_chains
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
@@ -506,7 +513,35 @@ def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
     plateau = None if trend.plateau_from is None else int(trends.checkpoints.labels[trend.plateau_from])
     return dict(slope_bytes_per_step=trend.slope, slope_bytes_per_s=trend.slope * 1e9 / period if period else None,
                 confidence=trend.confidence, rises=trend.rises, points=len(trends.checkpoints.times_ns),
-                resets=trend.resets, plateau_from=plateau)
+                resets=trend.resets, plateau_from=plateau, within_slope_bytes_per_step=trend.within_slope)
+
+
+def _released_growth_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame) -> list[LeakFinding]:
+    """Grows-per-step findings for chains that grew over the checkpoints but held nothing at
+    the end: a loop that keeps something from every step or request, freed only on the way
+    out (the list goes when `main` returns, before the interpreter finalizes). By their
+    highest checkpoint, as the curve shows them."""
+    held_chains = _chains_of(held)
+    grown = [chain for chain in trends.growing if chain not in held_chains]
+    if not grown:
+        return []
+    firsts = _alloc_span_of_chains(allocations, trends, grown)
+    findings = []
+    for layer, stack_id in grown:
+        peak_bytes, peak_count, at = trends.peak_of((layer, stack_id))
+        first_ns, last_ns = firsts[(layer, stack_id)]
+        span_s = (int(trends.checkpoints.times_ns[at]) - first_ns) / 1e9
+        findings.append(LeakFinding(
+            layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
+            first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=peak_bytes / span_s if span_s > 0 else 0.0,
+            released_at_exit=False, released_before_end=True, kind=LeakKind.GROWS_PER_STEP.value,
+            reason=LeakReason.GROWS.value, **_trend_fields(trends.by_chain[(layer, stack_id)], trends)))
+    return findings
+
+
+def _chains_of(held: pd.DataFrame) -> set:
+    """(layer, stack_id or None) of the held groups."""
+    return set(zip(held["layer"], held["stack_id"].astype(object).where(held["stack_id"].notna(), None)))
 
 
 def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame,
@@ -514,7 +549,7 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
     """Not-a-leak findings for sawtooth and plateau chains that held nothing at the end, by
     their highest checkpoint (what the user sees rise in the curve, explained); the `top`
     biggest."""
-    held_chains = set(zip(held["layer"], held["stack_id"].astype(object).where(held["stack_id"].notna(), None)))
+    held_chains = _chains_of(held)
     shaped = [(chain, t) for chain, t in trends.by_chain.items()
               if t.shape in ("sawtooth", "plateau") and chain not in held_chains]
     if not shaped:

@@ -74,6 +74,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "last_ns": int(finding.last_ns),
         "growth_bytes_per_s": float(finding.growth_bytes_per_s),
         "released_at_exit": bool(finding.released_at_exit),
+        "released_before_end": bool(finding.released_before_end),
+        "within_slope_bytes_per_step": finding.within_slope_bytes_per_step,
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
         "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in finding_chain(finding, chains)],
@@ -179,6 +181,8 @@ def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
 def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns: int, result: LeakResult) -> list[str]:
     if finding.released_at_exit:
         fate = "released at exit"
+    elif finding.released_before_end:
+        fate = "released before the end"
     else:
         fate = "outlived the process" if target_exited(result) else "still live when the recording stopped"
     kind = kind_label(finding, result)

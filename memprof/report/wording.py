@@ -99,10 +99,16 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "grows":
         return (f"grew at {finding.rises} of {finding.points - 1} {unit} boundaries, by "
                 f"{format_bytes(finding.slope_bytes_per_step)} per {unit} (Theil–Sen), "
-                f"{_percent(finding.confidence)} confidence it rises (Mann–Kendall)")
+                f"{_percent(finding.confidence)} confidence it rises (Mann–Kendall)"
+                + ("; released only before the end, what each cycle left behind adding up until then"
+                   if finding.released_before_end else ""))
     if finding.reason == "plateau":
         return (f"filled to {format_bytes(finding.live_bytes)} by {unit} {finding.plateau_from}, then held steady: "
                 "a cache or pool, not a leak")
+    if finding.reason == "sawtooth" and finding.within_slope_bytes_per_step:
+        return (f"grows {format_bytes(finding.within_slope_bytes_per_step)} per {unit} within each cycle and is "
+                f"released when the cycle ends ({finding.resets} times, up to {format_bytes(finding.live_bytes)}): "
+                "a request's working memory, such as its KV cache, not a leak")
     if finding.reason == "sawtooth":
         return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
                 f"a buffer filled and released every few {unit}s, not a leak")

@@ -417,3 +417,40 @@ def test_nothing_is_start_up_by_time_in_a_process_without_python_frames():
     result = judged(rows, end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="kernel_slab",
                     known=known_chains(stacks, frames))
     assert [(f.stack_id, f.kind, f.live_count) for f in result.findings] == [(1, "held_at_end", 2)]
+
+
+def per_request(n_requests: int, tokens: int, kept_per_request: int) -> list[dict]:
+    """Requests of `tokens` steps each (one step a token); a cache chain (stack 5) that
+    grows 24 KiB a token and is freed when its request ends, and, with `kept_per_request`,
+    one allocation of that size (stack 6) kept from every request. Everything is freed at
+    41 s, before the exit at 42 s, as a list goes when main returns."""
+    rows, step, kept = [], 0, []
+    for r in range(n_requests):
+        cache = []
+        for _ in range(tokens):
+            step += 1
+            rows.append(dict(ts_ns=step * S, action="mark", category="step", step=step, pid=PID, tid=PID))
+            addr = 0xC000_0000 + step * 0x10_0000
+            rows.append(ev(step * S + S // 2, "alloc", addr, 24 * KiB, 5))
+            cache.append(addr)
+        rows += [ev(step * S + S // 2 + 10 + i, "free", a) for i, a in enumerate(cache)]
+        if kept_per_request:
+            kept.append(0xD000_0000 + r * 0x10_0000)
+            rows.append(ev(step * S + S // 2 + 100, "alloc", kept[-1], kept_per_request, 6))
+    rows += [ev(41 * S + i, "free", a) for i, a in enumerate(kept)]
+    return rows
+
+
+def test_a_request_cache_grows_within_each_request_and_is_not_a_leak():
+    result = judged(per_request(4, 10, 0), end_ns=43 * S, exit_at=42 * S)
+    assert result.findings == []
+    (cache,) = result.not_leaks
+    assert (cache.reason, cache.resets, cache.within_slope_bytes_per_step) == ("sawtooth", 3, 24 * KiB)
+
+
+def test_keeping_something_from_every_request_grows_even_when_freed_before_the_end():
+    result = judged(per_request(4, 10, 300 * KiB), end_ns=43 * S, exit_at=42 * S)
+    (kept,) = result.findings
+    assert (kept.kind, kept.reason, kept.stack_id, kept.released_before_end) == ("grows_per_step", "grows", 6, True)
+    assert (kept.live_count, kept.live_bytes) == (3, 3 * 300 * KiB)  # at its highest checkpoint (the 4th comes after the last step)
+    assert [f.reason for f in result.not_leaks] == ["sawtooth"]
