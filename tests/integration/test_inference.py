@@ -51,7 +51,7 @@ def test_steps_are_the_forwards_one_per_token(recording):
 
 
 def test_growth_against_tokens_names_the_kv_cache_at_its_size(recording, run_memprof):
-    report = report_json(run_memprof, recording, "growth", "--against", "tokens", "--top", "10")
+    report = report_json(run_memprof, recording, "growth", "--against", "tokens")
     assert report["against"] == "tokens"
     cache = [s for s in report["series"] if s["chain"] and is_cache_chain(s.get("stack", []))]
     context = "\n".join(f"{s['layer']} {s['linear'] and s['linear']['b']} {names(s.get('stack', []))[:6]}"
@@ -68,3 +68,32 @@ def test_no_parameter_is_a_leak(recording, run_memprof):
     init = [f for f in report["findings"] if any(fr["function"].endswith(("Conv1D.__init__", "Embedding.__init__"))
                                                  for fr in f["stack"])]
     assert init == [], [names(f["stack"])[:6] for f in init]
+
+
+SERVE = EXAMPLE.with_name("serve_kv.py")
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["control", "keeps-every-cache"])
+def test_an_inference_loop_is_a_leak_only_when_it_keeps_something_per_request(tmp_path, run_memprof, keep):
+    """Four requests of 24 tokens. Each request's KV cache grows 24 KiB a token per chain
+    (keys, values) and is freed when the next request returns: growth within each request,
+    not a leak. With --keep every cache is kept (and freed only as main returns): a leak
+    that grows per step."""
+    path = tmp_path / "serve.memprof"
+    result = run_memprof("record", "-q", "-o", path, "--", sys.executable, SERVE, "--requests", 4, "--tokens", 24,
+                         *(["--keep"] if keep else []), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = report_json(run_memprof, path, "leaks", "--top", "1000")
+    cache = [f for f in report["findings"] + report["not_leaks"] if is_cache_chain(f["stack"])]
+    context = "\n".join(f"{f['kind']} {f['reason']} {f['live_bytes']} {names(f['stack'])[:4]}"
+                        for f in report["findings"] + report["not_leaks"][:10])
+    if keep:
+        growing = [f for f in report["findings"] if is_cache_chain(f["stack"])]
+        assert len(growing) == 2 and {f["kind"] for f in growing} == {"grows_per_step"}, context
+        assert all(f["released_before_end"] for f in growing), context
+    else:
+        assert report["findings"] == [], context
+        within = [f for f in cache if f["reason"] == "sawtooth" and f["within_slope_bytes_per_step"]]
+        assert len(within) == 2, context
+        for f in within:
+            assert abs(f["within_slope_bytes_per_step"] - KV_BYTES_PER_TOKEN / 2) <= 0.15 * KV_BYTES_PER_TOKEN / 2, context
