@@ -1,7 +1,7 @@
 """train: the PyTorch CPU training loop of torch_leak.py without the leak (nothing outlives
 its step), for overhead benchmarks and as the no-leak baseline.
 
-usage: train.py [--steps N] [--start-wait MS] [--wait-for-line] [--hold MS] [--phases K]
+usage: train.py [--steps N] [--start-wait MS] [--wait-for-line] [--hold MS] [--phases K] [--optimizer sgd|adam]
 prints "pid=N", then "loop_s=<seconds of the loop only>", "step_median_s=" and "step_p10_s="
 (the median and 10th percentile of one step's seconds: a host's interference inflates some
 steps and leaves the others, so these vary less between runs than the loop), and "steps=N"
@@ -70,12 +70,15 @@ def main(step=train_step, report=lambda: None, description=__doc__):
     parser.add_argument("--hold", type=int, default=800, metavar="MS")
     parser.add_argument("--phases", type=int, default=1, metavar="K",
                         help="run the loop K times, waiting for a line on stdin before each after the first")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="adam keeps two state tensors per parameter (model state, not a leak)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.001) if args.optimizer == "adam"
+                 else torch.optim.SGD(model.parameters(), lr=0.01))
 
     print(f"pid={os.getpid()}", flush=True)
     if args.wait_for_line:

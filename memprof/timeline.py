@@ -155,8 +155,9 @@ def with_model_state(events: pd.DataFrame) -> pd.DataFrame:
     time: the latest `alloc` there at or before the note (the agent looks at step marks and
     before exit, long after the allocation: no tolerance), unless a `free` or
     `free_requested` of that address lies between the two. An allocation named by several
-    notes (one per step) keeps the first one's name; a note with no live allocation at its
-    address changes nothing. `events` must be in time order."""
+    notes keeps the latest one's name (the agent names a tensor again only when it learns
+    more: `Linear.weight` once a second outermost module shows `weight` is ambiguous); a note
+    with no live allocation at its address changes nothing. `events` must be in time order."""
     is_note = _is_mark(events) & _has_prefix(events["category"], STATE_PREFIX)
     if not is_note.any():
         return events
@@ -172,7 +173,7 @@ def with_model_state(events: pd.DataFrame) -> pd.DataFrame:
     matched = pd.merge_asof(matched, ends.rename(columns={"at": "end_at"}), left_on="at", right_on="end_at",
                             by=["layer", "addr"], direction="backward")
     live = matched["alloc_at"].notna() & ~(matched["end_at"] > matched["alloc_at"])  # NaN end: never freed
-    matched = matched[live].drop_duplicates("alloc_at", keep="first")
+    matched = matched[live].drop_duplicates("alloc_at", keep="last")
     if matched.empty:
         return events
     events = events.copy(deep=False)  # copy-on-write: only the replaced column is new

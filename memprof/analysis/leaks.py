@@ -25,6 +25,7 @@ from memprof.analysis.caches import KnownChains, blocks_inside
 from memprof.analysis.chain_trends import ChainTrends, chain_trends, rows_of_chains
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
 from memprof.analysis.checkpoints import Checkpoints
+from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import NEVER, Lifetimes, end_times, label_of, labels, live_mask
 from memprof.analysis.model_state import ModelStateTotal, model_state_totals, state_roles
 from memprof.analysis.trend import Trend
@@ -256,12 +257,17 @@ def _split_model_state(allocations: pd.DataFrame) -> tuple[pd.DataFrame, pd.Data
 
 def _model_state(state: pd.DataFrame, end_ns: int, recording_end_ns: int, end_by_pid: Mapping[int, int] | None,
                  missed_by_chain: dict) -> tuple[list[ModelStateTotal], list[LeakFinding]]:
-    """What the model held at its end, whatever its age (its weights are as old as the job):
-    totals by role, layer and device, and its chains as not-a-leak findings (reason
-    "model_state"), so each chain's stack still shows where the model's memory came from."""
+    """What the model held at its end, whatever its age (its weights are as old as the job),
+    or, where it held less then (a script whose model goes as `main` returns, before the
+    interpreter finalizes), at its peak before the end: totals by role, layer and device, and
+    its chains as not-a-leak findings (reason "model_state"), so each chain's stack still
+    shows where the model's memory came from."""
     if state.empty:
         return [], []
     ends = _end_per_allocation(state, end_ns, end_by_pid)
+    peak_ns = _state_peak_ns(state, int(ends.max()))
+    if peak_ns is not None and _live_bytes(state, ends) < _live_bytes(state, np.full(len(state), peak_ns)):
+        ends = np.full(len(state), peak_ns, dtype=np.int64)
     held = _held(state, ends, _exited(state, end_ns, recording_end_ns, end_by_pid), 0)
     rows = held.index.to_numpy()
     totals = model_state_totals(state["role"].to_numpy(dtype=object)[rows], held["layer"].to_numpy(),
@@ -272,6 +278,23 @@ def _model_state(state: pd.DataFrame, end_ns: int, recording_end_ns: int, end_by
     no_trends = ChainTrends.none()
     chains = [_finding(row, missed_by_chain, no_trends, target_exited) for row in groups.itertuples(index=False)]
     return totals, chains
+
+
+def _state_peak_ns(state: pd.DataFrame, until_ns: int) -> int | None:
+    """When the most model-state bytes were live at once, at or before `until_ns` (the
+    earliest such time); None when none was live by then."""
+    alloc_ts = state["alloc_ts_ns"].to_numpy(dtype=np.int64)
+    times, live = live_curve(alloc_ts, end_times(state), state["size_bytes"].to_numpy(dtype=float))
+    before = times <= until_ns
+    if not before.any() or live[before].max() <= 0:
+        return None
+    return int(times[before][np.argmax(live[before])])
+
+
+def _live_bytes(allocations: pd.DataFrame, at: np.ndarray) -> float:
+    """Bytes of `allocations` live at each one's time in `at`."""
+    alive = live_mask(allocations["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(allocations), at)
+    return float(allocations["size_bytes"].to_numpy(dtype=float)[alive].sum())
 
 
 def _end_per_allocation(allocations: pd.DataFrame, end_ns: int, end_by_pid: Mapping[int, int] | None) -> np.ndarray:

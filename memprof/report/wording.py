@@ -73,7 +73,8 @@ _MODEL_STATE_SEGMENT_WHY = ("segments PyTorch's caching allocator holds for the 
                             "buffers, gradients, optimizer state), and for nothing else: model state, not a leak")
 
 MODEL_STATE_HEADING = "Model state, not a leak"
-MODEL_STATE_WHY = "the model's own tensors live at the end, kept for the whole job (counted in no finding)"
+MODEL_STATE_WHY = ("the model's own tensors live at the end (or at their peak, where the model went before the "
+                   "end), kept for the whole job (counted in no finding)")
 # How each ModelStateRole value is said, one and many.
 ROLE_WORDS = {"parameter": ("parameter", "parameters"), "buffer": ("buffer", "buffers"),
               "gradient": ("gradient", "gradients"),
@@ -81,7 +82,8 @@ ROLE_WORDS = {"parameter": ("parameter", "parameters"), "buffer": ("buffer", "bu
 
 
 def model_state_json(result: LeakResult) -> list[dict[str, Any]]:
-    """The model state live at the end (LeakResult.model_state), one dict per role, layer
+    """The model state live at the end, or at its peak where it held more then
+    (LeakResult.model_state), one dict per role, layer
     and device: role, layer, device, count (allocations: one per tensor storage), live_bytes."""
     return [{"role": t.role, "layer": t.layer, "device": t.device, "count": int(t.count),
              "live_bytes": int(t.live_bytes)} for t in result.model_state]

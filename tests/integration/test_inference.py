@@ -97,3 +97,24 @@ def test_an_inference_loop_is_a_leak_only_when_it_keeps_something_per_request(tm
         assert len(within) == 2, context
         for f in within:
             assert abs(f["within_slope_bytes_per_step"] - KV_BYTES_PER_TOKEN / 2) <= 0.15 * KV_BYTES_PER_TOKEN / 2, context
+
+
+TRAIN = EXAMPLE.with_name("train.py")
+
+
+def test_an_adam_training_loop_names_and_totals_its_model_state_and_none_is_a_leak(tmp_path, run_memprof):
+    """examples/train.py with Adam: 2 Linear layers (4 parameters), each with a gradient and
+    Adam's exp_avg, exp_avg_sq and step: model state, totalled by role, never a finding."""
+    path = tmp_path / "adam.memprof"
+    result = run_memprof("record", "-q", "-o", path, "--", sys.executable, TRAIN, "--optimizer", "adam",
+                         "--steps", 30, "--start-wait", 0, "--hold", 0, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = report_json(run_memprof, path, "leaks", "--top", "1000")
+    totals = {(t["role"], t["layer"]): (t["count"], t["live_bytes"]) for t in report["model_state"]}
+    weights = (512 * 512 + 512 + 10 * 512 + 10) * 4  # fc1 and fc2, float32
+    assert totals[("parameter", "torch_cpu")] == (4, weights), totals
+    assert totals[("gradient", "torch_cpu")] == (4, weights), totals
+    count, size = totals[("optimizer_state", "torch_cpu")]
+    assert count == 12 and size >= 2 * weights, totals  # exp_avg, exp_avg_sq (+ 4 step scalars)
+    state = [f for f in report["findings"] if f["reason"] == "model_state" or "__init__" in " ".join(names(f["stack"]))]
+    assert state == [], [names(f["stack"])[:5] for f in state]

@@ -119,3 +119,22 @@ def test_model_state_is_written_again_only_when_it_changes(agent, tmp_path):
             net(torch.zeros(2, 6))
     written = [len(r["tensors"]) for r in records(agent, tmp_path, "model_state")]
     assert written == [5]  # the first step writes them all; in-place updates change nothing
+
+
+def test_modules_called_on_their_own_keep_every_tensor(agent, tmp_path):
+    """examples/train.py calls model.fc1 and model.fc2, never model: two outermost modules
+    whose parameters share names ("weight", "bias"). Each tensor is written; once the second
+    module shows the names are ambiguous, each is written again named by its module's class
+    (the timeline keeps a tensor's latest name)."""
+    fc1, fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+    optimizer = torch.optim.Adam([*fc1.parameters(), *fc2.parameters()])
+    for _ in range(2):
+        fc2(fc1(torch.zeros(4, 16))).sum().backward()
+        optimizer.step()
+    agent._at_exit()
+    tensors = [t for r in records(agent, tmp_path, "model_state") for t in r["tensors"]]
+    latest = {ptr: (name, size) for role, name, ptr, size, _ in tensors if role == "parameter"}
+    parameters = set(latest.values())
+    assert parameters == {("Linear.weight", 32 * 16 * 4), ("Linear.bias", 32 * 4), ("Linear.weight", 4 * 32 * 4),
+                          ("Linear.bias", 4 * 4)}
+    assert len({ptr for role, _, ptr, _, _ in tensors if role == "optimizer_state"}) == 12  # exp_avg, exp_avg_sq, step × 4

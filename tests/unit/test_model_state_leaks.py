@@ -202,3 +202,23 @@ def test_the_commands_count_no_model_state(tmp_path):
     check = runner.invoke(cli, ["check", str(recording), "--fail-on-leak"])
     assert check.exit_code == 6
     assert check.stdout.splitlines()[0] == "FAIL leak torch_cpu 20.0 KiB in 1 finding held at the end (--fail-on-leak)"
+
+
+def test_a_model_freed_before_the_end_is_totalled_at_its_peak():
+    """examples/train.py's model is a local of main: it goes as main returns, before the
+    interpreter finalizes (the end). Its state is totalled when it was largest."""
+    from tests.factories import events_frame, ev
+    from memprof.analysis.leaks import find_leaks
+    from memprof.analysis.lifetimes import pair_lifetimes
+    from memprof.timeline import timeline
+    from types import SimpleNamespace
+    S = 1_000_000_000
+    rows = [ev(S, "alloc", 0x1000, 4096, 1), ev(S + 1, "alloc", 0x2000, 512, 1),
+            dict(ts_ns=2 * S, action="mark", category="state:parameter:fc.weight", addr=0x1000, size_bytes=4096),
+            dict(ts_ns=2 * S, action="mark", category="state:parameter:fc.bias", addr=0x2000, size_bytes=512),
+            ev(9 * S, "free", 0x1000), ev(9 * S + 1, "free", 0x2000),
+            dict(ts_ns=10 * S, action="mark", category="exit", pid=100, tid=100)]
+    events = timeline(SimpleNamespace(events=events_frame(rows, layer="torch_cpu")))
+    result = find_leaks(pair_lifetimes(events), end_ns=10 * S, recording_end_ns=11 * S)
+    assert [(t.role, t.count, t.live_bytes) for t in result.model_state] == [("parameter", 2, 4608)]
+    assert result.findings == []

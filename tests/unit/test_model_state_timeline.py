@@ -69,13 +69,15 @@ def test_a_note_names_only_its_own_layer():
     assert names(with_model_state(events))[:2] == [None, "state:parameter:wte.weight"]
 
 
-def test_free_requested_ends_the_allocation_too_and_the_first_name_is_kept():
+def test_free_requested_ends_the_allocation_too_and_the_latest_name_is_kept():
+    """The agent names a tensor again when it learns more (a second outermost module makes
+    names carry their module's class): the latest name wins."""
     events = events_frame([
         ev(10, "alloc", A, 4096, 1), ev(20, "free_requested", A), ev(30, "alloc", B, 4096, 1),
         state(STEP_NS, A, "stale.weight", layer=CUDA), state(STEP_NS, B, "fc.weight", ModelStateRole.GRADIENT, CUDA),
         state(2 * STEP_NS, B, "renamed.weight", layer=CUDA),
     ], layer=CUDA, device="cuda:0")
-    assert names(with_model_state(events))[:3] == [None, None, "state:gradient:fc.weight"]
+    assert names(with_model_state(events))[:3] == [None, None, "state:parameter:renamed.weight"]
 
 
 def test_timeline_applies_it_and_the_notes_are_not_marks_to_show():

@@ -459,27 +459,38 @@ def remove_hooks():
 # exit, only what is new or changed since the last record (a step of a 100-tensor model
 # costs a walk of its tensors, ~100 µs, and a few bytes when nothing changed).
 _optimizers = weakref.WeakSet()
-_state_written = {}  # (role, name) -> (data_ptr, bytes, device) last written
+_state_written = {}  # (role, name, id(tensor)) -> (data_ptr, bytes, device) last written
 
 
 def _model_state():
-    """[(role, name, data_ptr, bytes, device)] of the model state known now."""
+    """[(role, name, data_ptr, bytes, device, key)] of the model state known now; `key`
+    tells two tensors of one name apart (see _root_prefix)."""
     tensors, names = [], {}
-    for module in list(_modules):
+    modules = list(_modules)
+    for module in modules:
+        prefix = _root_prefix(module, modules)
         for name, p in module.named_parameters(remove_duplicate=True):
-            names[id(p)] = name
-            tensors.append(("parameter", name, p))
+            names[id(p)] = prefix + name
+            tensors.append(("parameter", prefix + name, p))
             if p.grad is not None:
-                tensors.append(("gradient", name, p.grad))
+                tensors.append(("gradient", prefix + name, p.grad))
         for name, b in module.named_buffers(remove_duplicate=True):
-            tensors.append(("buffer", name, b))
+            tensors.append(("buffer", prefix + name, b))
     for optimizer in list(_optimizers):
         for index, (p, slots) in enumerate(optimizer.state.items()):
             base = names.get(id(p), "param%d" % index)
             for key, value in slots.items():
                 if hasattr(value, "untyped_storage"):
                     tensors.append(("optimizer_state", "%s.%s" % (base, key), value))
-    return [(role, name, *_where(t)) for role, name, t in tensors]
+    return [(role, name, *_where(t), id(t)) for role, name, t in tensors]
+
+
+def _root_prefix(module, roots):
+    """'' for the one outermost module of a model called whole (`model(x)`: names read
+    `transformer.h.3.attn.c_attn.weight`); its class name where several modules are called
+    on their own (`model.fc1(x)`, then `model.fc2(…)`: `Linear.weight`), so a name says
+    which kind of module holds it even where no enclosing module was ever called."""
+    return "" if len(roots) == 1 else type(module).__name__ + "."
 
 
 def _where(tensor):
@@ -492,9 +503,9 @@ def _write_model_state():
     if not _modules and not _optimizers:
         return
     changed = []
-    for role, name, ptr, size, device in _model_state():
-        if ptr and _state_written.get((role, name)) != (ptr, size, device):
-            _state_written[(role, name)] = (ptr, size, device)
+    for role, name, ptr, size, device, key in _model_state():
+        if ptr and _state_written.get((role, name, key)) != (ptr, size, device):
+            _state_written[(role, name, key)] = (ptr, size, device)
             changed.append([role, name, ptr, size, device])
     if changed:
         _event("model_state", tensors=changed)
