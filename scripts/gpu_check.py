@@ -501,7 +501,7 @@ def layer_lines(summary: Summary, layers: dict | None) -> None:
 def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not: str) -> None:
     """Record the workload and check the recording; `why_not` (a sentence) skips it all."""
     names = ("record", "cuda_driver_final", "gpu_used_samples", "leaks_cuda_driver", "leaks_cuda_block",
-             "segment_minus_block", "snapshot_import", "profiler_report_uprobe")
+             "segment_minus_block", "snapshot_import", "profiler_report_uprobe", "kv_cache_cuda")
     if why_not:
         summary.say(why_not)
         for name in names:
@@ -532,6 +532,50 @@ def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not:
     check_agent_cuda(summary, run, leaks, layers)
     save_snapshot(summary, out, deadline)
     check_profiler_uprobe(summary, out, deadline)
+    check_kv_cache(summary, out, deadline)
+
+
+# --- the KV cache of LLM inference on CUDA (issue 21) ---------------------------------------
+KV_TOKENS = 120
+KV_BYTES_PER_TOKEN = 2 * 6 * 2 * 512 * 4  # examples/generate_kv.py's defaults, float32
+
+
+def check_kv_cache(summary: Summary, out: Path, deadline: Deadline) -> None:
+    """examples/generate_kv.py on cuda under memprof record: `report growth --against tokens`
+    in the cuda_block layer names the KV cache (cache_utils.py) at 48 KiB per token
+    (within 15 %) with a power law b in 0.9..1.1."""
+    try:
+        import transformers  # noqa: F401 — only whether it is there
+    except ImportError:
+        summary.check("kv_cache_cuda", "SKIP", "transformers is not installed (pip install 'transformers>=5.0')")
+        return
+    rec = out / "generate_kv.memprof"
+    cmd = ["record", "-q", "-f", "-o", str(rec), "--", sys.executable, str(ROOT / "examples" / "generate_kv.py"),
+           "--device", "cuda", "--tokens", str(KV_TOKENS)]
+    try:
+        done = memprof_cli(cmd, deadline.cap(150))
+    except subprocess.TimeoutExpired:
+        summary.check("kv_cache_cuda", "FAIL", "memprof record of generate_kv.py timed out")
+        return
+    if done.returncode != 0:
+        summary.check("kv_cache_cuda", "FAIL", f"record exit {done.returncode}: {done.stderr.strip()[-300:]}")
+        return
+    growth, why = report_json("growth", rec, out, deadline, ["--against", "tokens", "--layer", "cuda_block"])
+    if growth is None:
+        summary.check("kv_cache_cuda", "FAIL", why)
+        return
+    # The CUDA history's frames name a function without its class ("update"), in its file.
+    cache = [s for s in growth["series"] if s["chain"]
+             and any((f.get("file") or "").endswith("cache_utils.py") for f in s.get("stack", []))]
+    if not cache:
+        summary.check("kv_cache_cuda", "FAIL", f"no cuda_block chain through transformers' cache_utils.py among "
+                                               f"{len(growth['series'])} series")
+        return
+    slope = sum(s["linear"]["b"] for s in cache if s["linear"])
+    powers = [round(s["power"]["b"], 3) for s in cache if s["power"]]
+    ok = abs(slope - KV_BYTES_PER_TOKEN) <= 0.15 * KV_BYTES_PER_TOKEN and powers and all(0.9 <= b <= 1.1 for b in powers)
+    summary.check("kv_cache_cuda", "PASS" if ok else "FAIL",
+                  f"{len(cache)} cache chain(s), {slope:.0f} B/token (expected {KV_BYTES_PER_TOKEN}), power b {powers}")
 
 
 def sources_text(meta: dict) -> str:
@@ -572,7 +616,7 @@ def main() -> int:
     if not check_gpu(summary):
         for name in ("torch_cuda", "nvml_direct", "record", "cuda_driver_final", "gpu_used_samples",
                      "leaks_cuda_driver", "leaks_cuda_block", "segment_minus_block", "snapshot_import",
-                     "profiler_report_uprobe"):
+                     "profiler_report_uprobe", "kv_cache_cuda"):
             summary.check(name, "SKIP", "no GPU visible")
         return 0
     nvml = Nvml()

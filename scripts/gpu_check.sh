@@ -233,6 +233,9 @@ python_setup() {
   if [ $gpu = 1 ] && ! "$PY" -c 'import pynvml' 2>/dev/null; then
     step "$(setup_s 40)" "${pip[@]}" nvidia-ml-py || echo "could not install nvidia-ml-py (gpu_used_bytes samples need it)"
   fi
+  if [ $gpu = 1 ] && ! "$PY" -c 'import transformers' 2>/dev/null; then
+    step "$(setup_s 40)" "${pip[@]}" 'transformers>=5.0' || echo "could not install transformers (the kv_cache_cuda check needs it)"
+  fi
   if ! "$PY" -c 'import bcc' 2>/dev/null && [ -d /usr/lib/python3/dist-packages/bcc ]; then
     # bcc is pure Python over libbcc.so: give this Python that one package, nothing else of Debian's.
     mkdir -p /tmp/memprof-gpu-check-bcc
