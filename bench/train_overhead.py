@@ -10,7 +10,8 @@ frames read in BPF at every event), under `memprof record -q --no-python-frames`
 fills, but memprof's own process does nothing beside the loop; memprof / memprof-paused is
 what its decoding, symbolizing and writing on the other CPU cost the loop), under
 `memprof record -q --no-agent` (memprof-noagent: the agent's step marks cost =
-memprof / memprof-noagent), with a torch.profiler window over 2 of the 300 steps
+memprof / memprof-noagent), under `memprof record -q --torch-modules` (memprof-modules:
+what recording every nn.Module forward adds = memprof-modules / memprof), with a torch.profiler window over 2 of the 300 steps
 (memprof-window), with --alloc-probes entry-return (memprof-entryret: the three-trap way of
 probing c10::alloc_cpu), and under `memray run` in its default mode (Python allocators off, no
 native stacks). Reports the
@@ -62,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMRAY = [sys.executable, "-m", "memray"]
-RUNS = ("baseline", "control", "empty-probes", "memprof", "memprof-paused", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-window", "memray")
+RUNS = ("baseline", "control", "empty-probes", "memprof", "memprof-paused", "memprof-entryret", "memprof-nopy", "memprof-noagent", "memprof-modules", "memprof-window", "memray")
 TORCH_PROGRAMS = ("mp_c10_alloc_at_call", "mp_c10_alloc_cpu", "mp_torch_return", "mp_c10_free_cpu", "mp_py_learn_up")
 BAR = 1.10
 
@@ -156,6 +157,8 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
                          "--", sys.executable, *workload],
         "memprof-noagent": [*MEMPROF, "record", "-q", "--no-agent", "-o", str(tmp / f"train-{i}.memprof-noagent"),
                             "--", sys.executable, *workload],
+        "memprof-modules": [*MEMPROF, "record", "-q", "--torch-modules",
+                            "-o", str(tmp / f"train-{i}.memprof-modules"), "--", sys.executable, *workload],
         "memprof-window": [*MEMPROF, "record", "-q", "--torch-profile-steps", f"{WINDOW[0]}-{WINDOW[1]}",
                            "-o", str(tmp / f"train-{i}.memprof-window"), "--", sys.executable, *workload],
         "memray": [*MEMRAY, "run", "-q", "-f", "-o", str(tmp / f"train-{i}.memray.bin"), *workload],

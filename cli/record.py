@@ -108,12 +108,18 @@ def _step_range(ctx, param, value):
                    "PYTHONPATH): training steps, memprof.mark(), CUDA caching-allocator history.")
 @click.option("--torch-profile-steps", callback=_step_range, metavar="A-B",
               help="Run a torch.profiler window (memory, shapes, Python stacks) over steps A to B only.")
+@click.option("--torch-modules", is_flag=True,
+              help="Have the agent record every nn.Module forward on each thread, so that `report top --by "
+                   "module` and leak and growth chains name the module instance (transformer.h.3.attn) that "
+                   "allocated. Off by default: it costs a small CPU training step about 3% (bench/RESULTS.md); "
+                   "without it only outermost forwards are seen (steps, input sizes).")
 @click.option("-q", "--quiet", is_flag=True,
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
-           allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, quiet, command):
+           allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
+           command):
     """Record a command, or attach to a running process, until it exits.
 
     \b
@@ -147,7 +153,7 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
                          user_stack_every=user_stack_every,
                          allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
                          python=PythonOptions(enabled=python_frames)),
-        agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps),
+        agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps, torch_modules=torch_modules),
     )
     status = StatusLine(console.err, enabled=not quiet)
     try:

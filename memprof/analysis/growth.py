@@ -46,6 +46,7 @@ from memprof.analysis.growth_forecast import SECOND, STEP, Forecast, SeriesConte
 from memprof.analysis.growth_regime import Regime, regime_change
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
+from memprof.analysis.modules import with_chain_modules
 from memprof.errors import UsageError
 from memprof.model.schema import LAYERS
 from memprof.units import format_duration_ns
@@ -106,6 +107,7 @@ class GrowthSeries:
     better: str | None
     forecast: Forecast
     regime: Regime | None = None
+    module: str | None = None  # a chain's: the nn.Module path most of it was allocated in
 
     @property
     def best(self) -> Fit | None:
@@ -171,6 +173,7 @@ def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | N
         context = SeriesContext(axis.x, axis.unit, step_ns, *device_capacity(samples, device),
                                 _device_used(samples, device), against=quantity, ns_per_x=axis.ns_per_x)
         result.series += _layer_series(layer, device, cols, axis.times, context, top)
+    result.series = with_chain_modules(result.series, allocations)
     return result
 
 

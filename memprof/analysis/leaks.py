@@ -28,6 +28,7 @@ from memprof.analysis.checkpoints import Checkpoints
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import NEVER, Lifetimes, end_times, label_of, labels, live_mask
 from memprof.analysis.model_state import ModelStateTotal, model_state_totals, state_roles
+from memprof.analysis.modules import with_chain_modules
 from memprof.analysis.trend import Trend
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, FRAME_KEYS, Action, FrameKind, Layer, Mark
@@ -123,6 +124,7 @@ class LeakFinding:
     younger_bytes: int = 0
     released_before_end: bool = False
     within_slope_bytes_per_step: float | None = None
+    module: str | None = None  # the nn.Module path most of the chain was allocated in (modules.chain_modules)
 
     @property
     def confirmed(self) -> bool:
@@ -230,7 +232,9 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     not_leaks = ([f for f in kinds if not f.is_leak] + state_chains
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    return LeakResult(findings=leaks[:top], not_leaks=_biggest_first(not_leaks)[:top], end_ns=int(end_ns),
+    shown = with_chain_modules(leaks[:top], allocations)
+    shown_not = with_chain_modules(_biggest_first(not_leaks)[:top], allocations)
+    return LeakResult(findings=shown, not_leaks=shown_not, end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
                       not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),

@@ -8,6 +8,7 @@ Pure functions over the lifetimes; no I/O.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -59,3 +60,14 @@ def chain_modules(allocations: pd.DataFrame, events: pd.DataFrame | None, stack_
     for stack, code in zip(best["stack"].to_numpy(), best["code"].to_numpy()):
         found[int(stack)] = None if code < 0 else str(names[code])
     return found
+
+
+def with_chain_modules(findings: list, allocations: pd.DataFrame, events: pd.DataFrame | None = None) -> list:
+    """`findings` (frozen dataclasses with `stack_id` and `module` fields: leak findings,
+    growth chains) with `module` set to their chain's most common module path
+    (chain_modules over `allocations`, whose stack ids are the findings' own: canonical)."""
+    ids = [f.stack_id for f in findings if f.stack_id is not None]
+    if not ids:
+        return findings
+    names = chain_modules(allocations, events, ids)
+    return [replace(f, module=names.get(f.stack_id)) for f in findings]

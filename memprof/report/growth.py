@@ -18,7 +18,7 @@ from memprof.analysis.growth_regime import (
     REGIME_MIN_POINTS, REGIME_MIN_SIDE, REGIME_MIN_SLOPE_RATIO, REGIME_MIN_SSE_CUT, regime_bar,
 )
 from memprof.model.schema import FRAME_KEYS
-from memprof.report.labels import one_line  # one chain in one line, allocator frames skipped
+from memprof.report.labels import in_module, one_line  # one chain in one line, allocator frames skipped
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns
 
@@ -71,6 +71,7 @@ def _series_json(series: GrowthSeries, chains: dict[int, list[dict]]) -> dict:
            "linear": _fit_json(series.linear), "power": _fit_json(series.power), "better": series.better,
            "forecast": _forecast_json(series.forecast), "regime": _regime_json(series.regime)}
     if series.chain:
+        out["module"] = series.module
         out["stack"] = [{key: frame.get(key) for key in FRAME_KEYS} for frame in _frames(series, chains)]
     return out
 
@@ -173,7 +174,7 @@ def _narrowed(table: Table, console: Console) -> Table:
 
 def _name(series: GrowthSeries, chains: dict[int, list[dict]]) -> str:
     if series.chain:
-        return "  ↳ " + one_line(_frames(series, chains))
+        return "  ↳ " + one_line(_frames(series, chains)) + escape(in_module(series.module))
     return f"[bold]{escape(series.layer)}[/] {escape(series.device)}"
 
 
@@ -242,7 +243,7 @@ def _regime_lines(result: GrowthResult, chains: dict[int, list[dict]]) -> list[s
 
 def _regime_name(series: GrowthSeries, chains: dict[int, list[dict]]) -> str:
     if series.chain:
-        return "↳ " + one_line(_frames(series, chains))
+        return "↳ " + one_line(_frames(series, chains)) + escape(in_module(series.module))
     return f"{escape(series.layer)} {escape(series.device)}"
 
 

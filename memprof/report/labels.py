@@ -96,3 +96,8 @@ def module_label(path: str | None) -> str:
     if path is None:
         return NO_MODULE
     return path or OUTERMOST_MODULE
+
+
+def in_module(path: str | None) -> str:
+    """" in PATH" (module_label's words) after a chain's name, "" when it ran in no module."""
+    return "" if path is None else f" in {module_label(path)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memprof.model.schema import FRAME_KEYS
-from memprof.report.labels import chain_name, frame_label
+from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
 from memprof.report.wording import (
     MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
@@ -75,6 +75,7 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "growth_bytes_per_s": float(finding.growth_bytes_per_s),
         "released_at_exit": bool(finding.released_at_exit),
         "released_before_end": bool(finding.released_before_end),
+        "module": finding.module,
         "within_slope_bytes_per_step": finding.within_slope_bytes_per_step,
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
@@ -193,6 +194,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         + _rate(finding, result),
         f"    [dim]why:[/] {escape(explain(finding, result))}",
     ]
+    if finding.module is not None:
+        lines.append(f"    allocated{escape(in_module(finding.module))}")
     if finding.younger_count:
         lines.append(f"    [dim]+ {counted(finding.younger_count, 'younger allocation', 'younger allocations')} of "
                      f"this chain ({format_bytes(finding.younger_bytes)}) not counted: made less than "

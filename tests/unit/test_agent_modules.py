@@ -4,6 +4,7 @@ named once per process. The real agent inside real torch (the fixture of
 test_agent_forwards: installed, hooks off afterwards)."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -12,6 +13,12 @@ from tests.unit.test_agent_forwards import agent, records  # noqa: F401 (agent: 
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
+
+
+@pytest.fixture
+def tracking(monkeypatch):
+    """Module tracking asked for (`record --torch-modules`); before `agent`, which reads it."""
+    monkeypatch.setenv("MEMPROF_AGENT_OPTIONS", json.dumps({"torch_modules": True}))
 
 
 class Block(nn.Module):
@@ -32,7 +39,7 @@ def spans_by_path(record, names):
     return [(names[i], enter, exit_) for i, enter, exit_ in record["spans"]]
 
 
-def test_nested_modules_give_their_paths_in_call_order_and_nest_in_time(agent, tmp_path):
+def test_nested_modules_give_their_paths_in_call_order_and_nest_in_time(tracking, agent, tmp_path):
     net = nn.Sequential(Block(), Block())
     with torch.no_grad():
         net(torch.zeros(2, 4))
@@ -50,7 +57,7 @@ def test_nested_modules_give_their_paths_in_call_order_and_nest_in_time(agent, t
     assert record["tid"] == threading.get_native_id()
 
 
-def test_paths_are_named_once_per_process_and_a_second_forward_reuses_them(agent, tmp_path):
+def test_paths_are_named_once_per_process_and_a_second_forward_reuses_them(tracking, agent, tmp_path):
     net = nn.Sequential(Block())
     with torch.no_grad():
         net(torch.zeros(1, 4))
@@ -62,7 +69,7 @@ def test_paths_are_named_once_per_process_and_a_second_forward_reuses_them(agent
     assert [p for p, _, _ in spans_by_path(first, names)] == [p for p, _, _ in spans_by_path(second, names)]
 
 
-def test_each_thread_writes_its_own_forwards(agent, tmp_path):
+def test_each_thread_writes_its_own_forwards(tracking, agent, tmp_path):
     net = nn.Sequential(Block())
     tids = []
 
@@ -80,7 +87,7 @@ def test_each_thread_writes_its_own_forwards(agent, tmp_path):
     assert all(len(r["spans"]) == 7 for r in got)  # no span of one thread in the other's record
 
 
-def test_a_module_called_without_being_a_submodule_is_named_under_its_caller(agent, tmp_path):
+def test_a_module_called_without_being_a_submodule_is_named_under_its_caller(tracking, agent, tmp_path):
     helper = nn.ReLU()
 
     class CallsAHelper(nn.Module):
@@ -97,7 +104,7 @@ def test_a_module_called_without_being_a_submodule_is_named_under_its_caller(age
     assert [p for p, _, _ in spans_by_path(record, {})] == ["", "inner", "<ReLU>"]
 
 
-def test_a_forward_that_raises_still_ends_its_spans(agent, tmp_path):
+def test_a_forward_that_raises_still_ends_its_spans(tracking, agent, tmp_path):
     class Fails(nn.Module):
         def __init__(self):
             super().__init__()
@@ -114,3 +121,10 @@ def test_a_forward_that_raises_still_ends_its_spans(agent, tmp_path):
     with torch.no_grad():  # the thread's nesting is back at the outermost level
         nn.Linear(4, 4)(torch.zeros(1, 4))
     assert [len(r["spans"]) for r in records(agent, tmp_path, "modules")] == [2, 1]
+
+
+def test_without_the_option_only_outermost_forwards_are_seen_and_no_modules_written(agent, tmp_path):
+    with torch.no_grad():
+        nn.Sequential(Block())(torch.zeros(1, 4))
+    assert records(agent, tmp_path, "modules") == []
+    assert [r["source"] for r in records(agent, tmp_path, "step")] == ["start", "forward"]

@@ -5,16 +5,18 @@ path."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
 from memprof.analysis.attribution import ModuleRow, Span, attribute
 from memprof.analysis.lifetimes import pair_lifetimes
-from memprof.analysis.modules import chain_modules
+from memprof.analysis.modules import chain_modules, with_chain_modules
 from memprof.model.meta import ClockAnchor
 from memprof.model.schema import MODULE_NONE
 from memprof.report import attribution as report_attribution
+from memprof.report.labels import in_module
 from memprof.sources.agent_reader import lines
 from memprof.sources.agent_reader.modules import boundaries
 from memprof.sources.agent_reader.source import AgentSource
@@ -164,3 +166,38 @@ def test_top_by_module_at_a_time_and_rendered_as_json_and_text():
     shown = report_attribution.to_json(view)["layers"][0]["rows"]
     assert shown[1] == {"module": "h.0.attn", "live_bytes": 1024, "live_count": 2}
     assert {"module": None, "live_bytes": 8, "live_count": 3} in shown
+
+
+def test_findings_and_growth_chains_get_their_chains_module():
+    @dataclass(frozen=True)
+    class Chain:
+        stack_id: int | None
+        module: str | None = None
+
+    events = recording()
+    named = with_chain_modules([Chain(1), Chain(5), Chain(None), Chain(9)], pair_lifetimes(events).allocations)
+    assert [c.module for c in named] == ["h.0.attn", "lm_head", None, None]
+    assert in_module("h.0.attn") == " in h.0.attn" and in_module("") == " in (outermost module)" and in_module(None) == ""
+
+
+def test_module_tracking_is_asked_of_the_agent_only_with_the_option(tmp_path):
+    from memprof.sources.agent_reader.source import AgentOptions
+    asked = AgentSource(tmp_path / "r.memprof", options=AgentOptions(torch_modules=True)).child_env({})
+    default = AgentSource(tmp_path / "r.memprof").child_env({})
+    assert json.loads(asked["MEMPROF_AGENT_OPTIONS"])["torch_modules"] is True
+    assert json.loads(default["MEMPROF_AGENT_OPTIONS"])["torch_modules"] is False
+
+
+def test_leak_findings_name_their_chains_module_in_json_and_text():
+    from memprof.analysis.leaks import find_leaks
+    from memprof.analysis.views import About, LeaksView
+    from memprof.report import leaks as report_leaks
+    result = find_leaks(pair_lifetimes(recording()), end_ns=3000, recording_end_ns=3000, min_age_ns=0)
+    modules = {f.stack_id: f.module for f in result.findings}
+    assert modules[5] == "lm_head" and modules[1] == "h.0.attn" and modules[9] is None
+    doc = report_leaks.to_json(LeaksView(result, About("r.memprof"), {}))
+    assert {f["module"] for f in doc["findings"]} >= {"lm_head", "h.0.attn", None}
+    from rich.console import Console
+    console = Console(record=True, width=120)
+    report_leaks.render(LeaksView(result, About("r.memprof"), {}), console)
+    assert "allocated in lm_head" in console.export_text()

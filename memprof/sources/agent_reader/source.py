@@ -52,7 +52,7 @@ class AgentOptions:
     profile_steps: tuple[int, int] | None = None
     drain_s: float = 2.0
     cuda_max_entries: int = 100_000
-    torch_modules: bool = True
+    torch_modules: bool = False
 
 
 @dataclass
