@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
 from memprof.analysis.views import (
-    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, SummaryView,
+    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, RegionsView,
+    SummaryView,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +163,18 @@ class Analysed:
                         against=against)
         ids = [s.stack_id for s in result.series if s.chain]
         return GrowthView(result, self.about, self.chains(ids, native_frames))
+
+    @_kept
+    def regions(self, *, layers: tuple = (), top: int = 3,
+                native_frames: str = DEFAULT_NATIVE_FRAMES) -> RegionsView:
+        """`report regions`: from each mark with numbers to the next (the last: to the
+        target's end), each (layer, device)'s peak and its `top` chains; the memory surface
+        when two quantities vary."""
+        from memprof.analysis.regions import regions
+        result = regions(self.lifetimes, self.events, self.rec.samples, end_ns=self.span.end_ns,
+                         layers=layers or None, top=top, canonical_stack=self.canonical)
+        ids = [c.stack_id for region in result.regions for peak in region.peaks for c in peak.top_chains]
+        return RegionsView(result, self.about, self.chains(ids, native_frames))
 
     @_kept
     def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,

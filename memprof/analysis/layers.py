@@ -92,15 +92,16 @@ def layer_summary(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
     Sampled allocations count by their weight (bytes and counts are estimates then)."""
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     codes, names = category_codes(allocations["layer"])
-    columns = _Columns.of(allocations)
+    columns = LiveColumns.of(allocations)
     layers = []
     for code in _layer_order(codes, names):
         layers.append(_layer_stats(label_of(names[code]), columns.subset(codes == code), top))
     return LayerSummary(layers=layers, metrics=metric_stats(samples))
 
 
-class _Columns(NamedTuple):
-    """The allocation columns the curve needs, as plain numpy arrays (one entry per allocation)."""
+class LiveColumns(NamedTuple):
+    """The allocation columns the curve needs, as plain numpy arrays (one entry per allocation);
+    regions.py reads each layer's peak per window from them too."""
 
     alloc_ts: np.ndarray
     end_ts: np.ndarray  # int64 max where the allocation never ended
@@ -110,7 +111,7 @@ class _Columns(NamedTuple):
     weight: np.ndarray  # allocations each one stands for (sampled sources); 1.0 otherwise
 
     @classmethod
-    def of(cls, allocations: pd.DataFrame) -> "_Columns":
+    def of(cls, allocations: pd.DataFrame) -> "LiveColumns":
         stack = allocations["stack_id"]
         weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else np.ones(len(allocations))
         size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
@@ -120,8 +121,8 @@ class _Columns(NamedTuple):
                    has_stack=stack.notna().to_numpy(), stack=stack.to_numpy(dtype=np.int64, na_value=0),
                    weight=weight)
 
-    def subset(self, mask: np.ndarray) -> "_Columns":
-        return _Columns(*(values[mask] for values in self))
+    def subset(self, mask: np.ndarray) -> "LiveColumns":
+        return LiveColumns(*(values[mask] for values in self))
 
 
 def _layer_order(codes: np.ndarray, names: np.ndarray) -> list[int]:
@@ -131,12 +132,12 @@ def _layer_order(codes: np.ndarray, names: np.ndarray) -> list[int]:
     return sorted(present.tolist(), key=lambda c: (rank.get(label_of(names[c]), len(rank)), label_of(names[c])))
 
 
-def _layer_stats(layer: str, cols: _Columns, top: int) -> LayerStats:
+def _layer_stats(layer: str, cols: LiveColumns, top: int) -> LayerStats:
     times, live = live_curve(cols.alloc_ts, cols.end_ts, cols.size)
     peak_at = int(np.argmax(live))  # first maximum: the earliest time the peak was reached
     peak_ns = int(times[peak_at])
     return LayerStats(layer=layer, peak_bytes=int(live[peak_at]), peak_ns=peak_ns, final_bytes=int(live[-1]),
-                      alloc_count=int(round(cols.weight.sum())), top_chains=_chains_at(cols, peak_ns, top))
+                      alloc_count=int(round(cols.weight.sum())), top_chains=chains_at(cols, peak_ns, top))
 
 
 def live_curve(alloc_ts: np.ndarray, end_ts: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +154,7 @@ def live_curve(alloc_ts: np.ndarray, end_ts: np.ndarray, size: np.ndarray) -> tu
     return times[last_of_time], live[last_of_time]
 
 
-def _chains_at(cols: _Columns, ts_ns: int, top: int) -> list[ChainBytes]:
+def chains_at(cols: LiveColumns, ts_ns: int, top: int) -> list[ChainBytes]:
     """The `top` chains by bytes live at `ts_ns`, then by count (descending), then stack_id."""
     live = live_mask(cols.alloc_ts, cols.end_ts, ts_ns)
     if top <= 0 or not live.any():

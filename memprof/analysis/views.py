@@ -68,6 +68,11 @@ class GrowthView(View):
     (growth.GrowthResult)."""
 
 
+class RegionsView(View):
+    """`memprof report regions`: each region's peaks between marks with numbers, and the
+    memory surface (regions.RegionsResult)."""
+
+
 class CheckView(View):
     """`memprof check`: the budgets judged on one recording (budget.CheckResult)."""
 
