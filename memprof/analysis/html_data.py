@@ -2,7 +2,8 @@
 curve and every sampled series, downsampled; step marks and OOMs; the leak findings (as
 `memprof report leaks` finds them); icicle trees of the chains holding each layer's bytes at
 the end and at its peak (as `memprof report top/peak` attribute them); the GPU breakdown;
-and what the recording lost or sampled.
+the regions between marks with numbers and their memory surface (as `memprof report regions`
+gives them, one chain per region and layer); and what the recording lost or sampled.
 
 Pure functions over the timeline, its lifetimes, the stacks/frames/samples tables and the
 recording's metadata; no I/O. Times are CLOCK_MONOTONIC ns, sizes bytes.
@@ -29,6 +30,7 @@ from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, chain_frames
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.analysis.overview import leak_report, recording_span
+from memprof.analysis.regions import RegionsResult, regions
 from memprof.analysis.series import CounterSeries, layer_series, sample_series, user_marks
 from memprof.model.meta import RecordingMeta
 from memprof.model.schema import Action
@@ -36,6 +38,7 @@ from memprof.model.schema import Action
 MAX_POINTS = 2000  # buckets per curve: a few thousand points draw sharply at any screen width
 MAX_MARKS = 1000  # step marks, the user's marks and OOMs drawn at most (evenly picked beyond that)
 MAX_DEPTH = 64  # frames kept per chain in a tree (the outermost; deeper ones are summed in "…")
+REGION_TOP = 1  # chains named per region and layer: the page's table shows the one holding the most
 # Layers that nest draw in one chart, side by side; families do not add up either.
 FAMILIES = {"cuda_block": "gpu", "cuda_segment": "gpu", "cuda_driver": "gpu",
             "torch_cpu": "host", "native_heap": "host", "kernel_slab": "kernel", "kernel_page": "kernel"}
@@ -135,6 +138,7 @@ class HtmlData:
     max_points: int = MAX_POINTS
     notes: list[str] = field(default_factory=list)
     marks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"ts_ns": [], "label": []}))  # memprof.mark
+    regions: RegionsResult | None = None  # between marks with numbers, and the memory surface (regions.py)
 
 
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
@@ -151,6 +155,9 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     for at in ("end", "peak")}
     shown = [f.stack_id for f in leaks.findings + leaks.not_leaks]
     shown += [row.stack_id for a in attributions.values() for layer in a.layers for row in layer.rows]
+    # Each region's chains at its peaks: a bounded count (regions × layers × REGION_TOP).
+    swept = regions(lifetimes, events, samples, end_ns=span.end_ns, top=REGION_TOP, canonical_stack=canonical_stack)
+    shown += [c.stack_id for r in swept.regions for peak in r.peaks for c in peak.top_chains]
     chains = chain_frames(stacks, frames, shown, native_frames)
     flames, frame_table = flame_trees(attributions, chains)
     notes = recording_notes(meta)
@@ -160,7 +167,8 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     chains=chains, flames=flames, frames=frame_table,
                     gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
                     warnings=loss_warnings(meta, lifetimes) + [n for n in notes if n.severity is Severity.CAVEAT],
-                    notes=[n for n in notes if n.severity is Severity.INFO], marks=_thinned(user_marks(events)))
+                    notes=[n for n in notes if n.severity is Severity.INFO], marks=_thinned(user_marks(events)),
+                    regions=swept)
 
 
 # ---- curves ---------------------------------------------------------------------------------

@@ -421,6 +421,106 @@
     return div;
   }
 
+  // ---- regions and the memory surface -------------------------------------------------------
+  var CELL = {w: 112, h: 44}, AXIS = {left: 96, top: 48};
+  var LIGHT = [255, 245, 235], DARK = [127, 39, 4];  // few bytes → many bytes, one hue, so the order reads at a glance
+
+  function drawRegions() {
+    var regions = data.regions;
+    if (!regions || !regions.regions.length) return;  // no marks with numbers: nothing to show
+    document.getElementById("regions-section").hidden = false;
+    var box = document.getElementById("surface");
+    (regions.surface_notes || []).forEach(function (n) { box.appendChild(el("p", {"class": "note"}, n)); });
+    if (regions.surface) drawSurface(regions.surface, box);
+    document.getElementById("regions").appendChild(regionsTable(regions));
+  }
+
+  function drawSurface(surface, box) {
+    box.appendChild(el("h3", {}, "Memory surface: each layer's peak by " + surface.rows + " (rows) × " +
+                                 surface.columns + " (columns)"));
+    var select = el("select", {id: "surface-layer"}), plot = el("div", {id: "surface-plot"});
+    surface.grids.forEach(function (g, i) { select.appendChild(el("option", {value: i}, gridName(g))); });
+    var label = el("label", {}, "layer "); label.appendChild(select);
+    box.appendChild(el("div", {"class": "toolbar"})).appendChild(label);
+    box.appendChild(plot);
+    var draw = function () {
+      var grid = surface.grids[+select.value], values = [].concat.apply([], grid.bytes).filter(function (v) { return v !== null; });
+      plot.textContent = "";
+      plot.appendChild(heatmap(surface, grid));
+      plot.appendChild(el("p", {"class": "note surface-scale"}, "lightest " + bytes(Math.min.apply(null, values)) +
+                                                                  ", darkest " + bytes(Math.max.apply(null, values))));
+    };
+    select.addEventListener("change", draw);
+    draw();
+  }
+
+  function gridName(g) { return g.layer + (g.device ? " " + g.device : ""); }
+
+  // One rect per (row, column), coloured by its peak between the grid's lowest and highest,
+  // the peak written in it; the column quantity's values on top, the row quantity's on the left.
+  function heatmap(surface, grid) {
+    var rows = surface.row_values.length, cols = surface.column_values.length;
+    var width = AXIS.left + cols * CELL.w + 8, height = AXIS.top + rows * CELL.h + 8;
+    var root = svg("svg", {viewBox: "0 0 " + width + " " + height, width: width, height: height, "class": "heatmap",
+                           "data-layer": gridName(grid)});
+    var values = [].concat.apply([], grid.bytes).filter(function (v) { return v !== null; });
+    var lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
+    root.appendChild(svg("text", {x: AXIS.left + cols * CELL.w / 2, y: 14, "text-anchor": "middle",
+                                  "class": "axis-name"}, surface.columns + " →"));
+    root.appendChild(svg("text", {x: 4, y: AXIS.top - 8, "class": "axis-name"}, surface.rows + " ↓"));
+    surface.column_values.forEach(function (v, j) {
+      root.appendChild(svg("text", {x: AXIS.left + (j + 0.5) * CELL.w, y: AXIS.top - 8, "text-anchor": "middle",
+                                    "class": "column-value"}, v));
+    });
+    surface.row_values.forEach(function (v, i) {
+      root.appendChild(svg("text", {x: AXIS.left - 10, y: AXIS.top + (i + 0.5) * CELL.h + 4, "text-anchor": "end",
+                                    "class": "row-value"}, v));
+      surface.column_values.forEach(function (w, j) { root.appendChild(cell(surface, grid, i, j, lo, hi)); });
+    });
+    return root;
+  }
+
+  function cell(surface, grid, i, j, lo, hi) {
+    var v = grid.bytes[i][j], x = AXIS.left + j * CELL.w, y = AXIS.top + i * CELL.h;
+    var g = svg("g"), share = v === null ? 0 : hi > lo ? (v - lo) / (hi - lo) : 1;
+    var rgb = LIGHT.map(function (c, k) { return Math.round(c + (DARK[k] - c) * share); });
+    var rect = svg("rect", {"class": "surface-cell", x: x, y: y, width: CELL.w, height: CELL.h,
+                            fill: v === null ? "#ddd" : "rgb(" + rgb.join(",") + ")", "data-row": surface.row_values[i],
+                            "data-column": surface.column_values[j], "data-bytes": v === null ? "" : v});
+    rect.appendChild(svg("title", {}, surface.rows + " " + surface.row_values[i] + ", " + surface.columns + " " +
+                                      surface.column_values[j] + ": " + (v === null ? "not run" : bytes(v))));
+    g.appendChild(rect);
+    var text = svg("text", {"class": "surface-value", x: x + CELL.w / 2, y: y + CELL.h / 2 + 4, "text-anchor": "middle"},
+                   v === null ? "–" : bytes(v));
+    text.style.fill = share > 0.55 ? "#fff" : "#111";  // readable on the dark cells and the light ones
+    g.appendChild(text);
+    return g;
+  }
+
+  function regionsTable(regions) {
+    var table = el("table", {"class": "regions"}), head = el("tr");
+    var keys = regions.regions[0].peaks.map(function (p) { return p.layer + (p.device ? " " + p.device : ""); });
+    ["region", "label"].concat(regions.quantities, keys.map(function (k) { return "peak " + k; }), ["from", "for"])
+      .forEach(function (name, k) { head.appendChild(el("th", {"class": k > 1 ? "num" : ""}, name)); });
+    table.appendChild(head);
+    regions.regions.forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("td", {"class": "num"}, r.index));
+      tr.appendChild(el("td", {}, r.label));
+      regions.quantities.forEach(function (q) { tr.appendChild(el("td", {"class": "num"}, q in r.quantities ? r.quantities[q] : "–")); });
+      r.peaks.forEach(function (p) {
+        var td = el("td", {"class": "num"}, bytes(p.peak_bytes));
+        var top = p.top_chains[0];
+        if (top) td.title = "held most at the peak: " + bytes(top.live_bytes) + " " + top.name;
+        tr.appendChild(td);
+      });
+      tr.appendChild(el("td", {"class": "num"}, seconds(r.start_ns - data.span.start_ns)));
+      tr.appendChild(el("td", {"class": "num"}, ((r.end_ns - r.start_ns) / 1e9).toFixed(3) + " s"));
+      table.appendChild(tr);
+    });
+    return table;
+  }
+
   // ---- start ------------------------------------------------------------------------------
   window.memprof = {
     zoom: function (t0s, t1s) { zoomNs(t0s * 1e9, t1s * 1e9); },  // seconds after the recording's start
@@ -433,6 +533,7 @@
   drawCharts();
   drawLeaks();
   setupFlame();
+  drawRegions();
   drawGpu();
   drawMeta();
   var resizeTimer = null;

@@ -13,8 +13,8 @@ import re
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from memprof.analysis.views import About, GpuView, LeaksView
-from memprof.report import gpu, leaks
+from memprof.analysis.views import About, GpuView, LeaksView, RegionsView
+from memprof.report import gpu, leaks, regions
 from memprof.report.wording import MODEL_STATE_HEADING, MODEL_STATE_WHY, min_age_left_out, model_state_line, shown_of
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def to_json(view: HtmlView) -> dict:
         "frames": [list(frame) for frame in data.frames],
         "flames": {at: [_flame_json(f, start) for f in flames] for at, flames in data.flames.items()},
         "gpu": gpu.to_json(GpuView(data.gpu, inner)),
+        # What `report regions --format json` prints; the page draws its surface as a heatmap.
+        "regions": None if data.regions is None else regions.to_json(RegionsView(data.regions, inner, data.chains)),
     }
 
 
