@@ -8,6 +8,7 @@ Pure functions over the lifetimes; no I/O.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Iterable, Mapping
 
@@ -41,11 +42,15 @@ def _categorical(column: pd.Series) -> pd.Categorical:
 
 def chain_modules(allocations: pd.DataFrame, events: pd.DataFrame | None, stack_ids: Iterable[int],
                   canonical_stack: Mapping[int, int] | None = None) -> dict[int, str | None]:
-    """{stack id: the module path most of its allocations were made in} for each of
-    `stack_ids` (chains as the reports show them: `canonical_stack` maps each stack to its
-    chain's id). Counted in allocations, not bytes (a chain's allocations in one module are
-    usually of one size); a tie goes to the path the timeline met first. None for a chain whose
-    allocations ran in no module, or most of them in none."""
+    """{stack id: the module its allocations were made in} for each of `stack_ids` (chains as
+    the reports show them: `canonical_stack` maps each stack to its chain's id).
+
+    Paths that differ only in their numbered parts are one module repeated (the same
+    attention in each layer: `transformer.h.0.attn` … `h.5.attn`) and count together, named
+    with `*` (`transformer.h.*.attn`) when more than one of them is the chain's. The module
+    with the most of the chain's allocations wins (counted in allocations, not bytes); a tie
+    goes to the path the timeline met first. None for a chain whose allocations ran in no
+    module, or more of them in none than in any one module."""
     wanted = pd.unique(np.asarray(list(stack_ids), dtype=np.int64))
     found: dict[int, str | None] = {int(s): None for s in wanted}
     modules = alloc_modules(allocations, events)
@@ -53,13 +58,29 @@ def chain_modules(allocations: pd.DataFrame, events: pd.DataFrame | None, stack_
         return found
     stacks = with_canonical_stacks(allocations, canonical_stack)["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
     mine = np.isin(stacks, wanted)
-    counts = pd.DataFrame({"stack": stacks[mine], "code": np.asarray(modules.codes)[mine]}).value_counts()
-    counts = counts.reset_index(name="n").sort_values(["stack", "n", "code"], ascending=[True, False, True])
-    best = counts.drop_duplicates("stack")
+    counts = pd.DataFrame({"stack": stacks[mine], "code": np.asarray(modules.codes)[mine]}).value_counts(sort=False)
     names = modules.categories
-    for stack, code in zip(best["stack"].to_numpy(), best["code"].to_numpy()):
-        found[int(stack)] = None if code < 0 else str(names[code])
+    for stack, paths in counts.groupby(level="stack", sort=False):  # a few chains, each a few paths
+        found[int(stack)] = _winner({None if code < 0 else str(names[code]): int(n)
+                                     for (_, code), n in sorted(paths.items(), key=lambda item: item[0][1])})
     return found
+
+
+_NUMBERED = re.compile(r"(?<=\.)[0-9]+(?=\.|$)|^[0-9]+(?=\.|$)")
+
+
+def _winner(counts: dict[str | None, int]) -> str | None:
+    """The module of the most allocations in {path or None: allocations} (in first-met
+    order), numbered siblings counted as one (chain_modules)."""
+    groups: dict[str | None, list] = {}  # pattern -> [allocations, paths]
+    for path, n in counts.items():
+        group = groups.setdefault(None if path is None else _NUMBERED.sub("*", path), [0, set()])
+        group[0] += n
+        group[1].add(path)
+    pattern, (n, paths) = max(groups.items(), key=lambda item: item[1][0])  # max keeps the first of a tie
+    if pattern is None or len(paths) > 1:
+        return pattern
+    return next(iter(paths))
 
 
 def with_chain_modules(findings: list, allocations: pd.DataFrame, events: pd.DataFrame | None = None) -> list:

@@ -18,7 +18,7 @@ from memprof.analysis.growth_regime import (
     REGIME_MIN_POINTS, REGIME_MIN_SIDE, REGIME_MIN_SLOPE_RATIO, REGIME_MIN_SSE_CUT, regime_bar,
 )
 from memprof.model.schema import FRAME_KEYS
-from memprof.report.labels import in_module, one_line  # one chain in one line, allocator frames skipped
+from memprof.report.labels import module_first, one_line  # one chain in one line, allocator frames skipped
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns
 
@@ -174,7 +174,7 @@ def _narrowed(table: Table, console: Console) -> Table:
 
 def _name(series: GrowthSeries, chains: dict[int, list[dict]]) -> str:
     if series.chain:
-        return "  ↳ " + one_line(_frames(series, chains)) + escape(in_module(series.module))
+        return "  ↳ " + escape(module_first(series.module)) + one_line(_frames(series, chains))
     return f"[bold]{escape(series.layer)}[/] {escape(series.device)}"
 
 
@@ -243,7 +243,7 @@ def _regime_lines(result: GrowthResult, chains: dict[int, list[dict]]) -> list[s
 
 def _regime_name(series: GrowthSeries, chains: dict[int, list[dict]]) -> str:
     if series.chain:
-        return "↳ " + one_line(_frames(series, chains)) + escape(in_module(series.module))
+        return "↳ " + escape(module_first(series.module)) + one_line(_frames(series, chains))
     return f"{escape(series.layer)} {escape(series.device)}"
 
 

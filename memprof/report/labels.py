@@ -101,3 +101,9 @@ def module_label(path: str | None) -> str:
 def in_module(path: str | None) -> str:
     """" in PATH" (module_label's words) after a chain's name, "" when it ran in no module."""
     return "" if path is None else f" in {module_label(path)}"
+
+
+def module_first(path: str | None) -> str:
+    """"in PATH · " before a chain's frames (where a long chain is cut at its end, the module
+    stays in view), "" when it ran in no module."""
+    return "" if path is None else f"in {module_label(path)} · "

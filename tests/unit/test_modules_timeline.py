@@ -16,7 +16,7 @@ from memprof.analysis.modules import chain_modules, with_chain_modules
 from memprof.model.meta import ClockAnchor
 from memprof.model.schema import MODULE_NONE
 from memprof.report import attribution as report_attribution
-from memprof.report.labels import in_module
+from memprof.report.labels import in_module, module_first
 from memprof.sources.agent_reader import lines
 from memprof.sources.agent_reader.modules import boundaries
 from memprof.sources.agent_reader.source import AgentSource
@@ -178,6 +178,7 @@ def test_findings_and_growth_chains_get_their_chains_module():
     named = with_chain_modules([Chain(1), Chain(5), Chain(None), Chain(9)], pair_lifetimes(events).allocations)
     assert [c.module for c in named] == ["h.0.attn", "lm_head", None, None]
     assert in_module("h.0.attn") == " in h.0.attn" and in_module("") == " in (outermost module)" and in_module(None) == ""
+    assert module_first("h.*.attn") == "in h.*.attn · " and module_first(None) == ""
 
 
 def test_module_tracking_is_asked_of_the_agent_only_with_the_option(tmp_path):
@@ -201,3 +202,15 @@ def test_leak_findings_name_their_chains_module_in_json_and_text():
     console = Console(record=True, width=120)
     report_leaks.render(LeaksView(result, About("r.memprof"), {}), console)
     assert "allocated in lm_head" in console.export_text()
+
+
+@pytest.mark.parametrize("counts,winner", [
+    ({"transformer.h.0.attn": 2, "transformer.h.1.attn": 2, None: 3}, "transformer.h.*.attn"),  # 4 beat 3
+    ({"transformer.h.0.attn": 2, None: 3}, None),
+    ({"h.0.attn": 2, "h.0.mlp": 1}, "h.0.attn"),       # one numbered path: its own name
+    ({"0.mlp.1": 1, "1.mlp.0": 1, "lm_head": 1}, "*.mlp.*"),
+    ({"a": 1, "b": 1}, "a"),                           # a tie: the one met first
+])
+def test_a_chain_across_numbered_siblings_is_named_with_a_star(counts, winner):
+    from memprof.analysis.modules import _winner
+    assert _winner(counts) == winner
