@@ -128,3 +128,16 @@ def test_without_the_option_only_outermost_forwards_are_seen_and_no_modules_writ
         nn.Sequential(Block())(torch.zeros(1, 4))
     assert records(agent, tmp_path, "modules") == []
     assert [r["source"] for r in records(agent, tmp_path, "step")] == ["start", "forward"]
+
+
+def test_calls_past_the_bound_are_counted_not_kept_and_the_nesting_survives(tracking, agent, tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "MAX_SPANS", 3)
+    net = nn.Sequential(Block())
+    with torch.no_grad():
+        net(torch.zeros(1, 4))
+        net(torch.zeros(1, 4))
+    first, second = records(agent, tmp_path, "modules")
+    names = {}
+    assert [p for p, _, _ in spans_by_path(first, names)] == ["", "0", "0.attn"] and first["dropped"] == 4
+    assert all(enter <= exit_ for _, enter, exit_ in first["spans"])
+    assert [p for p, _, _ in spans_by_path(second, names)] == ["", "0", "0.attn"]  # the next forward starts afresh

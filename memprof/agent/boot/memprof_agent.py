@@ -353,6 +353,8 @@ def _enter_module(module, depth):
     f = _forward
     if not depth:
         f.root, f.index, f.open, f.spans, f.dropped = module, _root_index(module), [], [], 0
+    elif getattr(f, "root", None) is None:  # tracking began inside this thread's forward (attach)
+        return
     elif len(f.spans) >= MAX_SPANS:
         f.dropped += 1
         f.open.append(None)  # keeps the exits paired with their enters
