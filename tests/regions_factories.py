@@ -56,7 +56,7 @@ def sweep_recording(path: Path) -> Path:
         rows += [mark(t, 100, "config"),
                  ev(t + SECOND // 10, "alloc", 0x1000 + k, buffer_bytes(seq_len, batch), 2, layer="torch_cpu"),
                  ev(t + SECOND // 2, "free", 0x1000 + k, layer="torch_cpu")]
-        samples += [(t - 30_000, "quantity:seq_len", seq_len), (t - 30_000, "quantity:batch", batch),
+        samples += [(t, "quantity:seq_len", seq_len), (t, "quantity:batch", batch),
                     (t + 50_000, "quantity:batch", batch), (t + 50_000, "quantity:seq_len", seq_len)]
     rows.append(mark(EXIT_NS, 100))
     writer.append("events", _columns(concat_events(events_frame(rows))))

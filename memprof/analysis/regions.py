@@ -35,11 +35,11 @@ from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.analysis.series import instants
 from memprof.model.schema import LAYERS
 
-# How long before its mark row a mark's numbers may be stamped. The agent writes the numbers
-# (a `values` line) and then the mark, each with its own clock read: tens of µs apart when
-# measured (examples/sweep_kv.py: 25-35 µs). A forward's sizes come after the mark that
-# precedes it, so they are never taken for the mark's.
-MATCH_NS = 1_000_000
+# How long before its mark row a mark's numbers may be stamped: the agent stamps a mark and
+# its numbers with one clock read, so 0; a forward's sizes (the other quantities) never
+# share a mark's time. (Agents before that change read the clock twice, tens of µs apart:
+# their recordings pair with match_ns=1_000_000.)
+MATCH_NS = 0
 DEFAULT_TOP = 3
 HOW_TO = 'call memprof.mark("config", seq_len=512, batch=8) before each configuration'
 

@@ -84,6 +84,8 @@ def test_marks_carry_finite_numbers_only(agent, tmp_path):
     agent.mark("request", tokens=512, batch=8, ratio=0.5, bad=float("nan"), flag=True, text="x")
     (values,) = records(agent, tmp_path, "values")
     assert values["values"] == {"tokens": 512, "batch": 8, "ratio": 0.5}
+    (step,) = [r for r in records(agent, tmp_path, "step") if r["source"] == "mark"]
+    assert values["ts_ns"] == step["ts_ns"]  # one clock read: report regions pairs them by it
 
 
 def state_by_role(agent, tmp_path) -> dict[str, dict[str, int]]:

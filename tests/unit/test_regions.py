@@ -47,7 +47,7 @@ def sweep_samples(numbers: bool = True) -> pd.DataFrame:
     rows = []
     for t, seq_len, batch, _ in CONFIGS:
         if numbers:  # the mark's numbers, stamped 30 µs before it, seq_len named first
-            rows += [(t - 30_000, "quantity:seq_len", "", seq_len), (t - 30_000, "quantity:batch", "", batch)]
+            rows += [(t, "quantity:seq_len", "", seq_len), (t, "quantity:batch", "", batch)]
         # the forward's sizes, 50 µs after the mark: they make no region and are not the mark's
         rows += [(t + 50_000, "quantity:batch", "", batch), (t + 50_000, "quantity:seq_len", "", seq_len),
                  (t + 50_000, "quantity:tokens", "", 0), (t + 50_000, "rss_bytes", "cpu", 1e6)]
@@ -105,7 +105,7 @@ def test_surface_is_the_grid_of_peaks_first_named_quantity_as_rows():
 def test_a_missing_cell_is_none_and_a_cell_run_twice_holds_the_higher_peak():
     events = sweep_events()
     samples = sweep_samples()
-    samples.loc[(samples["ts_ns"] == 2_000 * MS - 30_000) & (samples["metric"] == "quantity:seq_len"), "value"] = 128
+    samples.loc[(samples["ts_ns"] == 2_000 * MS) & (samples["metric"] == "quantity:seq_len"), "value"] = 128
     result = analysed(events, samples)  # regions 2 and 4 are both (128, 2) now; (64, 2) never ran
     grid = next(g.bytes for g in result.surface.grids if g.layer == "torch_cpu")
     assert grid == [[PEAKS[0], None], [PEAKS[2], max(PEAKS[1], PEAKS[3])]]
@@ -187,7 +187,7 @@ def test_a_wide_sweep_is_cut_into_column_groups_at_80_columns():
     for k, batch in enumerate(batches):
         t = 1_000 * MS * (k + 1)
         rows.append(mark(t, 100, "config"))
-        samples += [(t - 30_000, "quantity:seq_len", "", 512 * (1 + k % 2)), (t - 30_000, "quantity:batch", "", batch)]
+        samples += [(t, "quantity:seq_len", "", 512 * (1 + k % 2)), (t, "quantity:batch", "", batch)]
     events = concat_events(events_frame(rows))
     result = regions(pair_lifetimes(events), events, pd.DataFrame(samples, columns=["ts_ns", "metric", "device", "value"]),
                      end_ns=20_000 * MS)

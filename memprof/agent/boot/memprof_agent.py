@@ -199,8 +199,10 @@ def _guarded(where):
 
 # ---- steps and marks ----
 
-def _event(kind, **fields):
-    record = {"kind": kind, "ts_ns": time.monotonic_ns(), "pid": _pid(), "tid": threading.get_native_id()}
+def _event(kind, ts_ns=None, **fields):
+    """Write a record of `kind` stamped `ts_ns` (now, by default: CLOCK_MONOTONIC)."""
+    record = {"kind": kind, "ts_ns": time.monotonic_ns() if ts_ns is None else ts_ns, "pid": _pid(),
+              "tid": threading.get_native_id()}
     record.update(fields)
     _write(record)
 
@@ -219,12 +221,12 @@ def _advance(source):
     _new_step(source)
 
 
-def _new_step(source, label=None):
+def _new_step(source, label=None, ts_ns=None):
     _state["step"] += 1
     fields = {"step": _state["step"], "source": source}
     if label is not None:
         fields["label"] = label
-    _event("step", **fields)
+    _event("step", ts_ns, **fields)
     _profile_window_at(_state["step"])
     _write_model_state()
 
@@ -233,14 +235,16 @@ def mark(label="mark", **values):
     """A named moment on the timeline, with numbers (`tokens=512, batch=8`) that `report
     growth --against NAME` can plot memory against. Counts steps too when nothing else does."""
     try:
-        numbers = _numbers(values)
-        if numbers:  # first: the mark's checkpoint reads the last values at or before it
-            _event("values", values=numbers)
+        # The numbers and the mark share one time: they are the mark's (`report regions`
+        # pairs them by it; a checkpoint reads the values at or before its mark).
+        now, numbers = time.monotonic_ns(), _numbers(values)
+        if numbers:
+            _event("values", now, values=numbers)
         if _state["step_source"] in (None, "mark", FORWARD):
             _state["step_source"] = "mark"
-            _new_step("mark", str(label))
+            _new_step("mark", str(label), now)
         else:
-            _event("mark", step=_state["step"], label=str(label))
+            _event("mark", now, step=_state["step"], label=str(label))
     except Exception as e:
         log_failure("mark", e)
 
