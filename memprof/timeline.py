@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memprof.model.schema import MODULE_NONE, MODULE_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import MODULE_NONE, MODULE_PREFIX, MODULE_RETURN_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 
 def timeline(recording) -> pd.DataFrame:
@@ -32,19 +32,21 @@ def with_modules(events: pd.DataFrame) -> pd.DataFrame:
     """Add the derived column `module`: on each `alloc` row, the nn.Module instance path
     (`transformer.h.3.attn`; "" the outermost module) that was running on the allocating
     thread (same pid and tid) at its ts_ns, from the latest module boundary of that thread at
-    or before it (schema.MODULE_PREFIX); null on other rows, when none was running, and when
+    or before it (schema.MODULE_PREFIX, MODULE_RETURN_PREFIX); null on other rows, when none was running, and when
     the recording has no boundaries (the column is there either way). Vectorized: one
     pd.merge_asof by (pid, tid) of the alloc rows on the boundary rows. `events` must be in
     time order."""
     is_boundary = _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
+                                      | _has_prefix(events["category"], MODULE_RETURN_PREFIX)
                                       | (events["category"] == MODULE_NONE).to_numpy())
     empty = pd.Categorical.from_codes(np.full(len(events), -1, dtype=np.int8), categories=[])
     if not is_boundary.any():
         return _with_column(events, "module", empty)
     categories = events.loc[is_boundary, "category"].astype(str).astype("category")
     labels = categories.cat.categories
-    paths = pd.Index([c[len(MODULE_PREFIX):] for c in labels if c != MODULE_NONE], dtype=object)  # labels: unique
-    path_code = np.array([-1 if c == MODULE_NONE else paths.get_loc(c[len(MODULE_PREFIX):]) for c in labels])
+    named = [None if c == MODULE_NONE else module_path(c) for c in labels]
+    paths = pd.Index(pd.unique(pd.Series([p for p in named if p is not None], dtype=object)), dtype=object)
+    path_code = np.array([-1 if p is None else paths.get_loc(p) for p in named], dtype=np.int64)
     bounds = events.loc[is_boundary, ["ts_ns", "pid", "tid"]].assign(code=path_code[categories.cat.codes.to_numpy()])
     is_alloc = (events["action"] == Action.ALLOC.value).to_numpy()
     allocs = events.loc[is_alloc, ["ts_ns", "pid", "tid"]].assign(at=np.flatnonzero(is_alloc))
@@ -52,6 +54,15 @@ def with_modules(events: pd.DataFrame) -> pd.DataFrame:
     codes = np.full(len(events), -1, dtype=np.int32)
     codes[matched["at"].to_numpy()] = matched["code"].fillna(-1).to_numpy(dtype=np.int32)
     return _with_column(events, "module", pd.Categorical.from_codes(codes, categories=paths))
+
+
+def module_path(category: str) -> str | None:
+    """The module path a boundary's category names (module docstring of
+    sources/agent_reader/modules.py); None for MODULE_NONE or another category."""
+    for prefix in (MODULE_PREFIX, MODULE_RETURN_PREFIX):
+        if category.startswith(prefix):
+            return category[len(prefix):]
+    return None
 
 
 def _with_column(events: pd.DataFrame, name: str, values) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
-from memprof.model.schema import LAYERS, MODULE_NONE, MODULE_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import LAYERS, MODULE_NONE, MODULE_PREFIX, MODULE_RETURN_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 DEFAULT_MAX_POINTS = 20_000
 _NO_STACK = -1
@@ -177,13 +177,13 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
 def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Per row (its action and category labels): a mark of the user's own — a `mark` row
     whose category is neither a step, the exit, nor one of the agent's per-tensor notes
-    (`tensor:ROLE`, `state:ROLE:NAME`) and module boundaries (`module:PATH`, MODULE_NONE).
+    (`tensor:ROLE`, `state:ROLE:NAME`) and module boundaries (`module:PATH`, `module-return:PATH`, MODULE_NONE).
     Judged on the mark rows' distinct labels (module boundaries are two rows per module call:
     many rows, few labels)."""
     marks = np.flatnonzero(action == Action.MARK.value)
     codes, texts = pd.factorize(pd.Series(category[marks], dtype=object), use_na_sentinel=True)
     judged = np.array([isinstance(text, str) and text not in (Mark.STEP.value, Mark.EXIT.value, MODULE_NONE)
-                       and not text.startswith((TENSOR_PREFIX, STATE_PREFIX, MODULE_PREFIX)) for text in texts]
+                       and not text.startswith((TENSOR_PREFIX, STATE_PREFIX, MODULE_PREFIX, MODULE_RETURN_PREFIX)) for text in texts]
                       + [False], dtype=bool)
     rows = np.zeros(len(action), dtype=bool)
     rows[marks[judged[codes]]] = True  # code -1 (no label) picks the trailing False

@@ -68,10 +68,12 @@ STATE_PREFIX = "state:"
 # `category` of a module boundary (a `mark` row without a layer, on the thread it happened
 # on): from this row on, the innermost nn.Module forward running on the thread is the one at
 # the instance path after the prefix ("module:transformer.h.3.attn"; the outermost module
-# is "module:"), or none (MODULE_NONE). One row where a module's forward begins (its path)
-# and one where it ends (the path of the module around it). `timeline()` gives each
-# allocation the path of its thread's latest boundary, in the derived column `module`.
+# is "module:"), or none (MODULE_NONE). One row where a module's forward begins (MODULE_PREFIX
+# and its path: one row per call) and one where it ends (MODULE_RETURN_PREFIX and the path of
+# the module around it, which runs again; MODULE_NONE after the outermost). `timeline()`
+# gives each allocation the path of its thread's latest boundary, in the derived column `module`.
 MODULE_PREFIX = "module:"
+MODULE_RETURN_PREFIX = "module-return:"
 MODULE_NONE = "module-none"
 
 

@@ -43,9 +43,9 @@ def source_with(tmp_path, *records) -> AgentSource:
 
 def test_boundaries_say_what_runs_from_each_enter_and_exit_on():
     assert boundaries([tuple(s) for s in SPANS], PATHS) == [
-        (100, "module:"), (200, "module:h.0"), (250, "module:h.0.attn"), (400, "module:h.0"),
-        (450, "module:h.0.mlp"), (550, "module:h.0"), (600, "module:"), (700, "module:lm_head"),
-        (900, "module:"), (1000, MODULE_NONE)]
+        (100, "module:"), (200, "module:h.0"), (250, "module:h.0.attn"), (400, "module-return:h.0"),
+        (450, "module:h.0.mlp"), (550, "module-return:h.0"), (600, "module-return:"), (700, "module:lm_head"),
+        (900, "module-return:"), (1000, MODULE_NONE)]
 
 
 def test_rows_at_one_ns_end_inner_first_and_begin_outer_first():
@@ -53,7 +53,7 @@ def test_rows_at_one_ns_end_inner_first_and_begin_outer_first():
     spans = [(0, 100, 550), (1, 100, 550), (2, 100, 400), (3, 400, 550)]
     rows = boundaries(spans, PATHS)
     assert rows[-1] == (550, MODULE_NONE)
-    assert [c for t, c in rows if t == 400] == ["module:h.0", "module:h.0.mlp"]
+    assert [c for t, c in rows if t == 400] == ["module-return:h.0", "module:h.0.mlp"]
     assert [c for t, c in rows if t == 100] == ["module:", "module:h.0", "module:h.0.attn"]
 
 
