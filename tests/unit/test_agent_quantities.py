@@ -2,21 +2,16 @@
 checked as the untrusted lines they are, and turned into `samples` rows and `mark` rows."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from memprof.model.meta import ClockAnchor
 from memprof.sources.agent_reader import lines
 from memprof.sources.agent_reader.source import AgentSource
+from tests.agent_factories import agent_source_with
 
 
 def write(tmp_path, *records) -> AgentSource:
-    folder = tmp_path / "rec.memprof" / "agent"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "77.jsonl", "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    return AgentSource(tmp_path / "rec.memprof")
+    return agent_source_with(tmp_path, 77, *records)
 
 
 def test_values_and_model_state_become_samples_and_state_rows(tmp_path):

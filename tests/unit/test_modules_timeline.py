@@ -20,6 +20,7 @@ from memprof.report.labels import in_module, module_first
 from memprof.sources.agent_reader import lines
 from memprof.sources.agent_reader.modules import boundaries
 from memprof.sources.agent_reader.source import AgentSource
+from tests.agent_factories import agent_source_with
 from memprof.timeline import timeline
 from tests.factories import ev, events_frame
 
@@ -34,11 +35,7 @@ def modules_record(spans=SPANS, paths=PATHS, tid=100, **fields):
 
 
 def source_with(tmp_path, *records) -> AgentSource:
-    folder = tmp_path / "rec.memprof" / "agent"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "100.jsonl", "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    return AgentSource(tmp_path / "rec.memprof")
+    return agent_source_with(tmp_path, 100, *records)
 
 
 def test_boundaries_say_what_runs_from_each_enter_and_exit_on():
@@ -214,3 +211,28 @@ def test_leak_findings_name_their_chains_module_in_json_and_text():
 def test_a_chain_across_numbered_siblings_is_named_with_a_star(counts, winner):
     from memprof.analysis.modules import _winner
     assert _winner(counts) == winner
+
+
+def test_report_modules_gives_calls_bytes_per_call_peak_and_end_per_path():
+    from memprof.analysis.module_use import ModuleUse, module_use
+    events = recording()
+    result = module_use(pair_lifetimes(events), events, Span(0, 3000, 3000))
+    assert result.tracked
+    (layer,) = result.layers
+    rows = {row.module: row for row in layer.modules}
+    # attn: called once, 1000 + 24 allocated; the layer's peak (every allocation made, before
+    # the one free at 1500) holds both; at the end the 24 freed at 1500 is gone.
+    assert rows["h.0.attn"] == ModuleUse("h.0.attn", 1, 1024, 2, 1024, 1000)
+    assert rows["h.0.attn"].bytes_per_call == 1024
+    assert rows[""] == ModuleUse("", 1, 4, 1, 4, 4)  # the outermost module's own: between h.0 and lm_head
+    assert rows["other"].calls == 1 and rows["other"].peak_bytes == 60
+    assert rows[None] == ModuleUse(None, None, 8, 3, 8, 8)  # before and after the forward, and thread 101's 5
+    assert [row.module for row in layer.modules][:2] == ["lm_head", "h.0.attn"]
+    assert layer.peak_bytes == 1 + 1000 + 24 + 200 + 30 + 4 + 7000 + 2 + 60 + 5
+
+
+def test_report_modules_on_a_recording_without_module_tracking():
+    from memprof.analysis.module_use import module_use
+    events = timeline(SimpleNamespace(events=events_frame([(100, "alloc", 0x1, 8, 1)])))
+    result = module_use(pair_lifetimes(events), events, Span(0, 200, 200))
+    assert not result.tracked and [(m.module, m.allocated_bytes) for m in result.layers[0].modules] == [(None, 8)]
