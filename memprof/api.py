@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
 from memprof.analysis.views import (
-    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, RegionsView,
-    SummaryView,
+    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, ModulesView,
+    RegionsView, SummaryView,
 )
 
 if TYPE_CHECKING:
@@ -163,6 +163,14 @@ class Analysed:
                         against=against)
         ids = [s.stack_id for s in result.series if s.chain]
         return GrowthView(result, self.about, self.chains(ids, native_frames))
+
+    @_kept
+    def modules(self, *, layers: tuple = (), top: int | None = 10) -> ModulesView:
+        """`report modules`: per nn.Module path, in each layer, its calls, bytes allocated
+        per call and what it held at the layer's peak and at the end."""
+        from memprof.analysis.module_use import module_use
+        result = module_use(self.lifetimes, self.events, self.span, layers=layers or None, top=top)
+        return ModulesView(result, self.about)
 
     @_kept
     def regions(self, *, layers: tuple = (), top: int = 3,

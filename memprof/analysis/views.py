@@ -68,6 +68,11 @@ class GrowthView(View):
     (growth.GrowthResult)."""
 
 
+class ModulesView(View):
+    """`memprof report modules`: per nn.Module path and layer, calls, bytes allocated per
+    call, held at the peak and at the end (module_use.ModulesResult)."""
+
+
 class RegionsView(View):
     """`memprof report regions`: each region's peaks between marks with numbers, and the
     memory surface (regions.RegionsResult)."""

@@ -236,3 +236,22 @@ def test_report_modules_on_a_recording_without_module_tracking():
     events = timeline(SimpleNamespace(events=events_frame([(100, "alloc", 0x1, 8, 1)])))
     result = module_use(pair_lifetimes(events), events, Span(0, 200, 200))
     assert not result.tracked and [(m.module, m.allocated_bytes) for m in result.layers[0].modules] == [(None, 8)]
+
+
+def test_report_modules_json_and_text():
+    from rich.console import Console
+
+    from memprof.analysis.module_use import module_use
+    from memprof.analysis.views import About, ModulesView
+    from memprof.report import modules as report_modules
+    events = recording()
+    view = ModulesView(module_use(pair_lifetimes(events), events, Span(0, 3000, 3000), top=2), About("r.memprof"))
+    doc = report_modules.to_json(view)
+    assert doc["tracked"] and doc["layers"][0]["modules_left_out"] == 5
+    assert doc["layers"][0]["modules"][1] == {"module": "h.0.attn", "calls": 1, "allocated_bytes": 1024,
+                                             "allocated_count": 2, "bytes_per_call": 1024.0, "peak_bytes": 1024,
+                                             "end_bytes": 1000}
+    console = Console(record=True, width=120)
+    report_modules.render(view, console)
+    text = console.export_text()
+    assert "h.0.attn" in text and "… and 5 more modules" in text and "--torch-modules" not in text
