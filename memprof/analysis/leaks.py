@@ -63,6 +63,7 @@ class LeakReason(str, enum.Enum):
     STARTUP = "startup"                # made once at start-up, held until exit (_at_startup)
     THREADS = "threads"                # kernel objects of threads still running
     MODEL_STATE = "model_state"        # parameters, buffers, gradients, optimizer state (model_state.py)
+    GROWS_WITHIN = "grows_within"      # one buffer made larger each step, released before the end
 
 
 KINDS = tuple(kind.value for kind in LeakKind)
@@ -228,8 +229,9 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)
-    leaks = _biggest_first([f for f in kinds if f.is_leak] + _released_growth_findings(trends, held, allocations))
-    not_leaks = ([f for f in kinds if not f.is_leak] + state_chains
+    released = _released_growth_findings(trends, held, allocations)
+    leaks = _biggest_first([f for f in kinds if f.is_leak] + [f for f in released if f.is_leak])
+    not_leaks = ([f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak]
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
     shown = with_chain_modules(leaks[:top], allocations)
@@ -544,10 +546,14 @@ def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
 
 
 def _released_growth_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame) -> list[LeakFinding]:
-    """Grows-per-step findings for chains that grew over the checkpoints but held nothing at
-    the end: a loop that keeps something from every step or request, freed only on the way
-    out (the list goes when `main` returns, before the interpreter finalizes). By their
-    highest checkpoint, as the curve shows them."""
+    """Findings for chains that grew over the checkpoints but held nothing at the end, by
+    their highest checkpoint, as the curve shows them:
+    - grows per step, when the number of its live allocations grew too: a loop that keeps
+      something from every step or request, freed only on the way out (the list goes when
+      `main` returns, before the interpreter finalizes);
+    - not a leak (GROWS_WITHIN), when it grew in bytes only: the same few buffers made larger
+      each step, then released (a request's KV cache, grown by torch.cat each token and
+      freed when generate returns)."""
     held_chains = _chains_of(held)
     grown = [chain for chain in trends.growing if chain not in held_chains]
     if not grown:
@@ -558,12 +564,23 @@ def _released_growth_findings(trends: ChainTrends, held: pd.DataFrame, allocatio
         peak_bytes, peak_count, at = trends.peak_of((layer, stack_id))
         first_ns, last_ns = firsts[(layer, stack_id)]
         span_s = (int(trends.checkpoints.times_ns[at]) - first_ns) / 1e9
+        accumulates = _count_grew(trends, (layer, stack_id), at)
         findings.append(LeakFinding(
             layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
             first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=peak_bytes / span_s if span_s > 0 else 0.0,
-            released_at_exit=False, released_before_end=True, kind=LeakKind.GROWS_PER_STEP.value,
-            reason=LeakReason.GROWS.value, **_trend_fields(trends.by_chain[(layer, stack_id)], trends)))
+            released_at_exit=False, released_before_end=True,
+            kind=(LeakKind.GROWS_PER_STEP if accumulates else LeakKind.NOT_A_LEAK).value,
+            reason=(LeakReason.GROWS if accumulates else LeakReason.GROWS_WITHIN).value,
+            **_trend_fields(trends.by_chain[(layer, stack_id)], trends)))
     return findings
+
+
+def _count_grew(trends: ChainTrends, chain: tuple, peak_at: int) -> bool:
+    """Whether the chain held more allocations at its highest checkpoint than at the first
+    checkpoint where it held any."""
+    counts = trends.series.live_count[trends.series.row_of[chain]]
+    held = np.flatnonzero(counts > 0)
+    return bool(len(held) and counts[peak_at] > counts[held[0]])
 
 
 def _chains_of(held: pd.DataFrame) -> set:

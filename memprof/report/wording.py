@@ -107,6 +107,11 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "plateau":
         return (f"filled to {format_bytes(finding.live_bytes)} by {unit} {finding.plateau_from}, then held steady: "
                 "a cache or pool, not a leak")
+    if finding.reason == "grows_within":
+        return (f"grew {format_bytes(finding.slope_bytes_per_step)} per {unit} in the same "
+                f"{counted(finding.live_count, 'buffer', 'buffers')} made larger each {unit}, up to "
+                f"{format_bytes(finding.live_bytes)}, and was released before the end: a request's working memory, "
+                "such as its KV cache, not a leak")
     if finding.reason == "sawtooth" and finding.within_slope_bytes_per_step:
         return (f"grows {format_bytes(finding.within_slope_bytes_per_step)} per {unit} within each cycle and is "
                 f"released when the cycle ends ({finding.resets} times, up to {format_bytes(finding.live_bytes)}): "

@@ -454,3 +454,23 @@ def test_keeping_something_from_every_request_grows_even_when_freed_before_the_e
     assert (kept.kind, kept.reason, kept.stack_id, kept.released_before_end) == ("grows_per_step", "grows", 6, True)
     assert (kept.live_count, kept.live_bytes) == (3, 3 * 300 * KiB)  # at its highest checkpoint (the 4th comes after the last step)
     assert [f.reason for f in result.not_leaks] == ["sawtooth"]
+
+
+def test_one_buffer_made_larger_each_step_then_released_is_a_requests_working_memory():
+    """generate_kv.py's KV cache: one tensor per layer, replaced by a larger one (torch.cat)
+    every token, all freed when generate returns, before the end. It grows in bytes, not in
+    number: not a leak."""
+    rows, live = [], None
+    for step in range(1, 31):
+        rows.append(dict(ts_ns=step * S, action="mark", category="step", step=step, pid=PID, tid=PID))
+        addr = 0xE000_0000 + step * 0x10_0000
+        rows.append(ev(step * S + S // 2, "alloc", addr, 24 * KiB * step, 5))
+        if live is not None:
+            rows.append(ev(step * S + S // 2 + 1, "free", live))
+        live = addr
+    rows.append(ev(int(31.5 * S), "free", live))
+    result = judged(rows, end_ns=34 * S, exit_at=33 * S)
+    assert result.findings == []
+    (cache,) = result.not_leaks
+    assert (cache.reason, cache.live_count, cache.released_before_end) == ("grows_within", 1, True)
+    assert cache.slope_bytes_per_step == pytest.approx(24 * KiB)
