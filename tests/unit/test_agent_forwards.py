@@ -140,3 +140,21 @@ def test_modules_called_on_their_own_keep_every_tensor(agent, tmp_path):
     assert parameters == {("Linear.weight", 32 * 16 * 4), ("Linear.bias", 32 * 4), ("Linear.weight", 4 * 32 * 4),
                           ("Linear.bias", 4 * 4)}
     assert len({ptr for role, _, ptr, _, _ in tensors if role == "optimizer_state"}) == 12  # exp_avg, exp_avg_sq, step × 4
+
+
+def test_training_writes_input_sizes_once_per_shape_and_walks_model_state_at_doubling_steps(agent, tmp_path,
+                                                                                              monkeypatch):
+    """With an optimizer counting the steps, forwards do not: their input sizes are written
+    when they change, not a line per forward, and model state is looked at on steps 1, 2,
+    4, 8, … (each walk costs ~100 µs; a step can be a millisecond)."""
+    walked, walk = [], agent._model_state
+    monkeypatch.setattr(agent, "_model_state", lambda: walked.append(agent._state["step"]) or walk())
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for batch in (4, 4, 4, 8, 8, 4, 4, 4, 4, 4):
+        net(torch.zeros(batch, 16)).sum().backward()
+        optimizer.step()
+    values = [r["values"] for r in records(agent, tmp_path, "values")]
+    assert values[0] == {"batch": 4, "seq_len": 16, "tokens": 0}  # step 1 began at the first forward
+    assert values[1:] == [{"batch": 8, "seq_len": 16}, {"batch": 4, "seq_len": 16}]
+    assert walked == [1, 2, 4, 8]  # steps 2 to 11: the first forward's step, then the optimizer's

@@ -53,7 +53,11 @@ _state = {"installed": False, "step": 0, "step_source": None, "file": None, "cud
 
 
 def _dir():
-    return os.environ.get("MEMPROF_AGENT_DIR", "")
+    """The agent folder ("": none), cached: read on every write. _attach_now changes it."""
+    directory = _state.get("dir")
+    if directory is None:
+        directory = _state["dir"] = os.environ.get("MEMPROF_AGENT_DIR", "")
+    return directory
 
 
 def _options():
@@ -228,7 +232,8 @@ def _new_step(source, label=None, ts_ns=None):
         fields["label"] = label
     _event("step", ts_ns, **fields)
     _profile_window_at(_state["step"])
-    _write_model_state()
+    if _state_walk_due(_state["step"]):
+        _write_model_state()
 
 
 def mark(label="mark", **values):
@@ -280,10 +285,11 @@ def _on_forward_pre(module, args):
     if depth:
         return
     _modules.add(module)
-    values = _input_sizes(args)
+    counting = _state["step_source"] in (None, FORWARD)
+    values = _input_sizes(args, counting)
     if values:  # first: a step's checkpoint reads the last values at or before its mark
         _event("values", values=values)
-    if _state["step_source"] in (None, FORWARD):
+    if counting:
         _state["step_source"] = FORWARD
         _new_step(FORWARD)
 
@@ -295,11 +301,13 @@ def _on_forward(module, args, output):
         _exit_module(depth)
 
 
-def _input_sizes(args):
+def _input_sizes(args, counting=True):
     """{batch, seq_len, tokens} of the first tensor input of an outermost forward: its first
     two dimensions, and `tokens`, the seq_len summed over this process's earlier outermost
     forwards (in `generate`: the length of the sequence the KV cache holds as this forward
-    begins)."""
+    begins). Where forwards do not count the steps (`counting` False: an optimizer does),
+    {batch, seq_len} only, and only when they differ from the last written: a training loop
+    of one shape writes them once, not a line per forward."""
     import torch
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if first is None:
@@ -313,6 +321,10 @@ def _input_sizes(args):
     values = {"batch": int(first.shape[0])}
     if first.dim() >= 2:
         values["seq_len"] = int(first.shape[1])
+    if not counting and values == _state.get("sizes_written"):
+        return {}
+    _state["sizes_written"] = dict(values)
+    if counting and "seq_len" in values:
         values["tokens"] = _state.get("tokens", 0)
         _state["tokens"] = values["tokens"] + values["seq_len"]
     return values
@@ -504,6 +516,19 @@ def _root_prefix(module, roots):
 def _where(tensor):
     storage = tensor.untyped_storage()
     return storage.data_ptr(), storage.nbytes(), str(tensor.device)
+
+
+STATE_WALK_EVERY = 256
+
+
+def _state_walk_due(step):
+    """Whether model state is looked at this step: steps 1, 2, 4, 8, … and every
+    STATE_WALK_EVERY-th, then before exit. A model's tensors are made in its first steps
+    (optimizer state at the first step) and kept; a walk costs ~100 µs for a few dozen
+    tensors, which every step of a millisecond would feel (bench/RESULTS.md). Gradients
+    freed and made again each step are named at the steps looked at; the model state's peak
+    (the totals reports give) is one of those."""
+    return step & (step - 1) == 0 or step % STATE_WALK_EVERY == 0
 
 
 @_guarded("model state")
@@ -808,6 +833,7 @@ def _attach_now():
         wanted = _read_request(_state["attach_fd"])
         flush()  # what was buffered belongs to the previous recording
         os.environ["MEMPROF_AGENT_DIR"] = wanted["dir"]
+        _state.pop("dir", None)
         os.environ["MEMPROF_AGENT_OPTIONS"] = json.dumps(wanted.get("options") or {})
         _state.pop("options", None)
         _state["track_modules"] = _state["installed"] and _modules_wanted()
