@@ -35,7 +35,8 @@ optimizer's step() (a global post-hook), torch.profiler's profile.step(), or mem
 when nothing else counts steps; the others still leave mark events. When none of them has
 fired, each outermost nn.Module forward on a thread is a step (a global forward pre-hook at
 depth 0 → 1): in `generate`, one decode step, one token; the first of the others to fire
-then takes over from the forwards.
+then takes over from the forwards (an optimizer or profiler also takes the forward hooks
+off: see _unhook_forwards).
 """
 import atexit
 import json
@@ -215,10 +216,12 @@ FORWARD = "forward"  # the step source of last resort: outermost nn.Module forwa
 
 
 def _advance(source):
-    """A step boundary from `source`; only the process's first step source counts steps
-    (forwards count only until another source fires)."""
+    """A step boundary from `source` (optimizer.step, profiler.step); only the process's
+    first step source counts steps (forwards count only until another source fires: then
+    the forward hooks come off, see _unhook_forwards)."""
     if _state["step_source"] in (None, FORWARD):
         _state["step_source"] = source
+        _unhook_forwards()
     if _state["step_source"] != source:
         _event("mark", step=_state["step"], label=source)
         return
@@ -458,7 +461,7 @@ def _resend_paths():
 
 def _hook_forwards(torch):
     from torch.nn.modules import module as nn_module
-    handles = _state.setdefault("hooks", [])
+    handles = _state.setdefault("forward_hooks", [])
     handles.append(nn_module.register_module_forward_pre_hook(_on_forward_pre))
     try:
         handles.append(nn_module.register_module_forward_hook(_on_forward, always_call=True))  # also when forward raises
@@ -466,10 +469,24 @@ def _hook_forwards(torch):
         handles.append(nn_module.register_module_forward_hook(_on_forward))
 
 
+def _unhook_forwards():
+    """Take the global forward hooks off once an optimizer or torch.profiler counts the steps
+    (unless every module is tracked, record --torch-modules). Any global hook sends every
+    nn.Module call through torch's hooked call path: on a training step of a millisecond the
+    hooks cost 5 % (bench/RESULTS.md) for what the first step has already given — the
+    outermost modules, whose tensors are the model state. Input sizes are then no longer
+    recorded: memprof.mark(seq_len=…) gives them."""
+    if _state.get("track_modules"):
+        return
+    for handle in _state.pop("forward_hooks", []):
+        handle.remove()
+    _forward.depth = 0
+
+
 def remove_hooks():
     """Take off the global hooks install() put on torch (tests load the agent many times in
     one process; a program never needs this)."""
-    for handle in _state.pop("hooks", []):
+    for handle in _state.pop("hooks", []) + _state.pop("forward_hooks", []):
         handle.remove()
 
 
