@@ -76,8 +76,9 @@ def test_an_optimizer_takes_the_step_count_over_from_the_forwards(agent, tmp_pat
         net(torch.zeros(4, 16)).sum().backward()
         optimizer.step()
     steps = [(r["step"], r["source"]) for r in records(agent, tmp_path, "step") if r["source"] != "start"]
-    # The first forward began step 1; from the first optimizer step on, only steps count.
-    assert steps == [(1, "forward"), (2, "optimizer.step"), (3, "optimizer.step"), (4, "optimizer.step")]
+    # The optimizer stepped before the model's second forward: forwards never counted, and
+    # the steps are numbered as they were before forwards could count them.
+    assert steps == [(1, "optimizer.step"), (2, "optimizer.step"), (3, "optimizer.step")]
 
 
 def test_marks_carry_finite_numbers_only(agent, tmp_path):
@@ -158,4 +159,4 @@ def test_training_takes_the_forward_hooks_off_and_walks_model_state_at_doubling_
     values = [r["values"] for r in records(agent, tmp_path, "values")]
     assert values == [{"batch": 4, "seq_len": 16, "tokens": 0}]  # step 1 began at the first forward
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
-    assert walked == [1, 2, 4, 8]  # steps 2 to 11: the first forward's step, then the optimizer's
+    assert walked == [1, 2, 4, 8]  # the optimizer's steps 1 to 10

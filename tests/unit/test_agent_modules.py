@@ -124,10 +124,12 @@ def test_a_forward_that_raises_still_ends_its_spans(tracking, agent, tmp_path):
 
 
 def test_without_the_option_only_outermost_forwards_are_seen_and_no_modules_written(agent, tmp_path):
+    net = nn.Sequential(Block())
     with torch.no_grad():
-        nn.Sequential(Block())(torch.zeros(1, 4))
+        net(torch.zeros(1, 4))
+        net(torch.zeros(1, 4))  # the same model twice: forwards count the steps
     assert records(agent, tmp_path, "modules") == []
-    assert [r["source"] for r in records(agent, tmp_path, "step")] == ["start", "forward"]
+    assert [r["source"] for r in records(agent, tmp_path, "step")] == ["start", "forward", "forward"]
 
 
 def test_calls_past_the_bound_are_counted_not_kept_and_the_nesting_survives(tracking, agent, tmp_path, monkeypatch):

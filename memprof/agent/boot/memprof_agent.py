@@ -288,13 +288,29 @@ def _on_forward_pre(module, args):
     if depth:
         return
     _modules.add(module)
-    counting = _state["step_source"] in (None, FORWARD)
-    values = _input_sizes(args, counting)
-    if values:  # first: a step's checkpoint reads the last values at or before its mark
-        _event("values", values=values)
-    if counting:
+    source, now = _state["step_source"], time.monotonic_ns()
+    values = _input_sizes(args, source in (None, FORWARD))
+    if values:  # stamped with the step's time: its checkpoint reads the values at or before it
+        _event("values", now, values=values)
+    if source == FORWARD:
+        _new_step(FORWARD, ts_ns=now)
+    elif source is None:
+        _forward_may_count(module, now)
+
+
+def _forward_may_count(module, now):
+    """Forwards become the step clock when the same outermost module runs twice with no
+    optimizer, profiler or mark step in between: then its first run began step 1 (stamped
+    then) and this one step 2. A training loop's first optimizer step comes before its
+    model's second forward, so its steps stay the optimizer's, numbered as without forwards;
+    `generate` calls its model once a token."""
+    first = _state.get("first_forward")
+    if first is None:
+        _state["first_forward"] = (id(module), now)
+    elif first[0] == id(module):
         _state["step_source"] = FORWARD
-        _new_step(FORWARD)
+        _new_step(FORWARD, ts_ns=first[1])
+        _new_step(FORWARD, ts_ns=now)
 
 
 @_guarded("forward hook")
