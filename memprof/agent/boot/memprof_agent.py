@@ -35,8 +35,8 @@ optimizer's step() (a global post-hook), torch.profiler's profile.step(), or mem
 when nothing else counts steps; the others still leave mark events. When none of them has
 fired, each outermost nn.Module forward on a thread is a step (a global forward pre-hook at
 depth 0 → 1): in `generate`, one decode step, one token; the first of the others to fire
-then takes over from the forwards (an optimizer or profiler also takes the forward hooks
-off: see _unhook_forwards).
+then takes over from the forwards (an optimizer or profiler also quiets the forward hooks:
+see _quiet_forwards).
 """
 import atexit
 import json
@@ -218,10 +218,10 @@ FORWARD = "forward"  # the step source of last resort: outermost nn.Module forwa
 def _advance(source):
     """A step boundary from `source` (optimizer.step, profiler.step); only the process's
     first step source counts steps (forwards count only until another source fires: then
-    the forward hooks come off, see _unhook_forwards)."""
+    the forward hooks go quiet, see _quiet_forwards)."""
     if _state["step_source"] in (None, FORWARD):
         _state["step_source"] = source
-        _unhook_forwards()
+        _quiet_forwards()
     if _state["step_source"] != source:
         _event("mark", step=_state["step"], label=source)
         return
@@ -279,8 +279,20 @@ _forward = threading.local()  # .depth: nn.Module forwards running on this threa
 _modules = weakref.WeakSet()  # modules whose forward was outermost: their state is model state
 
 
-@_guarded("forward pre-hook")
 def _on_forward_pre(module, args):
+    """The global forward pre-hook: nothing once the forwards are quiet (_quiet_forwards)."""
+    if not _state.get("forwards_quiet"):
+        _forward_began(module, args)
+
+
+def _on_forward(module, args, output):
+    """The global forward hook (also when forward raises): nothing once quiet."""
+    if not _state.get("forwards_quiet"):
+        _forward_ended()
+
+
+@_guarded("forward pre-hook")
+def _forward_began(module, args):
     depth = getattr(_forward, "depth", 0)
     _forward.depth = depth + 1
     if _state["track_modules"]:
@@ -314,7 +326,7 @@ def _forward_may_count(module, now):
 
 
 @_guarded("forward hook")
-def _on_forward(module, args, output):
+def _forward_ended():
     depth = _forward.depth = max(0, getattr(_forward, "depth", 1) - 1)
     if _state["track_modules"]:
         _exit_module(depth)
@@ -485,18 +497,17 @@ def _hook_forwards(torch):
         handles.append(nn_module.register_module_forward_hook(_on_forward))
 
 
-def _unhook_forwards():
-    """Take the global forward hooks off once an optimizer or torch.profiler counts the steps
-    (unless every module is tracked, record --torch-modules). Any global hook sends every
-    nn.Module call through torch's hooked call path: on a training step of a millisecond the
-    hooks cost 5 % (bench/RESULTS.md) for what the first step has already given — the
-    outermost modules, whose tensors are the model state. Input sizes are then no longer
-    recorded: memprof.mark(seq_len=…) gives them."""
-    if _state.get("track_modules"):
-        return
-    for handle in _state.pop("forward_hooks", []):
-        handle.remove()
-    _forward.depth = 0
+def _quiet_forwards():
+    """Once an optimizer or torch.profiler counts the steps (and unless every module is
+    tracked, record --torch-modules), the forward hooks return at once: their work cost 4 %
+    of a millisecond training step (bench/RESULTS.md) for what the first step has already
+    given, the outermost modules whose tensors are model state. Input sizes are then no
+    longer recorded: memprof.mark(seq_len=…) gives them. The hooks stay registered: torch
+    calls a module's forward through a frame of its own (`Module._call_impl.<locals>.inner`)
+    while any hook is, and taking them off would split every chain through a module into the
+    first step's and the others'."""
+    if not _state.get("track_modules"):
+        _state["forwards_quiet"] = True
 
 
 def remove_hooks():
@@ -870,6 +881,8 @@ def _attach_now():
         os.environ["MEMPROF_AGENT_OPTIONS"] = json.dumps(wanted.get("options") or {})
         _state.pop("options", None)
         _state["track_modules"] = _state["installed"] and _modules_wanted()
+        if _state["track_modules"]:
+            _state["forwards_quiet"] = False  # a recording that tracks modules needs the hooks' work
         _resend_paths()
         if _state["installed"]:
             _event("step", step=_state["step"], source="attach")  # the step in progress
