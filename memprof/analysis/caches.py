@@ -50,7 +50,14 @@ _ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel"
                             "anon_vma_alloc", "anon_vma_clone", "anon_vma_fork", "__anon_vma_prepare",
                             # munmap's tree of the areas it detaches (6.x): freed at once, but on
                             # 6.18 through RCU sheaves, which no kmem tracepoint sees (bpf/README.md)
-                            "mas_store_gfp", "do_vmi_align_munmap"}
+                            "mas_store_gfp", "do_vmi_align_munmap",
+                            # brk moving the heap's end: its area and the maple tree's nodes
+                            "do_brk_flags", "__do_sys_brk"}
+# glibc's wrappers of the brk system call: a kernel allocation made under them is the heap's
+# area growing (its maple-tree nodes), whatever the kernel stack kept. Since the caller of a
+# frameless wrapper is kept (memprof/sources/symbols/frameless.py), a chain that kept only its
+# call site (mas_new_ma_node) still shows them.
+_ADDRESS_SPACE_SYSCALL_WRAPPERS = {"brk", "__brk", "sbrk", "__sbrk"}
 # A kernel frame of one of memprof's own BPF programs (all named mp_*): the kernel names a JIT-ed
 # program bpf_prog_<tag>_<name> in kallsyms.
 _MEMPROF_PROGRAM_FRAME = re.compile(r"^bpf_prog_[0-9a-f]+_mp_\w+$")
@@ -124,7 +131,10 @@ def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozense
     """Stack ids of the process's own address space (page tables, VMAs, their maple tree):
     they follow its mappings (growing as it maps and touches memory, freed with its address
     space), and the memory they map shows in the other layers, so they are never a leak."""
-    return _stacks_through(stacks, frames, _ADDRESS_SPACE_FUNCTIONS)
+    return (_stacks_through(stacks, frames, _ADDRESS_SPACE_FUNCTIONS)
+            | _stacks_of(stacks, frames.loc[(frames["kind"] == FrameKind.NATIVE.value).to_numpy()
+                                            & frames["function"].isin(_ADDRESS_SPACE_SYSCALL_WRAPPERS).to_numpy(),
+                                            "frame_id"]))
 
 
 def memprof_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:

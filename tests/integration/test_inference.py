@@ -71,7 +71,7 @@ def test_no_parameter_is_a_leak(recording, run_memprof):
     assert init == [], [names(f["stack"])[:6] for f in init]
     # The cache grows per token and generate frees it when it returns: a request's working
     # memory (one buffer per layer made larger each token), not a leak.
-    assert not [f for f in report["findings"] if is_cache_chain(f["stack"])]
+    assert not [f for f in report["findings"] if f["layer"] == "torch_cpu" and is_cache_chain(f["stack"])]
     cache = [f for f in report["not_leaks"] if f["layer"] == "torch_cpu" and is_cache_chain(f["stack"])]
     grown = [f for f in cache if f["reason"] == "grows_within"]
     assert len(grown) == 2, [(f["reason"], names(f["stack"])[:4]) for f in cache]  # keys and values
@@ -98,8 +98,8 @@ def test_an_inference_loop_is_a_leak_only_when_it_keeps_something_per_request(tm
         growing = [f for f in report["findings"] if is_cache_chain(f["stack"])]
         assert len(growing) == 2 and {f["kind"] for f in growing} == {"grows_per_step"}, context
         assert all(f["released_before_end"] for f in growing), context
-    else:
-        assert report["findings"] == [], context
+    else:  # nothing that grows, and nothing of PyTorch's held (the kernel's held objects are not this test's)
+        assert not [f for f in report["findings"] if f["kind"] == "grows_per_step" or f["layer"] == "torch_cpu"], context
         within = [f for f in cache if f["reason"] == "sawtooth" and f["within_slope_bytes_per_step"]]
         assert len(within) == 2, context
         for f in within:

@@ -254,6 +254,20 @@ def test_munmaps_tree_nodes_and_memprofs_own_allocations_are_not_the_targets_lea
                                                                        (4, "address_space")]
 
 
+def test_the_heaps_area_growing_under_brk_is_the_address_space():
+    """CI saw these as held (and outliving the process): maple-tree nodes the kernel made as
+    glibc's brk moved the heap's end, under a Python forward; one kept only its call site."""
+    stacks, frames = stacks_frames({
+        1: _kernel("mas_new_ma_node.isra.0") + [("native", "brk", "libc.so.6", None, None),
+                                                 ("native", "__sbrk", "libc.so.6", None, None),
+                                                 ("python", "NewGELUActivation.forward", None, "activations.py", 66)],
+        2: _kernel("kmem_cache_alloc_noprof", "vm_area_alloc", "do_brk_flags", "__do_sys_brk"),
+        3: _kernel("__kmalloc_cache_noprof", "alloc_pipe_info", "create_pipe_files", "do_pipe2")
+        + [("native", "__pipe", "libc.so.6", None, None)],
+    })
+    assert address_space_stacks(stacks, frames) == frozenset({1, 2})
+
+
 def test_a_filesystems_cached_metadata_blocks_are_a_kernel_cache():
     """Directory blocks ext4 read through the block device's page cache, and their buffer
     heads (a cold-cache run of train.py: 840 KiB of them outlived it, reported as leaks)."""
