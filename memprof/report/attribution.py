@@ -9,6 +9,7 @@ from rich.table import Table
 from memprof.model.schema import FRAME_KEYS, LAYERS
 from memprof.report.labels import NO_STACK_FRAME, frame_label, module_label, one_line  # one place for every view
 from memprof.report.safe_text import escape, visible
+from memprof.report.wording import MODULES_NOT_TRACKED
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
@@ -37,7 +38,14 @@ def to_json(view: AttributionView) -> dict:
         "start_ns": int(span.start_ns), "end_ns": int(span.end_ns), "recording_end_ns": int(span.recording_end_ns),
         "target_exited": bool(span.target_exited), "lost_events": int(lost_events), "notes": [str(n) for n in notes],
         "layers": [_layer_json(layer, result.by, chains) for layer in result.layers],
+        **({"modules_tracked": modules_tracked(result)} if result.by == "module" else {}),
     }
+
+
+def modules_tracked(result: Attribution) -> bool:
+    """By module: whether any row names a module (else the recording has no module
+    boundaries: record --torch-modules was not asked for)."""
+    return any(getattr(row, "module", None) is not None for layer in result.layers for row in layer.rows)
 
 
 def _layer_json(layer: LayerLive, by: str, chains: dict[int, list[dict]]) -> dict[str, Any]:
@@ -79,6 +87,8 @@ def render(view: AttributionView, console: Console) -> None:
     if lost_events:
         out(f"[yellow]! {lost_events:,} events were lost while recording (ring buffer): some allocations "
             "shown live may have been freed, and some may be missing.[/]")
+    if result.by == "module" and not modules_tracked(result):
+        out(f"[yellow]! {escape(MODULES_NOT_TRACKED)}[/]")
     if not result.layers:
         out("No allocations recorded.")
     elif result.by == "layer":

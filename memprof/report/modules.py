@@ -9,6 +9,7 @@ from rich.table import Table
 
 from memprof.report.labels import module_label
 from memprof.report.safe_text import escape
+from memprof.report.wording import MODULES_NOT_TRACKED as NOT_TRACKED
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from memprof.analysis.module_use import LayerModules, ModuleUse
     from memprof.analysis.views import ModulesView
 
-NOT_TRACKED = ("no module boundaries in this recording: record with `memprof record --torch-modules` to see "
-               "which nn.Module allocated (every allocation here is in no module)")
 
 
 def to_json(view: ModulesView) -> dict:

@@ -72,6 +72,10 @@ _NOT_A_LEAK_WHY = {
 _MODEL_STATE_SEGMENT_WHY = ("segments PyTorch's caching allocator holds for the model's own tensors (parameters, "
                             "buffers, gradients, optimizer state), and for nothing else: model state, not a leak")
 
+# A recording without module boundaries (record --torch-modules was not asked for).
+MODULES_NOT_TRACKED = ("no module boundaries in this recording: record with `memprof record --torch-modules` to "
+                       "see which nn.Module allocated (every allocation here is in no module)")
+
 MODEL_STATE_HEADING = "Model state, not a leak"
 MODEL_STATE_WHY = ("the model's own tensors live at the end (or at their peak, where the model went before the "
                    "end), kept for the whole job (counted in no finding)")

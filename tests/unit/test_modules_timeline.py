@@ -255,3 +255,20 @@ def test_report_modules_json_and_text():
     report_modules.render(view, console)
     text = console.export_text()
     assert "h.0.attn" in text and "… and 5 more modules" in text and "--torch-modules" not in text
+
+
+def test_top_by_module_without_module_boundaries_says_how_to_get_them():
+    """A recording made without --torch-modules: every allocation is in no module, and the
+    report says why, in the text and the JSON, rather than one silent "(no module)" row."""
+    from rich.console import Console
+    events = events_frame([ev(100, "alloc", 0x10, 64, 1, pid=100, tid=100)], layer="torch_cpu")
+    result = attribute(pair_lifetimes(timeline(SimpleNamespace(events=events))), by="module", at="end",
+                       span=Span(0, 3000, 3000), events=events)
+    view = SimpleNamespace(result=result, chains={}, about=SimpleNamespace(path="r", lost_events=0, notes=()))
+    assert report_attribution.to_json(view)["modules_tracked"] is False
+    console = Console(width=160, record=True, color_system=None)
+    report_attribution.render(view, console)
+    assert "record with `memprof record --torch-modules`" in console.export_text()
+    tracked = attribute(pair_lifetimes(recording()), by="module", at="end", span=Span(0, 3000, 3000),
+                        events=recording())
+    assert report_attribution.to_json(SimpleNamespace(result=tracked, chains={}, about=view.about))["modules_tracked"]
