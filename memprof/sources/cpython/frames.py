@@ -17,6 +17,7 @@ from memprof.sources.cpython import lines as pylines
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
+from memprof.sources.symbols.files import open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
@@ -313,7 +314,7 @@ def python_runtimes(executable: str | None, process_maps: Sequence[Sequence[Mapp
 def _shebang_interpreter(path: str) -> str | None:
     """The interpreter named on a script's #! line (`#!/usr/bin/env python3` → found on PATH)."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             first = f.readline(256)
     except OSError:
         return None

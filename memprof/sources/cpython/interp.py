@@ -31,6 +31,7 @@ from typing import Sequence
 
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
+from memprof.sources.symbols.files import open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
 _SUPPORTED = f"3.{min(OFFSETS)[1]}–3.{max(OFFSETS)[1]}"
@@ -87,7 +88,7 @@ def _inspect_cached(path: str, mtime_ns: int, size: int) -> PythonBinary | Pytho
     """inspect_python's work, returning its refusal rather than raising (so that it is cached)."""
     from elftools.common.exceptions import ELFError
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             return _Inspection(path, f).run()
     except PythonLayoutError as e:
         return e
@@ -149,7 +150,7 @@ def runtime_file(path: str) -> str:
 def _runtime_file_cached(path: str, mtime_ns: int, size: int) -> str:
     from elftools.common.exceptions import ELFError
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             needed, dirs = _libpython_needed(path, f)
     except (OSError, ELFError):
         return path
@@ -289,7 +290,7 @@ def _load_segments(path: str) -> list[tuple[int, int, int]]:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             return _segments(ELFFile(f))
     except (OSError, ELFError):
         return []

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memprof.sources.symbols.elfsyms import demangle
+from memprof.sources.symbols.files import open_binary
 
 _ENDBR64 = bytes.fromhex("f30f1efa")
 _FRAME_SETUP = bytes.fromhex("554889e5")  # push %rbp; mov %rsp,%rbp
@@ -48,7 +49,7 @@ def find_call_site(path: str, caller: str, callee: str) -> CallSite:
     except ImportError as e:
         return CallSite(None, f"{e.name} is not installed")
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             elf = ELFFile(f)
             if elf["e_machine"] != "EM_X86_64":
                 return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded")

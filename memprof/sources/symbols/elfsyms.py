@@ -11,6 +11,8 @@ import functools
 
 import numpy as np
 
+from memprof.sources.symbols.files import open_binary
+
 def first_of_each_start(starts: np.ndarray) -> np.ndarray:
     """Mask keeping the first entry of each run of equal `starts` (already sorted)."""
     keep = np.ones(len(starts), dtype=bool)
@@ -127,7 +129,7 @@ class ElfSymbols:
     def __init__(self, path: str):
         from elftools.elf.elffile import ELFFile  # import here: only symbolization needs it
 
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             elf = ELFFile(f)
             self._read_segments(elf)
             self._read_symbols(elf)

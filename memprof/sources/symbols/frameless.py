@@ -15,9 +15,9 @@ table (libtorch_cpu's .eh_frame is 17 MB: reading every entry takes seconds; one
 takes microseconds)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from memprof.sources.symbols.files import file_identity, open_binary
 
 _RSP = 7                  # DWARF register number of %rsp on x86-64
 _DATAREL_SDATA4 = 0x3B    # DW_EH_PE_datarel | DW_EH_PE_sdata4: the table encoding every linker here writes
@@ -30,7 +30,7 @@ class _EhFrame:
     def __init__(self, path: str):
         from elftools.dwarf.callframe import CallFrameInfo
         from elftools.elf.elffile import ELFFile
-        self._file = open(path, "rb")
+        self._file = open_binary(path)
         elf = ELFFile(self._file)
         hdr, frame = elf.get_section_by_name(".eh_frame_hdr"), elf.get_section_by_name(".eh_frame")
         if hdr is None or frame is None or elf["e_machine"] != "EM_X86_64":
@@ -95,11 +95,9 @@ class FramelessFrames:
         return rule is not None and rule.expr is None and rule.reg == _RSP and rule.offset == 8
 
     def _eh_frame(self, path: str) -> _EhFrame | None:
-        try:
-            st = os.stat(path)
-        except OSError:
+        identity = file_identity(path)
+        if identity is None:
             return None
-        identity = (st.st_dev, st.st_ino, st.st_mtime_ns)
         cached = self._files.get(path)
         if cached is not None and cached[0] == identity:
             return cached[1]

@@ -25,6 +25,7 @@ import numpy as np
 
 from memprof.errors import NoPrivilegeError
 from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
+from memprof.sources.symbols.files import file_identity
 
 UNKNOWN = "[unknown]"
 
@@ -182,15 +183,6 @@ def snapshot_maps(pid: int) -> str | None:
         return None
 
 
-def _file_identity(path: str) -> tuple | None:
-    """What tells a file from its replacement at the same path; None if it cannot be stat'ed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns
-
-
 def _containing_mapping(maps: Sequence[Mapping], addrs: np.ndarray) -> np.ndarray:
     """Index into `maps` (sorted, non-overlapping) of the mapping holding each address, or -1."""
     if not maps:
@@ -216,7 +208,7 @@ class UserSymbolizer:
 
     def symbols_for(self, path: str) -> ElfSymbols | None:
         """The symbol table of the file now at `path`, or None if unreadable or not ELF."""
-        identity = _file_identity(path)
+        identity = file_identity(path)
         if identity is None:
             return None
         cached = self._cache.get(path)
