@@ -48,15 +48,10 @@ from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
 from memprof.analysis.modules import with_chain_modules
 from memprof.errors import UsageError
-from memprof.model.schema import LAYERS
+from memprof.model.schema import LAYERS, QUANTITY_DEVICE, QUANTITY_PREFIX
 from memprof.units import format_duration_ns
 
 MIN_POINTS = 3  # two points always fit a line exactly: R² would say nothing
-# The `samples` rows of a quantity on the timeline: metric "quantity:NAME", device "", one
-# at each step mark or mark that carried it (memprof.mark(label, tokens=…), the agent's
-# batch and seq_len of each outermost forward).
-QUANTITY_PREFIX = "quantity:"
-QUANTITY_DEVICE = ""
 
 
 class UnknownQuantityError(UsageError):

@@ -29,11 +29,10 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
-from memprof.analysis.growth import QUANTITY_DEVICE, QUANTITY_PREFIX
 from memprof.analysis.layers import ChainBytes, LiveColumns, chains_at, live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.analysis.series import instants
-from memprof.model.schema import LAYERS
+from memprof.model.schema import LAYERS, QUANTITY_DEVICE, QUANTITY_PREFIX
 
 # How long before its mark row a mark's numbers may be stamped: the agent stamps a mark and
 # its numbers with one clock read, so 0; a forward's sizes (the other quantities) never

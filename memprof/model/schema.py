@@ -65,6 +65,11 @@ TENSOR_PREFIX = "tensor:"
 # the allocation live at that address, which then reads "state:ROLE:NAME" too.
 STATE_PREFIX = "state:"
 
+# `metric` of a quantity's `samples` rows (device QUANTITY_DEVICE): "quantity:tokens", … — the
+# numbers memprof.mark(label, **numbers) and each outermost forward's input sizes give.
+QUANTITY_PREFIX = "quantity:"
+QUANTITY_DEVICE = ""
+
 # `category` of a module boundary (a `mark` row without a layer, on the thread it happened
 # on): from this row on, the innermost nn.Module forward running on the thread is the one at
 # the instance path after the prefix ("module:transformer.h.3.attn"; the outermost module

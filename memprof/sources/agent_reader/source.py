@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof.model import ClockAnchor, SourceStats
-from memprof.model.schema import STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mark
+from memprof.model.schema import QUANTITY_DEVICE, QUANTITY_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mark
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 from memprof.sources.agent_reader import attach as agent_attach
 from memprof.sources.agent_reader import lines as agent_lines
@@ -38,7 +38,6 @@ AGENT_FOLDER = "agent"
 MAX_ERRORS_KEPT = 20
 MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the next
 MAX_PROCESSES_KEPT = 4096   # processes described in meta.json
-QUANTITY_PREFIX = "quantity:"  # `metric` of a quantity's samples: quantity:tokens, quantity:batch, …
 
 
 @dataclass
@@ -228,7 +227,7 @@ class AgentSource:
         for name, value in values.items():
             self._samples["ts_ns"].append(ts_ns)
             self._samples["metric"].append(QUANTITY_PREFIX + name)
-            self._samples["device"].append("")
+            self._samples["device"].append(QUANTITY_DEVICE)
             self._samples["value"].append(value)
 
     def take_samples(self) -> dict:
