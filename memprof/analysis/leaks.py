@@ -560,19 +560,25 @@ def _released_growth_findings(trends: ChainTrends, held: pd.DataFrame, allocatio
         return []
     firsts = _alloc_span_of_chains(allocations, trends, grown)
     findings = []
-    for layer, stack_id in grown:
-        peak_bytes, peak_count, at = trends.peak_of((layer, stack_id))
-        first_ns, last_ns = firsts[(layer, stack_id)]
-        span_s = (int(trends.checkpoints.times_ns[at]) - first_ns) / 1e9
-        accumulates = _count_grew(trends, (layer, stack_id), at)
-        findings.append(LeakFinding(
-            layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
-            first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=peak_bytes / span_s if span_s > 0 else 0.0,
-            released_at_exit=False, released_before_end=True,
-            kind=(LeakKind.GROWS_PER_STEP if accumulates else LeakKind.NOT_A_LEAK).value,
-            reason=(LeakReason.GROWS if accumulates else LeakReason.GROWS_WITHIN).value,
-            **_trend_fields(trends.by_chain[(layer, stack_id)], trends)))
+    for chain in grown:
+        peak_bytes, _, at = trends.peak_of(chain)
+        span_s = (int(trends.checkpoints.times_ns[at]) - firsts[chain][0]) / 1e9
+        accumulates = _count_grew(trends, chain, at)
+        findings.append(_at_peak(
+            trends, chain, firsts[chain], growth_bytes_per_s=peak_bytes / span_s if span_s > 0 else 0.0,
+            released_before_end=True, kind=(LeakKind.GROWS_PER_STEP if accumulates else LeakKind.NOT_A_LEAK).value,
+            reason=(LeakReason.GROWS if accumulates else LeakReason.GROWS_WITHIN).value))
     return findings
+
+
+def _at_peak(trends: ChainTrends, chain: tuple, alloc_span: tuple[int, int], **fields) -> LeakFinding:
+    """A finding for a chain that held nothing at the end, by its highest checkpoint (what the
+    user sees rise in its curve); `alloc_span`: (first, last) alloc ns of its allocations."""
+    layer, stack_id = chain
+    peak_bytes, peak_count, _ = trends.peak_of(chain)
+    return LeakFinding(layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)),
+                       live_count=int(round(peak_count)), first_ns=alloc_span[0], last_ns=alloc_span[1],
+                       released_at_exit=False, **_trend_fields(trends.by_chain[chain], trends), **fields)
 
 
 def _count_grew(trends: ChainTrends, chain: tuple, peak_at: int) -> bool:
@@ -601,15 +607,8 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
     peaks = {chain: trends.peak_of(chain) for chain, _ in shaped}
     shaped = sorted(shaped, key=lambda item: (-peaks[item[0]][0], item[0][1] is None, item[0][1] or 0))[:top]
     firsts = _alloc_span_of_chains(allocations, trends, [chain for chain, _ in shaped])
-    findings = []
-    for (layer, stack_id), trend in shaped:
-        peak_bytes, peak_count, at = peaks[(layer, stack_id)]
-        first_ns, last_ns = firsts[(layer, stack_id)]
-        findings.append(LeakFinding(
-            layer=layer, stack_id=stack_id, live_bytes=int(round(peak_bytes)), live_count=int(round(peak_count)),
-            first_ns=first_ns, last_ns=last_ns, growth_bytes_per_s=0.0, released_at_exit=False,
-            kind=LeakKind.NOT_A_LEAK.value, reason=trend.shape, **_trend_fields(trend, trends)))
-    return findings
+    return [_at_peak(trends, chain, firsts[chain], growth_bytes_per_s=0.0, kind=LeakKind.NOT_A_LEAK.value,
+                     reason=trend.shape) for chain, trend in shaped]
 
 
 def _alloc_span_of_chains(allocations: pd.DataFrame, trends: ChainTrends, chains: list) -> dict:
