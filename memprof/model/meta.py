@@ -146,6 +146,11 @@ class RecordingMeta:
     # When each process began to exit and why: pid, ts_ns, reason ("exit_group",
     # "signal N", "python finalize"). The first one of the root process is "the end".
     exits: list[dict[str, Any]] = field(default_factory=list)
+    # What the parts on disk hold, rewritten with meta.json at every flush: rows per table,
+    # and the time (ns on `clock`) at which the last written flush took its rows, so every
+    # row on disk came in before it. A recorder killed later loses only what came after.
+    flushed_rows: dict[str, int] = field(default_factory=dict)
+    flushed_to_ns: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -113,7 +114,8 @@ class RecordingWriter:
             with self._lock:
                 self._check_open()
                 pending = self._take_buffers()
-            self._write(pending)
+                taken_ns = time.monotonic_ns()
+            self._write(pending, taken_ns)
 
     def finalize(self, end_ns: int | None = None) -> None:
         """Flush, mark the recording "complete" (with `end_ns` if given). Calling again does nothing."""
@@ -125,8 +127,9 @@ class RecordingWriter:
                     self.meta.end_ns = end_ns
                 status, self.meta.status = self.meta.status, "complete"
                 pending = self._take_buffers()
+                taken_ns = time.monotonic_ns()
             try:
-                self._write(pending)
+                self._write(pending, taken_ns)
             except BaseException:
                 self.meta.status = status  # not complete on disk: meta.json must not say so later
                 raise
@@ -150,13 +153,18 @@ class RecordingWriter:
             self._buffers[name] = []
         return pending
 
-    def _write(self, pending: dict[str, list[pa.Table]]) -> None:
-        """Write taken buffers; on failure, put back what was not written (oldest first)."""
+    def _write(self, pending: dict[str, list[pa.Table]], taken_ns: int) -> None:
+        """Write taken buffers (taken at `taken_ns`, monotonic), then meta.json saying what
+        the parts now hold; on failure, put back what was not written (oldest first)."""
         written = set()
         try:
             for name, tables in pending.items():
-                self._write_part(name, pa.concat_tables(tables))
+                table = pa.concat_tables(tables)
+                self._write_part(name, table)
                 written.add(name)
+                rows = self.meta.flushed_rows
+                rows[name] = rows.get(name, 0) + table.num_rows
+            self.meta.flushed_to_ns = taken_ns
             self._write_meta()
             _fsync_dir(self.path)
         except BaseException:
