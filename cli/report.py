@@ -89,4 +89,4 @@ def layers(path, top, fmt, native_frames):
 
 
 # Sub-reports defined in their own modules register on `report` when imported.
-from memprof.cli import report_attribution, report_gpu, report_html, report_modules, report_regions  # noqa: E402,F401
+from memprof.cli import report_advice, report_attribution, report_gpu, report_html, report_modules, report_regions  # noqa: E402,F401

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
 from memprof.analysis.views import (
-    About, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, ModulesView,
+    About, AdviceView, AttributionView, CheckView, DiffView, GpuView, GrowthView, HtmlView, LayersView, LeaksView, ModulesView,
     RegionsView, SummaryView,
 )
 
@@ -122,6 +122,7 @@ class Analysed:
         rec = self.rec
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
                            canonical_stack=self.canonical, top=top)
+        result.advice = list(self.advice().result.advice)
         return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))
 
     @_kept
@@ -185,6 +186,16 @@ class Analysed:
         return RegionsView(result, self.about, self.chains(ids, native_frames))
 
     @_kept
+    def advice(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES) -> AdviceView:
+        """`report advice`: every rule of the table (memprof.analysis.advice.table) judged on
+        this recording's analyses, which they share with the other views; each piece of
+        advice with its evidence, the change to try and the expected saving."""
+        from memprof.analysis.advice import advise
+        result = advise(self)
+        ids = {stack_id for advice in result.advice for stack_id in advice.chains if stack_id is not None}
+        return AdviceView(result, self.about, self.chains(sorted(ids), native_frames))
+
+    @_kept
     def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,
              native_frames: str = DEFAULT_NATIVE_FRAMES) -> HtmlView:
         """`report html`: the page's data, curves kept to `points` per series."""
@@ -193,6 +204,9 @@ class Analysed:
         data = html_data(self.events, self.lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples,
                          meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
                          native_frames=native_frames, min_age_ns=min_age_ns)
+        advice = self.advice(native_frames=native_frames)
+        data.advice = advice.result
+        data.chains = {**advice.chains, **data.chains}
         return HtmlView(data, rec.meta, self.about)
 
     def check(self, budgets: Budgets, *, min_age_ns: int = DEFAULT_MIN_AGE_NS) -> CheckView:

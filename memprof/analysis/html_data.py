@@ -17,7 +17,7 @@ Bytes are never added across layers: each layer has its own curve and its own tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -139,6 +139,7 @@ class HtmlData:
     notes: list[str] = field(default_factory=list)
     marks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"ts_ns": [], "label": []}))  # memprof.mark
     regions: RegionsResult | None = None  # between marks with numbers, and the memory surface (regions.py)
+    advice: Any = None  # advice.AdviceResult (memprof.api fills it; its chains are in `chains`)
 
 
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,

@@ -73,6 +73,11 @@ class ModulesView(View):
     call, held at the peak and at the end (module_use.ModulesResult)."""
 
 
+class AdviceView(View):
+    """`memprof report advice`: every rule judged, and the advice given with its evidence
+    (advice.AdviceResult)."""
+
+
 class RegionsView(View):
     """`memprof report regions`: each region's peaks between marks with numbers, and the
     memory surface (regions.RegionsResult)."""

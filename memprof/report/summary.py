@@ -31,6 +31,7 @@ def to_json(view: SummaryView) -> dict:
     explanation, chain: its one-line name), not_leaks (how many, before --top), model_state (the
     model's own tensors, never findings, as `report leaks` totals them), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
+    advice (rule, title, change, saving, saving_bytes; `report advice` gives the evidence),
     next (command → what it shows)."""
     summary, chains, recording_path = view.result, view.chains, view.about.path
     return {
@@ -48,6 +49,8 @@ def to_json(view: SummaryView) -> dict:
         "model_state": model_state_json(summary.leaks),
         "left_out": left_out_json(summary.leaks),
         "notes": [{"severity": getattr(note, "severity", "caveat"), "text": str(note)} for note in summary.notes],
+        "advice": [{"rule": a.rule, "title": a.title, "change": a.change, "saving": a.saving,
+                    "saving_bytes": a.saving_bytes} for a in summary.advice],
         "next": dict(next_commands(summary, recording_path)),
     }
 
@@ -63,7 +66,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], summary: 
 def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
     """(command, what it shows) for the views worth opening next on this recording."""
     where = f" {path}"
-    rows = [(f"memprof report leaks{where}", "every finding, with its whole chain"),
+    rows = [(f"memprof report advice{where}", "the advice above, with its evidence")] if summary.advice else []
+    rows += [(f"memprof report leaks{where}", "every finding, with its whole chain"),
             (f"memprof report top{where} --by function", "bytes by function, self and total")]
     if summary.steps or len(summary.layers.layers):
         rows.append((f"memprof report growth{where}", "growth fits, and when memory runs out"))
@@ -91,6 +95,7 @@ def render(view: SummaryView, console: Console) -> None:
     else:
         out("No allocations recorded.")
     _render_findings(out, summary, chains)
+    _render_advice(out, summary)
     for note in summary.notes:
         out(note_line(note), overflow="ellipsis", no_wrap=True)
     out("")
@@ -117,6 +122,16 @@ def _layers_table(summary: Summary, start_ns: int) -> Table:
             table.add_row(f"[dim]{escape(m.metric)} {escape(m.device)}[/]", format_bytes(m.peak),
                           format_relative_ns(m.peak_ns, start_ns), format_bytes(m.final), "")
     return table
+
+
+def _render_advice(out, summary: Summary) -> None:
+    """One line per piece of advice: what was found, what to try, the saving."""
+    if not summary.advice:
+        return
+    out(f"[bold]Advice[/]: {len(summary.advice)} (`memprof report advice` for the evidence)")
+    for index, advice in enumerate(summary.advice, 1):
+        saving = f" — {format_bytes(advice.saving_bytes)} less" if advice.saving_bytes else ""
+        out(f"  {index}. {escape(advice.title)}{saving}: {escape(advice.change)}", no_wrap=True, overflow="ellipsis")
 
 
 def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> None:

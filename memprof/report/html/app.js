@@ -421,6 +421,32 @@
     return div;
   }
 
+  // ---- advice -------------------------------------------------------------------------------
+  function drawAdvice() {
+    var advice = data.advice;
+    if (!advice || !advice.advice.length) return;  // no rule found its pattern: nothing to show
+    document.getElementById("advice-section").hidden = false;
+    var box = document.getElementById("advice");
+    advice.advice.forEach(function (a, i) {
+      var item = el("div", {"class": "advice", "data-rule": a.rule});
+      item.appendChild(el("h3", {}, (i + 1) + ". " + a.title));
+      var evidence = el("ul", {});
+      a.evidence.forEach(function (line) { evidence.appendChild(el("li", {}, line)); });
+      a.chains.forEach(function (c) { evidence.appendChild(el("li", {"class": "chain"}, "chain: " + c.name)); });
+      a.modules.forEach(function (m) { evidence.appendChild(el("li", {"class": "chain"}, "module: " + m)); });
+      item.appendChild(evidence);
+      item.appendChild(el("p", {}, "Try: " + a.change));
+      item.appendChild(el("p", {"class": "saving"}, "Saving: " + a.saving +
+                          (a.saving_bytes ? " (" + bytes(a.saving_bytes) + ")" : "")));
+      if (a.thresholds.length) {
+        item.appendChild(el("p", {"class": "note"}, "Thresholds: " + a.thresholds.map(function (t) {
+          return t.name + " = " + (t.unit === "bytes" ? bytes(t.value) : t.value + " " + t.unit) + " (" + t.meaning + ")";
+        }).join("; ")));
+      }
+      box.appendChild(item);
+    });
+  }
+
   // ---- regions and the memory surface -------------------------------------------------------
   var CELL = {w: 112, h: 44}, AXIS = {left: 96, top: 48};
   var LIGHT = [255, 245, 235], DARK = [127, 39, 4];  // few bytes → many bytes, one hue, so the order reads at a glance
@@ -533,6 +559,7 @@
   drawCharts();
   drawLeaks();
   setupFlame();
+  drawAdvice();
   drawRegions();
   drawGpu();
   drawMeta();

@@ -13,8 +13,8 @@ import re
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from memprof.analysis.views import About, GpuView, LeaksView, RegionsView
-from memprof.report import gpu, leaks, regions
+from memprof.analysis.views import About, AdviceView, GpuView, LeaksView, RegionsView
+from memprof.report import advice, gpu, leaks, regions
 from memprof.report.wording import MODEL_STATE_HEADING, MODEL_STATE_WHY, min_age_left_out, model_state_line, shown_of
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ def to_json(view: HtmlView) -> dict:
         "gpu": gpu.to_json(GpuView(data.gpu, inner)),
         # What `report regions --format json` prints; the page draws its surface as a heatmap.
         "regions": None if data.regions is None else regions.to_json(RegionsView(data.regions, inner, data.chains)),
+        # What `report advice --format json` prints.
+        "advice": None if data.advice is None else advice.to_json(AdviceView(data.advice, inner, data.chains)),
     }
 
 

@@ -1,0 +1,28 @@
+"""Advice rule `optimizer-state`: optimizer state dominates the model state. (Being built: see issue 22.)"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memprof.analysis.advice.model import Rule, Threshold, Verdict, silent
+
+if TYPE_CHECKING:
+    from memprof.analysis.advice.facts import Facts
+
+THRESHOLDS: tuple[Threshold, ...] = ()
+
+
+def check(facts: Facts) -> Verdict:
+    """Not built yet."""
+    return silent("not built yet")
+
+
+RULE = Rule(
+    id="optimizer-state",
+    title="Optimizer state dominates the model state",
+    trigger="",
+    evidence="",
+    advice="",
+    saving="",
+    thresholds=THRESHOLDS,
+    check=check,
+)
