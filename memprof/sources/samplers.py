@@ -12,6 +12,11 @@ Metrics, one row per metric (and device) per tick, summed over the target's proc
   /proc/PID/smaps_rollup. Pss divides each shared page among the processes mapping it, so the
   tree's Pss is not inflated by pages its processes share (fork, shared libraries); its Rss is.
   (It also falls when an unrelated process starts mapping the same files.)
+- `rss_bytes`, `pss_bytes` (device "pid:N", with each `pss_bytes` read, only while the tree
+  has two processes or more): each process's own Rss and Pss, from the same smaps_rollup
+  read, for at most PER_PROCESS_MAX processes (the largest by Pss). A forked worker's Pss
+  that grows while its heap does not is copy-on-write of the pages it shares with its
+  parent (analysis/advice/dataloader.py).
 - `host_memory_total_bytes` (device "cpu", once: the first tick with a live process): the
   machine's RAM, MemTotal of /proc/meminfo — the capacity growth forecasts fill.
 - `gpu_used_bytes`, `gpu_total_bytes` (device "cuda:I"): the whole GPU's memory, every
@@ -35,6 +40,10 @@ DEFAULT_PERIOD_S = 0.1
 # The process has exited (ENOENT) or is a zombie whose memory is gone (ESRCH).
 _VANISHED = (errno.ENOENT, errno.ESRCH)
 _READ_SIZE = 4096  # smaps_rollup is ~1 KiB, statm ~40 bytes
+# Per-process rows of a tick that reads Pss: at most this many processes (a build runs 10^5,
+# some dozens at once); the ones with the most Pss are kept. Their device is PROCESS_DEVICE.
+PER_PROCESS_MAX = 64
+PROCESS_DEVICE = "pid:{}"
 
 
 def empty_rows() -> dict[str, list]:
@@ -54,7 +63,8 @@ def _extend(rows: dict[str, list], more: dict[str, list]) -> None:
 
 
 class RssSampler:
-    """Resident memory of the process tree: `rss_bytes` every tick, `pss_bytes` less often.
+    """Resident memory of the process tree: `rss_bytes` every tick, `pss_bytes` less often,
+    and with each `pss_bytes` every process's own Rss and Pss when there are several.
 
     `rss_bytes` comes from /proc/PID/statm (resident pages × page size): the kernel's RSS
     counters, read in O(1) — about 5 µs a process. Since Linux 6.2 those counters are per-CPU
@@ -62,9 +72,11 @@ class RssSampler:
     the counter batch (32 pages, or 2 × the CPU count if more) per CPU: fine for a trend.
 
     `pss_bytes` needs /proc/PID/smaps_rollup, for which the kernel walks the page tables
-    under the process's mmap lock: about 10 ms per GiB resident (measured: 110 µs for a
+    under the process's mmap lock (each process's, whose per-process rows then cost nothing
+    more): about 10 ms per GiB resident (measured: 110 µs for a
     10 MiB Python process, 10 ms for one holding 1 GiB), too slow for every tick of a large
-    job. It is read on the first tick, then no more often than every `pss_period_s` and
+    job. (A tree of five 50 MiB Python processes: ~1.3 ms a read, with or without the
+    per-process rows.) It is read on the first tick, then no more often than every `pss_period_s` and
     never for more than `pss_cpu_share` of the time (a read that took 50 ms delays the next
     by 50 ms / pss_cpu_share). `pss_period_s=0, pss_cpu_share=1` reads it every tick.
 
@@ -97,23 +109,35 @@ class RssSampler:
             return rows
         _append(rows, ts_ns, "rss_bytes", "cpu", rss_pages * self._page_size)
         if self._next_pss_ns is None or ts_ns >= self._next_pss_ns:
-            pss_kb = self._read_pss_kb(alive, ts_ns)
-            if pss_kb is not None:
-                _append(rows, ts_ns, "pss_bytes", "cpu", pss_kb * 1024)
+            usages = self._read_rollups(alive, ts_ns)
+            if usages:
+                _append(rows, ts_ns, "pss_bytes", "cpu", sum(pss for _, _, pss in usages) * 1024)
+                if len(usages) > 1:
+                    _append_per_process(rows, ts_ns, usages)
         if not self._host_total_sent:
             # The machine's RAM does not change while recording: one sample is enough.
             self._host_total_sent = True
             _append(rows, ts_ns, "host_memory_total_bytes", "cpu", read_meminfo_total_kb() * 1024)
         return rows
 
-    def _read_pss_kb(self, pids: list[int], ts_ns: int) -> int | None:
-        """Sum of the pids' Pss (None when all vanished meanwhile); books the next read."""
+    def _read_rollups(self, pids: list[int], ts_ns: int) -> list[tuple[int, int, int]]:
+        """(pid, Rss kB, Pss kB) of each pid still alive; books the next read."""
         started = time.perf_counter_ns()
-        usages = [u for u in (read_rollup_kb(pid) for pid in pids) if u is not None]
+        usages = [(pid, *u) for pid, u in ((pid, read_rollup_kb(pid)) for pid in pids) if u is not None]
         cost_ns = time.perf_counter_ns() - started
         wait_ns = max(self.pss_period_s * 1e9, cost_ns / self.pss_cpu_share - cost_ns)
         self._next_pss_ns = ts_ns + int(wait_ns)
-        return sum(pss for _, pss in usages) if usages else None
+        return usages
+
+
+def _append_per_process(rows: dict[str, list], ts_ns: int, usages: list[tuple[int, int, int]]) -> None:
+    """`rss_bytes` and `pss_bytes` of each process (device "pid:N"), pid order; the
+    PER_PROCESS_MAX with the most Pss when there are more."""
+    kept = sorted(usages, key=lambda u: -u[2])[:PER_PROCESS_MAX]
+    for pid, rss_kb, pss_kb in sorted(kept):
+        device = PROCESS_DEVICE.format(pid)
+        _append(rows, ts_ns, "rss_bytes", device, rss_kb * 1024)
+        _append(rows, ts_ns, "pss_bytes", device, pss_kb * 1024)
 
 
 def read_statm_resident(pid: int) -> int | None:

@@ -103,6 +103,29 @@ def test_zombie_pid_is_skipped():
         child.wait()
 
 
+def test_each_process_gets_its_own_rss_and_pss_when_the_tree_has_several():
+    child = subprocess.Popen([sys.executable, "-c", "b = bytearray(32 << 20); import time; time.sleep(30)"],
+                             stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and RssSampler().sample([child.pid], 0)["value"][0] < 32 * MiB:
+            time.sleep(0.05)
+        sampler = RssSampler(pss_period_s=1.0, pss_cpu_share=1)
+        rows = sampler.sample([os.getpid(), child.pid], 0)
+        got = values(rows)
+        mine, its = f"pid:{os.getpid()}", f"pid:{child.pid}"
+        assert {d for d in rows["device"] if d != "cpu"} == {mine, its}
+        assert got[("pss_bytes", its)] >= 30 * MiB and got[("rss_bytes", its)] >= got[("pss_bytes", its)]
+        # The tree's Pss is the processes' own, summed (one smaps_rollup read each).
+        assert got[("pss_bytes", "cpu")] == got[("pss_bytes", mine)] + got[("pss_bytes", its)]
+        assert sampler.sample([os.getpid(), child.pid], S // 2)["device"] == ["cpu"]  # only with Pss
+    finally:
+        child.kill()
+        child.wait()
+    # One process: its own rows would repeat the tree's.
+    assert RssSampler().sample([os.getpid()], 0)["device"] == ["cpu"] * 3
+
+
 def test_pss_is_paced_and_rss_comes_every_tick():
     sampler = RssSampler(pss_period_s=1.0, pss_cpu_share=1)  # share 1: the period alone decides
     metrics = [sampler.sample([os.getpid()], t)["metric"] for t in (0, S // 10, S // 2, S, S + S // 10)]
