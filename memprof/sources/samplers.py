@@ -77,10 +77,14 @@ class RssSampler:
     10 MiB Python process, 10 ms for one holding 1 GiB), too slow for every tick of a large
     job. (A tree of five 50 MiB Python processes: ~1.3 ms a read, with or without the
     per-process rows.) It is read on the first tick, then no more often than every `pss_period_s` and
-    never for more than `pss_cpu_share` of the time (a read that took 50 ms delays the next
-    by 50 ms / pss_cpu_share). `pss_period_s=0, pss_cpu_share=1` reads it every tick.
+    never for more than `pss_cpu_share` of the time (a read that took 50 ms of CPU delays the
+    next by 50 ms / pss_cpu_share). The cost is the sampler thread's CPU time (user and
+    kernel), not the wall time: in the recorder the thread also waits for the GIL and for
+    the mmap locks of processes busy faulting pages, which costs no CPU yet had stretched
+    the waits to seconds (a recording of examples/dataloader_cow.py got 5 reads in 17 s). `pss_period_s=0, pss_cpu_share=1` reads it every tick.
 
-    A pid that has exited (or is a zombie) is skipped; any other error (EACCES: another
+    A pid that is a thread of another (the recorder's tree lists threads too) is skipped, as
+    its process is counted once by its own pid. A pid that has exited (or is a zombie) is skipped; any other error (EACCES: another
     user's process without root) propagates. Times are the caller's CLOCK_MONOTONIC ns.
     """
 
@@ -92,6 +96,20 @@ class RssSampler:
         self._next_pss_ns: int | None = None
         self._page_size = os.sysconf("SC_PAGE_SIZE")
         self._host_total_sent = False
+        self._leaders: dict[int, bool] = {}
+
+    def _leads_its_process(self, pid: int) -> bool:
+        """Whether `pid` is a process (its thread group's leader), not another thread of one:
+        the recorder's tree also lists the threads its processes start (each with its own
+        task id), and /proc/TID/statm and smaps_rollup of a thread read its whole process,
+        which would be counted again. Asked once per pid (/proc/PID/status)."""
+        known = self._leaders.get(pid)
+        if known is None:
+            tgid = read_tgid(pid)
+            if tgid is None:
+                return False  # vanished: asked again if it is passed again
+            known = self._leaders[pid] = tgid == pid
+        return known
 
     def sample(self, pids: Iterable[int], ts_ns: int) -> dict[str, list]:
         """Row `rss_bytes` (device "cpu"), summed over the live `pids`, `pss_bytes` when due
@@ -100,10 +118,14 @@ class RssSampler:
         pids = set(pids)
         rss_pages, alive = 0, []
         for pid in pids:
+            if not self._leads_its_process(pid):
+                continue
             pages = read_statm_resident(pid)
             if pages is not None:
                 rss_pages += pages
                 alive.append(pid)
+            else:
+                self._leaders.pop(pid, None)  # gone: its number may come back as another task
         rows = empty_rows()
         if not alive:
             return rows
@@ -122,9 +144,9 @@ class RssSampler:
 
     def _read_rollups(self, pids: list[int], ts_ns: int) -> list[tuple[int, int, int]]:
         """(pid, Rss kB, Pss kB) of each pid still alive; books the next read."""
-        started = time.perf_counter_ns()
+        started = time.thread_time_ns()
         usages = [(pid, *u) for pid, u in ((pid, read_rollup_kb(pid)) for pid in pids) if u is not None]
-        cost_ns = time.perf_counter_ns() - started
+        cost_ns = time.thread_time_ns() - started
         wait_ns = max(self.pss_period_s * 1e9, cost_ns / self.pss_cpu_share - cost_ns)
         self._next_pss_ns = ts_ns + int(wait_ns)
         return usages
@@ -148,6 +170,16 @@ def read_statm_resident(pid: int) -> int | None:
     size, resident = data.split(None, 2)[:2]
     # A zombie (exited, not yet reaped) reads "0 0 0 …": its address space is gone.
     return None if size == b"0" else int(resident)
+
+
+def read_tgid(pid: int) -> int | None:
+    """The thread group (process) id of task `pid` (Tgid: of /proc/PID/status), or None
+    when it has vanished."""
+    data = _read_proc(f"/proc/{pid}/status")
+    if not data:
+        return None
+    start = data.find(b"\nTgid:")
+    return int(data[start + 6:data.index(b"\n", start + 6)]) if start >= 0 else pid
 
 
 def read_meminfo_total_kb() -> int:

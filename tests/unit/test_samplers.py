@@ -126,6 +126,31 @@ def test_each_process_gets_its_own_rss_and_pss_when_the_tree_has_several():
     assert RssSampler().sample([os.getpid()], 0)["device"] == ["cpu"] * 3
 
 
+def test_a_thread_of_a_process_is_not_counted_again():
+    # The recorder's tree lists threads by their task ids; /proc/TID/statm reads the process.
+    import threading
+    started, stop = threading.Event(), threading.Event()
+    tids = []
+
+    def run():
+        tids.append(threading.get_native_id())
+        started.set()
+        stop.wait(10)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        started.wait(10)
+        sampler = RssSampler(pss_period_s=0, pss_cpu_share=1)
+        alone = values(sampler.sample([os.getpid()], 0))
+        both = sampler.sample([os.getpid(), tids[0]], 1)
+        assert both["device"] == ["cpu", "cpu"]  # one process: no per-process rows
+        assert values(both)[("rss_bytes", "cpu")] < 1.5 * alone[("rss_bytes", "cpu")]
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_pss_is_paced_and_rss_comes_every_tick():
     sampler = RssSampler(pss_period_s=1.0, pss_cpu_share=1)  # share 1: the period alone decides
     metrics = [sampler.sample([os.getpid()], t)["metric"] for t in (0, S // 10, S // 2, S, S + S // 10)]
