@@ -501,7 +501,8 @@ def layer_lines(summary: Summary, layers: dict | None) -> None:
 def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not: str) -> None:
     """Record the workload and check the recording; `why_not` (a sentence) skips it all."""
     names = ("record", "cuda_driver_final", "gpu_used_samples", "leaks_cuda_driver", "leaks_cuda_block",
-             "segment_minus_block", "snapshot_import", "profiler_report_uprobe", "kv_cache_cuda")
+             "segment_minus_block", "snapshot_import", "profiler_report_uprobe", "kv_cache_cuda",
+             "advice_fragmentation")
     if why_not:
         summary.say(why_not)
         for name in names:
@@ -533,6 +534,7 @@ def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not:
     save_snapshot(summary, out, deadline)
     check_profiler_uprobe(summary, out, deadline)
     check_kv_cache(summary, out, deadline)
+    check_fragmentation_advice(summary, out, deadline)
 
 
 # --- the KV cache of LLM inference on CUDA (issue 21) ---------------------------------------
@@ -578,6 +580,46 @@ def check_kv_cache(summary: Summary, out: Path, deadline: Deadline) -> None:
                   f"{len(cache)} cache chain(s), {slope:.0f} B/token (expected {KV_BYTES_PER_TOKEN}), power b {powers}")
 
 
+# --- the allocator-fragmentation advice (issue 22) -------------------------------------------
+FRAGMENT_SLACK = 64 * MiB
+
+
+def check_fragmentation_advice(summary: Summary, out: Path, deadline: Deadline) -> None:
+    """examples/cuda_fragment.py (varied blocks, every other freed, larger ones after) under
+    memprof record: `report advice` gives allocator-fragmentation on cuda:0, suggesting
+    expandable_segments:True, with at least 8 segments holding free blocks beside live ones
+    and cached free within 64 MiB of the workload's reserved − allocated while it holds."""
+    rec = out / "cuda_fragment.memprof"
+    cmd = ["record", "-q", "-f", "-o", str(rec), "--sources", "kmem,torch,cuda", "--", sys.executable,
+           str(ROOT / "examples" / "cuda_fragment.py"), "--hold", "2000"]
+    try:
+        done = memprof_cli(cmd, deadline.cap(120))
+    except subprocess.TimeoutExpired:
+        summary.check("advice_fragmentation", "FAIL", "memprof record of cuda_fragment.py timed out")
+        return
+    held = re.search(r"reserved_bytes=(\d+) allocated_bytes=(\d+)", done.stdout)
+    if done.returncode != 0 or not held:
+        summary.check("advice_fragmentation", "FAIL", f"record exit {done.returncode}: {done.stderr.strip()[-300:]}")
+        return
+    advice, why = report_json("advice", rec, out, deadline)
+    if advice is None:
+        summary.check("advice_fragmentation", "FAIL", why)
+        return
+    given = [a for a in advice.get("advice", []) if a.get("rule") == "allocator-fragmentation"]
+    entry = next((r for r in advice.get("rules", []) if r.get("id") == "allocator-fragmentation"), {})
+    if not given:
+        summary.check("advice_fragmentation", "FAIL", f"no advice: {entry.get('why_not')}")
+        return
+    numbers, want = given[0].get("numbers", {}), int(held.group(1)) - int(held.group(2))
+    cached = numbers.get("cached_free_bytes") or 0
+    ok = ("expandable_segments:True" in given[0].get("change", "") and (numbers.get("segments_split") or 0) >= 8
+          and abs(cached - want) <= FRAGMENT_SLACK)
+    summary.check("advice_fragmentation", "PASS" if ok else "FAIL",
+                  f"cached_free={cached} (workload reserved-allocated={want}) fragmentation="
+                  f"{numbers.get('fragmentation')} segments split={numbers.get('segments_split')} of "
+                  f"{numbers.get('segments_live')} peak_of={numbers.get('peak_of')} saving={given[0].get('saving_bytes')}")
+
+
 def sources_text(meta: dict) -> str:
     """Per source in meta.json: events, lost, and what it attached to (uprobes, NVML)."""
     parts = []
@@ -616,7 +658,7 @@ def main() -> int:
     if not check_gpu(summary):
         for name in ("torch_cuda", "nvml_direct", "record", "cuda_driver_final", "gpu_used_samples",
                      "leaks_cuda_driver", "leaks_cuda_block", "segment_minus_block", "snapshot_import",
-                     "profiler_report_uprobe", "kv_cache_cuda"):
+                     "profiler_report_uprobe", "kv_cache_cuda", "advice_fragmentation"):
             summary.check(name, "SKIP", "no GPU visible")
         return 0
     nvml = Nvml()
