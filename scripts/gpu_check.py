@@ -502,7 +502,7 @@ def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not:
     """Record the workload and check the recording; `why_not` (a sentence) skips it all."""
     names = ("record", "cuda_driver_final", "gpu_used_samples", "leaks_cuda_driver", "leaks_cuda_block",
              "segment_minus_block", "snapshot_import", "profiler_report_uprobe", "kv_cache_cuda",
-             "advice_fragmentation")
+             "advice_fragmentation", "advice_outside_torch")
     if why_not:
         summary.say(why_not)
         for name in names:
@@ -535,6 +535,7 @@ def record(summary: Summary, nvml: Nvml, out: Path, deadline: Deadline, why_not:
     check_profiler_uprobe(summary, out, deadline)
     check_kv_cache(summary, out, deadline)
     check_fragmentation_advice(summary, out, deadline)
+    check_outside_torch_advice(summary, out, deadline)
 
 
 # --- the KV cache of LLM inference on CUDA (issue 21) ---------------------------------------
@@ -620,6 +621,49 @@ def check_fragmentation_advice(summary: Summary, out: Path, deadline: Deadline) 
                   f"{numbers.get('segments_live')} peak_of={numbers.get('peak_of')} saving={given[0].get('saving_bytes')}")
 
 
+# --- the memory-outside-pytorch advice, case (a) (issue 22) -----------------------------------
+OUTSIDE_SLACK = 64 * MiB
+
+
+def check_outside_torch_advice(summary: Summary, out: Path, deadline: Deadline) -> None:
+    """examples/cuda_outside.py (a PyTorch segment, then 16 x 32 MiB kept through cuMemAlloc_v2
+    by ctypes, one per memprof.mark step) under memprof record: the rule gives driver memory
+    outside the caching allocator with not_pytorch within [kept, kept + 64 MiB] at the peak,
+    grown by at least kept - 2 steps' bytes, a chain through cuda_outside.py. Judged through
+    the library (memprof.api.analyse, outside_torch.check) so no other rule can hide it."""
+    rec = out / "cuda_outside.memprof"
+    cmd = ["record", "-q", "-f", "-o", str(rec), "--sources", "kmem,torch,cuda", "--", sys.executable,
+           str(ROOT / "examples" / "cuda_outside.py")]
+    try:
+        done = memprof_cli(cmd, deadline.cap(120))
+    except subprocess.TimeoutExpired:
+        summary.check("advice_outside_torch", "FAIL", "memprof record of cuda_outside.py timed out")
+        return
+    held = re.search(r"kept_bytes=(\d+) reserved_bytes=(\d+) steps=(\d+)", done.stdout)
+    if done.returncode != 0 or not held:
+        summary.check("advice_outside_torch", "SKIP" if "cuMemAlloc_v2 failed" in done.stderr + done.stdout else "FAIL",
+                      f"record exit {done.returncode}: {(done.stderr + done.stdout).strip()[-300:]}")
+        return
+    kept, reserved, steps = (int(x) for x in held.groups())
+    from memprof.analysis.advice import outside_torch
+    from memprof.api import analyse
+    analysed = analyse(rec)
+    verdict = outside_torch.check(analysed)
+    given = [a for a in verdict.advice if a.layer == "cuda_driver" and a.device != "cpu"]
+    if not given:
+        summary.check("advice_outside_torch", "FAIL", f"no driver advice: {verdict.why_not}")
+        return
+    numbers = given[0].numbers
+    chains = analysed.chains([s for s in given[0].chains if s is not None])
+    named = any((f.get("file") or "").endswith("cuda_outside.py") for frames in chains.values() for f in frames)
+    outside, grew = numbers.get("not_pytorch_bytes") or 0, numbers.get("grew_bytes") or 0
+    ok = kept <= outside <= kept + OUTSIDE_SLACK and grew >= kept - 2 * kept // steps and named
+    summary.check("advice_outside_torch", "PASS" if ok else "FAIL",
+                  f"not_pytorch={outside} (kept {kept}) grew={grew} driver={numbers.get('driver_bytes')} "
+                  f"reserved={numbers.get('reserved_bytes')} (torch reserved {reserved}) device={given[0].device} "
+                  f"chain through cuda_outside.py={named} title={given[0].title!r}")
+
+
 def sources_text(meta: dict) -> str:
     """Per source in meta.json: events, lost, and what it attached to (uprobes, NVML)."""
     parts = []
@@ -658,7 +702,7 @@ def main() -> int:
     if not check_gpu(summary):
         for name in ("torch_cuda", "nvml_direct", "record", "cuda_driver_final", "gpu_used_samples",
                      "leaks_cuda_driver", "leaks_cuda_block", "segment_minus_block", "snapshot_import",
-                     "profiler_report_uprobe", "kv_cache_cuda", "advice_fragmentation"):
+                     "profiler_report_uprobe", "kv_cache_cuda", "advice_fragmentation", "advice_outside_torch"):
             summary.check(name, "SKIP", "no GPU visible")
         return 0
     nvml = Nvml()
