@@ -27,7 +27,7 @@ from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fire
 from memprof.analysis.advice.outside_torch_kernel import KernelLimits, chain_key, frame_text, kernel_advice
 from memprof.analysis.growth import live_at, sample_series
 from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import end_times, labels
+from memprof.analysis.lifetimes import category_codes, end_times, labels
 from memprof.analysis.trend import MIN_POINTS, classify
 from memprof.model.schema import Layer
 from memprof.units import format_bytes
@@ -125,7 +125,7 @@ def driver_advice(facts: Facts, checkpoints: Checkpoints | None) -> tuple[list[A
     PyTorch's segments is large at its peak or grows; else why not."""
     allocations = facts.lifetimes.allocations
     layer, device = labels(allocations["layer"]), labels(allocations["device"])
-    on_gpu = (layer == _DRIVER) & np.array([str(d).startswith("cuda") for d in device], dtype=bool)
+    on_gpu = (layer == _DRIVER) & _on_a_gpu(allocations["device"])
     if not on_gpu.any():
         return [], "no cuda_driver memory on a GPU"
     driver = allocations[on_gpu].assign(device_label=device[on_gpu])
@@ -141,6 +141,13 @@ def driver_advice(facts: Facts, checkpoints: Checkpoints | None) -> tuple[list[A
         return advice, ""
     return [], (f"GPU driver memory outside PyTorch's caching allocator stayed under "
                 f"{format_bytes(DRIVER_OUTSIDE_MIN_BYTES.value)} and did not grow")
+
+
+def _on_a_gpu(column: pd.Series) -> np.ndarray:
+    """Per row: its device is a GPU ("cuda", "cuda:N"), judged once per category."""
+    codes, names = category_codes(column)
+    gpu = np.array([str(name).startswith("cuda") for name in names] + [False], dtype=bool)
+    return gpu[codes]
 
 
 def _segments_of(segments: pd.DataFrame, device: str) -> pd.DataFrame:
