@@ -223,5 +223,5 @@ def _site_advice(site: _Site, unit: str, rule_id: str) -> Advice:
     return Advice(rule=rule_id, title=f"{objects:,} {site.kind}s kept open from {where}: kernel memory {rate}",
                   evidence=evidence, change=f"{change}; they are made at {where}",
                   saving=("the kernel memory these objects held at the end, which closing them keeps from growing"),
-                  saving_bytes=int(site.bytes), chains=tuple(f.stack_id for f in findings),
+                  saving_bytes=int(site.bytes), chains=tuple(f.stack_id for f in findings[:6]),
                   layer=layers[0] if len(layers) == 1 else None, device="cpu", numbers=numbers)
