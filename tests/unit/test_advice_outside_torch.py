@@ -139,9 +139,9 @@ def test_pinned_buffers_reused_or_device_memory_growing_are_not_pinned_growth(tm
     step, and device memory (not pinned) growing 1 MiB a step (under the driver's bar)."""
     rows = leak_per_step(12, 1 * MiB, layer="cuda_driver", device="cuda", stack_id=6, churn_stack=10)
     rows += [cuda(S // 2, "alloc", 0x7000_0000, 256 * MiB, layer="cuda_driver", device="cpu", stack_id=7)]
-    rows += [row | {"device": "cpu", "addr": row["addr"] + 0x4000_0000} for row in
-             leak_per_step(12, 0, layer="cuda_driver", stack_id=7, churn_stack=10) if row["action"] != "mark"
-             and row["stack_id"] == 10 or row["action"] == "free"]
+    rows += [cuda(k * S + S // 2, "alloc", 0x4000_0000, 8 * MiB, layer="cuda_driver", device="cpu", stack_id=7)
+             for k in range(1, 13)]
+    rows += [cuda(k * S + 3 * S // 4, "free", 0x4000_0000, layer="cuda_driver", device="cpu") for k in range(1, 13)]
     verdict = judge(write(tmp_path / "pool.memprof", rows))
     assert verdict.advice == ()
     assert "no pinned host memory growing per step by 16.0 MiB or more" in verdict.why_not
