@@ -152,8 +152,8 @@ def _below_bar(linear: Fit | None, best: Fit | None, ctx: SeriesContext, known: 
     if known["points"] < FORECAST_MIN_POINTS:
         reason = f"too few points to forecast: {known['points']} < {FORECAST_MIN_POINTS}"
         return Forecast("too_few_points", reason, **known)
-    if best.r2 is None or best.r2 < FORECAST_MIN_R2:
-        r2 = "undefined" if best.r2 is None else f"{best.r2:.2f}"
+    if best is None or best.r2 is None or best.r2 < FORECAST_MIN_R2:  # None: one x (a quantity that never changed)
+        r2 = "undefined" if best is None or best.r2 is None else f"{best.r2:.2f}"
         return Forecast("poor_fit", f"fit too poor to forecast: R² {r2} < {FORECAST_MIN_R2:.2f}", **known)
     if linear is None or linear.b <= 0 or not best.growing:
         slope = "" if linear is None else f": {format_bytes(linear.b)} per {_unit_words(ctx)}"
