@@ -9,12 +9,14 @@ a few buffers whose pages a read never writes.
 Read from the samples: each process's own Pss (`pss_bytes`, device "pid:N": the samplers
 write it, about once a second, while the tree has several processes) and the process table
 of meta.json (ppid, comm, exe). A worker is a process forked from another of the tree (its
-exe is its parent's): torch names DataLoader workers "pt_data_worker". Per worker, a line
+exe is its parent's). Without the libc heap recorded only DataLoader workers are judged:
+torch names them "pt_data_worker" (the process table may have read the name before), and
+they allocate under torch's `_worker_loop`. Per worker, a line
 is fitted to its Pss against time (slope bytes per second, R²); its growth is its last Pss
 less its first. Its heap over the same time is the live bytes of its allocations in the
 libc heap (`native_heap`, when recorded: `--sources +native`) or else in the PyTorch CPU
 allocator (`torch_cpu`), weighted where sampled: its last value less its first. A worker
-whose Pss grows by a line (R² ≥ MIN_R2) by at least MIN_GROWTH while its heap grows by at
+whose Pss grows steadily (it rises between MIN_RISING of its samples) by at least MIN_GROWTH while its heap grows by at
 most MAX_HEAP_SHARE of that is copying on read. The steps of the recording (step marks)
 within its samples give the growth per step. The dataset is named by the `__getitem__`
 Python frame of the worker's allocations (its qualified name: `RowsDataset.__getitem__`).
@@ -40,17 +42,19 @@ if TYPE_CHECKING:
 
 MIN_GROWTH = Threshold("MIN_WORKER_PSS_GROWTH", 16 * 2**20, "bytes",
                        "a worker's PSS grows at least this much over its samples: less is its own working set settling")
-MIN_R2 = Threshold("MIN_R2", 0.80, "R²",
-                   "a line in time explains at least this much of the worker's PSS: it grows steadily, as reads copy pages")
+MIN_RISING = Threshold("MIN_RISING_SHARE", 0.70, "fraction",
+                       "the worker's PSS rises from one sample to the next at least this often: it grows steadily, "
+                       "as reads copy pages, not by one jump")
 MAX_HEAP_SHARE = Threshold("MAX_HEAP_SHARE", 0.10, "fraction",
                            "the worker's heap grows by at most this share of its PSS growth: the growth is not its allocations")
 MIN_SAMPLES = Threshold("MIN_PSS_SAMPLES", 4, "count",
                         "PSS samples of the worker (about one a second): fewer cannot show a trend")
-THRESHOLDS: tuple[Threshold, ...] = (MIN_GROWTH, MIN_R2, MAX_HEAP_SHARE, MIN_SAMPLES)
+THRESHOLDS: tuple[Threshold, ...] = (MIN_GROWTH, MIN_RISING, MAX_HEAP_SHARE, MIN_SAMPLES)
 
 PSS = "pss_bytes"
 PROCESS_DEVICE = "pid:"  # the samplers' per-process series: device "pid:N"
 WORKER_COMM = "pt_data_worker"  # torch.utils.data's name for its worker processes
+WORKER_LOOP, WORKER_FILE = "_worker_loop", "torch/utils/data/"  # the function a worker runs, and where
 HEAP_LAYERS = ("native_heap", "torch_cpu")  # the first recorded is the heap: torch_cpu nests in native_heap
 GETITEM = ".__getitem__"
 
@@ -89,9 +93,10 @@ def check(facts: Facts) -> Verdict:
     if heap_layer is None:
         return silent("no heap recorded (torch or native source) to tell copied pages from the workers' allocations")
     if heap_layer != "native_heap":
-        # Without the libc heap a Python object heap that grows looks flat: trust only the
-        # processes torch named as DataLoader workers.
-        children = {pid: comm for pid, comm in children.items() if comm == WORKER_COMM}
+        # Without the libc heap a Python object heap that grows looks flat: trust only
+        # DataLoader workers (named so, or allocating under torch's worker loop).
+        looping = _in_worker_loop(facts)
+        children = {pid: WORKER_COMM for pid, comm in children.items() if comm == WORKER_COMM or pid in looping}
         if not children:
             return silent(f"no {WORKER_COMM} process has PSS samples (other forked processes are judged "
                           "only with the libc heap recorded: --sources +native)")
@@ -141,6 +146,23 @@ def _forked(meta, series: dict) -> dict[int, str]:
     return found
 
 
+def _in_worker_loop(facts: Facts) -> set[int]:
+    """Pids with allocations under torch's DataLoader worker loop (a Python frame
+    `_worker_loop` of torch/utils/data/): the process table reads each comm once, sometimes
+    before torch renamed the worker "pt_data_worker"."""
+    frames, stacks = facts.rec.frames, facts.rec.stacks
+    if frames is None or stacks is None or frames.empty or stacks.empty:
+        return set()
+    loop = frames[(frames["function"].astype(str) == WORKER_LOOP).to_numpy()
+                  & frames["file"].astype(str).str.contains(WORKER_FILE, regex=False).to_numpy()]
+    if loop.empty:
+        return set()
+    under = stacks.loc[stacks["frame_id"].isin(loop["frame_id"]), "stack_id"].unique()
+    allocations = facts.lifetimes.allocations
+    return {int(pid) for pid in allocations.loc[allocations["stack_id"].isin(under).to_numpy(dtype=bool, na_value=False),
+                                                "pid"].unique()}
+
+
 def _heap_layer(allocations: pd.DataFrame) -> str | None:
     """The outermost heap layer with allocations in the recording (module docstring)."""
     recorded = set(allocations["layer"].astype(str).unique()) if len(allocations) else set()
@@ -157,9 +179,9 @@ def _worker(facts: Facts, pid: int, comm: str, series, heap_layer: str) -> Worke
     growth = int(pss[-1] - pss[0])
     if growth < MIN_GROWTH.value:
         return f"{name}: PSS grew {format_bytes(growth)} (< {format_bytes(MIN_GROWTH.value)})"
-    if fit is None or fit.b <= 0 or fit.r2 is None or fit.r2 < MIN_R2.value:
-        r2 = "n/a" if fit is None or fit.r2 is None else f"{fit.r2:.2f}"
-        return f"{name}: PSS does not grow steadily (R² {r2} < {MIN_R2.value})"
+    rose, intervals = int((np.diff(pss) > 0).sum()), len(pss) - 1
+    if fit is None or fit.b <= 0 or rose < MIN_RISING.value * intervals:
+        return f"{name}: PSS rose in {rose} of {intervals} intervals (< {MIN_RISING.value:.0%}): no steady growth"
     heap = _heap_growth(facts.lifetimes.allocations, pid, heap_layer, int(ts[0]), int(ts[-1]))
     if heap > MAX_HEAP_SHARE.value * growth:
         return (f"{name}: its {heap_layer} grew {format_bytes(heap)} of its {format_bytes(growth)} PSS growth "
@@ -249,7 +271,8 @@ def _advice(facts: Facts, workers: list[Worker], heap_layer: str) -> Advice:
         numbers={"workers": [{"pid": w.pid, "comm": w.comm, "pss_first_bytes": int(w.pss[0]),
                               "pss_last_bytes": int(w.pss[-1]), "pss_growth_bytes": w.growth,
                               "pss_bytes_per_second": w.slope, "r2": w.r2, "seconds": w.seconds,
-                              "samples": len(w.pss), "heap_growth_bytes": w.heap_growth}
+                              "samples": len(w.pss), "first_ts_ns": int(w.ts_ns[0]), "last_ts_ns": int(w.ts_ns[-1]),
+                              "heap_growth_bytes": w.heap_growth}
                              for w in workers],
                  "pss_growth_bytes": total, "steps": steps,
                  "pss_growth_bytes_per_step": total / steps if steps else None,
