@@ -36,9 +36,10 @@ PARAM_CHAIN = [ALLOC, ("python", "Model.__init__", None, MODEL, 8)]
 GRAD_CHAIN = [ALLOC, ("python", "backward", None, "/venv/lib/python3.11/site-packages/torch/_tensor.py", 600), LOOP]
 
 
-def state_note(ts: int, addr: int, size: int, role: str, name: str, layer: str = "torch_cpu") -> dict:
+def state_note(ts: int, addr: int, size: int, role: str, name: str, layer: str = "torch_cpu",
+               device: str = "cpu") -> dict:
     """The agent's model-state note for one tensor."""
-    return ev(ts, "mark", addr, size, layer=layer, device="cpu", category=f"{STATE_PREFIX}{role}:{name}", pid=PID)
+    return ev(ts, "mark", addr, size, layer=layer, device=device, category=f"{STATE_PREFIX}{role}:{name}", pid=PID)
 
 
 def boundary(ts: int, category: str) -> dict:
@@ -60,30 +61,30 @@ class Model:
     sizes made in step 1's backward, both named at every step mark; `grads=False`: no backward
     (no gradients: inference)."""
 
-    def __init__(self, param_bytes: int, *, grads: bool = True, layer: str = "torch_cpu"):
+    def __init__(self, param_bytes: int, *, grads: bool = True, layer: str = "torch_cpu", device: str = "cpu"):
         self.sizes = (param_bytes // 2, param_bytes - param_bytes // 2)
-        self.grads, self.layer = grads, layer
+        self.grads, self.layer, self.device = grads, layer, device
         self.params = [0x7F00_0000_0000 + i * 0x1000_0000 for i in range(2)]
         self.grad_addrs = [0x7E00_0000_0000 + i * 0x1000_0000 for i in range(2)]
 
     def made(self) -> list[dict]:
-        return [ev(S // 10 + i, "alloc", a, n, 3, layer=self.layer, pid=PID)
+        return [ev(S // 10 + i, "alloc", a, n, 3, layer=self.layer, device=self.device, pid=PID)
                 for i, (a, n) in enumerate(zip(self.params, self.sizes))]
 
     def backward(self, step: int, ts: int) -> list[dict]:
         """Step 1's backward makes the gradients (kept)."""
         if not self.grads or step != 1:
             return []
-        return [ev(ts + i, "alloc", a, n, 4, layer=self.layer, pid=PID)
+        return [ev(ts + i, "alloc", a, n, 4, layer=self.layer, device=self.device, pid=PID)
                 for i, (a, n) in enumerate(zip(self.grad_addrs, self.sizes))]
 
     def step_mark(self, step: int) -> list[dict]:
         at = step * S + S // 2
         rows = [dict(ts_ns=at, action="mark", category="step", step=step, pid=PID, tid=PID)]
-        rows += [state_note(at, a, n, "parameter", f"w{i}", self.layer)
+        rows += [state_note(at, a, n, "parameter", f"w{i}", self.layer, self.device)
                  for i, (a, n) in enumerate(zip(self.params, self.sizes))]
         if self.grads and step >= 1:
-            rows += [state_note(at, a, n, "gradient", f"w{i}", self.layer)
+            rows += [state_note(at, a, n, "gradient", f"w{i}", self.layer, self.device)
                      for i, (a, n) in enumerate(zip(self.grad_addrs, self.sizes))]
         return rows
 

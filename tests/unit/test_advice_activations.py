@@ -33,8 +33,9 @@ class Forward:
     """Rows of one forward at `t` on the training thread, each allocation at a fresh address,
     with module boundaries when `tracked`; `made` keeps the addresses for the backward."""
 
-    def __init__(self, t: int, tracked: bool, step: int):
+    def __init__(self, t: int, tracked: bool, step: int, layer: str = "torch_cpu", device: str = "cpu"):
         self.t, self.tracked, self.rows, self.made = t, tracked, [], []
+        self.at = dict(layer=layer, device=device, pid=PID)
         self.base = 0x5000_0000_0000 + step * 0x1000_0000
 
     def _tick(self) -> int:
@@ -51,7 +52,7 @@ class Forward:
 
     def alloc(self, size: int, stack: int) -> None:
         addr = self.base + len(self.made) * 0x100_0000
-        self.rows.append(ev(self._tick(), "alloc", addr, size, stack, layer="torch_cpu", pid=PID))
+        self.rows.append(ev(self._tick(), "alloc", addr, size, stack, **self.at))
         self.made.append(addr)
 
     def blocks(self, count: int, unit: int) -> None:
@@ -85,17 +86,18 @@ class Forward:
 
 
 def training(*, params: int = MiB, blocks: int = 4, unit: int = UNIT, tracked: bool = True, grads: bool = True,
-             kept: bool = False, sequential: int = 0) -> tuple[list[dict], int]:
+             kept: bool = False, sequential: int = 0, layer: str = "torch_cpu",
+             device: str = "cpu") -> tuple[list[dict], int]:
     """STEPS steps: a forward (Forward.blocks, or .sequential of that many ops), backward frees
     its activations (unless `kept`) and makes the gradients in step 1."""
-    model = Model(params, grads=grads)
+    model = Model(params, grads=grads, layer=layer, device=device)
     rows = model.made()
     for k in range(1, STEPS + 1):
-        forward = Forward(k * S, tracked, k)
+        forward = Forward(k * S, tracked, k, layer, device)
         forward.sequential(sequential, 5 * unit) if sequential else forward.blocks(blocks, unit)
         rows += forward.rows
         if not kept:
-            rows += [ev(k * S + S // 4 + n, "free", addr, layer="torch_cpu", pid=PID)
+            rows += [ev(k * S + S // 4 + n, "free", addr, **forward.at)
                      for n, addr in enumerate(reversed(forward.made))]
         rows += model.backward(k, k * S + S // 4 + 100) + model.step_mark(k)
     return rows, (STEPS + 1) * S
@@ -113,8 +115,9 @@ ACTS = 4 * BLOCK + 64 * KiB           # 9 MiB + the head
 PEAK = ACTS + 2 * MiB                 # parameters and gradients
 
 
-def test_blocks_make_the_peak_checkpoint_them(tmp_path):
-    (advice,) = judge(tmp_path, training()).advice
+@pytest.mark.parametrize("layer,device", [("torch_cpu", "cpu"), ("cuda_block", "cuda:0")])
+def test_blocks_make_the_peak_checkpoint_them(tmp_path, layer, device):
+    (advice,) = judge(tmp_path, training(layer=layer, device=device)).advice
     numbers = advice.numbers
     assert (numbers["peak_bytes"], numbers["activation_bytes"], numbers["state_bytes"]) == (PEAK, ACTS, 2 * MiB)
     assert numbers["share"] == pytest.approx(ACTS / PEAK)
@@ -124,8 +127,8 @@ def test_blocks_make_the_peak_checkpoint_them(tmp_path):
         "outputs_bytes": 4 * UNIT, "recomputed_bytes": BLOCK, "saving_bytes": 4 * BLOCK - 4 * UNIT - BLOCK}
     assert advice.saving_bytes == 4 * BLOCK - 4 * UNIT - BLOCK == 5888 * KiB
     assert advice.modules == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
-    assert advice.layer == "torch_cpu"
-    assert advice.title == "Activations make torch_cpu's peak: checkpoint blocks.*"
+    assert advice.layer == layer
+    assert advice.title == f"Activations make {layer}'s peak: checkpoint blocks.*"
     assert advice.evidence[1] == ("4 modules under blocks hold 9.0 MiB of it (each with the modules inside it): "
                                   "blocks.0 2.2 MiB, blocks.1 2.2 MiB, blocks.2 2.2 MiB, blocks.3 2.2 MiB.")
     assert "= 5.8 MiB less at the peak" in advice.evidence[2]

@@ -42,7 +42,7 @@ def training(saved=SAVED, *, kept: bool = True, grads: bool = True, layer: str =
     backward frees the temporary, and the saved tensors too unless `kept` (a loss summed as a
     tensor keeps them). `modules`: module paths, one per saved tensor, run around its alloc
     (record --torch-modules). Returns (rows, end_ns)."""
-    model = Model(2 << 20, grads=grads, layer=layer)
+    model = Model(2 << 20, grads=grads, layer=layer, device=device)
     at = dict(layer=layer, device=device, pid=PID)
     rows = model.made()
     for k in range(1, STEPS + 1):

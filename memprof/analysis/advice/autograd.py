@@ -117,7 +117,7 @@ def _advice(layer: str, chains: list[GrowingChain], slope: float, steps: int | N
         *(f"{format_bytes(int(round(line['bytes_per_step'])))}/step allocated at {line['line']} ({line['function']})"
           + (f" in module {line['module']}" if line["module"] is not None else "")
           for line in lines[:SHOWN_LINES]),
-        "Gradients were computed in this recording, so a backward ran; it did not free these: a loss or an output "
+        "A backward ran in this recording (gradients, optimizer steps) and did not free these: a loss or an output "
         "that carries their graph outlives its step.",
     )
     return Advice(
@@ -128,8 +128,8 @@ def _advice(layer: str, chains: list[GrowingChain], slope: float, steps: int | N
         change=("Keep numbers, not tensors, past the step: sum `loss.item()` (or `loss.detach()`), not `loss`; "
                 "store `output.detach()`; run forwards no backward follows (evaluation, metrics) under "
                 f"`torch.no_grad()`. Look for what keeps the result of the forward at {top}."),
-        saving=(f"{format_bytes(kept)} {over.replace('over', 'by the end of')}, "
-                f"{format_bytes(int(round(slope)))} per step more the longer it runs"),
+        saving=(f"{format_bytes(kept)} not kept {over.replace('over', 'by the end of these')} "
+                f"({format_bytes(int(round(slope)))} per step, for as long as the job runs)"),
         saving_bytes=int(kept),
         chains=tuple(c.stack_id for c in chains),
         modules=modules,
