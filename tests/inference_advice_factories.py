@@ -52,25 +52,26 @@ def torch_cpu(ts_ns: int, action: str, addr: int, size=None, stack=None) -> dict
 
 
 def generation(path: Path, tokens, *, per_token: int = 48 * KiB, weights: int = 24 * MiB,
-               cache_stacks=(KEYS, VALUES), keep: bool = True, with_tokens: bool = True) -> Path:
+               cache_stacks=(KEYS, VALUES), keep: bool = True, with_tokens: bool = True, cached=None) -> Path:
     """Weights (stack WEIGHTS) from 0.1 s; step marks 1…n, 1 s apart, step k carrying the
     quantity tokens = tokens[k − 1] (unless `with_tokens` is False: a training loop's steps);
     half a second before mark k each of `cache_stacks` holds per_token / len(cache_stacks)
     bytes per token of tokens[k − 1] (one block more per step, never freed; with `keep`
-    False, the step's block replaces none and is freed before the next: a cache per request)."""
+    False, the step's block replaces none and is freed before the next: a cache per request).
+    `cached`: the tokens the cache holds at each step, when not `tokens` (it must not fall)."""
     share = per_token // len(cache_stacks)
     rows = [torch_cpu(S // 10, "alloc", 0x10, weights, WEIGHTS)] + step_marks(range(1, len(tokens) + 1))
     samples = [(0, "host_memory_total_bytes", "cpu", float(RAM))]
     held = 0
-    for k, value in enumerate(tokens, start=1):
+    for k, (value, size_of) in enumerate(zip(tokens, cached or tokens), start=1):
         t = k * S - S // 2
         for j, stack in enumerate(cache_stacks):
             addr = 0x10_0000 * (j + 1) + k * 0x100
-            size = share * value - (held if keep else 0)
+            size = share * size_of - (held if keep else 0)
             rows.append(torch_cpu(t, "alloc", addr, size, stack))
             if not keep:
                 rows.append(torch_cpu(t + S // 4, "free", addr))
-        held = share * value if keep else 0
+        held = share * size_of if keep else 0
         if with_tokens:
             samples.append((k * S, "quantity:tokens", "", float(value)))
     rows.append(mark((len(tokens) + 1) * S, 100))

@@ -69,13 +69,13 @@ def test_an_l_squared_chain_outside_attention_code_gets_none(tmp_path):
 def test_two_lengths_cannot_tell_l_squared_from_l(tmp_path):
     verdict = judged(sweep(tmp_path / "s.memprof", seq_lens=(512, 1024)))
     assert verdict.advice == ()
-    assert verdict.why_not == "2 distinct seq_len value(s) over the regions: telling L² from L needs 3"
+    assert verdict.why_not == "2 distinct seq_len value(s) over the regions: telling L² from L needs MIN_SEQ_LENS 3"
 
 
 def test_scores_that_are_a_small_share_of_the_peak_get_none(tmp_path):
     verdict = judged(sweep(tmp_path / "s.memprof", weights=1024 * MiB))  # 64 MiB of 1096 MiB
     assert verdict.advice == ()
-    assert "hold 64.0 MiB of the 1.1 GiB peak at seq_len = 1,024 (below 10% or 1.0 MiB)" in verdict.why_not
+    assert "hold 64.0 MiB of the 1.1 GiB peak at seq_len = 1,024 (below MIN_SHARE_OF_PEAK 10% or MIN_BYTES 1.0 MiB)" in verdict.why_not
 
 
 def test_a_recording_without_regions_gets_none(tmp_path):
@@ -86,5 +86,5 @@ def test_a_recording_without_regions_gets_none(tmp_path):
 
 def test_the_rule_names_its_thresholds():
     names = {t.name for t in attention.RULE.thresholds}
-    assert names == {"min_seq_lens", "min_exponent", "max_exponent", "min_r2", "min_share_of_peak", "min_bytes"}
+    assert names == {"MIN_SEQ_LENS", "MIN_EXPONENT", "MAX_EXPONENT", "MIN_R2", "MIN_SHARE_OF_PEAK", "MIN_BYTES"}
     assert all((attention.RULE.trigger, attention.RULE.evidence, attention.RULE.advice, attention.RULE.saving))

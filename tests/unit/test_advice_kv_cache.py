@@ -67,13 +67,21 @@ def test_per_token_growth_that_is_no_cache_gets_none(tmp_path):
 def test_a_cache_that_is_a_small_share_of_the_peak_gets_none(tmp_path):
     verdict = judged(generation(tmp_path / "g.memprof", TOKENS, weights=1024 * MiB))  # 46.9 MiB of 1070.9 MiB
     assert verdict.advice == ()
-    assert "holds 46.9 MiB of its 1.0 GiB peak (4% < 10%)" in verdict.why_not
+    assert "holds 46.9 MiB of its 1.0 GiB peak (4% < MIN_SHARE_OF_PEAK 10%)" in verdict.why_not
 
 
 def test_a_cache_growing_too_little_per_token_gets_none(tmp_path):
     verdict = judged(generation(tmp_path / "g.memprof", TOKENS, per_token=512, weights=4096))
     assert verdict.advice == ()
-    assert "grows 512 B per token (< 1.0 KiB)" in verdict.why_not
+    assert "grows 512 B per token (< MIN_BYTES_PER_TOKEN 1.0 KiB)" in verdict.why_not
+
+
+def test_a_cache_that_jumps_instead_of_following_the_tokens_gets_none(tmp_path):
+    held = [100] * 5 + [1000] * 5  # sized once for 100 tokens, then for 1000: not a line in tokens
+    verdict = judged(generation(tmp_path / "g.memprof", TOKENS, cached=held))
+    assert verdict.advice == ()
+    assert verdict.why_not.startswith("the KV cache in torch_cpu on cpu does not follow the tokens on a line (R² 0.")
+    assert verdict.why_not.endswith("< MIN_R2 0.9)")
 
 
 def test_a_training_loop_without_tokens_gets_none(tmp_path):
@@ -84,5 +92,5 @@ def test_a_training_loop_without_tokens_gets_none(tmp_path):
 
 def test_the_rule_names_its_thresholds():
     names = {t.name: t.value for t in kv_cache.RULE.thresholds}
-    assert names == {"min_share_of_peak": 0.10, "min_r2": 0.90, "min_bytes_per_token": 1024}
+    assert names == {"MIN_SHARE_OF_PEAK": 0.10, "MIN_R2": 0.90, "MIN_BYTES_PER_TOKEN": 1024}
     assert all((kv_cache.RULE.trigger, kv_cache.RULE.evidence, kv_cache.RULE.advice, kv_cache.RULE.saving))

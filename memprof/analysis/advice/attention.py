@@ -29,13 +29,13 @@ if TYPE_CHECKING:
     from memprof.analysis.advice.facts import Facts
     from memprof.analysis.regions import Region
 
-MIN_CONFIGS = Threshold("min_seq_lens", 3, "count", "distinct sequence lengths needed to tell L² from L")
-EXPONENT_LOW = Threshold("min_exponent", 1.75, "exponent", "a chain's bytes rise at least as L^this: quadratic in L")
-EXPONENT_HIGH = Threshold("max_exponent", 2.25, "exponent", "and at most as L^this")
-MIN_R2 = Threshold("min_r2", 0.90, "R²", "the power law explains at least this much of the chain's bytes")
-MIN_SHARE = Threshold("min_share_of_peak", 0.10, "fraction",
+MIN_CONFIGS = Threshold("MIN_SEQ_LENS", 3, "count", "distinct sequence lengths needed to tell L² from L")
+EXPONENT_LOW = Threshold("MIN_EXPONENT", 1.75, "exponent", "a chain's bytes rise at least as L^this: quadratic in L")
+EXPONENT_HIGH = Threshold("MAX_EXPONENT", 2.25, "exponent", "and at most as L^this")
+MIN_R2 = Threshold("MIN_R2", 0.90, "R²", "the power law explains at least this much of the chain's bytes")
+MIN_SHARE = Threshold("MIN_SHARE_OF_PEAK", 0.10, "fraction",
                       "the scores hold at least this share of the peak at the largest L: below it a fused kernel saves little")
-MIN_BYTES = Threshold("min_bytes", 1024 * 1024, "bytes", "the scores hold at least this much at the largest L's peak")
+MIN_BYTES = Threshold("MIN_BYTES", 1024 * 1024, "bytes", "the scores hold at least this much at the largest L's peak")
 THRESHOLDS: tuple[Threshold, ...] = (MIN_CONFIGS, EXPONENT_LOW, EXPONENT_HIGH, MIN_R2, MIN_SHARE, MIN_BYTES)
 
 LENGTHS = ("seq_len", "L", "seq", "length", "context")  # the quantity that is L, first present wins
@@ -137,8 +137,8 @@ def _judge(series: list[Region], length: str, k: int, chains: dict) -> Scores | 
     total = sum(held.values())
     if total < MIN_BYTES.value or total < MIN_SHARE.value * peak.peak_bytes:
         return (f"the attention scores in {where} hold {format_bytes(total)} of the {format_bytes(peak.peak_bytes)} peak "
-                f"at {length} = {format_count(last.quantities[length])} (below {MIN_SHARE.value:.0%} or "
-                f"{format_bytes(MIN_BYTES.value)})")
+                f"at {length} = {format_count(last.quantities[length])} (below {MIN_SHARE.name} {MIN_SHARE.value:.0%} or "
+                f"{MIN_BYTES.name} {format_bytes(MIN_BYTES.value)})")
     lengths = sorted({L for p in attention.values() for L in p})
     summed = [sum(p.get(L, 0) for p in attention.values()) for L in lengths]
     fit = fit_power(lengths, summed)
@@ -160,7 +160,7 @@ def _why(why: list[str], regions: list[Region], length: str) -> str:
         return "; ".join(dict.fromkeys(why))
     lengths = {r.quantities[length] for r in regions if length in r.quantities}
     if len(lengths) < MIN_CONFIGS.value:
-        return f"{len(lengths)} distinct {length} value(s) over the regions: telling L² from L needs {MIN_CONFIGS.value:.0f}"
+        return f"{len(lengths)} distinct {length} value(s) over the regions: telling L² from L needs {MIN_CONFIGS.name} {MIN_CONFIGS.value:.0f}"
     return f"no chain grows as {length}² over the regions"
 
 

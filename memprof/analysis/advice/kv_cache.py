@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from memprof.analysis.advice.facts import Facts
     from memprof.analysis.growth import GrowthSeries
 
-MIN_SHARE = Threshold("min_share_of_peak", 0.10, "fraction",
+MIN_SHARE = Threshold("MIN_SHARE_OF_PEAK", 0.10, "fraction",
                       "the cache holds at least this share of its layer's peak: below it a smaller cache saves little")
-MIN_R2 = Threshold("min_r2", 0.90, "R²", "a line in tokens explains at least this much of the cache's bytes: it grows linearly")
-MIN_PER_TOKEN = Threshold("min_bytes_per_token", 1024, "bytes",
+MIN_R2 = Threshold("MIN_R2", 0.90, "R²", "a line in tokens explains at least this much of the cache's bytes: it grows linearly")
+MIN_PER_TOKEN = Threshold("MIN_BYTES_PER_TOKEN", 1024, "bytes",
                           "the cache grows at least this much per token: less needs a million tokens to reach 1 GiB")
 THRESHOLDS: tuple[Threshold, ...] = (MIN_SHARE, MIN_R2, MIN_PER_TOKEN)
 
@@ -107,14 +107,16 @@ def _advice(facts: Facts, growth: CacheGrowth, chains: dict) -> Advice | str:
     """The advice for one cache, or why it falls short (one phrase)."""
     where = f"{growth.layer} on {growth.device}"
     if growth.r2 is None or growth.r2 < MIN_R2.value:
-        return f"the KV cache in {where} does not grow linearly in {QUANTITY} (R² {_r2(growth.r2)} < {MIN_R2.value})"
+        return (f"the KV cache in {where} does not follow the {QUANTITY} on a line "
+                f"(R² {_r2(growth.r2)} < {MIN_R2.name} {MIN_R2.value})")
     if growth.slope < MIN_PER_TOKEN.value:
-        return f"the KV cache in {where} grows {format_bytes(growth.slope)} per token (< {format_bytes(MIN_PER_TOKEN.value)})"
+        return (f"the KV cache in {where} grows {format_bytes(growth.slope)} per token "
+                f"(< {MIN_PER_TOKEN.name} {format_bytes(MIN_PER_TOKEN.value)})")
     peak, held = _at_peak(facts, growth)
     share = held / peak if peak else 0.0
     if share < MIN_SHARE.value:
         return (f"the KV cache in {where} holds {format_bytes(held)} of its {format_bytes(peak)} peak "
-                f"({share:.0%} < {MIN_SHARE.value:.0%})")
+                f"({share:.0%} < {MIN_SHARE.name} {MIN_SHARE.value:.0%})")
     return _given(growth, chains, peak, held)
 
 
