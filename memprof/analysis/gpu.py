@@ -10,7 +10,8 @@ metadata; no I/O. Times are CLOCK_MONOTONIC ns, sizes bytes. Per device d ("cuda
 - used_nvml: NVML's `gpu_process_bytes` (the target's own), its last sample at or before t;
   `gpu_used_bytes` (the whole GPU, every process) is shown beside it as `gpu_used`, and
   stands in for it where the process figure is missing or 0 throughout (a note says so);
-- driver: live `cuda_driver` bytes on d (cuMemAlloc & co. seen by uprobes; pinned host
+- driver: live `cuda_driver` bytes on d (cuMemAlloc & co. seen by uprobes, which do not record the
+  GPU index: with one GPU known they are its, else device "cuda" of their own; pinned host
   memory is device "cpu" and does not count);
 - reserved: live `cuda_segment` bytes (the caching allocator's segments);
 - allocated: live `cuda_block` bytes (its tensor blocks); requested: their requested_bytes
@@ -46,6 +47,7 @@ BYTE_TERMS = ("used_nvml", "gpu_used", "driver", "reserved", "allocated", "reque
               "context_and_unseen", "not_pytorch", "cached_free")
 TERMS = BYTE_TERMS + ("fragmentation",)
 PEAK_ORDER = ("used_nvml", "driver", "reserved", "allocated")  # outermost first
+UNINDEXED_GPU = "cuda"  # the device of libcuda uprobe rows: the GPU's index is not recorded
 _LAYER_OF = {"driver": Layer.CUDA_DRIVER.value, "reserved": Layer.CUDA_SEGMENT.value,
              "allocated": Layer.CUDA_BLOCK.value}
 # Derived term -> (minuend, subtrahend).
@@ -113,6 +115,7 @@ def gpu_breakdown(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFr
                   meta: RecordingMeta | None = None, points: int = 20) -> GpuBreakdown:
     """The breakdown of every GPU (module docstring); `meta` refines why a term is missing."""
     curves = _curves(lifetimes.allocations)
+    curves, notes = _place_unindexed_driver(curves, _devices(curves, samples))
     devices = _devices(curves, samples)
     steps = step_marks(events)
     if not devices:
@@ -121,7 +124,26 @@ def gpu_breakdown(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFr
     step_of = _step_at(steps, times)
     reasons = _Reasons(curves, meta)
     breakdowns = [_device(device, curves, samples, times, step_of, steps, reasons) for device in devices]
-    return GpuBreakdown(breakdowns, at)
+    return GpuBreakdown(breakdowns, at, notes)
+
+
+def _place_unindexed_driver(curves: dict, indexed: list[str]) -> tuple[dict, list[str]]:
+    """The libcuda uprobes record driver allocations on device "cuda", without the GPU's
+    index (the probe does not read the calling context's device). With one GPU known (from
+    segments, blocks or NVML) they are that GPU's; with none, they stay a device "cuda" of
+    their own; with several, too, and a note says they are not split between the GPUs."""
+    curve = curves.get(("driver", UNINDEXED_GPU))
+    if curve is None:
+        return curves, []
+    others = [device for device in indexed if device != UNINDEXED_GPU]
+    if len(others) == 1 and ("driver", others[0]) not in curves:
+        placed = {key: value for key, value in curves.items() if key != ("driver", UNINDEXED_GPU)}
+        placed[("driver", others[0])] = curve
+        return placed, []
+    if len(others) > 1:
+        return curves, [f"cuda_driver allocations are recorded without a GPU index; with {len(others)} GPUs they "
+                        f"are shown apart, as device {UNINDEXED_GPU!r}"]
+    return curves, []
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -149,9 +171,14 @@ def _curves(allocations: pd.DataFrame) -> dict[tuple[str, str], _Curve]:
                 continue
             for dcode, device in enumerate(device_names):
                 mask = (layer_codes == code) & (device_codes == dcode)
-                if label_of(device).startswith("cuda:") and mask.any():
+                if _is_gpu(label_of(device)) and mask.any():
                     curves[(term, label_of(device))] = _curve(allocations[mask], term == "allocated")
     return curves
+
+
+def _is_gpu(device: str) -> bool:
+    """"cuda:N", or "cuda": a driver allocation whose GPU index was not recorded."""
+    return device.startswith("cuda:") or device == UNINDEXED_GPU
 
 
 def _curve(rows: pd.DataFrame, with_requested: bool) -> _Curve:

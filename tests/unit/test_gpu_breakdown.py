@@ -49,6 +49,28 @@ def test_pinned_host_memory_of_the_driver_is_no_gpu_device():
     assert result.devices[0].peak.driver == 10 * GiB  # the 2 GiB on "cpu" left out
 
 
+def _unindexed(rows):
+    """The rows with the driver's on "cuda": what the libcuda uprobes record (no GPU index)."""
+    return [dict(row, device="cuda") if row.get("layer") == "cuda_driver" and row.get("device") == "cuda:0" else row
+            for row in rows]
+
+
+def test_driver_rows_without_a_gpu_index_are_the_one_gpus():
+    result = breakdown(_unindexed(EQUATION_EVENTS), EQUATION_SAMPLES)
+    assert [d.device for d in result.devices] == ["cuda:0"] and result.notes == []
+    (gpu,) = result.devices
+    assert (gpu.peak.driver, gpu.peak.not_pytorch, gpu.peak.context_and_unseen) == (10 * GiB, 1 * GiB, GiB // 2)
+
+
+def test_driver_rows_without_a_gpu_index_stay_apart_beside_two_gpus():
+    second = [cuda(S, "alloc", 0x9000, GiB, layer="cuda_segment", device="cuda:1")]
+    result = breakdown(_unindexed(EQUATION_EVENTS) + second, EQUATION_SAMPLES)
+    assert [d.device for d in result.devices] == ["cuda:0", "cuda:1", "cuda"]
+    assert result.devices[2].peak.driver == 10 * GiB and result.devices[0].peak.driver is None
+    assert result.notes == ["cuda_driver allocations are recorded without a GPU index; with 2 GPUs they are shown "
+                            "apart, as device 'cuda'"]
+
+
 def test_over_time_at_step_marks_with_nvml_as_its_last_sample():
     rows = EQUATION_EVENTS + step_marks([1, 2, 3, 4])  # steps at 1, 2, 3, 4 s
     (gpu,) = breakdown(rows, EQUATION_SAMPLES).devices
