@@ -1,8 +1,8 @@
 """dataloader_cow: DataLoader workers copy a dataset of Python objects on read.
 
 The dataset is ROWS rows of WIDTH floats each, held as a Python list of Python lists of
-Python floats (about 4.1 MB of objects per 1000 rows: 200 floats of 24 bytes and a list of
-1.7 KB): 128 MB for the default 20000 rows. DataLoader(num_workers=2, shuffle=True) forks
+Python floats (about 6.5 KB of objects a row: 200 floats of 24 bytes and a list of 1.7 KB):
+129 MB for the default 20000 rows. DataLoader(num_workers=2, shuffle=True) forks
 two workers that share those pages with the main process. A worker reading a row writes the
 reference counts of the row's list and floats, so the kernel copies each page it touches
 (copy-on-write, "copy-on-read" here): each worker's PSS grows with the rows it has read,
@@ -13,6 +13,11 @@ allocated to hold them. A training step (a Linear layer, SGD) runs on each batch
 `--numpy` keeps the same numbers in one float64 numpy array (ROWS x WIDTH): a row read is a
 view of the array's buffer, no reference count in it is written, and the workers' PSS stays
 flat: the control.
+
+Measured here (2 CPUs, not recorded): each worker's PSS grew ~49 MB from the first batch to
+the last with lists, ~1-5 MB with --numpy. Recorded, `memprof report advice` gave "+64.7 MiB
+of PSS" for the two workers over their samples (which begin after the workers do), within 3%
+of what these reads gave over the same times.
 
 Before the first batch, every 10 batches and after the last one the main process reads
 each worker's /proc/PID/smaps_rollup: the measure the recording's advice is checked against.
