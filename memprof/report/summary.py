@@ -118,7 +118,8 @@ def _layers_table(summary: Summary, start_ns: int) -> Table:
         table.add_row(escape(s.layer), format_bytes(s.peak_bytes), format_relative_ns(s.peak_ns, start_ns),
                       format_bytes(s.final_bytes), f"{s.alloc_count:,}")
     for m in summary.layers.metrics:
-        if m.metric.endswith("_bytes") and m.metric != "host_memory_total_bytes":
+        # One screen: the tree's RSS/PSS, not each process's (`report layers` and JSON have those).
+        if m.metric.endswith("_bytes") and m.metric != "host_memory_total_bytes" and not m.device.startswith("pid:"):
             table.add_row(f"[dim]{escape(m.metric)} {escape(m.device)}[/]", format_bytes(m.peak),
                           format_relative_ns(m.peak_ns, start_ns), format_bytes(m.final), "")
     return table
