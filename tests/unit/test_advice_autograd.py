@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from memprof.analysis.advice import autograd
+from memprof.analysis.advice.forwards import forward_caller, in_forward, user_frame
 from memprof.api import analyse
 from tests.training_factories import (
     KiB, LOOP_CHAIN, MODEL, PID, S, TRAIN, Model, enter, ev, forward_chain, leave, write,
@@ -82,6 +83,14 @@ def test_a_kept_graph_gets_its_growth_per_step_and_forward_lines(tmp_path, layer
         {"line": f"{MODEL}:21", "function": "Block.forward", "module": None, "bytes_per_step": 64.0 * KiB},
         {"line": f"{TRAIN}:63", "function": "validate", "module": None, "bytes_per_step": 2564.0},
     ]
+    assert advice.numbers["forward_calls"] == [
+        {"line": f"{TRAIN}:50", "function": "train", "bytes_per_step": 192.0 * KiB},
+        {"line": f"{TRAIN}:63", "function": "validate", "bytes_per_step": 2564.0},
+    ]
+    assert advice.evidence[4] == (f"The forwards were called at {TRAIN}:50 (train, 192.0 KiB/step), {TRAIN}:63 "
+                                  "(validate, 2.5 KiB/step): a result of that call (a loss, an output) carries their "
+                                  "graph past the step (a sum, a list).")
+    assert f"the result of the call at {TRAIN}:50" in advice.change
     assert set(advice.chains) == {RELU_A, RELU_B, LOSS}
     assert advice.title == ("The autograd graph is kept across steps: 194.5 KiB more each step, "
                             "saved by the forward at model.py:20")
@@ -142,3 +151,18 @@ def test_rule_entry_names_its_thresholds():
     rule = autograd.RULE
     assert rule.id == "autograd-graph-kept" and rule.trigger and rule.evidence and rule.advice and rule.saving
     assert {t.name for t in rule.thresholds} == {"MIN_GROWTH_BYTES_PER_STEP", "MIN_CHAINS"}
+
+
+def frames(chain: list[tuple]) -> list[dict]:
+    return [dict(zip(("kind", "function", "module", "file", "line"), frame)) for frame in chain]
+
+
+def test_a_chain_read_as_pytorch_code():
+    relu, loss, loop = frames(CHAINS[RELU_A]), frames(CHAINS[LOSS]), frames(CHAINS[LOOP])
+    assert in_forward(relu) and in_forward(loss) and not in_forward(loop)
+    assert in_forward(frames([("python", "_call_impl", None, "/usr/lib/python3/torch/nn/modules/module.py", 1)]))
+    assert (user_frame(relu)["file"], user_frame(relu)["line"]) == (MODEL, 20)   # torch's frames skipped
+    assert (forward_caller(relu)["function"], forward_caller(relu)["line"]) == ("train", 50)  # past the outermost call
+    assert forward_caller(loss)["line"] == 63 and forward_caller(loop) is None
+    stdlib = frames([("python", "run", None, "/usr/lib/python3.11/threading.py", 9)])
+    assert user_frame(stdlib) is None

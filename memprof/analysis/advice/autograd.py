@@ -10,7 +10,9 @@ Read from `report leaks` (every finding, not its top 10): findings of kind grows
 torch_cpu or cuda_block whose chain passes an nn.Module call (Module._call_impl in its Python
 frames; or, recorded with --torch-modules, a module path), in a recording where a backward ran.
 Their Theil-Sen slopes (bytes per step) add up to the growth; the bytes they held (at the end,
-or at their highest checkpoint when released before it) are the saving. One chain alone is
+or at their highest checkpoint when released before it) are the saving. The advice names the
+lines of the user's code that made them (the forward's) and the line that called the outermost
+module (`loss = criterion(model(x), y)`: what that call returned carries the graph). One chain alone is
 not a graph (a graph keeps what several ops saved): a tensor kept in a list, which `report
 leaks` shows as it is; `.detach()` would not free it.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memprof.analysis.advice.forwards import backward_ran, in_forward, user_frame, where
+from memprof.analysis.advice.forwards import backward_ran, forward_caller, in_forward, user_frame, where
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.leaks import LeakKind
 from memprof.model.schema import Layer
@@ -44,13 +46,15 @@ SHOWN_LINES = 3  # forward lines the evidence names, most bytes per step first
 @dataclass(frozen=True)
 class GrowingChain:
     """One chain of a tensor layer growing per step inside a forward: its slope (bytes per
-    step), what it held (`kept_bytes`), the user's line that made it (None: no frame of the
-    user's code), its module path (None: not recorded)."""
+    step), what it held (`kept_bytes`), the user's line that made it (`frame`) and the user's
+    line that called the outermost module (`caller`: the forward whose result carries the
+    graph), each None without a frame of the user's code; its module path (None: not recorded)."""
 
     stack_id: int | None
     slope: float
     kept_bytes: int
     frame: dict | None
+    caller: dict | None
     module: str | None
 
 
@@ -92,7 +96,7 @@ def _in_forwards(findings: list[LeakFinding], frames_of: dict) -> list[GrowingCh
         seen = by_stack.get(f.stack_id)
         kept = f.live_bytes + (seen.kept_bytes if seen else 0)
         by_stack[f.stack_id] = GrowingChain(f.stack_id, float(f.slope_bytes_per_step), kept, user_frame(frames),
-                                            f.module)
+                                            forward_caller(frames), f.module)
     return sorted(by_stack.values(), key=lambda c: (-c.slope, -c.kept_bytes))
 
 
@@ -106,37 +110,43 @@ def _steps(result) -> int | None:
 
 def _advice(layer: str, chains: list[GrowingChain], slope: float, steps: int | None) -> Advice:
     kept = sum(c.kept_bytes for c in chains)
-    lines = _lines(chains)
+    lines, calls = _lines(chains, "frame"), _lines(chains, "caller")
     modules = tuple(dict.fromkeys(c.module for c in chains if c.module is not None))
-    top = lines[0]["line"] if lines else (f"module {modules[0]}" if modules else "a module's forward")
+    made_at = lines[0]["line"] if lines else (f"module {modules[0]}" if modules else "a module's forward")
     over = f"over {steps} steps" if steps is not None else "over the recording"
-    evidence = (
-        f"{len(chains)} chains of {layer} allocated inside nn.Module forwards grow together by "
-        f"{format_bytes(int(round(slope)))} per step (Theil–Sen slopes of report leaks) {over}, holding "
-        f"{format_bytes(kept)}: the tensors each step's forward saved for a backward, still alive after it.",
-        *(f"{format_bytes(int(round(line['bytes_per_step'])))}/step allocated at {line['line']} ({line['function']})"
-          + (f" in module {line['module']}" if line["module"] is not None else "")
-          for line in lines[:SHOWN_LINES]),
-        "A backward ran in this recording (gradients, optimizer steps) and did not free these: a loss or an output "
-        "that carries their graph outlives its step.",
-    )
+    per_step = format_bytes(int(round(slope)))
     return Advice(
         rule=RULE_ID,
-        title=f"The autograd graph is kept across steps: {format_bytes(int(round(slope)))} more each step, "
-              f"saved by the forward at {_short(top)}",
-        evidence=evidence,
+        title=f"The autograd graph is kept across steps: {per_step} more each step, saved by the forward at "
+              f"{_short(made_at)}",
+        evidence=_evidence(layer, chains, per_step, kept, over, lines, calls),
         change=("Keep numbers, not tensors, past the step: sum `loss.item()` (or `loss.detach()`), not `loss`; "
                 "store `output.detach()`; run forwards no backward follows (evaluation, metrics) under "
-                f"`torch.no_grad()`. Look for what keeps the result of the forward at {top}."),
-        saving=(f"{format_bytes(kept)} not kept {over.replace('over', 'by the end of these')} "
-                f"({format_bytes(int(round(slope)))} per step, for as long as the job runs)"),
+                "`torch.no_grad()`. Look for what keeps the result of the call at "
+                f"{calls[0]['line'] if calls else made_at}."),
+        saving=f"{format_bytes(kept)} not kept {over.replace('over', 'by the end of these')} "
+               f"({per_step} per step, for as long as the job runs)",
         saving_bytes=int(kept),
         chains=tuple(c.stack_id for c in chains),
         modules=modules,
         layer=layer,
         numbers={"growth_bytes_per_step": float(slope), "kept_bytes": int(kept), "steps": steps,
-                 "chains": len(chains), "forward_lines": lines},
+                 "chains": len(chains), "forward_lines": lines, "forward_calls": calls},
     )
+
+
+def _evidence(layer: str, chains: list[GrowingChain], per_step: str, kept: int, over: str, lines: list[dict],
+              calls: list[dict]) -> tuple[str, ...]:
+    made = [f"{format_bytes(int(round(line['bytes_per_step'])))}/step allocated at {line['line']} "
+            f"({line['function']})" + (f" in module {line['module']}" if line["module"] is not None else "")
+            for line in lines[:SHOWN_LINES]]
+    called = [f"The forwards were called at {_listed(calls)}: a result of that call (a loss, an output) carries "
+              "their graph past the step (a sum, a list)."] if calls else []
+    return (f"{len(chains)} chains of {layer} allocated inside nn.Module forwards grow together by {per_step} per "
+            f"step (Theil–Sen slopes of report leaks) {over}, holding {format_bytes(kept)}: the tensors each step's "
+            "forward saved for a backward, still alive after it.",
+            *made, *called,
+            "A backward ran in this recording (gradients, optimizer steps) and did not free these.")
 
 
 def _short(line: str) -> str:
@@ -144,17 +154,25 @@ def _short(line: str) -> str:
     return line.rsplit("/", 1)[-1]
 
 
-def _lines(chains: list[GrowingChain]) -> list[dict]:
-    """The user's lines the growing chains were made at, most bytes per step first ("line":
-    "file:line"; chains with no frame of the user's code are left out)."""
+def _lines(chains: list[GrowingChain], which: str) -> list[dict]:
+    """The user's lines that made the growing chains (`which` "frame") or called their
+    forwards ("caller"), most bytes per step first ("line": "file:line", "function", and for
+    the lines that made them the chain's "module"; chains without such a frame are left out)."""
     lines: dict[str, dict] = {}
     for c in chains:
-        if c.frame is None:
+        frame = getattr(c, which)
+        if frame is None:
             continue
-        line = lines.setdefault(where(c.frame), {"line": where(c.frame), "function": c.frame.get("function"),
-                                                 "module": c.module, "bytes_per_step": 0.0})
+        named = {"module": c.module} if which == "frame" else {}
+        line = lines.setdefault(where(frame), {"line": where(frame), "function": frame.get("function"),
+                                               "bytes_per_step": 0.0, **named})
         line["bytes_per_step"] += c.slope
     return sorted(lines.values(), key=lambda line: -line["bytes_per_step"])
+
+
+def _listed(calls: list[dict]) -> str:
+    return ", ".join(f"{call['line']} ({call['function']}, {format_bytes(int(round(call['bytes_per_step'])))}/step)"
+                     for call in calls[:SHOWN_LINES])
 
 
 RULE_ID = "autograd-graph-kept"

@@ -30,8 +30,19 @@ OPTIMIZER_STEPS = "optimizer.step"  # the agent's step source when an optimizer 
 
 def in_forward(frames: list[dict]) -> bool:
     """The chain ran inside an nn.Module call (its Python frames pass Module._call_impl)."""
-    return any(frame.get("kind") == "python" and MODULE_CALL_FUNCTIONS & set(str(frame.get("function")).split("."))
-               for frame in frames)
+    return any(_module_call(frame) for frame in frames)
+
+
+def forward_caller(frames: list[dict]) -> dict | None:
+    """The frame of the user's code that called the chain's outermost nn.Module (the line
+    whose result the forward's tensors belong to: `loss = criterion(model(x), y)`), None when
+    the chain passes no module call or nothing of the user's code called it."""
+    calls = [i for i, frame in enumerate(frames) if _module_call(frame)]
+    return user_frame(frames[calls[-1] + 1:]) if calls else None
+
+
+def _module_call(frame: dict) -> bool:
+    return frame.get("kind") == "python" and bool(MODULE_CALL_FUNCTIONS & set(str(frame.get("function")).split(".")))
 
 
 def user_frame(frames: list[dict]) -> dict | None:
