@@ -7,7 +7,7 @@ measures the loss on a fixed held-out batch, without torch.no_grad(), and sums i
 `val_loss` carries its autograd graph, and each sum's graph holds the graphs of all the
 losses before it, so every step's evaluation graph, with the tensors its forward saved for a
 backward that never comes, stays alive until the loop ends. (A loss summed *after*
-`loss.backward()` keeps only the graph's nodes, a few hundred bytes of the native heap a step:
+`loss.backward()` keeps only the graph's nodes, C++ objects on the native heap, no tensor:
 backward frees what the graph saved. A forward whose backward never runs keeps it all.)
 
 Expected growth, exactly 264708 bytes per step in the PyTorch CPU allocator: the tensors the
