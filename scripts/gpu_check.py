@@ -590,18 +590,11 @@ def check_fragmentation_advice(summary: Summary, out: Path, deadline: Deadline) 
     memprof record: `report advice` gives allocator-fragmentation on cuda:0, suggesting
     expandable_segments:True, with at least 8 segments holding free blocks beside live ones
     and cached free within 64 MiB of the workload's reserved − allocated while it holds."""
-    rec = out / "cuda_fragment.memprof"
-    cmd = ["record", "-q", "-f", "-o", str(rec), "--sources", "kmem,torch,cuda", "--", sys.executable,
-           str(ROOT / "examples" / "cuda_fragment.py"), "--hold", "2000"]
-    try:
-        done = memprof_cli(cmd, deadline.cap(120))
-    except subprocess.TimeoutExpired:
-        summary.check("advice_fragmentation", "FAIL", "memprof record of cuda_fragment.py timed out")
+    recorded = record_example(summary, "advice_fragmentation", out, "cuda_fragment.py", ["--hold", "2000"],
+                              r"reserved_bytes=(\d+) allocated_bytes=(\d+)", deadline)
+    if recorded is None:
         return
-    held = re.search(r"reserved_bytes=(\d+) allocated_bytes=(\d+)", done.stdout)
-    if done.returncode != 0 or not held:
-        summary.check("advice_fragmentation", "FAIL", f"record exit {done.returncode}: {done.stderr.strip()[-300:]}")
-        return
+    rec, held = recorded
     advice, why = report_json("advice", rec, out, deadline)
     if advice is None:
         summary.check("advice_fragmentation", "FAIL", why)
@@ -621,6 +614,29 @@ def check_fragmentation_advice(summary: Summary, out: Path, deadline: Deadline) 
                   f"{numbers.get('segments_live')} peak_of={numbers.get('peak_of')} saving={given[0].get('saving_bytes')}")
 
 
+def record_example(summary: Summary, check: str, out: Path, example: str, args: list[str], printed: str,
+                   deadline: Deadline, skip_if: str | None = None) -> tuple[Path, re.Match] | None:
+    """`memprof record` of examples/EXAMPLE with `args` on the GPU sources; the recording and
+    the match of `printed` (what the example prints while it holds its memory) in its stdout.
+    None after a CHECK line for `check` saying why not: FAIL, or SKIP when the output holds
+    `skip_if` (what the machine cannot do)."""
+    rec = out / f"{Path(example).stem}.memprof"
+    cmd = ["record", "-q", "-f", "-o", str(rec), "--sources", "kmem,torch,cuda", "--", sys.executable,
+           str(ROOT / "examples" / example), *args]
+    try:
+        done = memprof_cli(cmd, deadline.cap(120))
+    except subprocess.TimeoutExpired:
+        summary.check(check, "FAIL", f"memprof record of {example} timed out")
+        return None
+    held = re.search(printed, done.stdout)
+    if done.returncode != 0 or not held:
+        said = done.stderr + done.stdout
+        summary.check(check, "SKIP" if skip_if and skip_if in said else "FAIL",
+                      f"record exit {done.returncode}: {said.strip()[-300:]}")
+        return None
+    return rec, held
+
+
 # --- the memory-outside-pytorch advice, case (a) (issue 22) -----------------------------------
 OUTSIDE_SLACK = 64 * MiB
 
@@ -631,19 +647,12 @@ def check_outside_torch_advice(summary: Summary, out: Path, deadline: Deadline) 
     outside the caching allocator with not_pytorch within [kept, kept + 64 MiB] at the peak,
     grown by at least kept - 2 steps' bytes, a chain through cuda_outside.py. Judged through
     the library (memprof.api.analyse, outside_torch.check) so no other rule can hide it."""
-    rec = out / "cuda_outside.memprof"
-    cmd = ["record", "-q", "-f", "-o", str(rec), "--sources", "kmem,torch,cuda", "--", sys.executable,
-           str(ROOT / "examples" / "cuda_outside.py")]
-    try:
-        done = memprof_cli(cmd, deadline.cap(120))
-    except subprocess.TimeoutExpired:
-        summary.check("advice_outside_torch", "FAIL", "memprof record of cuda_outside.py timed out")
+    recorded = record_example(summary, "advice_outside_torch", out, "cuda_outside.py", [],
+                              r"kept_bytes=(\d+) reserved_bytes=(\d+) steps=(\d+)", deadline,
+                              skip_if="cuMemAlloc_v2 failed")
+    if recorded is None:
         return
-    held = re.search(r"kept_bytes=(\d+) reserved_bytes=(\d+) steps=(\d+)", done.stdout)
-    if done.returncode != 0 or not held:
-        summary.check("advice_outside_torch", "SKIP" if "cuMemAlloc_v2 failed" in done.stderr + done.stdout else "FAIL",
-                      f"record exit {done.returncode}: {(done.stderr + done.stdout).strip()[-300:]}")
-        return
+    rec, held = recorded
     kept, reserved, steps = (int(x) for x in held.groups())
     from memprof.analysis.advice import outside_torch
     from memprof.api import analyse
