@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_snapshot_fixtures import (  # noqa: E402
-    FREE_FRAMES, PROTOCOL, T0_US, MiB, block, entry, frame, segment,
+    FREE_FRAMES, PROTOCOL, T0_US, MiB, block, entry, frame, segment, write_files,
 )
 
 JOB = "/work/job/model.py"
@@ -106,9 +106,7 @@ def all_files() -> dict[str, bytes]:
 
 
 def main(directory: Path = HERE) -> None:
-    for name, data in all_files().items():
-        (directory / name).write_bytes(data)
-        print(f"wrote {directory / name} ({len(data)} bytes)", file=sys.stderr)
+    write_files(all_files(), directory)
 
 
 if __name__ == "__main__":

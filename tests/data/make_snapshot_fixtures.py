@@ -282,7 +282,12 @@ def all_files() -> dict[str, bytes]:
 
 
 def main(directory: Path = HERE) -> None:
-    for name, data in all_files().items():
+    write_files(all_files(), directory)
+
+
+def write_files(files: dict[str, bytes], directory: Path) -> None:
+    """Each fixture's bytes to directory/name, saying so on stderr."""
+    for name, data in files.items():
         (directory / name).write_bytes(data)
         print(f"wrote {directory / name} ({len(data)} bytes)", file=sys.stderr)
 
