@@ -167,7 +167,13 @@ def _lines(chains: list[GrowingChain], which: str) -> list[dict]:
         line = lines.setdefault(where(frame), {"line": where(frame), "function": frame.get("function"),
                                                "bytes_per_step": 0.0, **named})
         line["bytes_per_step"] += c.slope
-    return sorted(lines.values(), key=lambda line: -line["bytes_per_step"])
+    # Ties (two ReLUs saving as much) by file and line: the title names the same one every run.
+    return sorted(lines.values(), key=lambda line: (-line["bytes_per_step"], _file_and_line(line["line"])))
+
+
+def _file_and_line(where_: str) -> tuple[str, int]:
+    file, _, line = where_.rpartition(":")
+    return (file, int(line)) if line.isdigit() else (where_, 0)
 
 
 def _listed(calls: list[dict]) -> str:
