@@ -32,7 +32,7 @@ def test_a_written_out_attention_gets_its_scores_exponent_and_saving(tmp_path):
     assert n["seq_len"] == 1024 and n["seq_lens"] == [128, 256, 512, 1024] and n["region"] == 4
     assert n["float32_matrices"] == 16  # 2 tensors × batch × heads
     assert set(advice.chains) == {SCORES, SOFTMAX} and (advice.layer, advice.device) == ("torch_cpu", "cpu")
-    assert advice.title == "attention materialises seq_len × seq_len scores: 64.0 MiB at seq_len = 1,024, 89% of the torch_cpu peak"
+    assert advice.title == "Attention materialises seq_len × seq_len scores: 64.0 MiB at seq_len = 1,024, 89% of the torch_cpu peak"
     text = "\n".join(advice.evidence)
     assert "grow as seq_len^2.00 (power law, R² 1.000) over seq_len = 128, 256, 512, 1,024" in text
     assert "naive_attention (attention_sweep.py:54) holds 32.0 MiB = 1 × 8 × 1,024² × 4 bytes (batch × heads × L² × 4)" in text

@@ -36,7 +36,7 @@ def test_a_cache_growing_on_a_line_gets_its_slope_share_and_forecast(tmp_path):
     assert advice.saving_bytes == cache // 2 and n["saving_bytes_if_float32"] == cache * 3 // 4
     assert set(advice.chains) == {KEYS, VALUES}
     assert (advice.layer, advice.device) == ("torch_cpu", "cpu")
-    assert advice.title == "the KV cache grows 48.0 KiB per token: 66% of the torch_cpu peak"
+    assert advice.title == "The KV cache grows 48.0 KiB per token: 66% of the torch_cpu peak"
     text = "\n".join(advice.evidence)
     assert "grow 48.0 KiB per token (a line in tokens, R² 1.000)" in text
     assert "DynamicLayer.update (cache_utils.py:136)" in text and "DynamicLayer.update (cache_utils.py:137)" in text

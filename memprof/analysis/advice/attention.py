@@ -189,7 +189,7 @@ def _advice(scores: Scores, chains: dict) -> Advice:
         f"{scores.layer} peak of {format_bytes(scores.peak_bytes)} ({share:.0%})",
     )
     return Advice(
-        rule=RULE_ID, title=f"attention materialises {scores.length} × {scores.length} scores: "
+        rule=RULE_ID, title=f"Attention materialises {scores.length} × {scores.length} scores: "
                             f"{format_bytes(scores.bytes)} at {scores.length} = {L}, {share:.0%} of the {scores.layer} peak",
         evidence=evidence,
         change=("compute attention with torch.nn.functional.scaled_dot_product_attention (a flash or memory-efficient "

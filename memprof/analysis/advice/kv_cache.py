@@ -156,7 +156,7 @@ def _given(growth: CacheGrowth, chains: dict, peak: int, held: int) -> Advice:
         forecast,
     )
     return Advice(
-        rule=RULE_ID, title=f"the KV cache grows {format_bytes(growth.slope)} per token: {held / peak:.0%} of the {growth.layer} peak",
+        rule=RULE_ID, title=f"The KV cache grows {format_bytes(growth.slope)} per token: {held / peak:.0%} of the {growth.layer} peak",
         evidence=evidence,
         change=("use a quantized cache (transformers: cache_implementation=\"quantized\" with 8 or 4 bits), a static "
                 "or paged cache sized to the longest request (cache_implementation=\"static\"), or cap the length"
