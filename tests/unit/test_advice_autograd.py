@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from memprof.analysis.advice import autograd
-from memprof.analysis.advice.forwards import forward_caller, in_forward, user_frame
+from memprof.analysis.advice.chain_text import user_frame
+from memprof.analysis.advice.forwards import forward_caller, in_forward
 from memprof.api import analyse
 from tests.training_factories import (
     KiB, LOOP_CHAIN, MODEL, PID, S, TRAIN, Model, enter, ev, forward_chain, leave, write,

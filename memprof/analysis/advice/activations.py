@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.advice.forwards import backward_ran, in_forward, step_began, user_frame, where
+from memprof.analysis.advice.chain_text import user_frame, where
+from memprof.analysis.advice.forwards import backward_ran, in_forward, step_began
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.layers import weighted_bytes
 from memprof.analysis.lifetimes import end_times, labels, live_mask

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memprof.analysis.advice.forwards import backward_ran, forward_caller, in_forward, user_frame, where
+from memprof.analysis.advice.chain_text import user_frame, where
+from memprof.analysis.advice.forwards import backward_ran, forward_caller, in_forward
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.leaks import LeakKind
 from memprof.model.schema import Layer

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memprof.analysis.advice.chain_text import user_frame
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.model_state import state_roles
 from memprof.model.schema import ModelStateRole
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 # Every nn.Module call runs through these (torch >= 2.0; Python 3.11+ names them
 # `Module._call_impl`, `Module._call_impl.<locals>.inner`, 3.10 by their bare names).
 MODULE_CALL_FUNCTIONS = frozenset({"_call_impl", "_wrapped_call_impl"})
-# Python files that are not the user's code: installed packages and the standard library.
-_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 OPTIMIZER_STEPS = "optimizer.step"  # the agent's step source when an optimizer counts the steps
 
 
@@ -43,24 +42,6 @@ def forward_caller(frames: list[dict]) -> dict | None:
 
 def _module_call(frame: dict) -> bool:
     return frame.get("kind") == "python" and bool(MODULE_CALL_FUNCTIONS & set(str(frame.get("function")).split(".")))
-
-
-def user_frame(frames: list[dict]) -> dict | None:
-    """The innermost Python frame of the user's own code (not of an installed package or the
-    standard library): the line that made the allocation, as its author reads it."""
-    for frame in frames:
-        if frame.get("kind") == "python" and not _library(frame.get("file")):
-            return frame
-    return None
-
-
-def _library(file: str | None) -> bool:
-    return not file or file.startswith("<") or any(part in file for part in _LIBRARY_PARTS)
-
-
-def where(frame: dict) -> str:
-    """"file:line" of a frame."""
-    return f"{frame.get('file')}:{frame.get('line')}"
 
 
 def backward_ran(facts: Facts) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memprof.analysis.advice.chain_text import frame_label
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.lifetimes import end_times, labels, live_mask
 from memprof.model.schema import Layer
@@ -194,8 +195,7 @@ def _made_where(facts: Facts, chains: tuple[int | None, ...]) -> tuple[str, ...]
     python = next((f for f in frames if f.get("kind") == "python" and f.get("file")), None)
     if python is None:
         return ()
-    return (f"The segment with the most free space was made in {python.get('function')} "
-            f"({python['file'].rsplit('/', 1)[-1]}:{python.get('line')}).",)
+    return (f"The segment with the most free space was made in {frame_label(python)}.",)
 
 
 RULE_ID = "allocator-fragmentation"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memprof.analysis.advice.chain_text import frame_label, user_frame
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import end_times, labels, live_mask
@@ -197,13 +198,9 @@ def _made_where(facts: Facts, chains: tuple[int | None, ...]) -> tuple[str, ...]
     python = [f for f in frames if f.get("kind") == "python" and f.get("file")]
     if not python:
         return ()
-    own = next((f for f in python if not any(d in f["file"] for d in ("site-packages/", "dist-packages/"))), None)
-    where = f"Most of it was made in {_frame(python[0])}"
-    return (where + (f", called from {_frame(own)}." if own is not None and own is not python[0] else "."),)
-
-
-def _frame(frame: dict) -> str:
-    return f"{frame.get('function')} ({frame['file'].rsplit('/', 1)[-1]}:{frame.get('line')})"
+    own = user_frame(frames)
+    where = f"Most of it was made in {frame_label(python[0])}"
+    return (where + (f", called from {frame_label(own)}." if own is not None and own is not python[0] else "."),)
 
 
 RULE_ID = "optimizer-state"

@@ -15,10 +15,10 @@ Pure; sizes bytes, times CLOCK_MONOTONIC ns.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memprof.analysis.advice import chain_text
 from memprof.analysis.advice.model import Advice
 from memprof.model.schema import Layer
 from memprof.units import format_bytes
@@ -93,16 +93,14 @@ def user_frame(frames: list[dict]) -> dict | None:
     """The frame of the user's code that made the allocation: the innermost Python frame
     outside the interpreter's library (stdlib, site-packages), else the innermost Python
     frame, else the innermost native frame outside libc and the dynamic loader."""
+    own = chain_text.user_frame(frames)
+    if own is not None:
+        return own
     python = [f for f in frames if f.get("kind") == "python"]
-    own = [f for f in python if not _library_file(f.get("file") or "")]
-    if own or python:
-        return (own or python)[0]
+    if python:
+        return python[0]
     native = [f for f in frames if f.get("kind") == "native" and not _system_native(f)]
     return native[0] if native else None
-
-
-def _library_file(path: str) -> bool:
-    return "/lib/python3" in path or "site-packages" in path or "dist-packages" in path or path.startswith("<frozen")
 
 
 def _system_native(frame: dict) -> bool:
@@ -121,7 +119,7 @@ def _short(frame: dict | None) -> str:
     if frame is None:
         return "an unknown call site"
     if frame.get("file"):
-        return f"{frame.get('function')} ({os.path.basename(frame['file'])}:{frame.get('line')})"
+        return chain_text.frame_label(frame)
     return _one(frame)
 
 
