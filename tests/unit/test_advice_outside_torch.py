@@ -16,7 +16,7 @@ from memprof.analysis.advice.outside_torch_kernel import object_kind, user_frame
 from memprof.api import analyse
 from memprof.model.meta import RecordingMeta
 from memprof.recording import RecordingWriter
-from tests.factories import ev, stacks_frames
+from tests.factories import stacks_frames
 from tests.gpu_factories import GiB, MiB, S, cuda, leak_per_step, samples_frame, step_marks, timeline_of
 
 RULE = outside_torch.RULE_ID
