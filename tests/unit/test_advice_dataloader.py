@@ -5,7 +5,7 @@ device "pid:N") grows 4 MiB and 2 MiB a second for 9 s while their heap churns f
 growth being the workers' own allocations, a jump that is no trend, no per-process samples,
 forked processes that are no DataLoader worker when the libc heap was not recorded, an exec'd
 tool.
-tests/integration/test_advice_dataloader.py records the real thing."""
+tests/integration/test_advice_dataloader_workers.py records the real thing."""
 from __future__ import annotations
 
 import pytest
