@@ -6,7 +6,7 @@ import click
 from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
 from memprof.cli.report import report
 
-BY_CHOICES = ("chain", "function", "layer", "category", "module")  # memprof.analysis.attribution.BY_CHOICES
+BY_CHOICES = ("chain", "function", "layer", "category", "module", "rank")  # memprof.analysis.attribution.BY_CHOICES
 _AT_HELP = ("When each layer is judged: end (the target began to exit, before its teardown frees), peak "
             "(each layer at its own high-water mark, first reached), or a time after the recording's "
             "start such as 12.5s or +1500ms.")
@@ -59,7 +59,8 @@ def _attributed(path, *, by: str, at, layers, top, native_frames):
               help="chain: allocation chains; function: self and total bytes per function; layer: each layer's "
                    "total side by side; category: tensor roles (parameter, activation, …; unknown where none "
                    "was recorded); module: the nn.Module instance path (transformer.h.3.attn) whose forward "
-                   "was running on the allocating thread (the innermost; needs the torch agent).")
+                   "was running on the allocating thread (the innermost; needs the torch agent); rank: the "
+                   "rank of a distributed job's process (torchrun, Slurm, MPI), as its agent read it.")
 @_at_option
 def top(path, layers, top, fmt, native_frames, by, at):
     """Live bytes and allocations per layer at one moment, biggest first.

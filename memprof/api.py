@@ -123,6 +123,7 @@ class Analysed:
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
                            canonical_stack=self.canonical, top=top)
         result.advice = list(self.advice().result.advice)
+        result.ranks = self.ranks()
         return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))
 
     @_kept
@@ -140,9 +141,10 @@ class Analysed:
         `at` ("end", "peak" or ns after the start); `top` None keeps every row."""
         from memprof.analysis.attribution import attribute
         rec = self.rec
+        from memprof.analysis.ranks import rank_labels
         result = attribute(self.lifetimes, by=by, at=at, span=self.span, stacks=rec.stacks, frames=rec.frames,
                            events=self.events, layers=layers or None, top=top, canonical_stack=self.canonical,
-                           native_frames=native_frames)
+                           native_frames=native_frames, rank_of_pid=lambda pids: rank_labels(rec.meta, pids))
         ids = [row.stack_id for layer in result.layers for row in layer.rows] if by == "chain" else []
         return AttributionView(result, self.about, self.chains(ids, native_frames))
 
@@ -184,6 +186,13 @@ class Analysed:
                          layers=layers or None, top=top, canonical_stack=self.canonical)
         ids = [c.stack_id for region in result.regions for peak in region.peaks for c in peak.top_chains]
         return RegionsView(result, self.about, self.chains(ids, native_frames))
+
+    @_kept
+    def ranks(self):
+        """The ranks of a distributed job: per rank its peak, end and growth per step, and
+        the ranks that differ from the others (ranks.rank_report)."""
+        from memprof.analysis.ranks import rank_report
+        return rank_report(self.rec.meta, self.lifetimes, self.events, self.span.end_ns)
 
     @_kept
     def advice(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES) -> AdviceView:

@@ -19,7 +19,7 @@ weight. Allocations without a size count as 0 bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Union
+from typing import Callable, Iterable, Mapping, Union
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,7 @@ from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, LAYERS, Action, FrameKind
 
 AT_END, AT_PEAK = "end", "peak"
-BY_CHOICES = ("chain", "function", "layer", "category", "module")
+BY_CHOICES = ("chain", "function", "layer", "category", "module", "rank")
 NO_CATEGORY = "unknown"  # the category of allocations no source gave a tensor role
 NO_FUNCTION = -1  # the function code of allocations without frames
 _NO_STACK = -1
@@ -82,6 +82,16 @@ class CategoryRow:
 
 
 @dataclass(frozen=True)
+class RankRow:
+    """Live bytes of the processes of one rank of a distributed job ("rank 3", with
+    "@host" when the ranks ran on several hosts; "no rank": the launcher and its tools)."""
+
+    rank: str
+    live_bytes: int
+    live_count: int
+
+
+@dataclass(frozen=True)
 class ModuleRow:
     """Live bytes allocated inside one nn.Module instance path (`transformer.h.3.attn`; ""
     the outermost module), innermost module only; `module` None: in no module's forward."""
@@ -121,13 +131,15 @@ class Attribution:
 def attribute(lifetimes: Lifetimes, *, by: str, at: At, span: Span, stacks: pd.DataFrame | None = None,
               frames: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
               layers: Iterable[str] | None = None, top: int | None = 10,
-              canonical_stack: Mapping[int, int] | None = None, native_frames: str = DEFAULT_NATIVE_FRAMES) -> Attribution:
+              canonical_stack: Mapping[int, int] | None = None, native_frames: str = DEFAULT_NATIVE_FRAMES,
+              rank_of_pid: Callable[[np.ndarray], np.ndarray] | None = None) -> Attribution:
     """Live bytes of each layer at `at` (module docstring), grouped `by` one of BY_CHOICES.
 
     "function" needs `stacks` and `frames` (chains read as `native_frames` says: "merged"
     drops the interpreter's eval-loop frames where the Python frames they ran are known);
     "category" needs the `events` the lifetimes were paired from, and so does "module" unless
-    the allocations carry their `module`. `layers` keeps only those;
+    the allocations carry their `module`; "rank" needs `rank_of_pid` (pids -> rank labels,
+    ranks.rank_labels). `layers` keeps only those;
     `top` None keeps every row. Raises UsageError for a time outside the recording."""
     if by not in BY_CHOICES:
         raise ValueError(f"by must be one of {BY_CHOICES}, not {by!r}")
@@ -137,6 +149,10 @@ def attribute(lifetimes: Lifetimes, *, by: str, at: At, span: Span, stacks: pd.D
     table, names = _allocation_table(allocations, events if by == "category" else None, layers)
     if by == "module":
         table["module"] = alloc_modules(allocations, events)[table.index.to_numpy()]
+    if by == "rank":
+        if rank_of_pid is None:
+            raise ValueError("grouping by rank needs rank_of_pid")
+        table["rank"] = rank_of_pid(allocations["pid"].to_numpy()[table.index.to_numpy()])
     times = judge_times(table, at, span)
     live = _live_at(table, times)
     if by == "function":
@@ -299,7 +315,15 @@ def _by_module(live: pd.DataFrame) -> pd.DataFrame:
         ["live_bytes", "live_count", "_none", "_path"], ascending=[False, False, True, True], kind="stable")
 
 
-_GROUPERS = {"chain": _by_chain, "category": _by_category, "layer": _by_layer, "module": _by_module}
+def _by_rank(live: pd.DataFrame) -> pd.DataFrame:
+    """layer, rank, live_bytes, live_count; by bytes, count (descending), rank."""
+    sums = live.groupby(["layer", "rank"], sort=False).agg(
+        live_bytes=("bytes", "sum"), live_count=("count", "sum")).reset_index()
+    return sums.sort_values(["live_bytes", "live_count", "rank"], ascending=[False, False, True], kind="stable")
+
+
+_GROUPERS = {"chain": _by_chain, "category": _by_category, "layer": _by_layer, "module": _by_module,
+             "rank": _by_rank}
 
 
 def stack_functions(stacks: pd.DataFrame, frames: pd.DataFrame, stack_ids: Iterable,
@@ -366,7 +390,12 @@ def _module_row(row) -> ModuleRow:
     return ModuleRow(module=_text(row.module), live_bytes=int(row.live_bytes), live_count=_count(row.live_count))
 
 
-_ROWS = {"chain": _chain_row, "category": _category_row, "function": _function_row, "module": _module_row}
+def _rank_row(row) -> RankRow:
+    return RankRow(rank=str(row.rank), live_bytes=int(row.live_bytes), live_count=_count(row.live_count))
+
+
+_ROWS = {"chain": _chain_row, "category": _category_row, "function": _function_row, "module": _module_row,
+         "rank": _rank_row}
 
 
 def _count(weights: float) -> int:

@@ -91,6 +91,7 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     steps: int = 0
     advice: list = field(default_factory=list)  # advice.Advice, biggest saving first (memprof.api fills it)
+    ranks: object = None  # ranks.RankReport of a distributed job (memprof.api fills it)
 
 
 def summarize(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,

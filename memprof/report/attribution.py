@@ -15,12 +15,12 @@ from memprof.units import format_bytes, format_relative_ns
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive, ModuleRow
+    from memprof.analysis.attribution import Attribution, CategoryRow, FunctionRow, LayerLive, ModuleRow, RankRow
     from memprof.analysis.layers import ChainBytes
     from memprof.analysis.views import AttributionView
 
 _NOUNS = {"chain": ("chain", "chains"), "function": ("function", "functions"), "category": ("category", "categories"),
-          "module": ("module", "modules")}
+          "module": ("module", "modules"), "rank": ("rank", "ranks")}
 
 
 # --- JSON -------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def modules_tracked(result: Attribution) -> bool:
 
 def _layer_json(layer: LayerLive, by: str, chains: dict[int, list[dict]]) -> dict[str, Any]:
     row_json = {"chain": lambda row: _chain_json(row, chains), "function": _function_json,
-                "category": _category_json, "module": _module_json}.get(by)
+                "category": _category_json, "module": _module_json, "rank": _rank_json}.get(by)
     return {"layer": layer.layer, "ts_ns": int(layer.ts_ns), "live_bytes": int(layer.live_bytes),
             "live_count": int(layer.live_count), "rows": [row_json(row) for row in layer.rows] if row_json else [],
             "rows_left_out": int(layer.rows_left_out)}
@@ -168,6 +168,15 @@ def _category_cells(row: CategoryRow, layer: LayerLive, chains: dict[int, list[d
             escape(row.category)]
 
 
+def _rank_json(row: RankRow) -> dict[str, Any]:
+    return {"rank": row.rank, "live_bytes": int(row.live_bytes), "live_count": int(row.live_count)}
+
+
+def _rank_cells(row: RankRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
+    return [format_bytes(row.live_bytes), f"{row.live_count:,}", _share(row.live_bytes, layer.live_bytes),
+            escape(row.rank)]
+
+
 def _module_cells(row: ModuleRow, layer: LayerLive, chains: dict[int, list[dict]]) -> list[str]:
     return [format_bytes(row.live_bytes), f"{row.live_count:,}", _share(row.live_bytes, layer.live_bytes),
             escape(module_label(row.module))]
@@ -180,6 +189,7 @@ _VIEWS = {
                  _function_cells),
     "category": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("category", _L)), _category_cells),
     "module": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("module", _L)), _module_cells),
+    "rank": ((("#", _R), ("live", _R), ("allocations", _R), ("share", _R), ("rank", _L)), _rank_cells),
 }
 
 

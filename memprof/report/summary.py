@@ -31,6 +31,7 @@ def to_json(view: SummaryView) -> dict:
     explanation, chain: its one-line name), not_leaks (how many, before --top), model_state (the
     model's own tensors, never findings, as `report leaks` totals them), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
+    ranks (a distributed job's, each with its peak, growth per step and whether it diverges),
     advice (rule, title, change, saving, saving_bytes; `report advice` gives the evidence),
     next (command → what it shows)."""
     summary, chains, recording_path = view.result, view.chains, view.about.path
@@ -49,6 +50,7 @@ def to_json(view: SummaryView) -> dict:
         "model_state": model_state_json(summary.leaks),
         "left_out": left_out_json(summary.leaks),
         "notes": [{"severity": getattr(note, "severity", "caveat"), "text": str(note)} for note in summary.notes],
+        "ranks": _ranks_json(summary.ranks),
         "advice": [{"rule": a.rule, "title": a.title, "change": a.change, "saving": a.saving,
                     "saving_bytes": a.saving_bytes} for a in summary.advice],
         "next": dict(next_commands(summary, recording_path)),
@@ -95,6 +97,7 @@ def render(view: SummaryView, console: Console) -> None:
     else:
         out("No allocations recorded.")
     _render_findings(out, summary, chains)
+    _render_ranks(out, summary)
     _render_advice(out, summary)
     for note in summary.notes:
         out(note_line(note), overflow="ellipsis", no_wrap=True)
@@ -123,6 +126,34 @@ def _layers_table(summary: Summary, start_ns: int) -> Table:
             table.add_row(f"[dim]{escape(m.metric)} {escape(m.device)}[/]", format_bytes(m.peak),
                           format_relative_ns(m.peak_ns, start_ns), format_bytes(m.final), "")
     return table
+
+
+def _ranks_json(ranks) -> list[dict[str, Any]]:
+    """Per rank of a distributed job: rank, host, pids, layer, peak_bytes, end_bytes,
+    growth_bytes_per_step (None: too few steps), steps, diverges (why it differs from the
+    others; None when it does not)."""
+    if ranks is None:
+        return []
+    return [{"rank": r.rank, "host": r.host, "pids": list(r.pids), "layer": r.layer, "peak_bytes": r.peak_bytes,
+             "end_bytes": r.end_bytes, "growth_bytes_per_step": r.growth_bytes_per_step, "steps": r.steps,
+             "diverges": r.diverges} for r in ranks.ranks]
+
+
+def _render_ranks(out, summary: Summary) -> None:
+    """A distributed job's ranks in one line, and one line per rank that differs from the others."""
+    ranks = summary.ranks
+    if ranks is None or len(ranks.ranks) < 2:
+        return
+    size = f" of {ranks.world_size}" if ranks.world_size else ""
+    if not ranks.diverging:
+        out(f"[bold]Ranks[/]: {len(ranks.ranks)}{size}, alike in {escape(ranks.layer or '')} (peak and growth per step); "
+            "`memprof report top --by rank` for each one's bytes")
+        return
+    out(f"[bold]Ranks[/]: {len(ranks.ranks)}{size}; [yellow]{len(ranks.diverging)} differ from the others[/] "
+        f"in {escape(ranks.layer or '')}:")
+    for rank in ranks.diverging:
+        where = f" on {escape(rank.host)}" if rank.host else ""
+        out(f"  [yellow]! rank {rank.rank}[/]{where} (pid {', '.join(map(str, rank.pids))}): {escape(rank.diverges)}")
 
 
 def _render_advice(out, summary: Summary) -> None:

@@ -53,6 +53,44 @@ _state = {"installed": False, "step": 0, "step_source": None, "file": None, "cud
           "track_modules": False}
 
 
+# Where a process sits in a distributed job, by launcher: (variable, field) pairs, first found
+# wins per field. torchrun (and torch.distributed.launch) set RANK, LOCAL_RANK, WORLD_SIZE;
+# Slurm's srun SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; Open MPI OMPI_COMM_WORLD_*; MPICH
+# and Intel MPI PMI_*, PMIx PMIX_RANK; MVAPICH MV2_COMM_WORLD_*.
+RANK_VARIABLES = (
+    ("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"),
+    ("LOCAL_WORLD_SIZE", "local_world_size"), ("GROUP_RANK", "node_rank"),
+    ("SLURM_PROCID", "rank"), ("SLURM_LOCALID", "local_rank"), ("SLURM_NTASKS", "world_size"),
+    ("SLURM_NODEID", "node_rank"),
+    ("OMPI_COMM_WORLD_RANK", "rank"), ("OMPI_COMM_WORLD_LOCAL_RANK", "local_rank"),
+    ("OMPI_COMM_WORLD_SIZE", "world_size"),
+    ("PMI_RANK", "rank"), ("PMI_SIZE", "world_size"), ("PMIX_RANK", "rank"),
+    ("MV2_COMM_WORLD_RANK", "rank"), ("MV2_COMM_WORLD_LOCAL_RANK", "local_rank"), ("MV2_COMM_WORLD_SIZE", "world_size"),
+)
+JOB_VARIABLES = (("SLURM_JOB_ID", "job_id"), ("TORCHELASTIC_RUN_ID", "job_id"))
+
+
+def placement(environ=None):
+    """This process's place in a distributed job, from its launcher's variables: rank,
+    local_rank, world_size, local_world_size, node_rank (ints), job_id, the launcher's
+    variable the rank came from (`rank_from`), and the host. Only what is set and valid."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for variable, name in RANK_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if name not in found and value.isdigit() and len(value) < 10:
+            found[name] = int(value)
+            if name == "rank":
+                found["rank_from"] = variable
+    for variable, name in JOB_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if name not in found and value and len(value) <= 128:
+            found[name] = value
+    import socket
+    found["host"] = socket.gethostname()[:255]
+    return found
+
+
 def _dir():
     """The agent folder ("": none), cached: read on every write. _attach_now changes it."""
     directory = _state.get("dir")
@@ -727,8 +765,8 @@ def install():
         _patch_profiler_step(torch)
         _hook_forwards(torch)
         _state["track_modules"] = _modules_wanted()
-        _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
-                "torch": torch.__version__, "python": sys.version.split()[0]})
+        _write(dict({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
+                     "torch": torch.__version__, "python": sys.version.split()[0]}, **placement()))
         _event("step", step=0, source="start")  # step 0: everything before the first step
         atexit.register(flush)  # registered first: runs last, after the final CUDA drain
         atexit.register(_at_exit)

@@ -1,0 +1,55 @@
+"""Ranks of a real distributed job (issue 23, item 3): `torchrun --nproc_per_node 4` of
+examples/ranks_leak.py, where one rank keeps 256 KiB per step and the others nothing, under
+`memprof record`: the one-screen report names that rank, with its growth per step; the same
+job without a leaking rank has none named."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "ranks_leak.py"
+KEPT_PER_STEP = 256 * 1024  # examples/ranks_leak.py's KEPT_BYTES
+STEPS = 12
+
+
+def _torchrun() -> Path:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun beside {sys.executable}")
+    return torchrun
+
+
+def _job_report(run_memprof, tmp_path: Path, leak_rank: int) -> dict:
+    recording = tmp_path / f"ranks-{leak_rank}.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", _torchrun(), "--standalone", "--nproc_per_node", "4",
+                         EXAMPLE, "--leak-rank", leak_rank, "--steps", STEPS, cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank=")) == [
+        f"rank={r} steps={STEPS} kept={STEPS if r == leak_rank else 0}" for r in range(4)]
+    report = run_memprof("report", recording, "--format", "json", cwd=tmp_path, timeout=180)
+    assert report.returncode == 0, report.stderr
+    text = run_memprof("report", recording, cwd=tmp_path, timeout=180)
+    return {"json": json.loads(report.stdout), "text": text.stdout}
+
+
+def test_torchrun_with_one_leaking_rank_in_four_names_it(tmp_path, run_memprof):
+    report = _job_report(run_memprof, tmp_path, leak_rank=2)
+    ranks = report["json"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and all(len(r["pids"]) == 1 for r in ranks)
+    assert [r["rank"] for r in ranks if r["diverges"]] == [2]
+    leaking = ranks[2]
+    assert leaking["layer"] == "torch_cpu" and leaking["steps"] >= STEPS
+    assert abs(leaking["growth_bytes_per_step"] - KEPT_PER_STEP) <= 0.02 * KEPT_PER_STEP
+    assert "! rank 2 on " in report["text"] and "grows 256.0 KiB per step" in report["text"]
+
+
+def test_torchrun_with_no_leaking_rank_names_none(tmp_path, run_memprof):
+    report = _job_report(run_memprof, tmp_path, leak_rank=-1)
+    ranks = report["json"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["rank"] for r in ranks if r["diverges"]] == []
+    assert "Ranks: 4 of 4, alike in torch_cpu" in report["text"]
