@@ -17,7 +17,7 @@ class _SummaryByDefault(click.Group):
         if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
             if args:
                 refuse_misspelt_command(ctx, args[0], self.commands)  # `report leak`: not a path
-            args = ["summary", *args]
+            args = ["job" if report_job.is_job(args) else "summary", *args]  # several recordings: one job
         return super().parse_args(ctx, args)
 
 
@@ -89,4 +89,6 @@ def layers(path, top, fmt, native_frames):
 
 
 # Sub-reports defined in their own modules register on `report` when imported.
-from memprof.cli import report_advice, report_attribution, report_gpu, report_html, report_modules, report_regions  # noqa: E402,F401
+from memprof.cli import (  # noqa: E402,F401
+    report_advice, report_attribution, report_gpu, report_html, report_job, report_modules, report_regions,
+)

@@ -53,6 +53,41 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet) -> Analyse
     return Analysed(rec, lifetimes, canonical_stacks(rec.stacks))
 
 
+def job_paths(paths: Iterable[Path | str]) -> list[Path]:
+    """The recordings of a job: each path that is a recording, and each `*.memprof` recording
+    inside a folder that is not one, sorted by name within it. BadRecordingError (exit 5)
+    for a path that is neither, or a folder holding none."""
+    from memprof.errors import BadRecordingError
+    from memprof.recording.reader import META_NAME
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / META_NAME).is_file() or not path.is_dir():
+            found.append(path)  # a recording, or what open_recording will say is none
+            continue
+        inside = sorted(p for p in path.glob("*.memprof") if (p / META_NAME).is_file())
+        if not inside:
+            raise BadRecordingError(f"no memprof recording (*.memprof) in {path}",
+                                    "give the folder the job's `memprof record` runs wrote to, or the recordings")
+        found += inside
+    return found
+
+
+def analyse_job(paths: Iterable[Path | str], *, stage: Stage = _quiet, min_age_ns: int = DEFAULT_MIN_AGE_NS,
+                native_frames: str = DEFAULT_NATIVE_FRAMES):
+    """Analyse the recordings of one job (job_paths: recordings, or folders of them) as one
+    JobView: per host and per rank, the diverging ranks, one leak list, one clock. One
+    recording is analysed at a time and only its small results are kept (job.RecordingPart),
+    so memory is that of the largest recording, not of the job. `stage(text)` before each."""
+    from memprof.analysis.job import job_report
+    from memprof.analysis.views import About, JobView
+    recordings = job_paths(paths)
+    parts = []
+    for index, path in enumerate(recordings, 1):
+        stage(f"recording {index} of {len(recordings)}: {path}")
+        parts.append(analyse(path).job_part(min_age_ns=min_age_ns, native_frames=native_frames))
+    return JobView(job_report(parts), About(path=", ".join(map(str, recordings))))
+
+
 def _kept(method):
     """Keep a view method's result per arguments: a second ask with the same options is free."""
     @wraps(method)
@@ -193,6 +228,14 @@ class Analysed:
         the ranks that differ from the others (ranks.rank_report)."""
         from memprof.analysis.ranks import rank_report
         return rank_report(self.rec.meta, self.lifetimes, self.events, self.span.end_ns)
+
+    def job_part(self, *, min_age_ns: int = DEFAULT_MIN_AGE_NS, native_frames: str = DEFAULT_NATIVE_FRAMES):
+        """What a job of several recordings keeps of this one (job.recording_part): its ranks,
+        every leak finding tagged with host and ranks, its clock."""
+        from memprof.analysis.job import recording_part
+        view = self.leaks(min_age_ns=min_age_ns, top=None, native_frames=native_frames)
+        return recording_part(self.rec.meta, str(self.rec.path), self.ranks(), view.result.findings, view.chains,
+                              self.lifetimes, self.canonical, events=len(self.events))
 
     @_kept
     def advice(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES) -> AdviceView:

@@ -102,7 +102,7 @@ def rank_report(meta: RecordingMeta, lifetimes: Lifetimes, events: pd.DataFrame,
         by_rank.setdefault((info["rank"], info.get("host")), []).append(pid)
     used = [_rank_use(rank, host, sorted(pids), layer, mine, events, end_ns)
             for (rank, host), pids in sorted(by_rank.items(), key=lambda item: (item[0][0], str(item[0][1])))]
-    return RankReport(_with_divergence(used), _world_size(ranks), layer)
+    return RankReport(with_divergence(used), _world_size(ranks), layer)
 
 
 def _world_size(ranks: Mapping[int, dict]) -> int | None:
@@ -154,7 +154,7 @@ def _live_at(times: np.ndarray, live: np.ndarray, at: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, live[np.maximum(index, 0)] if len(live) else 0, 0).astype(float)
 
 
-def _with_divergence(used: list[RankUse]) -> list[RankUse]:
+def with_divergence(used: list[RankUse]) -> list[RankUse]:
     """Each rank with `diverges` set where its growth or peak stands out from the median of
     the other ranks' (module constants). Needs at least three ranks: of two, neither is the odd one."""
     if len(used) < 3:

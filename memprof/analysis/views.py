@@ -87,6 +87,11 @@ class CheckView(View):
     """`memprof check`: the budgets judged on one recording (budget.CheckResult)."""
 
 
+class JobView(View):
+    """`memprof report DIR_OR_RECORDINGS…`: several recordings of one job as one (job.JobReport);
+    `about.path` names them all, the leaks carry their own chains."""
+
+
 @dataclass(frozen=True)
 class HtmlView:
     """`memprof report html`: the page's data and the recording's metadata."""

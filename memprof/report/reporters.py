@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from memprof.analysis import views
-from memprof.report import advice, attribution, budget, diff, gpu, growth, layers, leaks, modules, regions, summary
+from memprof.report import advice, attribution, budget, diff, gpu, growth, job, layers, leaks, modules, regions, summary
 from memprof.report.html import page
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ REPORTERS: dict[type, ModuleType] = {
     views.SummaryView: summary, views.LeaksView: leaks, views.LayersView: layers,
     views.AttributionView: attribution, views.GpuView: gpu, views.GrowthView: growth, views.RegionsView: regions,
     views.ModulesView: modules, views.AdviceView: advice,
-    views.CheckView: budget,
+    views.CheckView: budget, views.JobView: job,
     views.DiffView: diff, views.HtmlView: page,
 }
 
