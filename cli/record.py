@@ -1,6 +1,8 @@
 """`memprof record`."""
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 import click
@@ -69,9 +71,53 @@ def _step_range(ctx, param, value):
     return a, b
 
 
+def job_tag(command: list[str], environ, host: str) -> str:
+    """JOB-HOST for the default output name of one machine's recording of a multi-machine
+    job, "" for anything else. JOB: "slurm" + SLURM_JOB_ID under Slurm; under a torchrun of
+    more than one node (--nnodes N or MIN:MAX, or PET_NNODES), its --rdzv-id (PET_RDZV_ID),
+    else "torchrun" and its --node-rank."""
+    if environ.get("SLURM_JOB_ID"):
+        return f"slurm{environ['SLURM_JOB_ID']}-{host}"
+    args = _torchrun_args(command)
+    if args is None:
+        return ""
+    nnodes = args.get("nnodes", environ.get("PET_NNODES", "1"))
+    if nnodes.split(":")[-1] in ("", "1"):
+        return ""
+    run = args.get("rdzv_id", environ.get("PET_RDZV_ID", ""))
+    if not run or run == "none":
+        run = f"torchrun-node{args.get('node_rank', environ.get('PET_NODE_RANK', '0'))}"
+    return f"{run}-{host}"
+
+
+def _torchrun_args(command: list[str]) -> dict[str, str] | None:
+    """The launcher's own --name value options (dashes as underscores) when `command` is
+    torchrun (or python -m torch.distributed.run); None when it is not."""
+    words = [str(word) for word in command]
+    if words and Path(words[0]).name == "torchrun":
+        rest = words[1:]
+    elif "-m" in words and words.index("-m") + 1 < len(words) and words[words.index("-m") + 1] == "torch.distributed.run":
+        rest = words[words.index("-m") + 2:]
+    else:
+        return None
+    found: dict[str, str] = {}
+    index = 0
+    while index < len(rest) and rest[index].startswith("--"):  # then the script: its options are its own
+        name, sep, value = rest[index][2:].partition("=")
+        index += 1
+        if not sep and index < len(rest) and not rest[index].startswith("-") and not rest[index].endswith(".py"):
+            value, index = rest[index], index + 1
+        found[name.replace("-", "_")] = value
+    return found
+
+
 @click.command(cls=CommandAfterOptions, context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), callback=not_stdout("a recording"),
-              help="Recording path (default ./memprof-NAME-PID.memprof).")
+              help="Recording path (default ./memprof-NAME-PID.memprof; under Slurm or a multi-node torchrun "
+                   "./memprof-JOB-HOST-NAME-PID.memprof).")
+@click.option("--host-label", metavar="NAME",
+              help="The host this recording stands for in a job's report (meta.json's host; default: this "
+                   "machine's name).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
 @click.option("-d", "--duration", callback=_duration, help="Stop after this long (e.g. 60, 90s, 500ms, 5m).")
 @click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,
@@ -116,7 +162,7 @@ def _step_range(ctx, param, value):
 @click.option("-q", "--quiet", is_flag=True,
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
+def record(output, host_label, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
            allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
            command):
@@ -148,7 +194,8 @@ def record(output, pid, duration, sources, force, stack_every, page_stack_every,
         raise click.UsageError("nothing to record: give a command after --, or --pid")
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     request = RecordRequest(
-        command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force,
+        command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
+        output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
                          user_stack_every=user_stack_every,
                          allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,

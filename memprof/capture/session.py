@@ -57,6 +57,8 @@ class RecordRequest:
     output: Path | None = None
     duration_s: float | None = None
     force: bool = False
+    host: str | None = None  # meta.host (`record --host-label`); None: platform.node()
+    output_tag: str = ""  # in the default output name: a job's id and host (cli/record.py)
     ebpf: EbpfOptions = field(default_factory=EbpfOptions)
     agent: AgentOptions = field(default_factory=AgentOptions)
 
@@ -103,9 +105,11 @@ class RecordResult:
     interrupted: bool
 
 
-def default_output(name: str, pid: int, directory: Path = Path(".")) -> Path:
+def default_output(name: str, pid: int, directory: Path = Path("."), tag: str = "") -> Path:
+    """./memprof-NAME-PID.memprof, or ./memprof-TAG-NAME-PID.memprof (TAG: a job's id and host)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(name)) or "target"
-    return directory / f"memprof-{safe}-{pid}.memprof"
+    tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
+    return directory / f"memprof-{tag + '-' if tag else ''}{safe}-{pid}.memprof"
 
 
 def _yield_to_target() -> None:
@@ -356,9 +360,9 @@ class Session:
         req = self.request
         # Absolute: the agent's folder inside it goes on the command's PYTHONPATH, and a
         # relative entry there would follow the command into any folder it changes to.
-        out = Path(os.path.abspath(req.output or default_output(name, pid)))
+        out = Path(os.path.abspath(req.output or default_output(name, pid, tag=req.output_tag)))
         meta = RecordingMeta(
-            memprof_version=__version__, command=req.command, pid=pid, host=platform.node(),
+            memprof_version=__version__, command=req.command, pid=pid, host=req.host or platform.node(),
             kernel=platform.release(), start_ns=time.monotonic_ns(), clock_anchors=[anchor()],
             sources={self.source.name: self.source.stats},
         )

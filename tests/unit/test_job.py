@@ -162,3 +162,29 @@ def test_one_recording_is_still_the_summary_and_a_folder_of_none_is_one_line(tmp
     assert code == 5 and "no memprof recording (*.memprof) in" in err and "Traceback" not in err
     with pytest.raises(BadRecordingError):
         analyse_job([tmp_path / "empty"])
+
+
+@pytest.mark.parametrize("command, environ, tag", [
+    (["python", "train.py"], {"SLURM_JOB_ID": "991"}, "slurm991-node7"),
+    (["torchrun", "--nnodes", "2", "--node-rank", "1", "--rdzv-id", "run42", "train.py", "--nnodes", "9"], {},
+     "run42-node7"),
+    (["/venv/bin/torchrun", "--nnodes=2:4", "--rdzv_id=abc", "train.py"], {}, "abc-node7"),
+    (["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1", "train.py"], {},
+     "torchrun-node1-node7"),
+    (["torchrun", "train.py"], {"PET_NNODES": "2", "PET_RDZV_ID": "pet"}, "pet-node7"),
+    # one machine: the name stays as it was
+    (["torchrun", "--standalone", "--nproc_per_node", "4", "train.py"], {}, ""),
+    (["torchrun", "--nnodes", "1", "train.py"], {}, ""),
+    (["python", "train.py", "--nnodes", "2"], {}, ""),
+])
+def test_output_names_carry_the_job_and_the_host(command, environ, tag):
+    from memprof.capture.session import default_output
+    from memprof.cli.record import job_tag
+    assert job_tag(command, environ, "node7") == tag
+    name = default_output("python3", 4242, tag=tag).name
+    assert name == (f"memprof-{tag}-python3-4242.memprof" if tag else "memprof-python3-4242.memprof")
+
+
+def test_host_label_is_an_option_of_record():
+    code, out, _ = invoke("record", "--help")
+    assert code == 0 and "--host-label NAME" in out
