@@ -188,3 +188,25 @@ def test_output_names_carry_the_job_and_the_host(command, environ, tag):
 def test_host_label_is_an_option_of_record():
     code, out, _ = invoke("record", "--help")
     assert code == 0 and "--host-label NAME" in out
+
+
+def _readme_sql() -> str:
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Many machines\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```sql\n", 1)[1].split("```", 1)[0]
+
+
+def test_duckdb_reads_the_live_bytes_per_rank_that_memprof_gives(tmp_path, monkeypatch):
+    duckdb = pytest.importorskip("duckdb")
+    _job(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the README's query reads job/*.memprof
+    rows = duckdb.sql(_readme_sql()).fetchall()
+    # at each rank's last step mark: its weights, and on rank 3 the nine tensors kept before it
+    assert [(host, rank, live) for host, rank, _, live in rows] == [
+        ("hostA", 0, 1 << 20), ("hostA", 1, 1 << 20), ("hostB", 2, 1 << 20), ("hostB", 3, (1 << 20) + 9 * 256 * KiB)]
+    for host, rank, at_ns, live in rows:
+        analysed = analyse(f"job/memprof-991-{host}.memprof")
+        view = analysed.attribution(by="rank", at=at_ns - analysed.span.start_ns, layers=("torch_cpu",), top=None)
+        (layer,) = view.result.layers
+        assert {row.rank: row.live_bytes for row in layer.rows}[f"rank {rank}"] == live
