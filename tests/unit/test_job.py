@@ -2,7 +2,7 @@
 host and per rank, the rank that differs across the whole job (ranks.py needs three to name
 an odd one, and each machine here holds two), one leak list with host and rank on each
 finding, and one clock through the clock anchors with its skew stated. Synthetic recordings
-with known bytes and clocks; tests/integration/test_job.py records real processes."""
+with known bytes and clocks; tests/integration/test_job_machines.py records real processes."""
 from __future__ import annotations
 
 import json
