@@ -51,9 +51,12 @@ def summary(path, top, fmt):
                    "windows this long (default: the run cut in 32).")
 @click.option("--confidence", default=0.99, show_default=True, type=click.FloatRange(0.5, 0.999999),
               help="How sure the Mann–Kendall test must be that a chain rises before it is called growing.")
+@click.option("--by", default="chain", show_default=True, type=click.Choice(("chain", "rank")),
+              help="rank: judge each rank of a distributed job apart (a chain leaking on rank 2 only is rank 2's "
+                   "finding).")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
-def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
+def leaks(path, min_age, layers, top, window, confidence, by, fmt, native_frames):
     """What grew and never came back, by allocation chain, biggest first. Three kinds:
 
     \b
@@ -71,9 +74,12 @@ def leaks(path, min_age, layers, top, window, confidence, fmt, native_frames):
     teardown frees what it held; each finding says whether the teardown released it or it
     outlived the process. For an attached process that did not exit, the end is the end of
     the recording.
+
+    In a distributed job (torchrun, Slurm, MPI) each rank's growth is judged at its own step
+    marks, and each finding names the ranks and hosts its allocations came from.
     """
     view = analysed(path).leaks(min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence,
-                                native_frames=native_frames)
+                                by=by, native_frames=native_frames)
     emit(fmt, view)
 
 

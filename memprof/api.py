@@ -135,13 +135,13 @@ class Analysed:
 
     @_kept
     def leak_result(self, *, min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: tuple = (), top: int | None = 10,
-                    window_ns: int | None = None, confidence: float = 0.99):
+                    window_ns: int | None = None, confidence: float = 0.99, by: str = "chain"):
         """The findings as `report leaks` judges them (overview.leak_report)."""
         from memprof.analysis.overview import leak_report
         rec = self.rec
         return leak_report(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames,
                            canonical_stack=self.canonical, min_age_ns=min_age_ns, layers=layers, top=top,
-                           window_ns=window_ns, confidence=confidence)
+                           window_ns=window_ns, confidence=confidence, by=by)
 
     @_kept
     def leaks(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES, **options) -> LeaksView:

@@ -5,12 +5,12 @@ CLOCK_MONOTONIC ns, sizes bytes (weighted for sampled allocations).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.checkpoints import Checkpoints, live_by_group
+from memprof.analysis.checkpoints import Checkpoints, checkpoint_spans, live_by_span
 from memprof.analysis.lifetimes import category_codes, end_times, label_of
 from memprof.analysis.trend import MIN_POINTS, Trend, classify
 
@@ -54,12 +54,16 @@ class ChainTrends:
         return float(self.series.live_bytes[row, at]), float(self.series.live_count[row, at]), at
 
 
-def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[ChainSeries, np.ndarray]:
+def chain_series(allocations: pd.DataFrame, checkpoints: Checkpoints) -> tuple[ChainSeries, np.ndarray]:
     """(series of every chain live at one checkpoint or more, chain row of each allocation
-    (-1: live at none)). Allocations that span no checkpoint (most, in churn) are dropped first."""
+    (-1: live at none)). Allocations that span no checkpoint (most, in churn) are dropped first.
+    A process with checkpoints of its own (Checkpoints.by_pid: a rank of a job) has its
+    allocations read at its own step marks, so a chain's value at step k adds up what each
+    process held at its own step k."""
     alloc_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     end_ts = end_times(allocations)
-    rows = np.flatnonzero(_spans_a_checkpoint(alloc_ts, end_ts, times_ns))
+    pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1) if checkpoints.by_pid else None
+    rows, first, stop = checkpoint_spans(checkpoints, alloc_ts, end_ts, pid)
     layer_codes, layer_names = category_codes(allocations["layer"])
     stack = allocations["stack_id"]
     stack_values = stack.to_numpy(dtype=np.int64, na_value=0)[rows]
@@ -67,24 +71,12 @@ def chain_series(allocations: pd.DataFrame, times_ns: np.ndarray) -> tuple[Chain
     group, chains = _chain_codes(layer_codes[rows], layer_names, stack_values, has_stack)
     weight = allocations["weight"].to_numpy(dtype=float)[rows]
     size = allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0)[rows] * weight
-    n = len(chains)
-    live_bytes = live_by_group(group, n, alloc_ts[rows], end_ts[rows], size, times_ns)
-    live_count = live_by_group(group, n, alloc_ts[rows], end_ts[rows], weight, times_ns)
+    n, k = len(chains), len(checkpoints.times_ns)
+    live_bytes = live_by_span(group, n, first, stop, size, k)
+    live_count = live_by_span(group, n, first, stop, weight, k)
     group_of_row = np.full(len(allocations), -1, dtype=np.int64)
     group_of_row[rows] = group
     return ChainSeries(chains, live_bytes, live_count), group_of_row
-
-
-def _spans_a_checkpoint(alloc_ts: np.ndarray, end_ts: np.ndarray, times_ns: np.ndarray,
-                        chunk: int = 1 << 20) -> np.ndarray:
-    """Per allocation: live at one checkpoint or more. In chunks: two int64 positions per
-    allocation would be 80 MB of temporaries on 5·10^6 allocations."""
-    out = np.empty(len(alloc_ts), dtype=bool)
-    for start in range(0, len(alloc_ts), chunk):
-        window = slice(start, start + chunk)
-        out[window] = (np.searchsorted(times_ns, alloc_ts[window], "left")
-                       < np.searchsorted(times_ns, end_ts[window], "left"))
-    return out
 
 
 def _chain_codes(layer_codes: np.ndarray, layer_names: np.ndarray, stack_values: np.ndarray,
@@ -106,13 +98,44 @@ def chain_trends(allocations: pd.DataFrame, checkpoints: Checkpoints, confidence
     """Judge every chain whose live bytes at the checkpoints vary by `min_growth` or more."""
     if len(checkpoints.times_ns) < MIN_POINTS or allocations.empty:
         return ChainTrends.none()
-    series, group_of_row = chain_series(allocations, checkpoints.times_ns)
+    series, group_of_row = chain_series(allocations, checkpoints)
     varies = np.flatnonzero(np.ptp(series.live_bytes, axis=1) >= min_growth) if series.chains else np.zeros(0, int)
     verdicts = classify(series.live_bytes[varies], confidence=confidence, min_growth=min_growth)
     by_chain = {series.chains[row]: trend for row, trend in zip(varies, verdicts)}
+    if checkpoints.by_pid:
+        by_chain = _grown_in_a_process(allocations, checkpoints, series, group_of_row, by_chain, confidence, min_growth)
     growing = [chain for chain, trend in by_chain.items() if trend.shape == "grows"]
     return ChainTrends(judged=True, growing=growing, chain_of_row=group_of_row, by_chain=by_chain, series=series,
                        checkpoints=checkpoints)
+
+
+def _grown_in_a_process(allocations: pd.DataFrame, checkpoints: Checkpoints, series: ChainSeries,
+                        group_of_row: np.ndarray, by_chain: dict, confidence: float, min_growth: float) -> dict:
+    """`by_chain` where a chain that grows over the processes' steps added up (Checkpoints.by_pid)
+    grows in one process's own series at least; else it is "flat". A leak grows in the process
+    that makes it: one allocation kept by each rank, each at another step, adds up to a
+    staircase, and noise in when each rank's step mark falls against its allocations adds up
+    to troughs that rise; neither is growth. Judged on the growing chains' allocations alone."""
+    grown = [chain for chain, trend in by_chain.items() if trend.shape == "grows"]
+    if not grown:
+        return by_chain
+    rows = np.flatnonzero(np.isin(group_of_row, [series.row_of[chain] for chain in grown]))
+    mine = allocations.iloc[rows]
+    pid = mine["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    at, first, stop = checkpoint_spans(checkpoints, mine["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(mine), pid)
+    chain_code = pd.factorize(group_of_row[rows][at])[0]
+    pid_code, pids = pd.factorize(pid[at])
+    weight = mine["weight"].to_numpy(dtype=float)[at]
+    size = mine["size_bytes"].to_numpy(dtype=np.int64, na_value=0)[at] * weight
+    live = live_by_span(chain_code * len(pids) + pid_code, (chain_code.max() + 1) * len(pids), first, stop, size,
+                        len(checkpoints.times_ns))
+    varies = np.flatnonzero(np.ptp(live, axis=1) >= min_growth)
+    verdicts = classify(live[varies], confidence=confidence, min_growth=min_growth)
+    grows_in = {int(row) // len(pids) for row, trend in zip(varies, verdicts) if trend.shape == "grows"}
+    row_of_code = pd.unique(group_of_row[rows][at])  # code -> series row, in factorize's order
+    kept = {series.chains[int(row_of_code[code])] for code in grows_in}
+    return {chain: trend if trend.shape != "grows" or chain in kept else replace(trend, shape="flat")
+            for chain, trend in by_chain.items()}
 
 
 def rows_of_chains(allocations: pd.DataFrame, chains: list[Chain]) -> np.ndarray:

@@ -97,6 +97,11 @@ class LeakFinding:
     the end (a loop that keeps something from every request, freed as `main` returns): its
     live_bytes/live_count are at its highest checkpoint. `within_slope_bytes_per_step`, for
     a sawtooth: how fast it grows within each cycle (per token, for a request's KV cache).
+
+    `ranks`/`hosts`, in a distributed job (find_leaks' `rank_of_pid`): the ranks, and their
+    hosts, of the processes that made the allocations the finding counts (ascending; empty
+    without ranks, and for model state). Allocations of a process without a rank (the
+    launcher) add none.
     """
 
     layer: str
@@ -126,6 +131,8 @@ class LeakFinding:
     released_before_end: bool = False
     within_slope_bytes_per_step: float | None = None
     module: str | None = None  # the nn.Module path most of the chain was allocated in (modules.chain_modules)
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
 
     @property
     def confirmed(self) -> bool:
@@ -185,7 +192,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                end_by_pid: Mapping[int, int] | None = None,
                canonical_stack: Mapping[int, int] | None = None,
                checkpoints: Checkpoints | None = None, known: KnownChains = KnownChains(),
-               confidence: float = 0.99) -> LeakResult:
+               confidence: float = 0.99, rank_of_pid: Mapping[int, tuple[int, str | None]] | None = None) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
@@ -207,7 +214,9 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     cut to `top`. `layers` keeps only those layers. Each allocation is judged at the end of
     the process that made it — `end_by_pid[pid]`, when that process began to exit while
     recorded — else at `end_ns`. `canonical_stack` maps stack ids with identical frames to
-    one id (see `chains.canonical_stacks`), so one chain is one finding."""
+    one id (see `chains.canonical_stacks`), so one chain is one finding. `rank_of_pid` (pid ->
+    (rank, host) of each process of a distributed job) fills each shown finding's `ranks` and
+    `hosts`."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
@@ -234,13 +243,85 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     not_leaks = ([f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak]
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    shown = with_chain_modules(leaks[:top], allocations)
-    shown_not = with_chain_modules(_biggest_first(not_leaks)[:top], allocations)
+    shown = _with_ranks(with_chain_modules(leaks[:top], allocations), allocations, held, trends, rank_of_pid)
+    shown_not = _with_ranks(with_chain_modules(_biggest_first(not_leaks)[:top], allocations), allocations, held, trends,
+                            rank_of_pid)
     return LeakResult(findings=shown, not_leaks=shown_not, end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
                       not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
                       younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
+
+
+def find_leaks_by_rank(lifetimes: Lifetimes, rank_of_pid: Mapping[int, tuple[int, str | None]], *,
+                       top: int | None = None, **options) -> LeakResult:
+    """find_leaks judged apart for each rank (each (rank, host) of `rank_of_pid`, and the
+    processes without a rank together): a chain leaking on rank 2 only is rank 2's finding,
+    one leaking on every rank is one finding per rank, each with its own bytes and growth.
+    The findings of all ranks are then one list, biggest first, cut to `top`; the model
+    state is totalled over all. `options` as find_leaks takes them."""
+    groups: dict[tuple[int, str | None] | None, list[int]] = {}
+    pids = lifetimes.allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    for pid in np.unique(pids).tolist():
+        groups.setdefault(rank_of_pid.get(pid), []).append(pid)
+    if not groups:
+        return find_leaks(lifetimes, top=top, rank_of_pid=rank_of_pid, **options)
+    parts = []
+    for _, members in sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or (0, ""))):
+        mine = Lifetimes(lifetimes.allocations[np.isin(pids, members)].reset_index(drop=True),
+                         lifetimes.unmatched_frees, lifetimes.missed_frees)
+        parts.append(find_leaks(mine, top=None, rank_of_pid=rank_of_pid, **options))
+    return _merged(parts, top)
+
+
+def _merged(parts: list[LeakResult], top: int | None) -> LeakResult:
+    """One result of the results of disjoint sets of processes (find_leaks_by_rank): their
+    findings and not-leaks in one list each, biggest first, cut to `top`; counts summed."""
+    leaks = _biggest_first([f for part in parts for f in part.findings])
+    not_leaks = _biggest_first([f for part in parts for f in part.not_leaks])
+    state = [t for part in parts for t in part.model_state]
+    first = parts[0]
+    totals = model_state_totals(np.array([t.role for t in state], dtype=object), np.array([t.layer for t in state]),
+                                np.array([t.device for t in state]), np.array([t.live_bytes for t in state], float),
+                                np.array([t.count for t in state], float))
+    judged = next((part.checkpoints for part in parts if part.checkpoints is not None), None)
+    return replace(first, findings=leaks[:top], not_leaks=not_leaks[:top], checkpoints=judged, top=top,
+                   findings_total=len(leaks), not_leaks_total=len(not_leaks), model_state=totals,
+                   younger_count=sum(part.younger_count for part in parts),
+                   younger_bytes=sum(part.younger_bytes for part in parts))
+
+
+def _with_ranks(findings: list[LeakFinding], allocations: pd.DataFrame, held: pd.DataFrame, trends: ChainTrends,
+                rank_of_pid: Mapping[int, tuple[int, str | None]] | None) -> list[LeakFinding]:
+    """`findings` with `ranks` and `hosts` filled from the processes of the allocations each
+    counts: a chain's held allocations (same layer, stack and fate), or for a chain that held
+    none at the end, those live at one of its checkpoints. Unchanged without `rank_of_pid`."""
+    if not rank_of_pid or not findings:
+        return findings
+    pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    held_pids = pd.DataFrame({"layer": held["layer"].to_numpy(), "released": held["released_at_exit"].to_numpy(),
+                              "stack": held["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
+                              "pid": pid[held.index.to_numpy()]}).drop_duplicates()
+    pids: dict[tuple, set[int]] = {}
+    for layer, released, stack, process in held_pids.itertuples(index=False):
+        pids.setdefault((layer, int(stack), bool(released)), set()).add(int(process))
+    out = []
+    for finding in findings:
+        key = (finding.layer, -1 if finding.stack_id is None else finding.stack_id, finding.released_at_exit)
+        made_by = pids.get(key)
+        if made_by is None and finding.reason != LeakReason.MODEL_STATE.value:
+            made_by = _pids_at_checkpoints(trends, (finding.layer, finding.stack_id), pid)
+        places = sorted({rank_of_pid[p] for p in made_by or () if p in rank_of_pid}, key=lambda rh: (rh[0], str(rh[1])))
+        out.append(replace(finding, ranks=tuple(sorted({rank for rank, _ in places})),
+                           hosts=tuple(sorted({host for _, host in places if host is not None}))))
+    return out
+
+
+def _pids_at_checkpoints(trends: ChainTrends, chain: tuple, pid: np.ndarray) -> set[int]:
+    """The processes of `chain`'s allocations live at one of the checkpoints (none without trends)."""
+    if trends.series is None or chain not in trends.series.row_of:
+        return set()
+    return {int(p) for p in np.unique(pid[trends.chain_of_row == trends.series.row_of[chain]])}
 
 
 def _exited(allocations: pd.DataFrame, end_ns: int, recording_end_ns: int,

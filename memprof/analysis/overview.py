@@ -15,11 +15,17 @@ from memprof.analysis.attribution import Span
 from memprof.analysis.caches import known_chains
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
-from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, end_of_target, exit_times, find_leaks
+from memprof.analysis.leaks import (
+    DEFAULT_MIN_AGE_NS, LeakResult, end_of_target, exit_times, find_leaks, find_leaks_by_rank,
+)
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
+from memprof.analysis.ranks import process_ranks
 from memprof.analysis.trend import MIN_POINTS
+from memprof.errors import UsageError
 from memprof.model import RecordingMeta
+
+LEAK_BY = ("chain", "rank")  # how `report leaks --by` splits the findings
 
 
 def recording_end_ns(meta: RecordingMeta, events: pd.DataFrame) -> int:
@@ -39,7 +45,7 @@ def recording_span(meta: RecordingMeta, events: pd.DataFrame) -> Span:
 def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
                 frames: pd.DataFrame, *, canonical_stack: Mapping[int, int] | None = None,
                 min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: Iterable[str] | None = None, top: int | None = 10,
-                window_ns: int | None = None, confidence: float = 0.99) -> LeakResult:
+                window_ns: int | None = None, confidence: float = 0.99, by: str = "chain") -> LeakResult:
     """find_leaks judged at the target's end (its root process began to exit, else the end of
     the recording), with the chains recognized from their frames (caches.known_chains), the
     kernel's skipped frees per layer in `unconfirmed_frees`, and whether Python frames were
@@ -48,7 +54,17 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     Growth is judged at step marks; without them, at windows of `window_ns` only when the
     target did not exit while recorded (a job that runs on): a command that exits has an end,
     and what it held there is the answer (a kernel's deferred frees piling up during a short
-    run would read as growth)."""
+    run would read as growth).
+
+    In a distributed job each finding names the ranks and hosts its allocations came from;
+    `by` "rank" judges each rank apart (leaks.find_leaks_by_rank; UsageError, exit 2, for a
+    recording without ranks)."""
+    if by not in LEAK_BY:
+        raise UsageError(f"leaks cannot be split by {by!r}", f"use --by {' or --by '.join(LEAK_BY)}")
+    ranks = {pid: (info["rank"], info.get("host")) for pid, info in process_ranks(meta).items()}
+    if by == "rank" and not ranks:
+        raise UsageError("no process of this recording had a rank, so its leaks cannot be split by rank",
+                         "record the job's launcher (torchrun, srun, mpirun) under memprof record, or drop --by rank")
     wanted = list(layers) if layers else None
     end = recording_end_ns(meta, events)
     target_end = end_of_target(events, meta.pid, end)
@@ -56,9 +72,10 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
                                    window_ns=window_ns)
     if checkpoints is not None and not checkpoints.by_step and target_end < end:
         checkpoints = None
-    result = find_leaks(lifetimes, end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted,
-                        top=top, end_by_pid=exit_times(events), canonical_stack=canonical_stack,
-                        checkpoints=checkpoints, known=known_chains(stacks, frames), confidence=confidence)
+    options = dict(end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted, top=top,
+                   end_by_pid=exit_times(events), canonical_stack=canonical_stack, checkpoints=checkpoints,
+                   known=known_chains(stacks, frames), confidence=confidence, rank_of_pid=ranks or None)
+    result = find_leaks_by_rank(lifetimes, **options) if by == "rank" else find_leaks(lifetimes, **options)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     result.python_frames = python_frames_read(meta)

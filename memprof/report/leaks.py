@@ -8,7 +8,7 @@ from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
 from memprof.report.wording import (
     MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
-    model_state_json, model_state_line, note_line, short_duration, shown_of, target_exited,
+    model_state_json, model_state_line, note_line, placement, short_duration, shown_of, target_exited,
 )
 from memprof.units import format_bytes, format_relative_ns
 
@@ -24,7 +24,8 @@ MAX_FRAMES = 12
 def to_json(view: LeaksView) -> dict:
     """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
     per step, each named in one line as every view names it, with stacks innermost frame
-    first and the younger allocations of its chain that --min-age left out), not_leaks
+    first, the ranks and hosts its allocations came from in a distributed job (else []) and
+    the younger allocations of its chain that --min-age left out), not_leaks
     (memory held on purpose, same keys), model_state (the model's own tensors live at the
     end, never findings: role, layer, device, count, live_bytes per role, layer and device),
     checkpoints (where trends were judged, or null),
@@ -76,6 +77,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "released_at_exit": bool(finding.released_at_exit),
         "released_before_end": bool(finding.released_before_end),
         "module": finding.module,
+        "ranks": list(finding.ranks),
+        "hosts": list(finding.hosts),
         "within_slope_bytes_per_step": finding.within_slope_bytes_per_step,
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
@@ -196,6 +199,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
     ]
     if finding.module is not None:
         lines.append(f"    allocated{escape(in_module(finding.module))}")
+    if finding.ranks:
+        lines.append(f"    {escape(placement(finding))}")
     if finding.younger_count:
         lines.append(f"    [dim]+ {counted(finding.younger_count, 'younger allocation', 'younger allocations')} of "
                      f"this chain ({format_bytes(finding.younger_bytes)}) not counted: made less than "

@@ -133,6 +133,16 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
             else "still held when the recording stopped")
 
 
+def placement(finding: LeakFinding) -> str:
+    """'on rank 2 (host node-a)', 'on ranks 0, 1, 3 (hosts a, b)'; '' for a finding without ranks."""
+    if not finding.ranks:
+        return ""
+    ranks = ", ".join(str(rank) for rank in finding.ranks)
+    hosts = ", ".join(finding.hosts)
+    where = f" ({'host' if len(finding.hosts) == 1 else 'hosts'} {hosts})" if finding.hosts else ""
+    return f"on {'rank' if len(finding.ranks) == 1 else 'ranks'} {ranks}{where}"
+
+
 def kind_label(finding: LeakFinding, result: LeakResult) -> str:
     """'held at the end', 'grows per step' ('per window' where growth was judged over time
     windows), 'not a leak'."""

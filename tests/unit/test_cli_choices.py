@@ -12,6 +12,7 @@ import pytest
 from memprof.analysis.attribution import BY_CHOICES
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
+from memprof.analysis.overview import LEAK_BY
 from memprof.cli import common, record
 from memprof.cli.main import cli
 from memprof.model.schema import LAYERS
@@ -27,6 +28,7 @@ LIBRARY_SETS = {
     "--native-frames": NATIVE_FRAMES,
     "--by": BY_CHOICES,
     "--alloc-probes": ALLOC_PROBES,
+    ("report leaks", "--by"): LEAK_BY,
     ("export", "--format"): tuple(FORMATS),
     ("report html", "--format"): ("html", "json"),
     # The reading commands' --format: what cli.common.emit gives (a terminal rendering or JSON).

@@ -164,8 +164,9 @@ def test_json_keys_and_types():
     assert set(first) == {"layer", "name", "younger_count", "younger_bytes", "kind", "reason", "explanation", "slope_bytes_per_step", "slope_bytes_per_s",
                           "confidence", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
                           "released_at_exit", "released_before_end", "within_slope_bytes_per_step", "confirmed",
-                          "chain_missed_frees", "python_frames", "stack", "module"}
+                          "chain_missed_frees", "python_frames", "stack", "module", "ranks", "hosts"}
     assert first["module"] is None  # the recording has no module boundaries
+    assert first["ranks"] == [] and first["hosts"] == []  # no distributed job
     assert (first["kind"], first["reason"], first["confidence"]) == ("held_at_end", "held", None)
     assert first["explanation"] == "held when the target began to exit, and still held after it"
     assert (first["layer"], first["live_bytes"], first["live_count"]) == ("kernel_slab", 23 * 4096, 23)
