@@ -11,10 +11,13 @@ from memprof.cli.common import MIN_AGE_DEFAULT, REPORT_FORMATS, emit, min_age_ns
 from memprof.cli.report import report
 
 
+_VALUED = ("--format", "--top", "--min-age", "--native-frames")  # options of `report` that take a value
+
+
 def is_job(args: list[str]) -> bool:
-    """Whether `memprof report ARGS` names a job: two or more existing paths, or one folder
-    that is not itself a recording (no meta.json in it)."""
-    paths = [a for a in args if not a.startswith("-") and os.path.exists(a)]
+    """Whether `memprof report ARGS` names a job: two or more paths (one missing is said by
+    the job's report, exit 5), or one folder that is not itself a recording (no meta.json)."""
+    paths = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in _VALUED)]
     if len(paths) >= 2:
         return True
     return len(paths) == 1 and os.path.isdir(paths[0]) and not os.path.isfile(os.path.join(paths[0], "meta.json"))

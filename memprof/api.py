@@ -61,6 +61,8 @@ def job_paths(paths: Iterable[Path | str]) -> list[Path]:
     from memprof.recording.reader import META_NAME
     found: list[Path] = []
     for path in map(Path, paths):
+        if not path.exists():  # said before the others are analysed, which takes seconds each
+            raise BadRecordingError(f"{path} does not exist", "give the job's recordings, or the folder holding them")
         if (path / META_NAME).is_file() or not path.is_dir():
             found.append(path)  # a recording, or what open_recording will say is none
             continue

@@ -210,3 +210,12 @@ def test_duckdb_reads_the_live_bytes_per_rank_that_memprof_gives(tmp_path, monke
         view = analysed.attribution(by="rank", at=at_ns - analysed.span.start_ns, layers=("torch_cpu",), top=None)
         (layer,) = view.result.layers
         assert {row.rank: row.live_bytes for row in layer.rows}[f"rank {rank}"] == live
+
+
+def test_a_missing_recording_of_a_job_is_one_line_before_any_analysis(tmp_path):
+    folder = _job(tmp_path)
+    for args in ([folder / "memprof-991-hostA.memprof", tmp_path / "nope.memprof", "--format", "json"],
+                 ["job", folder, tmp_path / "nope.memprof"]):
+        code, out, err = invoke("report", *args)
+        assert code == 5 and f"{tmp_path / 'nope.memprof'} does not exist" in err and "Traceback" not in err
+        assert out == ""
