@@ -1,7 +1,8 @@
 """Ranks of a real distributed job (issue 23, item 3): `torchrun --nproc_per_node 4` of
 examples/ranks_leak.py, where one rank keeps 256 KiB per step and the others nothing, under
-`memprof record`: the one-screen report names that rank, with its growth per step; the same
-job without a leaking rank has none named."""
+`memprof record`: the one-screen report names that rank, with its growth per step, and
+`report leaks` names its kept tensors' chain as growing 256 KiB per step on that rank (each
+rank judged at its own step marks); the same job without a leaking rank has none named."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "ranks_leak.py"
 KEPT_PER_STEP = 256 * 1024  # examples/ranks_leak.py's KEPT_BYTES
+KEPT_LINE = next(n for n, line in enumerate(EXAMPLE.read_text().splitlines(), 1) if "kept.append(torch.ones(" in line)
 STEPS = 12
 
 
@@ -33,7 +35,15 @@ def _job_report(run_memprof, tmp_path: Path, leak_rank: int) -> dict:
     report = run_memprof("report", recording, "--format", "json", cwd=tmp_path, timeout=180)
     assert report.returncode == 0, report.stderr
     text = run_memprof("report", recording, cwd=tmp_path, timeout=180)
-    return {"json": json.loads(report.stdout), "text": text.stdout}
+    leaks = run_memprof("report", "leaks", recording, "--format", "json", cwd=tmp_path, timeout=180)
+    assert leaks.returncode == 0, leaks.stderr
+    return {"json": json.loads(report.stdout), "text": text.stdout, "leaks": json.loads(leaks.stdout)}
+
+
+def _kept_chain(finding: dict) -> bool:
+    """The finding's chain runs through examples/ranks_leak.py's kept.append(torch.ones(…))."""
+    return any(frame["function"] == "main" and str(frame["file"]).endswith("ranks_leak.py")
+               and frame["line"] == KEPT_LINE for frame in finding["stack"])
 
 
 def test_torchrun_with_one_leaking_rank_in_four_names_it(tmp_path, run_memprof):
@@ -45,6 +55,11 @@ def test_torchrun_with_one_leaking_rank_in_four_names_it(tmp_path, run_memprof):
     assert leaking["layer"] == "torch_cpu" and leaking["steps"] >= STEPS
     assert abs(leaking["growth_bytes_per_step"] - KEPT_PER_STEP) <= 0.02 * KEPT_PER_STEP
     assert "! rank 2 on " in report["text"] and "grows 256.0 KiB per step" in report["text"]
+    # report leaks: the kept tensors' chain grows per step, on rank 2 alone, at rank 2's own steps
+    kept = [f for f in report["leaks"]["findings"] if _kept_chain(f)]
+    assert [(f["kind"], f["ranks"]) for f in kept] == [("grows_per_step", [2])], report["leaks"]["findings"]
+    assert abs(kept[0]["slope_bytes_per_step"] - KEPT_PER_STEP) <= 0.02 * KEPT_PER_STEP
+    assert kept[0]["hosts"] == [ranks[2]["host"]]
 
 
 def test_torchrun_with_no_leaking_rank_names_none(tmp_path, run_memprof):
@@ -53,3 +68,6 @@ def test_torchrun_with_no_leaking_rank_names_none(tmp_path, run_memprof):
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert [r["rank"] for r in ranks if r["diverges"]] == []
     assert "Ranks: 4 of 4, alike in torch_cpu" in report["text"]
+    # No chain grows from step to step, on any rank (each judged at its own step marks).
+    findings = report["leaks"]["findings"]
+    assert [(f["name"], f["ranks"]) for f in findings if f["kind"] == "grows_per_step"] == []
