@@ -2,7 +2,7 @@
 rank's own step marks, each finding names the ranks and hosts its allocations came from, and
 `report leaks --by rank` judges each rank apart. Synthetic 4-rank recordings whose ranks step
 one after another (as torchrun's do when each rank's loop is short), with known bytes;
-tests/integration/test_ranks.py records a real torchrun job."""
+tests/integration/test_ranks_torchrun.py records a real torchrun job."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """Ranks of a distributed job (issue 23, item 3): the agent reads each process's rank from its
 launcher's variables; `report` names the rank whose growth or peak differs from the others',
 and `report top --by rank` splits the live bytes by rank. Synthetic recordings with known
-bytes; tests/integration/test_ranks.py records torchrun."""
+bytes; tests/integration/test_ranks_torchrun.py records torchrun."""
 from __future__ import annotations
 
 import json
