@@ -182,7 +182,9 @@ def recording_part(meta: RecordingMeta, path: str, ranks: RankReport, findings: 
 def _tagged(finding, host: str, path: str, rank_of_pid: dict[int, int], lifetimes: Lifetimes,
             canonical: dict[int, int], chains: dict) -> JobLeak:
     pids = chain_pids(lifetimes, canonical, finding.layer, finding.stack_id)
-    ranks = tuple(sorted({rank_of_pid[pid] for pid in pids if pid in rank_of_pid}))
+    # The finding's own ranks (leaks.py: the processes whose allocations it counts) where it
+    # has them; else every rank that allocated on the chain.
+    ranks = tuple(finding.ranks) or tuple(sorted({rank_of_pid[pid] for pid in pids if pid in rank_of_pid}))
     return JobLeak(host=host, path=path, ranks=ranks, pids=pids, kind=finding.kind, layer=finding.layer,
                    live_bytes=int(finding.live_bytes), live_count=int(finding.live_count),
                    slope_bytes_per_step=finding.slope_bytes_per_step, stack_id=finding.stack_id,

@@ -9,7 +9,7 @@ from rich.table import Table
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
     MODEL_STATE_HEADING, explain, finding_chain, kind_label, left_out_json, min_age_left_out, model_state_json,
-    model_state_line, note_line, shown_of,
+    model_state_line, note_line, placement, shown_of,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -28,7 +28,7 @@ def to_json(view: SummaryView) -> dict:
     """JSON-ready dict: recording, duration_ns, events, steps, lost_events, layers (peak_bytes,
     peak_ns, final_bytes, alloc_count), metrics (peak, final), findings (kind, layer,
     live_bytes, live_count, younger_count, younger_bytes, slope_bytes_per_step, confidence,
-    explanation, chain: its one-line name), not_leaks (how many, before --top), model_state (the
+    explanation, chain: its one-line name, ranks and hosts of a distributed job's processes), not_leaks (how many, before --top), model_state (the
     model's own tensors, never findings, as `report leaks` totals them), left_out (what --min-age and
     --top left out, as `report leaks` gives it), notes (severity: "info" or "caveat", text),
     ranks (a distributed job's, each with its peak, growth per step and whether it diverges),
@@ -62,7 +62,8 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], summary: 
             "live_count": finding.live_count, "younger_count": finding.younger_count,
             "younger_bytes": finding.younger_bytes, "slope_bytes_per_step": finding.slope_bytes_per_step,
             "confidence": finding.confidence, "explanation": explain(finding, summary.leaks),
-            "chain": chain_name(finding_chain(finding, chains))}
+            "chain": chain_name(finding_chain(finding, chains)), "ranks": list(finding.ranks),
+            "hosts": list(finding.hosts)}
 
 
 def next_commands(summary: Summary, path) -> list[tuple[str, str]]:
@@ -178,7 +179,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
         if finding.kind == "grows_per_step" and finding.slope_bytes_per_step is not None:
             unit = leaks.checkpoints.unit if leaks.checkpoints is not None else "step"
             rate = f", +{format_bytes(finding.slope_bytes_per_step)}/{unit}"
-        out(f"  {index}. {escape(finding.layer)} {kind_label(finding, leaks)}: "
+        where = f" {placement(finding)}" if finding.ranks else ""
+        out(f"  {index}. {escape(finding.layer)} {kind_label(finding, leaks)}{escape(where)}: "
             f"{format_bytes(finding.live_bytes)} in {finding.live_count:,}{rate}  "
             f"{escape(chain_name(finding_chain(finding, chains)))}", no_wrap=True, overflow="ellipsis")
     if min_age_left_out(leaks):

@@ -108,9 +108,14 @@ def test_report_names_the_rank_and_top_by_rank_splits_the_bytes(tmp_path):
     assert code == 0, err
     assert "Ranks: 4 of 4; 1 differ from the others in torch_cpu:" in out
     assert "! rank 2 on node-a (pid 4102): grows 256.0 KiB per step where the other ranks' median is 0 B" in out
+    assert "grows per step on rank 2 (host node-a): 2.5 MiB in 10" in out  # the finding says whose it is
     code, out, err = invoke("report", path, "--format", "json")
-    assert [(r["rank"], r["diverges"] is not None) for r in json.loads(out)["ranks"]] == \
+    summary = json.loads(out)
+    assert [(r["rank"], r["diverges"] is not None) for r in summary["ranks"]] == \
         [(0, False), (1, False), (2, True), (3, False)]
+    # the weights every rank holds to the end (never freed here), and rank 2's growth
+    assert [(f["kind"], f["ranks"], f["hosts"]) for f in summary["findings"]] == [
+        ("held_at_end", [0, 1, 2, 3], ["node-a"]), ("grows_per_step", [2], ["node-a"])]
     code, out, err = invoke("report", "top", path, "--by", "rank", "--at", "peak", "--format", "json")
     assert code == 0, err
     (torch_cpu,) = json.loads(out)["layers"]
