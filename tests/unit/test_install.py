@@ -95,3 +95,16 @@ def test_install_refuses_a_checkout_others_can_write(tmp_path):
 def _version() -> str:
     from memprof import __version__
     return __version__
+
+
+def test_every_package_of_the_tree_is_in_setup_cfg():
+    """A package left out of setup.cfg's explicit list is missing from the wheel: the
+    installed memprof then fails where it imports it (the advice package did, in CI)."""
+    import configparser
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    found = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "memprof").rglob("__init__.py")
+             if "__pycache__" not in init.parts}
+    found |= {"memprof.cli"} if (REPO / "cli" / "__init__.py").exists() else set()
+    assert found - listed == set()
