@@ -54,8 +54,13 @@ def pyenv_python(minor: int) -> str:
 
 def record_example(run_memprof, tmp_path: Path, python: str, *args: str) -> Path:
     recording = tmp_path / "frames.memprof"
-    result = run_memprof("record", "-q", "-o", recording, "--sources", "+native", "--",
-                         python, EXAMPLE, *args, cwd=tmp_path, timeout=300)
+    # Every allocation these tests look for is 111,111 bytes or more, so sampling the libc heap
+    # at 64 KiB keeps each of them (probability min(1, size/N) = 1, weight 1) and drops most of
+    # the millions of small ones `import torch` makes: unsampled, those overran the ring buffer
+    # (1.3-2.5 M events lost a run here), and whether the allocations made right after the
+    # import survived was chance.
+    result = run_memprof("record", "-q", "-o", recording, "--sources", "+native", "--native-sample-bytes", "64KiB",
+                         "--", python, EXAMPLE, *args, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
     return recording
 
