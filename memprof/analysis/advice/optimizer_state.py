@@ -69,7 +69,9 @@ class _Place:
 
 def check(facts: Facts) -> Verdict:
     """Advice for each (layer, device) whose optimizer state reaches both thresholds."""
-    totals = facts.leaks().result.model_state
+    # top=None: the leak analysis autograd-graph-kept and memory-outside-pytorch ask for (kept
+    # per options); model_state does not depend on the cut.
+    totals = facts.leaks(top=None).result.model_state
     if not totals:
         return silent("no model state recorded (the agent names parameters, gradients and optimizer state "
                       "of a PyTorch job; record without --no-agent)")
