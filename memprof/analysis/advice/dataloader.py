@@ -34,7 +34,7 @@ import pandas as pd
 
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.growth import fit_linear
-from memprof.analysis.lifetimes import end_times
+from memprof.analysis.lifetimes import end_times, live_mask
 from memprof.units import format_bytes
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def _heap_growth(allocations: pd.DataFrame, pid: int, layer: str, start_ns: int,
     born, ended = mine["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(mine)
 
     def live(t: int) -> float:
-        return float(size[(born <= t) & (t < ended)].sum())
+        return float(size[live_mask(born, ended, t)].sum())
 
     return int(round(live(end_ns) - live(start_ns)))
 

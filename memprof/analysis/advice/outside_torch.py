@@ -27,7 +27,7 @@ from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fire
 from memprof.analysis.advice.outside_torch_kernel import KernelLimits, chain_key, frame_text, kernel_advice
 from memprof.analysis.growth import live_at, sample_series
 from memprof.analysis.layers import live_curve
-from memprof.analysis.lifetimes import category_codes, end_times, labels
+from memprof.analysis.lifetimes import category_codes, end_times, labels, live_mask
 from memprof.analysis.trend import MIN_POINTS, classify
 from memprof.model.schema import Layer
 from memprof.units import format_bytes
@@ -248,7 +248,7 @@ def _peak_ns(total: _Curve, end_ns: int) -> int:
 
 def _top_outside_chains(outside: pd.DataFrame, at_ns: int, top: int = 3) -> list[tuple[int | None, int]]:
     """(stack id, bytes) of the biggest chains of `outside` live at `at_ns`."""
-    alive = (outside["alloc_ts_ns"].to_numpy(dtype=np.int64) <= at_ns) & (at_ns < end_times(outside))
+    alive = live_mask(outside["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(outside), at_ns)
     rows = outside[alive]
     size = rows["size_bytes"].to_numpy(dtype=float, na_value=0) * rows["weight"].to_numpy(dtype=float)
     by_chain = pd.Series(size).groupby(rows["stack_id"].to_numpy(dtype=object), dropna=False).sum()
