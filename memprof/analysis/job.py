@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.analysis.ranks import RankReport, RankUse, process_ranks, with_divergence
 from memprof.model.meta import RecordingMeta
@@ -173,15 +174,17 @@ def recording_part(meta: RecordingMeta, path: str, ranks: RankReport, findings: 
     made each chain's allocations, `chains` (stack id -> frames) for their frames, and its clock."""
     host = host_of(meta, path)
     rank_of_pid = {pid: info["rank"] for pid, info in process_ranks(meta).items()}
-    tagged = [_tagged(finding, host, path, rank_of_pid, lifetimes, canonical, chains) for finding in findings]
+    findings = list(findings)
+    made_by = chain_pids(lifetimes, canonical, [(finding.layer, finding.stack_id) for finding in findings])
+    tagged = [_tagged(finding, host, path, rank_of_pid, made_by[(finding.layer, finding.stack_id)], chains)
+              for finding in findings]
     own = RankReport([replace(rank, host=host, diverges=None) for rank in ranks.ranks], ranks.world_size,
                      ranks.layer, list(ranks.notes))
     return RecordingPart(path, host, own, tagged, recording_clock(meta, path), events)
 
 
-def _tagged(finding, host: str, path: str, rank_of_pid: dict[int, int], lifetimes: Lifetimes,
-            canonical: dict[int, int], chains: dict) -> JobLeak:
-    pids = chain_pids(lifetimes, canonical, finding.layer, finding.stack_id)
+def _tagged(finding, host: str, path: str, rank_of_pid: dict[int, int], pids: tuple[int, ...],
+            chains: dict) -> JobLeak:
     # The finding's own ranks (leaks.py: the processes whose allocations it counts) where it
     # has them; else every rank that allocated on the chain.
     ranks = tuple(finding.ranks) or tuple(sorted({rank_of_pid[pid] for pid in pids if pid in rank_of_pid}))
@@ -191,23 +194,26 @@ def _tagged(finding, host: str, path: str, rank_of_pid: dict[int, int], lifetime
                    chain=tuple(chains.get(finding.stack_id, ())))
 
 
-def chain_pids(lifetimes: Lifetimes, canonical: dict[int, int], layer: str, stack_id: int | None) -> tuple[int, ...]:
-    """The pids that made allocations of `layer` on the chain `stack_id` (a canonical id;
-    None: the allocations recorded without a stack)."""
-    allocations = lifetimes.allocations
+def chain_pids(lifetimes: Lifetimes, canonical: dict[int, int],
+               wanted: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], tuple[int, ...]]:
+    """Per (layer, stack_id) of `wanted` (stack_id a canonical id; None: the allocations
+    recorded without a stack), the pids that made allocations of that layer on that chain,
+    ascending. One pass over the allocations for all of them, in numpy: a recording's
+    findings are many and its allocations millions."""
+    allocations = with_canonical_stacks(lifetimes.allocations, canonical)
+    stacks = allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1)  # -1: no stack
+    wanted_stacks = np.array([-1 if stack is None else stack for _, stack in wanted], dtype=np.int64)
+    rows = np.flatnonzero(np.isin(stacks, wanted_stacks))
     codes, names = category_codes(allocations["layer"])
-    in_layer = np.isin(codes, [i for i, name in enumerate(names) if label_of(name) == layer])
-    stacks = allocations["stack_id"]
-    if stack_id is None:
-        on_chain = stacks.isna().to_numpy()
-    else:
-        ids = stacks.to_numpy(dtype=float, na_value=np.nan)
-        known = ~np.isnan(ids)
-        mapped = np.full(len(ids), np.nan)
-        mapped[known] = [canonical.get(int(s), int(s)) for s in ids[known]]
-        on_chain = mapped == stack_id
-    pids = pd.unique(allocations["pid"].to_numpy()[in_layer & on_chain])
-    return tuple(sorted(int(pid) for pid in pids))
+    made = pd.DataFrame({"layer": codes[rows], "stack": stacks[rows],
+                         "pid": allocations["pid"].to_numpy()[rows]}).drop_duplicates()
+    labels = [label_of(name) for name in names]
+    pids: dict[tuple[str, int], set[int]] = {}
+    for code, stack, pid in made.itertuples(index=False):
+        if code >= 0:
+            pids.setdefault((labels[code], int(stack)), set()).add(int(pid))
+    return {(layer, stack): tuple(sorted(pids.get((layer, -1 if stack is None else stack), ())))
+            for layer, stack in wanted}
 
 
 def job_report(parts: Sequence[RecordingPart]) -> JobReport:
