@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from memprof.analysis.advice.chain_text import frame_label, user_frame
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
@@ -134,11 +135,9 @@ def _state_tensors(facts: Facts, place: _Place) -> _Tensors:
 
 def _top_chains(facts: Facts, rows) -> tuple[int | None, ...]:
     """The stack ids that made the most optimizer-state bytes, one per distinct chain."""
-    stacks = rows["stack_id"].to_numpy(dtype=float, na_value=np.nan)
-    sizes = rows["size_bytes"].to_numpy(dtype=float, na_value=0.0)
-    by_stack: Counter = Counter()
-    for stack, size in zip(stacks, sizes):
-        by_stack[None if np.isnan(stack) else int(stack)] += size
+    stacks = rows["stack_id"].to_numpy(dtype=np.int64, na_value=-1)  # -1: recorded without a stack
+    per_stack = pd.Series(rows["size_bytes"].to_numpy(dtype=float, na_value=0.0)).groupby(stacks, sort=False).sum()
+    by_stack = Counter({None if stack < 0 else int(stack): size for stack, size in per_stack.items()})
     frames = facts.chains([s for s in by_stack if s is not None])
     seen, chosen = set(), []
     for stack, _ in by_stack.most_common():
