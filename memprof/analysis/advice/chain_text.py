@@ -39,6 +39,11 @@ def frame_label(frame: dict) -> str:
 
 
 
+def innermost_python(frames: list[dict]) -> dict | None:
+    """The innermost Python frame that names its file (library or not), None without one."""
+    return next((frame for frame in frames if frame.get("kind") == "python" and frame.get("file")), None)
+
+
 def python_line(frames: list[dict]) -> str | None:
     """The innermost Python frame as "function (file:line)" (the file's name, without its
     folder, as reports print chains), else the innermost frame's function; None for a chain

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memprof.analysis.advice.chain_text import frame_label
+from memprof.analysis.advice.chain_text import frame_label, innermost_python
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.lifetimes import end_times, labels, live_mask
 from memprof.model.schema import Layer
@@ -192,7 +192,7 @@ def _evidence(device: DeviceBreakdown, segments: _Segments, at: str) -> tuple[st
 def _made_where(facts: Facts, chains: tuple[int | None, ...]) -> tuple[str, ...]:
     """Where the split segment with the most free space was made: its innermost Python frame."""
     frames = facts.chains([chains[0]]).get(chains[0], []) if chains and chains[0] is not None else []
-    python = next((f for f in frames if f.get("kind") == "python" and f.get("file")), None)
+    python = innermost_python(frames)
     if python is None:
         return ()
     return (f"The segment with the most free space was made in {frame_label(python)}.",)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.advice.chain_text import frame_label, user_frame
+from memprof.analysis.advice.chain_text import frame_label, innermost_python, user_frame
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import end_times, labels, live_mask
@@ -196,12 +196,12 @@ def _made_where(facts: Facts, chains: tuple[int | None, ...]) -> tuple[str, ...]
     """Where the biggest chain made the state: its innermost Python frame and the first
     one outside installed packages (the program's own line), when it has them."""
     frames = facts.chains([chains[0]]).get(chains[0], []) if chains and chains[0] is not None else []
-    python = [f for f in frames if f.get("kind") == "python" and f.get("file")]
-    if not python:
+    python = innermost_python(frames)
+    if python is None:
         return ()
     own = user_frame(frames)
-    where = f"Most of it was made in {frame_label(python[0])}"
-    return (where + (f", called from {frame_label(own)}." if own is not None and own is not python[0] else "."),)
+    where = f"Most of it was made in {frame_label(python)}"
+    return (where + (f", called from {frame_label(own)}." if own is not None and own is not python else "."),)
 
 
 RULE_ID = "optimizer-state"
