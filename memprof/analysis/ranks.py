@@ -13,11 +13,12 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from memprof.analysis.checkpoints import process_step_marks
 from memprof.analysis.layers import live_curve
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of
 from memprof.analysis.trend import theil_sen
 from memprof.model.meta import RecordingMeta
-from memprof.model.schema import Action, Layer, Mark
+from memprof.model.schema import Layer
 from memprof.units import format_bytes
 
 # The layer a rank is judged on: the first of these its processes allocated in (the tensors
@@ -100,7 +101,8 @@ def rank_report(meta: RecordingMeta, lifetimes: Lifetimes, events: pd.DataFrame,
     by_rank: dict[tuple[int, str | None], list[int]] = {}
     for pid, info in ranks.items():
         by_rank.setdefault((info["rank"], info.get("host")), []).append(pid)
-    used = [_rank_use(rank, host, sorted(pids), layer, mine, events, end_ns)
+    marks = process_step_marks(events)
+    used = [_rank_use(rank, host, sorted(pids), layer, mine, marks, end_ns)
             for (rank, host), pids in sorted(by_rank.items(), key=lambda item: (item[0][0], str(item[0][1])))]
     return RankReport(with_divergence(used), _world_size(ranks), layer)
 
@@ -125,27 +127,24 @@ def _judged_layer(allocations: pd.DataFrame, pids: set[int]) -> str | None:
 
 
 def _rank_use(rank: int, host: str | None, pids: list[int], layer: str, allocations: pd.DataFrame,
-              events: pd.DataFrame, end_ns: int) -> RankUse:
+              marks: pd.DataFrame, end_ns: int) -> RankUse:
     rows = allocations[allocations["pid"].isin(pids).to_numpy()]
     size = np.rint(rows["size_bytes"].to_numpy(dtype=float, na_value=0) * rows["weight"].to_numpy(dtype=float))
     times, live = live_curve(rows["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(rows), size.astype(np.int64))
-    marks = _step_times(events, pids)
-    at_marks = _live_at(times, live, marks)
-    growth = float(theil_sen(at_marks[None, :])[0]) if len(marks) >= MIN_STEPS else None
+    steps = _step_times(marks, pids)
+    at_steps = _live_at(times, live, steps)
+    growth = float(theil_sen(at_steps[None, :])[0]) if len(steps) >= MIN_STEPS else None
     return RankUse(rank=rank, host=host, pids=tuple(pids), layer=layer,
                    peak_bytes=int(live.max()) if len(live) else 0,
                    end_bytes=int(_live_at(times, live, np.array([end_ns]))[0]),
-                   growth_bytes_per_step=growth, steps=len(marks))
+                   growth_bytes_per_step=growth, steps=len(steps))
 
 
-def _step_times(events: pd.DataFrame, pids: list[int]) -> np.ndarray:
-    """The ts_ns of the step marks these processes made, each step once (its earliest)."""
-    if events is None or not len(events) or "category" not in events:
-        return np.array([], dtype=np.int64)
-    is_step = ((events["action"] == Action.MARK.value) & (events["category"] == Mark.STEP.value)
-               & events["step"].notna() & events["pid"].isin(pids)).to_numpy()
-    marks = pd.DataFrame({"step": events["step"].to_numpy()[is_step], "ts_ns": events["ts_ns"].to_numpy()[is_step]})
-    return marks.groupby("step", sort=True)["ts_ns"].min().to_numpy(dtype=np.int64)
+def _step_times(marks: pd.DataFrame, pids: list[int]) -> np.ndarray:
+    """The ts_ns of the step marks these processes made (`marks`: checkpoints.process_step_marks),
+    each step once (its earliest)."""
+    mine = marks[marks["pid"].isin(pids).to_numpy()]
+    return mine.groupby("step", sort=True)["ts_ns"].min().to_numpy(dtype=np.int64)
 
 
 def _live_at(times: np.ndarray, live: np.ndarray, at: np.ndarray) -> np.ndarray:
