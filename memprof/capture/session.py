@@ -106,10 +106,16 @@ class RecordResult:
 
 
 def default_output(name: str, pid: int, directory: Path = Path("."), tag: str = "") -> Path:
-    """./memprof-NAME-PID.memprof, or ./memprof-TAG-NAME-PID.memprof (TAG: a job's id and host)."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(name)) or "target"
-    tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
+    """./memprof-NAME-PID.memprof, or ./memprof-TAG-NAME-PID.memprof (TAG: a job's id and host).
+    Both come from what the target and its environment control (its name, SLURM_JOB_ID,
+    --host-label): each is reduced to one file name's characters, so the path stays in `directory`."""
+    safe = _file_name_characters(os.path.basename(name)) or "target"
+    tag = _file_name_characters(tag)
     return directory / f"memprof-{tag + '-' if tag else ''}{safe}-{pid}.memprof"
+
+
+def _file_name_characters(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def _yield_to_target() -> None:

@@ -69,6 +69,13 @@ def test_default_output_is_named_after_the_command_and_pid(tmp_path):
     assert default_output("weird name;x", 7, tmp_path).name == "memprof-weird_name_x-7.memprof"
 
 
+def test_a_job_tag_from_the_environment_cannot_leave_the_folder(tmp_path):
+    # The tag comes from SLURM_JOB_ID or --host-label: whatever they hold, one file in tmp_path.
+    for tag in ("../../etc/cron.d/x", "/etc/passwd", "..", "a/../../b"):
+        out = default_output("python3", 7, tmp_path, tag=tag)
+        assert out.parent == tmp_path and "/" not in out.name, out
+
+
 def test_resolve_executable_errors_are_typed(tmp_path):
     assert resolve_executable(["true"]).endswith("/true")
     with pytest.raises(TargetError, match="command not found"):
