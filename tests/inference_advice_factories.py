@@ -14,7 +14,7 @@ import numpy as np
 
 from memprof.model.meta import RecordingMeta
 from memprof.recording import RecordingWriter
-from tests.factories import concat_events, ev, events_frame, mark
+from tests.factories import concat_events, ev, events_frame, mark, stacks_frames
 from tests.gpu_factories import step_marks
 from tests.html_factories import _columns
 
@@ -115,16 +115,9 @@ def _write(path: Path, rows: list[dict], samples: list[tuple]) -> Path:
     writer = RecordingWriter(path, meta)
     events = concat_events(events_frame(sorted(rows, key=lambda r: r["ts_ns"])))
     writer.append("events", _columns(events))
-    frame_rows, stack_rows = [], []
-    for stack_id, chain in CHAINS.items():
-        for depth, (kind, function, module, file, line) in enumerate(chain):
-            stack_rows.append((stack_id, depth, len(frame_rows) + 1))
-            frame_rows.append((len(frame_rows) + 1, kind, function, module, file, line))
-    writer.append("frames", {"frame_id": [f[0] for f in frame_rows], "kind": [f[1] for f in frame_rows],
-                             "function": [f[2] for f in frame_rows], "module": [f[3] for f in frame_rows],
-                             "file": [f[4] for f in frame_rows], "line": [f[5] for f in frame_rows]})
-    writer.append("stacks", {"stack_id": [s[0] for s in stack_rows], "depth": [s[1] for s in stack_rows],
-                             "frame_id": [s[2] for s in stack_rows]})
+    stacks, frames = stacks_frames(CHAINS)
+    writer.append("frames", {name: frames[name] for name in frames.columns})
+    writer.append("stacks", {name: stacks[name] for name in stacks.columns})
     if samples:
         writer.append("samples", {"ts_ns": np.array([s[0] for s in samples], dtype=np.int64),
                                   "metric": [s[1] for s in samples], "device": [s[2] for s in samples],
