@@ -86,8 +86,7 @@ def placement(environ=None):
         value = environ.get(variable, "").strip()
         if name not in found and value and len(value) <= 128:
             found[name] = value
-    import socket
-    found["host"] = socket.gethostname()[:255]
+    found["host"] = os.uname().nodename[:255]  # what gethostname() returns; the recorder's meta.host too (platform.node())
     return found
 
 
