@@ -94,10 +94,11 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
     """The launcher's own --name value options (dashes as underscores) when `command` is
     torchrun (or python -m torch.distributed.run); None when it is not."""
     words = [str(word) for word in command]
+    module = words.index("-m") + 1 if "-m" in words else 0  # where `python -m`'s module name is
     if words and Path(words[0]).name == "torchrun":
         rest = words[1:]
-    elif "-m" in words and words.index("-m") + 1 < len(words) and words[words.index("-m") + 1] == "torch.distributed.run":
-        rest = words[words.index("-m") + 2:]
+    elif module and words[module:module + 1] == ["torch.distributed.run"]:
+        rest = words[module + 1:]
     else:
         return None
     found: dict[str, str] = {}
