@@ -113,8 +113,7 @@ class RecordingWriter:
         with self._write_lock:
             with self._lock:
                 self._check_open()
-                pending = self._take_buffers()
-                taken_ns = time.monotonic_ns()
+                pending, taken_ns = self._take_buffers()
             self._write(pending, taken_ns)
 
     def finalize(self, end_ns: int | None = None) -> None:
@@ -126,8 +125,7 @@ class RecordingWriter:
                 if end_ns is not None:
                     self.meta.end_ns = end_ns
                 status, self.meta.status = self.meta.status, "complete"
-                pending = self._take_buffers()
-                taken_ns = time.monotonic_ns()
+                pending, taken_ns = self._take_buffers()
             try:
                 self._write(pending, taken_ns)
             except BaseException:
@@ -147,11 +145,12 @@ class RecordingWriter:
         if self._finalized:
             raise ValueError(f"{self.path}: recording already finalized")
 
-    def _take_buffers(self) -> dict[str, list[pa.Table]]:
+    def _take_buffers(self) -> tuple[dict[str, list[pa.Table]], int]:
+        """The buffered tables, handed over, and when (monotonic ns): every row came in before."""
         pending = {name: tables for name, tables in self._buffers.items() if tables}
         for name in pending:
             self._buffers[name] = []
-        return pending
+        return pending, time.monotonic_ns()
 
     def _write(self, pending: dict[str, list[pa.Table]], taken_ns: int) -> None:
         """Write taken buffers (taken at `taken_ns`, monotonic), then meta.json saying what
