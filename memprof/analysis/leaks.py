@@ -253,6 +253,13 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                       younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
 
 
+def cut(result: LeakResult, top: int | None) -> LeakResult:
+    """`result` of find_leaks (or leak_report) with `top` None, as it would have been with
+    `top`: its `top` biggest findings and not-leaks (each list is biggest first, and each
+    finding's fields its own), so that one analysis serves every cut of it."""
+    return replace(result, findings=result.findings[:top], not_leaks=result.not_leaks[:top], top=top)
+
+
 def find_leaks_by_rank(lifetimes: Lifetimes, rank_of_pid: Mapping[int, tuple[int, str | None]], *,
                        top: int | None = None, **options) -> LeakResult:
     """find_leaks judged apart for each rank (each (rank, host) of `rank_of_pid`, and the

@@ -16,7 +16,7 @@ from memprof.analysis.caches import known_chains
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import (
-    DEFAULT_MIN_AGE_NS, LeakResult, end_of_target, exit_times, find_leaks, find_leaks_by_rank,
+    DEFAULT_MIN_AGE_NS, LeakResult, cut, end_of_target, exit_times, find_leaks, find_leaks_by_rank,
 )
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
@@ -113,9 +113,11 @@ class Summary:
 
 def summarize(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
               frames: pd.DataFrame, samples: pd.DataFrame | None, *, canonical_stack: Mapping[int, int] | None = None,
-              top: int = 3) -> Summary:
-    """The summary, with at most `top` leak findings and chains per layer."""
-    leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top)
+              top: int = 3, leaks: LeakResult | None = None) -> Summary:
+    """The summary, with at most `top` leak findings and chains per layer; `leaks`: the
+    leak_report with its default options and no cut, where the caller has it already."""
+    leaks = (leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top)
+             if leaks is None else cut(leaks, top))
     layers = layer_summary(lifetimes, samples, canonical_stack=canonical_stack, top=1)
     steps = int(events["step"].dropna().nunique()) if "step" in events and len(events) else 0
     return Summary(duration_ns=recording_end_ns(meta, events) - int(meta.start_ns), events=len(events), layers=layers,
