@@ -19,7 +19,7 @@ import pandas as pd
 
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
-from memprof.analysis.ranks import RankReport, RankUse, process_ranks, with_divergence
+from memprof.analysis.ranks import RankReport, RankUse, rank_of_pid, with_divergence
 from memprof.model.meta import RecordingMeta
 
 # Within one recording, CLOCK_REALTIME − CLOCK_MONOTONIC moves only as NTP slews the clock
@@ -173,10 +173,10 @@ def recording_part(meta: RecordingMeta, path: str, ranks: RankReport, findings: 
     its leak `findings` (leaks.LeakFinding) tagged with the host and the ranks whose processes
     made each chain's allocations, `chains` (stack id -> frames) for their frames, and its clock."""
     host = host_of(meta, path)
-    rank_of_pid = {pid: info["rank"] for pid, info in process_ranks(meta).items()}
+    ranks_of = {pid: rank for pid, (rank, _) in rank_of_pid(meta).items()}
     findings = list(findings)
     made_by = chain_pids(lifetimes, canonical, [(finding.layer, finding.stack_id) for finding in findings])
-    tagged = [_tagged(finding, host, path, rank_of_pid, made_by[(finding.layer, finding.stack_id)], chains)
+    tagged = [_tagged(finding, host, path, ranks_of, made_by[(finding.layer, finding.stack_id)], chains)
               for finding in findings]
     own = RankReport([replace(rank, host=host, diverges=None) for rank in ranks.ranks], ranks.world_size,
                      ranks.layer, list(ranks.notes))

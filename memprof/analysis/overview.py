@@ -20,7 +20,7 @@ from memprof.analysis.leaks import (
 )
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
-from memprof.analysis.ranks import process_ranks
+from memprof.analysis.ranks import rank_of_pid
 from memprof.analysis.trend import MIN_POINTS
 from memprof.errors import UsageError
 from memprof.model import RecordingMeta
@@ -61,7 +61,7 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     recording without ranks)."""
     if by not in LEAK_BY:
         raise UsageError(f"leaks cannot be split by {by!r}", f"use --by {' or --by '.join(LEAK_BY)}")
-    ranks = {pid: (info["rank"], info.get("host")) for pid, info in process_ranks(meta).items()}
+    ranks = rank_of_pid(meta)
     if by == "rank" and not ranks:
         raise UsageError("no process of this recording had a rank, so its leaks cannot be split by rank",
                          "record the job's launcher (torchrun, srun, mpirun) under memprof record, or drop --by rank")

@@ -77,6 +77,12 @@ def process_ranks(meta: RecordingMeta) -> dict[int, dict[str, Any]]:
     return ranks
 
 
+def rank_of_pid(meta: RecordingMeta) -> dict[int, tuple[int, str | None]]:
+    """pid -> (rank, host) of each process that had a rank (process_ranks): the form
+    leaks.find_leaks and the job read them in."""
+    return {pid: (info["rank"], info.get("host")) for pid, info in process_ranks(meta).items()}
+
+
 def rank_labels(meta: RecordingMeta, pids: np.ndarray) -> np.ndarray:
     """Per pid of `pids`, "rank N" (with "@host" when the job's ranks ran on several hosts),
     or "no rank" for a process without one (the launcher, a tool it ran)."""
