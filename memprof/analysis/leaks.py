@@ -312,23 +312,32 @@ def _with_ranks(findings: list[LeakFinding], allocations: pd.DataFrame, held: pd
     pids: dict[tuple, set[int]] = {}
     for layer, released, stack, process in held_pids.itertuples(index=False):
         pids.setdefault((layer, int(stack), bool(released)), set()).add(int(process))
+    at_checkpoints = None
     out = []
     for finding in findings:
         key = (finding.layer, -1 if finding.stack_id is None else finding.stack_id, finding.released_at_exit)
         made_by = pids.get(key)
         if made_by is None and finding.reason != LeakReason.MODEL_STATE.value:
-            made_by = _pids_at_checkpoints(trends, (finding.layer, finding.stack_id), pid)
+            if at_checkpoints is None:
+                at_checkpoints = _pids_at_checkpoints(trends, pid)
+            made_by = at_checkpoints.get((finding.layer, finding.stack_id), ())
         places = sorted({rank_of_pid[p] for p in made_by or () if p in rank_of_pid}, key=lambda rh: (rh[0], str(rh[1])))
         out.append(replace(finding, ranks=tuple(sorted({rank for rank, _ in places})),
                            hosts=tuple(sorted({host for _, host in places if host is not None}))))
     return out
 
 
-def _pids_at_checkpoints(trends: ChainTrends, chain: tuple, pid: np.ndarray) -> set[int]:
-    """The processes of `chain`'s allocations live at one of the checkpoints (none without trends)."""
-    if trends.series is None or chain not in trends.series.row_of:
-        return set()
-    return {int(p) for p in np.unique(pid[trends.chain_of_row == trends.series.row_of[chain]])}
+def _pids_at_checkpoints(trends: ChainTrends, pid: np.ndarray) -> dict[tuple, set[int]]:
+    """Chain (layer, stack_id) -> the processes of its allocations live at one of the
+    checkpoints (none without trends): one pass for every finding that needs it."""
+    if trends.series is None:
+        return {}
+    live = trends.chain_of_row >= 0
+    pairs = pd.DataFrame({"row": trends.chain_of_row[live], "pid": pid[live]}).drop_duplicates()
+    out: dict[tuple, set[int]] = {}
+    for row, process in pairs.itertuples(index=False):
+        out.setdefault(trends.series.chains[row], set()).add(int(process))
+    return out
 
 
 def _exited(allocations: pd.DataFrame, end_ns: int, recording_end_ns: int,
