@@ -90,7 +90,8 @@ def rank_labels(meta: RecordingMeta, pids: np.ndarray) -> np.ndarray:
     hosts = {info.get("host") for info in ranks.values()}
     names = {pid: f"rank {info['rank']}" + (f"@{info.get('host')}" if len(hosts) > 1 else "")
              for pid, info in ranks.items()}
-    return np.array([names.get(int(pid), "no rank") for pid in pids], dtype=object)
+    unique, inverse = np.unique(np.asarray(pids, dtype=np.int64), return_inverse=True)  # one per allocation: 10^7
+    return np.array([names.get(int(pid), "no rank") for pid in unique], dtype=object)[inverse]
 
 
 def rank_report(meta: RecordingMeta, lifetimes: Lifetimes, events: pd.DataFrame, end_ns: int) -> RankReport:
