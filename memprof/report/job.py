@@ -9,6 +9,7 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.safe_text import escape
+from memprof.report.wording import diverging_line, rank_json
 from memprof.units import format_bytes, format_duration_ns
 
 if TYPE_CHECKING:
@@ -36,9 +37,7 @@ def to_json(view: JobView) -> dict:
                    "leaks": h.leaks, "leak_bytes": h.leak_bytes} for h in job.hosts],
         "layer": job.layer,
         "world_size": job.world_size,
-        "ranks": [{"rank": r.rank, "host": r.host, "pids": list(r.pids), "layer": r.layer, "peak_bytes": r.peak_bytes,
-                   "end_bytes": r.end_bytes, "growth_bytes_per_step": r.growth_bytes_per_step, "steps": r.steps,
-                   "diverges": r.diverges} for r in job.ranks],
+        "ranks": [rank_json(rank) for rank in job.ranks],
         "leaks": [{"host": leak.host, "recording": leak.path, "ranks": list(leak.ranks), "pids": list(leak.pids),
                    "kind": leak.kind, "layer": leak.layer, "live_bytes": leak.live_bytes, "live_count": leak.live_count,
                    "slope_bytes_per_step": leak.slope_bytes_per_step, "chain": chain_name(list(leak.chain))}
@@ -68,9 +67,8 @@ def render(view: JobView, console: Console) -> None:
         console.print(_ranks_table(job))
     if job.diverging:
         out(f"[bold]Ranks[/]: [yellow]{len(job.diverging)} differ from the others[/] in {escape(job.layer or '')}:")
-        for rank in job.diverging:
-            out(f"  [yellow]! rank {rank.rank}[/] on {escape(str(rank.host))} (pid {', '.join(map(str, rank.pids))}): "
-                f"{escape(rank.diverges)}")
+        for rank in job.diverging:  # each with its recording's host
+            out(diverging_line(rank))
     elif len(job.ranks) >= 3:
         out(f"[bold]Ranks[/]: alike in {escape(job.layer or '')} (peak and growth per step)")
     _render_leaks(out, job)

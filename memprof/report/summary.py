@@ -8,8 +8,8 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, explain, finding_chain, kind_label, left_out_json, min_age_left_out, model_state_json,
-    model_state_line, note_line, placement, shown_of,
+    MODEL_STATE_HEADING, diverging_line, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
+    model_state_json, model_state_line, note_line, placement, rank_json, shown_of,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -135,9 +135,7 @@ def _ranks_json(ranks) -> list[dict[str, Any]]:
     others; None when it does not)."""
     if ranks is None:
         return []
-    return [{"rank": r.rank, "host": r.host, "pids": list(r.pids), "layer": r.layer, "peak_bytes": r.peak_bytes,
-             "end_bytes": r.end_bytes, "growth_bytes_per_step": r.growth_bytes_per_step, "steps": r.steps,
-             "diverges": r.diverges} for r in ranks.ranks]
+    return [rank_json(rank) for rank in ranks.ranks]
 
 
 def _render_ranks(out, summary: Summary) -> None:
@@ -153,8 +151,7 @@ def _render_ranks(out, summary: Summary) -> None:
     out(f"[bold]Ranks[/]: {len(ranks.ranks)}{size}; [yellow]{len(ranks.diverging)} differ from the others[/] "
         f"in {escape(ranks.layer or '')}:")
     for rank in ranks.diverging:
-        where = f" on {escape(rank.host)}" if rank.host else ""
-        out(f"  [yellow]! rank {rank.rank}[/]{where} (pid {', '.join(map(str, rank.pids))}): {escape(rank.diverges)}")
+        out(diverging_line(rank))
 
 
 def _render_advice(out, summary: Summary) -> None:

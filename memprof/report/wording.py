@@ -1,6 +1,7 @@
 """The words every view uses about leak findings, in one place: the terminal reports
 (leaks.py, summary.py), the HTML page and the tables of the exports say the same thing in
-the same words. Plain text, except `note_line` (rich markup, escaped). Render only."""
+the same words, and of a distributed job's ranks. Plain text, except `note_line` and
+`diverging_line` (rich markup, escaped). Render only."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,7 @@ from memprof.units import format_bytes, format_duration_ns
 if TYPE_CHECKING:
     from memprof.analysis.leaks import LeakFinding, LeakResult
     from memprof.analysis.model_state import ModelStateTotal
+    from memprof.analysis.ranks import RankUse
 
 
 def left_out_json(result: LeakResult) -> dict[str, Any]:
@@ -141,6 +143,19 @@ def placement(finding: LeakFinding) -> str:
     hosts = ", ".join(finding.hosts)
     where = f" ({'host' if len(finding.hosts) == 1 else 'hosts'} {hosts})" if finding.hosts else ""
     return f"on {'rank' if len(finding.ranks) == 1 else 'ranks'} {ranks}{where}"
+
+
+def rank_json(rank: RankUse) -> dict:
+    """One rank of a distributed job as `report` and the job report give it (ranks.RankUse)."""
+    return {"rank": rank.rank, "host": rank.host, "pids": list(rank.pids), "layer": rank.layer,
+            "peak_bytes": rank.peak_bytes, "end_bytes": rank.end_bytes,
+            "growth_bytes_per_step": rank.growth_bytes_per_step, "steps": rank.steps, "diverges": rank.diverges}
+
+
+def diverging_line(rank: RankUse) -> str:
+    """'  ! rank 2 on node-a (pid 5102): why it differs from the other ranks' (markup)."""
+    where = f" on {escape(rank.host)}" if rank.host else ""
+    return f"  [yellow]! rank {rank.rank}[/]{where} (pid {', '.join(map(str, rank.pids))}): {escape(rank.diverges)}"
 
 
 def kind_label(finding: LeakFinding, result: LeakResult) -> str:
