@@ -9,7 +9,7 @@ from rich.table import Table
 
 from memprof.report.labels import module_label
 from memprof.report.safe_text import escape
-from memprof.report.wording import MODULES_NOT_TRACKED as NOT_TRACKED
+from memprof.report.wording import MODULES_NOT_TRACKED
 from memprof.units import format_bytes, format_relative_ns
 
 if TYPE_CHECKING:
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from memprof.analysis.module_use import LayerModules, ModuleUse
     from memprof.analysis.views import ModulesView
-
 
 
 def to_json(view: ModulesView) -> dict:
@@ -49,7 +48,7 @@ def render(view: ModulesView, console: Console) -> None:
     out("Per nn.Module (the innermost running on the allocating thread), per layer: its calls, what it "
         "allocated, and what of that was live at the layer's peak and at the end")
     if not result.tracked:
-        out(f"[yellow]! {escape(NOT_TRACKED)}[/]")
+        out(f"[yellow]! {escape(MODULES_NOT_TRACKED)}[/]")
     for layer in result.layers:
         out("")
         out(f"[bold]{escape(layer.layer)}[/]  peak {format_bytes(layer.peak_bytes)} at "
