@@ -9,6 +9,7 @@ CLOCK_MONOTONIC ns of the recording host, sizes bytes.
 """
 from __future__ import annotations
 
+import inspect
 from functools import cached_property, wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -91,10 +92,16 @@ def analyse_job(paths: Iterable[Path | str], *, stage: Stage = _quiet, min_age_n
 
 
 def _kept(method):
-    """Keep a view method's result per arguments: a second ask with the same options is free."""
+    """Keep a view method's result per arguments: a second ask with the same options is free,
+    whether it spells out a default or leaves it out (`leak_result(top=None)` from an advice
+    rule and `leak_result(min_age_ns=DEFAULT_MIN_AGE_NS, top=None)` are one analysis)."""
+    signature = inspect.signature(method)
+
     @wraps(method)
     def view(self, *args, **kwargs):
-        key = (method.__name__, args, tuple(sorted(kwargs.items())))
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        key = (method.__name__, bound.args[1:], tuple(sorted(bound.kwargs.items())))
         if key not in self._kept:
             self._kept[key] = method(self, *args, **kwargs)
         return self._kept[key]
