@@ -262,11 +262,14 @@ class Analysed:
              native_frames: str = DEFAULT_NATIVE_FRAMES) -> HtmlView:
         """`report html`: the page's data, curves kept to `points` per series."""
         from memprof.analysis.html_data import html_data
+        from memprof.analysis.leaks import cut
         rec = self.rec
+        advice = self.advice(native_frames=native_frames)
+        # The leak analysis and GPU breakdown the advice rules asked for (kept) are the page's too.
         data = html_data(self.events, self.lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples,
                          meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
-                         native_frames=native_frames, min_age_ns=min_age_ns)
-        advice = self.advice(native_frames=native_frames)
+                         native_frames=native_frames, min_age_ns=min_age_ns,
+                         leaks=cut(self.leak_result(min_age_ns=min_age_ns, top=None), top), gpu=self.gpu().result)
         data.advice = advice.result
         data.chains = {**advice.chains, **data.chains}
         return HtmlView(data, rec.meta, self.about)

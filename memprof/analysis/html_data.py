@@ -145,13 +145,16 @@ class HtmlData:
 def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFrame, frames: pd.DataFrame,
               samples: pd.DataFrame | None, meta: RecordingMeta, canonical_stack: Mapping[int, int] | None = None,
               top: int = 20, max_points: int = MAX_POINTS, native_frames: str = DEFAULT_NATIVE_FRAMES,
-              min_age_ns: int = DEFAULT_MIN_AGE_NS) -> HtmlData:
+              min_age_ns: int = DEFAULT_MIN_AGE_NS, leaks: LeakResult | None = None,
+              gpu: GpuBreakdown | None = None) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
-    report leaks` judges them with its defaults and `min_age_ns`."""
+    report leaks` judges them with its defaults and `min_age_ns`; `leaks` (that judgement
+    with its `top`) and `gpu` (gpu_breakdown with its defaults), where the caller has them."""
     curves = timeline_series(lifetimes, samples, max_points=max_points)
     span = recording_span(meta, events)
-    leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
-                        min_age_ns=min_age_ns)
+    if leaks is None:
+        leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
+                            min_age_ns=min_age_ns)
     attributions = {at: attribute(lifetimes, by="chain", at=at, span=span, top=top, canonical_stack=canonical_stack)
                     for at in ("end", "peak")}
     shown = [f.stack_id for f in leaks.findings + leaks.not_leaks]
@@ -166,7 +169,8 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
                     series=curves, stacks=stacked_layers(curves),
                     steps=_thinned(step_marks(events)), ooms=_thinned(oom_events(events)), leaks=leaks,
                     chains=chains, flames=flames, frames=frame_table,
-                    gpu=gpu_breakdown(lifetimes, events, samples, meta=meta), max_points=max_points,
+                    gpu=gpu if gpu is not None else gpu_breakdown(lifetimes, events, samples, meta=meta),
+                    max_points=max_points,
                     warnings=loss_warnings(meta, lifetimes) + [n for n in notes if n.severity is Severity.CAVEAT],
                     notes=[n for n in notes if n.severity is Severity.INFO], marks=_thinned(user_marks(events)),
                     regions=swept)
