@@ -2,20 +2,11 @@
 result to one renderer; errors become one line and an exit code here, and only here."""
 from __future__ import annotations
 
-import os
 import sys
 
-# Before numpy is imported: an analysis touches each of its gigabyte of fresh arrays once or
-# twice, and on VMs with transparent huge pages on madvise (as here), numpy's huge-page advice
-# makes those first touches ~4x slower (measured: 800 MB in 1.5 s against 0.33 s; a 10^7-event
-# `report leaks` 0.8 s slower). A user's own setting wins.
-os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-# Before pyarrow allocates (the variable is read once, at its first allocation): glibc's
-# malloc, not pyarrow's default mimalloc. Under mimalloc the recorder's first Parquet parts
-# took 0.4-1.0 s of CPU each under kernel churn, against 0.03-0.1 s with malloc, and a
-# kill -9 loses one flush interval plus one flush; `report leaks` of 1.7 M events also ran
-# in 1.3 s and 455 MB against 1.5-1.9 s and 493 MB (bench/RESULTS.md, "Arrow's allocator").
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+from memprof import own_env  # light: before numpy and pyarrow load
+
+own_env.apply()  # memprof's own tuning, kept out of the commands it runs (own_env.py)
 
 import click  # noqa: E402
 

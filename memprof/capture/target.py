@@ -13,6 +13,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 
+from memprof import own_env
 from memprof.errors import TargetError
 
 
@@ -143,7 +144,7 @@ def _child(command, path, run_as, gate_r, err_w):  # pragma: no cover - runs in 
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        env = dict(os.environ)
+        env = own_env.for_commands(os.environ)  # the environment memprof was given, not its own tuning
         if run_as is not None:
             os.setgroups(run_as.groups)
             os.setgid(run_as.gid)

@@ -1,0 +1,39 @@
+"""Environment settings memprof makes for its own process, and keeps out of the commands it
+runs: a profiler must not change the program it measures (under `memprof record -- CMD`,
+CMD gets the environment memprof was given, not memprof's own tuning).
+
+Imports nothing heavy: `cli/main.py` applies the settings before numpy or pyarrow load.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+# Each is read once, by a library memprof itself uses, and a user's own setting wins.
+SETTINGS = {
+    # Before numpy is imported: an analysis touches each of its gigabyte of fresh arrays once
+    # or twice, and on VMs with transparent huge pages on madvise (as here), numpy's huge-page
+    # advice makes those first touches ~4x slower (measured: 800 MB in 1.5 s against 0.33 s;
+    # a 10^7-event `report leaks` 0.8 s slower).
+    "NUMPY_MADVISE_HUGEPAGE": "0",
+    # Before pyarrow allocates (read at its first allocation): glibc's malloc, not pyarrow's
+    # default mimalloc. Under mimalloc the recorder's first Parquet parts took 0.4-1.0 s of
+    # CPU each under kernel churn, against 0.03-0.1 s with malloc, and a kill -9 loses one
+    # flush interval plus one flush; `report leaks` of 1.7 M events also ran in 1.3 s and
+    # 455 MB against 1.5-1.9 s and 493 MB (bench/RESULTS.md, "Arrow's allocator").
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+}
+_set_here: set[str] = set()  # the names apply() set, because the environment had none
+
+
+def apply() -> None:
+    """Set each of SETTINGS that the environment does not set already."""
+    for name, value in SETTINGS.items():
+        if name not in os.environ:
+            os.environ[name] = value
+            _set_here.add(name)
+
+
+def for_commands(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the settings apply() made: what a command memprof runs gets."""
+    return {name: value for name, value in environ.items() if name not in _set_here}

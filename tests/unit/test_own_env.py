@@ -1,0 +1,31 @@
+"""memprof's own environment tuning (memprof/own_env.py) stays memprof's: a command it runs
+gets the environment memprof was given. Checked on a real `record -- sh -c env` as well."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from memprof import own_env
+
+
+def test_apply_sets_only_what_is_unset_and_commands_get_neither(monkeypatch):
+    monkeypatch.setattr(own_env, "_set_here", set())
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")  # the user's own: theirs to keep
+    own_env.apply()
+    import os
+    assert os.environ["NUMPY_MADVISE_HUGEPAGE"] == "0" and os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
+    child = own_env.for_commands(os.environ)
+    assert "NUMPY_MADVISE_HUGEPAGE" not in child and child["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
+    assert child["PATH"] == os.environ["PATH"]
+
+
+def test_a_fresh_memprof_process_keeps_its_tuning_out_of_a_child():
+    code = ("import os, sys; sys.argv = ['memprof', '--version']\n"
+            "import memprof.cli.main\n"
+            "from memprof import own_env\n"
+            "assert os.environ['ARROW_DEFAULT_MEMORY_POOL'] == 'system'\n"
+            "print(sorted(set(own_env.SETTINGS) & set(own_env.for_commands(os.environ))))")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
