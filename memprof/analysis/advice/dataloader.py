@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.advice.model import Advice, Rule, Threshold, Verdict, fired, silent
+from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.growth import fit_linear
 from memprof.analysis.lifetimes import end_times, live_mask
 from memprof.units import format_bytes
@@ -206,12 +207,10 @@ def _heap_growth(allocations: pd.DataFrame, pid: int, layer: str, start_ns: int,
 
 
 def _steps_within(events: pd.DataFrame, start_ns: int, end_ns: int) -> int:
-    """Step marks between the two times (the steps the workers fed meanwhile)."""
-    if events is None or not len(events):
-        return 0
-    action, category = events["action"].astype(str).to_numpy(), events["category"].astype(str).to_numpy()
-    ts = events["ts_ns"].to_numpy(dtype=np.int64)
-    return int(((action == "mark") & (category == "step") & (ts >= start_ns) & (ts <= end_ns)).sum())
+    """Steps begun between the two times (the steps the workers fed meanwhile), each step once
+    however many processes marked it (checkpoints.step_marks)."""
+    ts = step_marks(events)["ts_ns"].to_numpy(dtype=np.int64)
+    return int(((ts >= start_ns) & (ts <= end_ns)).sum())
 
 
 def _getitem(facts: Facts, pids: list[int]) -> tuple[str | None, str | None, int | None]:
