@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from memprof.analysis.advice import outside_torch
-from memprof.analysis.advice.outside_torch_kernel import object_kind, user_frame
+from memprof.analysis.advice.outside_torch_kernel import call_site_frame, object_kind
 from memprof.api import analyse
 from memprof.model.meta import RecordingMeta
 from memprof.recording import RecordingWriter
@@ -177,10 +177,10 @@ def test_object_kind(chain, kind):
 
 def test_the_user_frame_is_the_programs_own_not_the_standard_librarys():
     frames = [dict(zip(("kind", "function", "module", "file", "line"), f)) for f in PIPE]
-    assert user_frame(frames)["function"] == "launch"
+    assert call_site_frame(frames)["function"] == "launch"
     native = [{"kind": "native", "function": "__pipe", "module": "libc.so.6"},
               {"kind": "native", "function": "leak_and_churn", "module": "kernel_leak"}]
-    assert user_frame(native)["function"] == "leak_and_churn"
+    assert call_site_frame(native)["function"] == "leak_and_churn"
 
 
 def test_the_rule_entry_names_its_thresholds():

@@ -80,16 +80,16 @@ def chain_key(frames: list[dict]) -> tuple:
 
 
 def frame_text(frames: list[dict]) -> str:
-    """A chain in one phrase: its innermost frames up to the first user frame (user_frame)."""
+    """A chain in one phrase: its innermost frames up to its call site (call_site_frame)."""
     if not frames:
         return "(no stack)"
-    where = user_frame(frames)
+    where = call_site_frame(frames)
     inner = object_site(frames) if any(f.get("kind") == "kernel" for f in frames) else _one(frames[0])
     parts = [inner] + ([_one(where)] if where is not None else [])
     return " ← ".join(dict.fromkeys(parts))
 
 
-def user_frame(frames: list[dict]) -> dict | None:
+def call_site_frame(frames: list[dict]) -> dict | None:
     """The frame of the user's code that made the allocation: the innermost Python frame
     outside the interpreter's library (stdlib, site-packages), else the innermost Python
     frame, else the innermost native frame outside libc and the dynamic loader."""
@@ -181,7 +181,7 @@ def kernel_advice(facts: Facts, leaks: LeakResult, limits: KernelLimits, rule_id
         chain = frames.get(finding.stack_id, []) if finding.stack_id is not None else []
         if any(marker in (f.get("file") or "") + (f.get("module") or "") for f in chain for marker in _AGENT_MARKERS):
             continue
-        where = user_frame(chain)
+        where = call_site_frame(chain)
         key = (chain_key([where]) if where else None, object_kind(chain))
         sites.setdefault(key, _Site(where, key[1], [], frames)).findings.append(finding)
     kept = [site for site in sites.values() if site.bytes >= limits.min_bytes and site.objects >= limits.min_objects]
