@@ -164,9 +164,10 @@ class Analysed:
         """`report`: the one-screen summary with at most `top` findings."""
         from memprof.analysis.overview import summarize
         rec = self.rec
-        # The uncut leak analysis the advice asks for too (kept): `report` runs it once.
+        # The uncut leak analysis and the layers the advice asks for too (kept): `report` runs each once.
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
-                           canonical_stack=self.canonical, top=top, leaks=self.leak_result(top=None))
+                           canonical_stack=self.canonical, top=top, leaks=self.leak_result(top=None),
+                           layers=self.layers().result)
         result.advice = list(self.advice().result.advice)
         result.ranks = self.ranks()
         return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))

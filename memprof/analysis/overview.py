@@ -6,7 +6,7 @@ Times are CLOCK_MONOTONIC ns, sizes bytes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 import pandas as pd
@@ -113,12 +113,16 @@ class Summary:
 
 def summarize(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes, stacks: pd.DataFrame,
               frames: pd.DataFrame, samples: pd.DataFrame | None, *, canonical_stack: Mapping[int, int] | None = None,
-              top: int = 3, leaks: LeakResult | None = None) -> Summary:
-    """The summary, with at most `top` leak findings and chains per layer; `leaks`: the
-    leak_report with its default options and no cut, where the caller has it already."""
+              top: int = 3, leaks: LeakResult | None = None, layers: LayerSummary | None = None) -> Summary:
+    """The summary, with at most `top` leak findings and one chain per layer; `leaks` (the
+    leak_report with its default options and no cut) and `layers` (a layer_summary with one
+    chain per layer or more), where the caller has them already."""
     leaks = (leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top)
              if leaks is None else cut(leaks, top))
-    layers = layer_summary(lifetimes, samples, canonical_stack=canonical_stack, top=1)
+    if layers is None:
+        layers = layer_summary(lifetimes, samples, canonical_stack=canonical_stack, top=1)
+    else:  # its chains are biggest first: the first is the one top=1 would give
+        layers = replace(layers, layers=[replace(stats, top_chains=stats.top_chains[:1]) for stats in layers.layers])
     steps = int(events["step"].dropna().nunique()) if "step" in events and len(events) else 0
     return Summary(duration_ns=recording_end_ns(meta, events) - int(meta.start_ns), events=len(events), layers=layers,
                    leaks=leaks, lost_events=meta.lost_events, notes=recording_notes(meta), steps=steps)
