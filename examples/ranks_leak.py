@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 KEPT_BYTES = 256 * 1024  # per step, on the leaking rank: 64 Ki float32
 
@@ -36,7 +37,10 @@ def main(argv=None) -> None:
         optimizer.step()
         if rank == args.leak_rank:
             kept.append(torch.ones(KEPT_BYTES // 4))
-    print(f"rank={rank} steps={args.steps} kept={len(kept)}", flush=True)
+    # One write of the whole line: print() writes the text and its newline apart, and four
+    # workers share this stdout.
+    sys.stdout.write(f"rank={rank} steps={args.steps} kept={len(kept)}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

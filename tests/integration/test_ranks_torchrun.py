@@ -6,6 +6,7 @@ rank judged at its own step marks); the same job without a leaking rank has none
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def _job_report(run_memprof, tmp_path: Path, leak_rank: int) -> dict:
     result = run_memprof("record", "-q", "-o", recording, "--", _torchrun(), "--standalone", "--nproc_per_node", "4",
                          EXAMPLE, "--leak-rank", leak_rank, "--steps", STEPS, cwd=tmp_path, timeout=240)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank=")) == [
+    # Four workers share one stdout: a line's newline can land after another worker's line
+    # (seen in CI: "kept=0rank=0 ..."), so the lines are found by pattern, not by splitting.
+    assert sorted(re.findall(r"rank=\d+ steps=\d+ kept=\d+", result.stdout)) == [
         f"rank={r} steps={STEPS} kept={STEPS if r == leak_rank else 0}" for r in range(4)]
     report = run_memprof("report", recording, "--format", "json", cwd=tmp_path, timeout=180)
     assert report.returncode == 0, report.stderr
