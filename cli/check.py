@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, min_age_ns
+from memprof.cli.common import MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, min_age_ns, max_memory_option
 
 
 def _size(text: str) -> int:
@@ -52,6 +52,7 @@ def _max_leak(ctx, param, value):
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS),
               help="table: for people; json: every number, for scripts.")
 @click.pass_context
+@max_memory_option
 def check(ctx, path, peaks, max_leak, fail_on_leak, allow_absent, min_age, fmt):
     """Hold a recording (default: the newest in the current directory) to memory budgets.
 

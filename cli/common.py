@@ -29,14 +29,47 @@ def min_age_ns(ctx, param, value):
 
 def analysed(path: str | None):
     """The recording at `path` (default: the newest in the current directory), opened and
-    analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed.
-    On a terminal, each stage shows on stderr while it runs (a 10^7-event recording takes
-    seconds)."""
+    analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
+    within the command's --max-memory (max_memory_option). On a terminal, each stage shows on
+    stderr while it runs (a 10^7-event recording takes seconds)."""
     from memprof.api import STAGES, analyse
     from memprof.cli import console
 
     with console.progress(stages=STAGES) as stage:
-        return analyse(path, stage=stage)
+        return analyse(path, stage=stage, max_memory=max_memory())
+
+
+_MAX_MEMORY = "memprof.max_memory"  # where max_memory_option leaves its value (click's ctx.meta)
+
+
+def max_memory() -> int | None:
+    """The running command's --max-memory in bytes (None: the default, most of the memory available)."""
+    context = click.get_current_context(silent=True)
+    return None if context is None else context.meta.get(_MAX_MEMORY)
+
+
+def _set_max_memory(ctx, param, value):
+    if value is None:
+        return None
+    from memprof.errors import UsageError
+    from memprof.units import parse_size
+    try:
+        ctx.meta[_MAX_MEMORY] = parse_size(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+    return None
+
+
+def max_memory_option(fn):
+    """The --max-memory option of every command that analyses a recording (also
+    MEMPROF_MAX_MEMORY): above it, a recording is folded (memprof.bounded)."""
+    return click.option(
+        "--max-memory", envvar="MEMPROF_MAX_MEMORY", default=None, expose_value=False, callback=_set_max_memory,
+        metavar="SIZE",
+        help="Memory the analysis may take (default: 3/4 of what is available). A recording whose whole analysis "
+             "needs more is folded: read part by part, keeping the allocations live at a step, an exit, the end "
+             "or a layer's peak. leaks, layers, top/peak at the end or peak, and check read a folded recording; "
+             "the reports that draw curves refuse it.")(fn)
 
 
 def emit(fmt: str, view) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option, max_memory_option
 
 
 @click.command()
@@ -14,6 +14,7 @@ from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, na
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS),
               help="table: for people; json: every number, for scripts.")
 @native_frames_option
+@max_memory_option
 def diff(a, b, top, layers, fmt, native_frames):
     """What changed from recording A (the baseline) to B, e.g. between two commits.
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from memprof.cli.common import analysed, native_frames_option
+from memprof.cli.common import analysed, native_frames_option, max_memory_option
 
 if TYPE_CHECKING:
     from memprof.api import Analysed
@@ -31,6 +31,7 @@ FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "
               help="perfetto and chrome-trace: at most this many points per counter track; the highest point "
                    "of each stretch is kept, so peaks survive.")
 @native_frames_option
+@max_memory_option
 def export(path, fmt, output, max_points, native_frames):
     """Write a recording (default: the newest in the current directory) in another tool's format.
 
@@ -63,6 +64,7 @@ def export(path, fmt, output, max_points, native_frames):
         raise UsageError(f"{fmt} writes a directory of three files, not stdout", "give -o a directory, or leave it out")
     out.check_stdout(output, binary=FORMATS[fmt].binary)
     a = analysed(path)
+    a.every_event("`memprof export`")
     if len(a.events) == 0:
         console.warning(f"{a.rec.path} has no events: the export holds no memory curves or chains")
     target = output or str(a.rec.path).rstrip("/") + FORMATS[fmt].suffix

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from memprof.cli.common import (
-    LAYER_CHOICES, MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, min_age_ns, native_frames_option,
+    LAYER_CHOICES, MIN_AGE_DEFAULT, REPORT_FORMATS, analysed, emit, max_memory_option, min_age_ns, native_frames_option,
 )
 from memprof.cli.typos import refuse_misspelt_command
 
@@ -34,6 +34,7 @@ def report():
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Leak findings shown.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
+@max_memory_option
 def summary(path, top, fmt):
     """One screen: per layer peak and end, RSS/GPU samples, the top leaks, lost events, and
     the commands that show more."""
@@ -56,6 +57,7 @@ def summary(path, top, fmt):
                    "finding).")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def leaks(path, min_age, layers, top, window, confidence, by, fmt, native_frames):
     """What grew and never came back, by allocation chain, biggest first. Three kinds:
 
@@ -88,6 +90,7 @@ def leaks(path, min_age, layers, top, window, confidence, by, fmt, native_frames
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1), help="Chains shown per layer, at its peak.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def layers(path, top, fmt, native_frames):
     """Per layer: peak and final live bytes, allocations, and the chains holding most at the
     peak; RSS and GPU samples beside them. Layers nest, so their bytes are never added up."""

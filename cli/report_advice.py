@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import REPORT_FORMATS, analysed, emit, native_frames_option
+from memprof.cli.common import REPORT_FORMATS, analysed, emit, native_frames_option, max_memory_option
 from memprof.cli.report import report
 
 
@@ -12,6 +12,7 @@ from memprof.cli.report import report
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def advice(path, fmt, native_frames):
     """What to change, computed from this recording: each rule that finds its pattern (the
     autograd graph kept across steps, a KV cache that dominates the peak, attention scores

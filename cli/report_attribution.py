@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option, max_memory_option
 from memprof.cli.report import report
 
 BY_CHOICES = ("chain", "function", "layer", "category", "module", "rank")  # memprof.analysis.attribution.BY_CHOICES
@@ -62,6 +62,7 @@ def _attributed(path, *, by: str, at, layers, top, native_frames):
                    "was running on the allocating thread (the innermost; needs the torch agent); rank: the "
                    "rank of a distributed job's process (torchrun, Slurm, MPI), as its agent read it.")
 @_at_option
+@max_memory_option
 def top(path, layers, top, fmt, native_frames, by, at):
     """Live bytes and allocations per layer at one moment, biggest first.
 
@@ -79,6 +80,7 @@ def top(path, layers, top, fmt, native_frames, by, at):
 
 @report.command(epilog=_LAYERS_NOTE)
 @_common
+@max_memory_option
 def peak(path, layers, top, fmt, native_frames):
     """For each layer: when its peak (high-water mark, first reached) happened and which
     allocation chains held it then. Each layer is judged at its own peak."""
@@ -94,6 +96,7 @@ def peak(path, layers, top, fmt, native_frames):
 # readable=False: an output is not read, and whatever is at its name (a link too) is replaced.
 @click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=str),
               help="With --flame: write the folded stacks to this file instead of stdout ('-': stdout).")
+@max_memory_option
 def chains(path, layers, top, fmt, native_frames, at, flame, output):
     """Allocation chains holding each layer's live bytes at one moment (the table of
     `report top --by chain`), or with --flame their folded stacks.

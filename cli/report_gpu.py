@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from memprof.analysis.growth_forecast import forecast_bar  # light: the bar --help states
-from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option, max_memory_option
 from memprof.cli.report import report
 
 
@@ -15,6 +15,7 @@ from memprof.cli.report import report
               help="Times shown: evenly spaced over the GPU data's span, or, when the recording has step marks, at "
                    "most this many of them (first and last kept).")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
+@max_memory_option
 def gpu(path, points, fmt):
     """Per GPU, what its memory is made of, at the peak and over time:
 
@@ -48,6 +49,7 @@ def gpu(path, points, fmt):
                    "NAME at which the device fills.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def growth(path, layers, top, points, against, fmt, native_frames):
     """How each layer's live bytes grow per training step (per second when the recording has
     fewer than 3 step marks; per token, or any quantity, with --against), per device and for

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, analysed, emit, min_age_ns, native_frames_option
+from memprof.cli.common import MIN_AGE_DEFAULT, analysed, emit, min_age_ns, native_frames_option, max_memory_option
 from memprof.cli.report import report
 
 
@@ -24,6 +24,7 @@ from memprof.cli.report import report
               help="html: the page; json: only its data blob, on stdout unless -o is given "
                    "(times in CLOCK_MONOTONIC ns, sizes in bytes).")
 @native_frames_option
+@max_memory_option
 def html(path, output, top, points, min_age, fmt, native_frames):
     """Write one HTML file that opens offline, from disk (scripts, styles and data inline):
 

@@ -7,11 +7,13 @@ import os
 
 import click
 
-from memprof.cli.common import MIN_AGE_DEFAULT, REPORT_FORMATS, emit, min_age_ns, native_frames_option
+from memprof.cli.common import (
+    MIN_AGE_DEFAULT, REPORT_FORMATS, emit, max_memory, max_memory_option, min_age_ns, native_frames_option,
+)
 from memprof.cli.report import report
 
 
-_VALUED = ("--format", "--top", "--min-age", "--native-frames")  # options of `report` that take a value
+_VALUED = ("--format", "--top", "--min-age", "--native-frames", "--max-memory")  # options of `report` that take a value
 
 
 def is_job(args: list[str]) -> bool:
@@ -29,6 +31,7 @@ def is_job(args: list[str]) -> bool:
               help="Allocations younger than this at the end are in flight, not leaks.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def job(paths, min_age, fmt, native_frames):
     """Several recordings of one job as one: per host and per rank, the ranks that differ
     from the others across the whole job, one leak list with host and rank on each finding,
@@ -43,5 +46,6 @@ def job(paths, min_age, fmt, native_frames):
     from memprof.cli import console
 
     with console.progress(stages=len(paths) + 1) as stage:
-        view = analyse_job(paths, stage=stage, min_age_ns=min_age, native_frames=native_frames)
+        view = analyse_job(paths, stage=stage, min_age_ns=min_age, native_frames=native_frames,
+                           max_memory=max_memory())
     emit(fmt, view)

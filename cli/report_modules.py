@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, max_memory_option
 from memprof.cli.report import report
 
 
@@ -13,6 +13,7 @@ from memprof.cli.report import report
 @click.option("--layer", "layers", multiple=True, type=click.Choice(LAYER_CHOICES), help="Only these layers (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="Modules shown per layer.")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
+@max_memory_option
 def modules(path, layers, top, fmt):
     """Per nn.Module instance path (transformer.h.3.attn), in each layer: how many forwards
     it ran, the bytes allocated inside it (in all, and per call), and what of that was still

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option
+from memprof.cli.common import LAYER_CHOICES, REPORT_FORMATS, analysed, emit, native_frames_option, max_memory_option
 from memprof.cli.report import report
 
 
@@ -17,6 +17,7 @@ from memprof.cli.report import report
               help="Chains kept per layer at each region's peak (the table shows the first; JSON all).")
 @click.option("--format", "fmt", default=REPORT_FORMATS[0], show_default=True, type=click.Choice(REPORT_FORMATS))
 @native_frames_option
+@max_memory_option
 def regions(path, layers, top, fmt, native_frames):
     """Per region, each layer's peak and what held it. A region runs from one mark of yours
     that carries numbers to the next (the last one to the target's end), so a sweep that

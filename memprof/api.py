@@ -25,27 +25,44 @@ if TYPE_CHECKING:
     from memprof.analysis.attribution import Span
     from memprof.analysis.budget import Budgets
     from memprof.analysis.diff import Recorded
+    from memprof.analysis.fold import Fold
     from memprof.recording import Recording
 
 Stage = Callable[[str], None]  # names the step now running (the CLI's progress bar)
 STAGES = 4  # how many times `analyse` calls its `stage`
+FOLDED_SUMMARY_NOTE = ("folded: no advice and no per-rank peaks here (they need every event); "
+                       "`report leaks`, `report layers` and `report top --at end|peak` read it in full")
 
 
 def _quiet(text: str) -> None:
     """A stage callback that shows nothing."""
 
 
-def analyse(path: Path | str | None = None, *, stage: Stage = _quiet) -> Analysed:
+def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
-    recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording."""
+    recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
+
+    A recording whose whole analysis would take more than `max_memory` bytes (default:
+    bounded.default_limit, most of the memory available) is folded (memprof.bounded): read
+    in bounded memory, keeping the allocations the leak, peak and end views judge; the views
+    that need every event refuse it (FoldedRecordingError, exit 2)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
-    from memprof.recording import find_latest_recording, open_recording
+    from memprof.bounded import analyse_folded, default_limit, estimated_bytes
+    from memprof.recording import find_latest_recording, open_recording, read_meta
+    from memprof.recording.stream import event_parts
     from memprof.timeline import timeline
 
     stage("reading the recording")
-    rec = open_recording(path if path else find_latest_recording("."))
+    path = Path(path) if path else find_latest_recording(".")
+    read_meta(path)  # what is no recording is said before its parts are looked at
+    parts = event_parts(path)
+    limit = default_limit() if max_memory is None else int(max_memory)
+    if estimated_bytes(parts) > limit:
+        rec, lifetimes, fold = analyse_folded(path, parts, limit, stage)
+        return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
+    rec = open_recording(path)
     stage(f"merging {len(rec.events):,} events into one timeline")
     rec.events = timeline(rec)  # the unsorted frame is dropped, not kept beside it
     stage("pairing allocations with their frees")
@@ -76,18 +93,19 @@ def job_paths(paths: Iterable[Path | str]) -> list[Path]:
 
 
 def analyse_job(paths: Iterable[Path | str], *, stage: Stage = _quiet, min_age_ns: int = DEFAULT_MIN_AGE_NS,
-                native_frames: str = DEFAULT_NATIVE_FRAMES):
+                native_frames: str = DEFAULT_NATIVE_FRAMES, max_memory: int | None = None):
     """Analyse the recordings of one job (job_paths: recordings, or folders of them) as one
     JobView: per host and per rank, the diverging ranks, one leak list, one clock. One
     recording is analysed at a time and only its small results are kept (job.RecordingPart),
-    so memory is that of the largest recording, not of the job. `stage(text)` before each."""
+    so memory is that of the largest recording, not of the job. `stage(text)` before each;
+    `max_memory` as `analyse` takes it, for each recording."""
     from memprof.analysis.job import job_report
     from memprof.analysis.views import About, JobView
     recordings = job_paths(paths)
     parts = []
     for index, path in enumerate(recordings, 1):
         stage(f"recording {index} of {len(recordings)}: {path}")
-        parts.append(analyse(path).job_part(min_age_ns=min_age_ns, native_frames=native_frames))
+        parts.append(analyse(path, max_memory=max_memory).job_part(min_age_ns=min_age_ns, native_frames=native_frames))
     return JobView(job_report(parts), About(path=", ".join(map(str, recordings))))
 
 
@@ -114,9 +132,25 @@ class Analysed:
     the id of the first identical chain). Each view is computed when first asked, with the
     defaults of the command that shows it, and kept per options."""
 
-    def __init__(self, rec: Recording, lifetimes, canonical):
+    def __init__(self, rec: Recording, lifetimes, canonical, fold: Fold | None = None):
         self.rec, self.lifetimes, self.canonical = rec, lifetimes, canonical
+        self.fold = fold  # None: every event was read; else how it was folded (memprof.bounded)
         self._kept: dict = {}
+
+    def every_event(self, what: str) -> None:
+        """Refuse `what` (a report's name) on a folded recording: it reads every event, or
+        curves between the moments a fold keeps. FoldedRecordingError (exit 2) with what to do."""
+        if self.fold is None:
+            return
+        from memprof.errors import FoldedRecordingError
+        from memprof.units import format_bytes
+        need = -(-self.fold.needed_bytes // 2**30)
+        raise FoldedRecordingError(
+            f"{what} needs every event of {self.rec.path}, and the whole analysis of its {self.fold.events:,} events "
+            f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
+            f"{format_bytes(self.fold.limit_bytes)} allowed",
+            f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
+            f"`report layers`, `report top --at end|peak` and `check` read it folded")
 
     @property
     def events(self):
@@ -146,6 +180,8 @@ class Analysed:
     def leak_result(self, *, min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: tuple = (), top: int | None = 10,
                     window_ns: int | None = None, confidence: float = 0.99, by: str = "chain"):
         """The findings as `report leaks` judges them (overview.leak_report)."""
+        if window_ns is not None:
+            self.every_event("`report leaks --window`")
         from memprof.analysis.overview import leak_report
         rec = self.rec
         return leak_report(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames,
@@ -161,15 +197,20 @@ class Analysed:
 
     @_kept
     def summary(self, *, top: int = 3) -> SummaryView:
-        """`report`: the one-screen summary with at most `top` findings."""
+        """`report`: the one-screen summary with at most `top` findings. Of a folded recording:
+        without the advice and the ranks, which need every event (a note says so)."""
         from memprof.analysis.overview import summarize
         rec = self.rec
         # The uncut leak analysis and the layers the advice asks for too (kept): `report` runs each once.
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
                            canonical_stack=self.canonical, top=top, leaks=self.leak_result(top=None),
                            layers=self.layers().result)
-        result.advice = list(self.advice().result.advice)
-        result.ranks = self.ranks()
+        if self.fold is None:
+            result.advice = list(self.advice().result.advice)
+            result.ranks = self.ranks()
+        else:
+            result.events = self.fold.events
+            result.notes.append(FOLDED_SUMMARY_NOTE)
         return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))
 
     @_kept
@@ -177,6 +218,10 @@ class Analysed:
         """`report layers`: per layer peak and end, with the `top` chains at its peak."""
         from memprof.analysis.layers import layer_summary
         summary = layer_summary(self.lifetimes, self.rec.samples, top=top, canonical_stack=self.canonical)
+        if self.fold is not None:  # what the fold dropped was allocated too
+            from dataclasses import replace
+            dropped = self.fold.dropped_count
+            summary.layers = [replace(s, alloc_count=s.alloc_count + dropped.get(s.layer, 0)) for s in summary.layers]
         ids = [c.stack_id for stats in summary.layers for c in stats.top_chains]
         return LayersView(summary, self.about, self.chains(ids, native_frames))
 
@@ -185,6 +230,8 @@ class Analysed:
                     native_frames: str = DEFAULT_NATIVE_FRAMES) -> AttributionView:
         """`report top | peak | chains`: live bytes `by` chain, function, layer or category at
         `at` ("end", "peak" or ns after the start); `top` None keeps every row."""
+        if at not in ("end", "peak"):
+            self.every_event(f"`report top --at {at}`")
         from memprof.analysis.attribution import attribute
         rec = self.rec
         from memprof.analysis.ranks import rank_labels
@@ -197,6 +244,7 @@ class Analysed:
     @_kept
     def gpu(self, *, points: int = 20) -> GpuView:
         """`report gpu`: each GPU's memory, term by term, at `points` times."""
+        self.every_event("`report gpu`")
         from memprof.analysis.gpu import gpu_breakdown
         result = gpu_breakdown(self.lifetimes, self.events, self.rec.samples, meta=self.rec.meta, points=points)
         return GpuView(result, self.about)
@@ -206,6 +254,7 @@ class Analysed:
                native_frames: str = DEFAULT_NATIVE_FRAMES, against: str | None = None) -> GrowthView:
         """`report growth`: fits and forecasts per layer, device and `top` chains, x the step
         (or time), or the quantity `against` (UnknownQuantityError, exit 2, if there is none)."""
+        self.every_event("`report growth`")
         from memprof.analysis.growth import growth
         result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
                         points=points, top=top, layers=layers or None, canonical_stack=self.canonical,
@@ -217,6 +266,7 @@ class Analysed:
     def modules(self, *, layers: tuple = (), top: int | None = 10) -> ModulesView:
         """`report modules`: per nn.Module path, in each layer, its calls, bytes allocated
         per call and what it held at the layer's peak and at the end."""
+        self.every_event("`report modules`")
         from memprof.analysis.module_use import module_use
         result = module_use(self.lifetimes, self.events, self.span, layers=layers or None, top=top)
         return ModulesView(result, self.about)
@@ -227,6 +277,7 @@ class Analysed:
         """`report regions`: from each mark with numbers to the next (the last: to the
         target's end), each (layer, device)'s peak and its `top` chains; the memory surface
         when two quantities vary."""
+        self.every_event("`report regions`")
         from memprof.analysis.regions import regions
         result = regions(self.lifetimes, self.events, self.rec.samples, end_ns=self.span.end_ns,
                          layers=layers or None, top=top, canonical_stack=self.canonical)
@@ -237,6 +288,7 @@ class Analysed:
     def ranks(self):
         """The ranks of a distributed job: per rank its peak, end and growth per step, and
         the ranks that differ from the others (ranks.rank_report)."""
+        self.every_event("the ranks' peaks")
         from memprof.analysis.ranks import rank_report
         return rank_report(self.rec.meta, self.lifetimes, self.events, self.span.end_ns)
 
@@ -253,6 +305,7 @@ class Analysed:
         """`report advice`: every rule of the table (memprof.analysis.advice.table) judged on
         this recording's analyses, which they share with the other views; each piece of
         advice with its evidence, the change to try and the expected saving."""
+        self.every_event("`report advice`")
         from memprof.analysis.advice import advise
         result = advise(self)
         ids = {stack_id for advice in result.advice for stack_id in advice.chains if stack_id is not None}
@@ -262,6 +315,7 @@ class Analysed:
     def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,
              native_frames: str = DEFAULT_NATIVE_FRAMES) -> HtmlView:
         """`report html`: the page's data, curves kept to `points` per series."""
+        self.every_event("`report html`")
         from memprof.analysis.html_data import html_data
         from memprof.analysis.leaks import cut
         rec = self.rec

@@ -36,6 +36,11 @@ class UsageError(MemprofError):
     exit_code = ExitCode.USAGE
 
 
+class FoldedRecordingError(UsageError):
+    """A report that needs every event, asked of a recording too large to analyse whole in
+    the memory allowed (memprof.bounded folded it)."""
+
+
 class NoPrivilegeError(MemprofError):
     """Recording needs root (or CAP_BPF + CAP_PERFMON)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memprof.model.frames import concat_frames
 from memprof.model.schema import MODULE_NONE, MODULE_PREFIX, MODULE_RETURN_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 
@@ -26,6 +27,40 @@ def timeline(recording) -> pd.DataFrame:
         return events
     # Model state last: its "state:ROLE:NAME" is the more precise, and wins over a profiler role.
     return with_modules(with_model_state(with_tensor_roles(with_steps(in_time_order(events)))))
+
+
+def annotated_batch(batch: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
+    """A time-ordered batch of allocation and free rows, of a recording read in batches
+    (recording.stream), given what `timeline()` gives them from the rest of the recording:
+    each allocation's tensor role (with_tensor_roles) and nn.Module (with_modules), from
+    `others` (the recording's other rows, in time order). Model state is named later, on the
+    paired allocations (analysis.fold.named_model_state): its notes come long after the
+    allocation they name. The same rows, in the same order."""
+    if len(batch) == 0 or len(others) == 0:
+        return batch
+    ts = others["ts_ns"].to_numpy()
+    low, high = int(batch["ts_ns"].iloc[0]), int(batch["ts_ns"].iloc[-1])
+    near = (ts >= low - ROLE_TOLERANCE_NS) & (ts <= high + ROLE_TOLERANCE_NS)
+    context = others[near | _last_boundary_before(others, low)]
+    if len(context) == 0:
+        return batch
+    merged = in_time_order(concat_frames([context.assign(_batch=False), batch.assign(_batch=True)]))
+    mine = merged.pop("_batch").to_numpy(dtype=bool)
+    annotated = with_modules(with_tensor_roles(merged))
+    return annotated[mine].reset_index(drop=True)
+
+
+def _last_boundary_before(events: pd.DataFrame, ts_ns: int) -> np.ndarray:
+    """Rows that are each thread's last module boundary before `ts_ns` (what runs on it then)."""
+    is_boundary = _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
+                                      | _has_prefix(events["category"], MODULE_RETURN_PREFIX)
+                                      | (events["category"] == MODULE_NONE).to_numpy())
+    rows = np.flatnonzero(is_boundary & (events["ts_ns"].to_numpy() < ts_ns))
+    out = np.zeros(len(events), dtype=bool)
+    if len(rows):
+        threads = events.iloc[rows][["pid", "tid"]].reset_index(drop=True)
+        out[rows[~threads.duplicated(keep="last").to_numpy()]] = True
+    return out
 
 
 def with_modules(events: pd.DataFrame) -> pd.DataFrame:

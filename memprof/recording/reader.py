@@ -278,6 +278,22 @@ def _read_frame(path: Path, name: str) -> pd.DataFrame:
     return pd.DataFrame({f.name: fillers[f.name].finish() for f in schema}, copy=False)
 
 
+def frame_of_tables(name: str, tables: list[pa.Table]) -> pd.DataFrame:
+    """Conformed tables of table `name` (as _read_part returns them) as one pandas frame,
+    typed as open_recording types that table."""
+    schema = TABLES[name]
+    nullable = set(_NULLABLE_INTEGERS.get(name, ()))
+    known = _KNOWN_CATEGORIES.get(name, {})
+    fillers = {f.name: column_filler(f, sum(t.num_rows for t in tables), nullable=f.name in nullable,
+                                     known=known.get(f.name, ())) for f in schema}
+    at = 0
+    for table in tables:
+        for f in schema:
+            fillers[f.name].fill(at, table[f.name])
+        at += table.num_rows
+    return pd.DataFrame({f.name: fillers[f.name].finish() for f in schema}, copy=False)
+
+
 def _prefetched(parts: list[Path], name: str, schema: pa.Schema):
     """(part, its table) in order, the next part read on a thread while the caller copies this
     one (Parquet decoding releases the GIL): reading and copying overlap on two cores."""

@@ -22,7 +22,8 @@ MAX_FRAMES = 12
 
 
 def to_json(view: LeaksView) -> dict:
-    """JSON-ready dict: recording, lost_events, findings (leaks: held at the end or growing
+    """JSON-ready dict: recording, lost_events, notes (what qualifies the whole recording:
+    a fold, an unfinished recording, …), findings (leaks: held at the end or growing
     per step, each named in one line as every view names it, with stacks innermost frame
     first, the ranks and hosts its allocations came from in a distributed job (else []) and
     the younger allocations of its chain that --min-age left out), not_leaks
@@ -38,6 +39,7 @@ def to_json(view: LeaksView) -> dict:
     return {
         "recording": str(recording_path),
         "lost_events": int(lost_events),
+        "notes": [str(n) for n in about.notes],
         "checkpoints": _checkpoints_json(result),
         "findings": [_finding_json(f, chains, result) for f in result.findings],
         "not_leaks": [_finding_json(f, chains, result) for f in result.not_leaks],

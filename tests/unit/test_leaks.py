@@ -154,10 +154,10 @@ def test_json_keys_and_types():
     result, chains = _result_with_chain()
     result.unconfirmed_frees["kernel_slab"] = 12
     doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof", lost_events=3), chains))
-    assert set(doc) == {"recording", "lost_events", "findings", "not_leaks", "checkpoints", "missed_frees",
+    assert set(doc) == {"recording", "lost_events", "notes", "findings", "not_leaks", "checkpoints", "missed_frees",
                         "unconfirmed_frees", "min_age_ns", "end_ns", "left_out", "model_state"}
     assert doc["not_leaks"] == [] and doc["checkpoints"] is None and doc["model_state"] == []
-    assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3
+    assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3 and doc["notes"] == []
     assert doc["unconfirmed_frees"] == {"kernel_slab": 12} and doc["missed_frees"] == {}
     assert (doc["min_age_ns"], doc["end_ns"]) == (500_000_000, 10 * S)
     first, second = doc["findings"]

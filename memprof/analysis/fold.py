@@ -1,0 +1,276 @@
+"""Folding a recording too large to analyse whole (issue 23): its allocations are paired in
+time-ordered batches (`PairingStream`), and of the allocations that ended only those are
+kept that some analysis reads at a moment it judges at (`FoldPlan`): live at a checkpoint,
+at a process's exit, at the target's end, at a model-state note, or at a layer's peak
+(`PeakTracker`, from a first pass). What is dropped was born and gone between
+two of those moments: no checkpoint, end or peak ever held it. Each layer keeps how many
+allocations and bytes were dropped (`FoldTotals`), so counts stay whole.
+
+Leaks (held at the end, grows per step), a layer's peak and end, and the chains at them come
+out of the kept allocations as they come out of every allocation; curves between those
+moments do not, and the views that draw them refuse a folded recording (api.py).
+
+Pure functions and accumulators; no I/O. Times are CLOCK_MONOTONIC ns, sizes bytes
+(weighted for sampled allocations, as layers.weighted_bytes weighs them).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memprof.analysis.layers import weighted_bytes
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, pair_lifetimes
+from memprof.model.frames import concat_frames
+from memprof.units import format_bytes
+from memprof.model.schema import EVENTS_SCHEMA, STATE_PREFIX, Action
+
+class PairingStream:
+    """pair_lifetimes over a timeline fed in time-ordered batches: `feed(batch)` returns the
+    allocations that ended in it (ALLOCATION_COLUMNS), `finish()` those live at the end.
+    Allocations still live, and a `free_requested` still waiting for its completing `free`,
+    are carried into the next batch, so the verdicts, `missed_frees` and `unmatched_frees`
+    are those of one pair_lifetimes over the whole timeline. Memory: one batch plus the live set."""
+
+    def __init__(self):
+        self._carried: pd.DataFrame | None = None
+        self._carried_requests: Counter = Counter()  # per layer: carried free_requested rows
+        self.missed_frees: Counter = Counter()
+        self.unmatched_frees: Counter = Counter()
+
+    def feed(self, batch: pd.DataFrame) -> pd.DataFrame:
+        """The allocations that ended by the end of `batch` (events rows after every earlier
+        batch's, in (ts_ns, seq) order), in timeline order."""
+        rows = batch if self._carried is None else concat_frames([self._carried, batch])
+        lifetimes = pair_lifetimes(rows)
+        self.missed_frees.update(lifetimes.missed_frees)
+        # A carried request is the first row of its key again: pair_lifetimes counts it unmatched.
+        self.unmatched_frees.update(lifetimes.unmatched_frees)
+        self.unmatched_frees.subtract(self._carried_requests)
+        allocations = lifetimes.allocations
+        ended = (allocations["end_kind"] != "live").to_numpy()
+        is_alloc = (rows["action"] == Action.ALLOC.value).to_numpy()
+        still_live = np.flatnonzero(is_alloc)[~ended]
+        requests = _waiting_requests(rows)
+        self._carried = rows.take(np.union1d(still_live, requests)).reset_index(drop=True)
+        self._carried_requests = Counter(_layer_labels(rows, requests))
+        return allocations[ended].reset_index(drop=True)
+
+    def finish(self) -> pd.DataFrame:
+        """The allocations live at the end of the timeline (`end_kind` "live")."""
+        if self._carried is None:
+            return _empty_allocations()
+        lifetimes = pair_lifetimes(self._carried)
+        self.unmatched_frees.update(lifetimes.unmatched_frees)
+        self.unmatched_frees.subtract(self._carried_requests)
+        self._carried, self._carried_requests = None, Counter()
+        return lifetimes.allocations
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(unmatched_frees, missed_frees) per layer so far, layers with none left out."""
+        return ({k: v for k, v in self.unmatched_frees.items() if v > 0},
+                {k: v for k, v in self.missed_frees.items() if v > 0})
+
+
+def _empty_allocations() -> pd.DataFrame:
+    """ALLOCATION_COLUMNS of no allocation (a recording without any)."""
+    return pair_lifetimes(EVENTS_SCHEMA.empty_table().to_pandas()).allocations
+
+
+def _waiting_requests(rows: pd.DataFrame) -> np.ndarray:
+    """Positions of the `free_requested` rows that are the last row of their pairing key
+    (layer, device, alloc_id-or-addr): their completing `free` may come in a later batch."""
+    action = rows["action"]
+    is_request = (action == Action.FREE_REQUESTED.value).to_numpy()
+    if not is_request.any():
+        return np.zeros(0, dtype=np.int64)
+    paired = np.flatnonzero(action.isin([Action.ALLOC.value, Action.FREE.value, Action.FREE_REQUESTED.value])
+                            .to_numpy())
+    keys = pd.DataFrame({
+        "layer": category_codes(rows["layer"])[0][paired], "device": category_codes(rows["device"])[0][paired],
+        "has_id": rows["alloc_id"].notna().to_numpy()[paired],
+        "value": np.where(rows["alloc_id"].notna().to_numpy()[paired],
+                          rows["alloc_id"].to_numpy(dtype=np.int64, na_value=0)[paired].view(np.uint64),
+                          rows["addr"].to_numpy().astype(np.uint64)[paired])})
+    last = ~keys.duplicated(keep="last").to_numpy()
+    return paired[last & is_request[paired]]
+
+
+def _layer_labels(rows: pd.DataFrame, positions: np.ndarray) -> list[str]:
+    codes, names = category_codes(rows["layer"])
+    return [label_of(names[c]) for c in codes[positions] if c >= 0]
+
+
+def live_at_any(alloc_ts: np.ndarray, end_ts: np.ndarray, instants: np.ndarray) -> np.ndarray:
+    """Per allocation: live at some instant t of `instants` (sorted ascending), alloc_ts <= t
+    < end_ts (end_ts as lifetimes.end_times gives it)."""
+    first_at_or_after_alloc = np.searchsorted(instants, alloc_ts, side="left")
+    before_end = np.searchsorted(instants, end_ts, side="left")
+    return before_end > first_at_or_after_alloc
+
+
+class PeakTracker:
+    """Each layer's peak, and each (layer, device)'s, exactly as layers.live_curve gives it
+    (live bytes after all events at one time; the first time the highest is reached), from
+    batches fed in time order: each batch's allocations add their bytes at their time, the
+    allocations that ended in it (PairingStream.feed) take theirs away at their end. Memory:
+    a number per layer and device."""
+
+    def __init__(self):
+        self._level: Counter = Counter()
+        self._peak: dict = {}  # key -> (bytes, ns)
+
+    def add(self, batch: pd.DataFrame, ended: pd.DataFrame) -> None:
+        """Count in `batch` (events rows, after every earlier batch's) and `ended` (the
+        allocations that ended in it)."""
+        allocs = batch[(batch["action"] == Action.ALLOC.value).to_numpy()]
+        changes = pd.concat([_changes(allocs, allocs["ts_ns"], +1), _changes(ended, ended["end_ts_ns"], -1)],
+                            ignore_index=True)
+        if changes.empty:
+            return
+        for keys in (["layer"], ["layer", "device"]):
+            for key, mine in changes.groupby(keys, sort=False, observed=True):
+                key = (label_of(key[0]), *map(label_of, key[1:])) if isinstance(key, tuple) else (label_of(key),)
+                by_time = mine.groupby("ts", sort=True)["bytes"].sum()
+                live = self._level[key] + np.cumsum(by_time.to_numpy())
+                at = int(np.argmax(live))
+                if key not in self._peak or live[at] > self._peak[key][0]:
+                    self._peak[key] = (int(live[at]), int(by_time.index[at]))
+                self._level[key] = int(live[-1])
+
+    def peaks(self) -> dict[tuple, tuple[int, int]]:
+        """(layer,) and (layer, device) -> (peak bytes, first time reached, ns)."""
+        return dict(self._peak)
+
+
+def _changes(rows: pd.DataFrame, at: pd.Series, sign: int) -> pd.DataFrame:
+    """(layer, device, ts, bytes) of `rows` (events or allocations) at times `at`, their
+    weighted bytes (layers.weighted_bytes) times `sign`."""
+    size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
+    weight = rows["weight"].to_numpy(dtype=float, na_value=np.nan) if "weight" in rows else np.ones(len(rows))
+    weight = np.where(np.isnan(weight), 1.0, weight)
+    return pd.DataFrame({"layer": rows["layer"].astype(object).to_numpy(), "device": rows["device"].astype(object).to_numpy(),
+                         "ts": at.to_numpy(dtype=np.int64), "bytes": sign * weighted_bytes(size, weight)})
+
+
+@dataclass
+class FoldTotals:
+    """What a fold dropped, per layer: allocations (weighted) and their bytes."""
+
+    dropped_count: Counter = field(default_factory=Counter)
+    dropped_bytes: Counter = field(default_factory=Counter)
+    kept: int = 0
+    events: int = 0
+
+    def add_dropped(self, allocations: pd.DataFrame) -> None:
+        if len(allocations) == 0:
+            return
+        size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
+        weight = allocations["weight"].to_numpy(dtype=float)
+        frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight,
+                              "bytes": weighted_bytes(size, weight)})
+        for layer, row in frame.groupby("layer").sum().iterrows():
+            self.dropped_count[label_of(layer)] += int(round(row["n"]))
+            self.dropped_bytes[label_of(layer)] += int(row["bytes"])
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """What a fold keeps of the allocations that ended: those live at one of `instants`
+    (sorted ns: fold_instants, and each layer's peak from a PeakTracker), and those whose
+    free was missed (counted per chain by the leak analysis)."""
+
+    instants: np.ndarray
+
+    def keep(self, allocations: pd.DataFrame) -> np.ndarray:
+        """Per allocation of `allocations` (ALLOCATION_COLUMNS): kept."""
+        alloc_ts, end_ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64), end_times(allocations)
+        return live_at_any(alloc_ts, end_ts, self.instants) | (allocations["end_kind"] == "missed").to_numpy()
+
+
+def folded_lifetimes(kept: list[pd.DataFrame], stream: PairingStream) -> Lifetimes:
+    """The kept allocations of every batch as one Lifetimes, in timeline order (by alloc time)."""
+    allocations = concat_frames(kept)
+    order = np.argsort(allocations["alloc_ts_ns"].to_numpy(dtype=np.int64), kind="stable")
+    allocations = allocations.take(order).reset_index(drop=True)
+    unmatched, missed = stream.totals()
+    return Lifetimes(allocations=allocations, unmatched_frees=unmatched, missed_frees=missed)
+
+
+def note_times(others: pd.DataFrame) -> np.ndarray:
+    """When the agent named model state (timeline.with_model_state's notes), ascending: a
+    fold keeps what was live then, so the names find their allocations."""
+    return np.sort(others["ts_ns"].to_numpy(dtype=np.int64)[_state_notes(others)])
+
+
+def _state_notes(others: pd.DataFrame) -> np.ndarray:
+    category = others["category"].astype(object).fillna("").astype(str)
+    return ((others["action"] == Action.MARK.value).to_numpy()
+            & category.str.startswith(STATE_PREFIX).to_numpy(dtype=bool))
+
+
+def named_model_state(allocations: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
+    """timeline.with_model_state on paired allocations: each model-state note among `others`
+    hands its "state:ROLE:NAME" to the allocation of its layer and address live at its time
+    (alloc_ts <= note < end); an allocation several notes name keeps the latest one's."""
+    notes = others[_state_notes(others)]
+    if notes.empty or allocations.empty:
+        return allocations
+    left = pd.DataFrame({"ts": notes["ts_ns"].to_numpy(dtype=np.int64), "layer": notes["layer"].astype(object).to_numpy(),
+                         "addr": notes["addr"].to_numpy(dtype=np.uint64),
+                         "category": notes["category"].astype(object).to_numpy()}).sort_values("ts", kind="stable")
+    right = pd.DataFrame({"ts": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
+                          "layer": allocations["layer"].astype(object).to_numpy(),
+                          "addr": allocations["addr"].to_numpy(dtype=np.uint64),
+                          "row": np.arange(len(allocations)), "end": end_times(allocations)}).sort_values("ts", kind="stable")
+    matched = pd.merge_asof(left, right, on="ts", by=["layer", "addr"], direction="backward")
+    matched = matched[matched["row"].notna() & (matched["ts"] < matched["end"])]
+    matched = matched.drop_duplicates("row", keep="last")
+    if matched.empty:
+        return allocations
+    category = allocations["category"].astype(object).to_numpy().copy()
+    category[matched["row"].to_numpy(dtype=np.int64)] = matched["category"].to_numpy(dtype=object)
+    return allocations.assign(category=pd.Categorical(category))
+
+
+def fold_instants(others: pd.DataFrame, *, start_ns: int, end_ns: int, target_end_ns: int) -> np.ndarray:
+    """The moments (ns, ascending, unique) a fold keeps what was live at: every step mark of
+    every process and the checkpoints the leak analysis judges at (find_checkpoints: the
+    steps it keeps, else windows), each process's exit, the target's end and the recording's,
+    and the model-state notes. `others` are the recording's rows other than allocations and
+    frees, in time order."""
+    from memprof.analysis.checkpoints import find_checkpoints, process_step_marks
+    from memprof.analysis.leaks import exit_times
+    from memprof.analysis.trend import MIN_POINTS
+    moments = [process_step_marks(others)["ts_ns"].to_numpy(dtype=np.int64),
+               np.asarray(list(exit_times(others).values()), dtype=np.int64),
+               np.asarray([target_end_ns, end_ns], dtype=np.int64), note_times(others)]
+    checkpoints = find_checkpoints(others, start_ns=start_ns, end_ns=target_end_ns, min_points=MIN_POINTS)
+    if checkpoints is not None:
+        moments.append(checkpoints.times_ns.astype(np.int64))
+        moments += [times.astype(np.int64) for times in (checkpoints.by_pid or {}).values()]
+    return np.unique(np.concatenate(moments))
+
+
+@dataclass(frozen=True)
+class Fold:
+    """How a recording was folded, for its notes and for the views that refuse one: its
+    `events`, the memory a whole analysis would take (`needed_bytes`) against the limit,
+    how many allocations were kept, and per layer what was dropped."""
+
+    events: int
+    end_ns: int  # when the recording stopped (meta's end, else its last event)
+    needed_bytes: int
+    limit_bytes: int
+    kept: int
+    dropped_count: dict[str, int]
+    dropped_bytes: dict[str, int]
+
+    @property
+    def note(self) -> str:
+        dropped = sum(self.dropped_count.values())
+        return (f"folded: {self.events:,} events need about {format_bytes(self.needed_bytes)} whole, over the "
+                f"{format_bytes(self.limit_bytes)} of --max-memory; kept the {self.kept:,} allocations live at a step, "
+                f"an exit, the end or a layer's peak, and counted the {dropped:,} born and freed in between")

@@ -1,0 +1,94 @@
+"""Opening a recording too large to analyse whole, in bounded memory (issue 23, item 2).
+
+`api.analyse` reads a recording whole when its analysis fits `max_memory`
+(`estimated_bytes`), and folds it here when it does not: its allocation rows are read part
+by part in time order (recording.stream), paired as they come (analysis.fold.PairingStream),
+and only the allocations some moment of judgement needs are kept (analysis.fold.FoldPlan).
+Two passes over the parts: the first finds when each layer peaks, the second keeps.
+
+Memory: the rows other than allocations (marks, module boundaries), the stacks and frames,
+the live set, the kept allocations, and one part at a time; not the number of events.
+Times are CLOCK_MONOTONIC ns, sizes bytes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from memprof.analysis.fold import (
+    Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, named_model_state,
+)
+from memprof.analysis.leaks import end_of_target
+from memprof.analysis.lifetimes import Lifetimes
+from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, _read_frame, read_meta
+from memprof.recording.stream import EventPart, other_events, paired_batches
+from memprof.timeline import annotated_batch, in_time_order, with_steps
+
+# What the whole analysis (api.analyse: the events frame, the timeline, the lifetimes and the
+# views) takes per event at its peak: bench/RESULTS.md, "Analysis speed" (10^7 events, 1.6 GB).
+BYTES_PER_EVENT = 170
+# Of the memory available when no --max-memory is given: the rest is for the page cache and
+# for what else runs.
+AVAILABLE_SHARE = 0.75
+
+
+def estimated_bytes(parts: list[EventPart]) -> int:
+    """The memory the whole analysis of a recording with these events parts would take."""
+    return BYTES_PER_EVENT * sum(part.rows for part in parts)
+
+
+def default_limit() -> int:
+    """AVAILABLE_SHARE of the memory available now (/proc/meminfo MemAvailable; without it,
+    of the physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(AVAILABLE_SHARE * int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return int(AVAILABLE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
+                   stage: Callable[[str], None]) -> tuple[Recording, Lifetimes, Fold]:
+    """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
+    other than allocations and frees, in time order, with steps; the kept lifetimes; how it
+    was folded). BadRecordingError (exit 5) for a damaged part, as open_recording."""
+    meta = read_meta(path)
+    if meta.status != "complete":
+        meta.notes.append(NOT_FINALIZED_NOTE)
+    events = sum(part.rows for part in parts)
+    stage(f"reading the marks of {events:,} events (folding: the whole analysis would not fit)")
+    others = with_steps(in_time_order(other_events(parts)))
+    if not meta.end_ns:  # not finalized: the recording ends at its last event (overview.recording_end_ns),
+        # and its events here lack the allocations
+        meta.end_ns = max([p.last_ts_ns for p in parts if p.rows] + [int(meta.start_ns)])
+    end_ns = int(meta.end_ns)
+    target_end_ns = end_of_target(others, meta.pid, end_ns)
+    stage("finding each layer's peak (first pass over the parts)")
+    peaks, stream = PeakTracker(), PairingStream()
+    for batch in paired_batches(parts):
+        peaks.add(batch, stream.feed(batch))
+    peak_times = np.asarray([ns for _, ns in peaks.peaks().values()], dtype=np.int64)
+    stage("pairing and keeping what the analyses judge (second pass)")
+    instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns)
+    plan = FoldPlan(np.union1d(instants, peak_times))
+    kept, totals, stream = [], FoldTotals(), PairingStream()
+    for batch in paired_batches(parts):
+        ended = stream.feed(annotated_batch(batch, others))
+        keep = plan.keep(ended)
+        kept.append(ended[keep])
+        totals.add_dropped(ended[~keep])
+    kept.append(stream.finish())
+    lifetimes = folded_lifetimes(kept, stream)
+    lifetimes.allocations = named_model_state(lifetimes.allocations, others)
+    fold = Fold(events=events, end_ns=end_ns, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
+                kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
+                dropped_bytes=dict(totals.dropped_bytes))
+    meta.notes.append(fold.note)
+    tables = {name: _read_frame(path, name) for name in ("stacks", "frames", "samples")}
+    return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold

@@ -1,0 +1,179 @@
+"""Folding (issue 23, item 2): pairing in time-ordered batches gives pair_lifetimes' verdicts
+over the whole; parts that overlap in time come out in time order; a folded analysis keeps
+exactly what the leak, peak and end views judge, and the views that need every event refuse
+it (exit 2) instead of drawing wrong curves."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from memprof.analysis.fold import PairingStream, PeakTracker, live_at_any, named_model_state
+from memprof.analysis.layers import live_curve, weighted_bytes
+from memprof.analysis.lifetimes import end_times, pair_lifetimes
+from memprof.api import analyse
+from memprof.errors import ExitCode, FoldedRecordingError
+from memprof.model.frames import concat_frames
+from memprof.model.meta import RecordingMeta
+from memprof.recording import RecordingWriter
+from memprof.recording.stream import event_parts, paired_batches
+from memprof.report import reporters
+from memprof.timeline import with_model_state
+from tests.diff_factories import write_recording
+from tests.factories import ev, events_frame, random_lifetimes
+from tests.report_factories import known_recording
+
+S = 1_000_000_000
+
+
+def _verdicts(allocations: pd.DataFrame) -> list[tuple]:
+    """Each allocation's identity and verdict, sorted (batches emit allocations as they end)."""
+    rows = zip(allocations["alloc_ts_ns"], allocations["layer"].astype(str), allocations["addr"],
+               end_times(allocations), allocations["end_kind"].astype(str), allocations["size_bytes"])
+    return sorted((int(a), layer, int(addr), int(e), kind, int(size)) for a, layer, addr, e, kind, size in rows)
+
+
+def _streamed(events: pd.DataFrame, cuts: list[int]) -> tuple[pd.DataFrame, PairingStream]:
+    stream = PairingStream()
+    bounds = [0, *cuts, len(events)]
+    ended = [stream.feed(events.iloc[a:b].reset_index(drop=True)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return concat_frames([*ended, stream.finish()]), stream
+
+
+def _awkward_events() -> pd.DataFrame:
+    """Frees that find no allocation, an address handed out twice (a missed free) and a
+    caching allocator's free_requested completed by a free, each across a batch cut below."""
+    rows = [ev(10, "free", 0x1), ev(20, "alloc", 0x2, 64, 1), ev(30, "alloc", 0x2, 32, 1),
+            ev(40, "alloc", 0x3, 128, 2, layer="cuda_block", device="cuda:0"),
+            ev(50, "free_requested", 0x3, layer="cuda_block", device="cuda:0"),
+            ev(60, "free", 0x3, layer="cuda_block", device="cuda:0"), ev(70, "free", 0x2), ev(80, "free", 0x2),
+            ev(90, "alloc", 0x4, 8, 3), ev(95, "free_requested", 0x5, layer="cuda_block", device="cuda:0")]
+    return events_frame(rows)
+
+
+@pytest.mark.parametrize("cuts", [[], [1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 5], [2, 6]])
+def test_batches_give_the_verdicts_and_counts_of_one_pass(cuts):
+    events = _awkward_events()
+    whole = pair_lifetimes(events)
+    streamed, stream = _streamed(events, cuts)
+    assert _verdicts(streamed) == _verdicts(whole.allocations)
+    assert stream.totals() == (whole.unmatched_frees, whole.missed_frees)
+    assert whole.unmatched_frees == {"native_heap": 2, "cuda_block": 1} and whole.missed_frees == {"native_heap": 1}
+
+
+def test_random_timeline_in_many_batches_pairs_as_one():
+    events = random_lifetimes(20_000, seed=3, live_fraction=0.05)
+    whole = pair_lifetimes(events)
+    streamed, stream = _streamed(events, list(range(997, len(events), 997)))
+    assert len(streamed) == 20_000
+    assert _verdicts(streamed) == _verdicts(whole.allocations)
+    assert (streamed["end_kind"] == "live").sum() == (whole.allocations["end_kind"] == "live").sum() > 900
+
+
+def test_live_at_any_follows_the_half_open_lifetime():
+    alloc = np.array([0, 5, 10, 11, 30])
+    end = np.array([5, 10, 11, 20, np.iinfo(np.int64).max])
+    assert live_at_any(alloc, end, np.array([10, 25])).tolist() == [False, False, True, False, False]
+    assert live_at_any(alloc, end, np.array([4, 30])).tolist() == [True, False, False, False, True]
+
+
+def test_peaks_tracked_batch_by_batch_are_the_layers_peaks():
+    events = random_lifetimes(30_000, seed=7)
+    whole = pair_lifetimes(events).allocations
+    tracker, stream = PeakTracker(), PairingStream()
+    for start in range(0, len(events), 4_999):
+        batch = events.iloc[start:start + 4_999].reset_index(drop=True)
+        tracker.add(batch, stream.feed(batch))
+    peaks = tracker.peaks()
+    for layer in ("native_heap", "kernel_slab", "torch_cpu"):
+        mine = whole[whole["layer"] == layer]
+        size = weighted_bytes(mine["size_bytes"].to_numpy(dtype=np.int64), mine["weight"].to_numpy())
+        times, live = live_curve(mine["alloc_ts_ns"].to_numpy(), end_times(mine), size)
+        at = int(np.argmax(live))
+        assert peaks[(layer,)] == peaks[(layer, "cpu")] == (int(live[at]), int(times[at]))
+
+
+def test_model_state_names_the_allocation_live_at_the_note():
+    rows = [ev(10, "alloc", 0xA, 4096, 1), ev(20, "free", 0xA), ev(30, "alloc", 0xA, 4096, 1),
+            dict(ts_ns=40, action="mark", category="state:parameter:fc.weight", addr=0xA),
+            dict(ts_ns=50, action="mark", category="state:parameter:fc.bias", addr=0xB),
+            ev(60, "alloc", 0xB, 64, 2), dict(ts_ns=70, action="mark", category="state:parameter:fc.bias", addr=0xB)]
+    events = events_frame(rows, layer="torch_cpu")
+    expected = pair_lifetimes(with_model_state(events)).allocations["category"].astype(object).tolist()
+    others = events[events["action"] == "mark"].reset_index(drop=True)
+    named = named_model_state(pair_lifetimes(events).allocations, others)
+    assert named["category"].astype(object).tolist() == expected
+    assert expected[1:] == ["state:parameter:fc.weight", "state:parameter:fc.bias"] and pd.isna(expected[0])
+
+
+def _write_parts(path, parts: list[pd.DataFrame], end_ns: int) -> None:
+    """A recording whose events parts are `parts`, one flush each (as the recorder leaves them)."""
+    writer = RecordingWriter(path, RecordingMeta(memprof_version="0.1.0", command=["x"], pid=100, start_ns=0))
+    for part in parts:
+        writer.append("events", {name: part[name] for name in part.columns})
+        writer.flush()
+    writer.finalize(end_ns=end_ns)
+
+
+def test_overlapping_parts_come_out_in_time_order_in_batches(tmp_path):
+    events = random_lifetimes(6_000, seed=1)
+    events["seq"] = np.arange(len(events), dtype=np.int64)
+    # Three parts that overlap in time: the middle one holds rows older than the first's last.
+    order = np.r_[0:2_500, 3_000:6_000, 2_500:3_000, 6_000:len(events)]
+    chunks = [events.iloc[order[a:b]].reset_index(drop=True) for a, b in ((0, 4_000), (4_000, 8_000), (8_000, len(order)))]
+    _write_parts(tmp_path / "r.memprof", chunks, end_ns=61 * S)
+    parts = event_parts(tmp_path / "r.memprof")
+    assert [p.rows for p in parts] == [4_000, 4_000, len(events) - 8_000]
+    batches = list(paired_batches(parts, batch_rows=1_000))
+    assert len(batches) >= 3
+    streamed = concat_frames(batches)
+    assert streamed["seq"].tolist() == list(range(len(events)))
+
+
+def test_a_folded_recording_gives_the_leaks_layers_and_peaks_of_the_whole(tmp_path):
+    path = known_recording(tmp_path / "k.memprof")
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    assert whole.fold is None and folded.fold is not None and folded.fold.events == 42
+    for view in (lambda a: a.leaks(top=None), lambda a: a.layers(), lambda a: a.attribution(at="peak"),
+                 lambda a: a.attribution(at="end", by="function")):
+        a, b = reporters.to_json(view(whole)), reporters.to_json(view(folded))
+        assert b.pop("notes")[-1].startswith("folded: 42 events need about 7.0 KiB whole")
+        a.pop("notes")
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_short_lived_allocations_are_counted_not_kept(tmp_path):
+    """Churn between two steps is dropped, counted in its layer's allocations; what lives
+    across a step, and what is live at the peak (step 5's churn with it), are kept."""
+    rows = [dict(ts_ns=k * S, action="mark", category="step", step=k) for k in range(1, 11)]
+    rows += [ev(k * S + S // 4 + i, "alloc", 0x100 + i, 10, 1) for k in range(1, 10) for i in range(50)]
+    rows += [ev(k * S + S // 2 + i, "free", 0x100 + i) for k in range(1, 10) for i in range(50)]
+    rows += [ev(5 * S + S // 3, "alloc", 0x9000, 1 << 20, 2), ev(5 * S + S // 3 + S // 10, "free", 0x9000)]  # the peak
+    rows += [ev(k * S + S // 4, "alloc", 0x10_0000 * k, 4096, 3) for k in range(1, 10)]  # kept across steps
+    path = tmp_path / "churn.memprof"
+    write_recording(path, events_frame(sorted(rows, key=lambda r: r["ts_ns"]), layer="native_heap"), end_ns=11 * S)
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    assert len(whole.lifetimes.allocations) == 9 * 50 + 1 + 9
+    assert folded.fold.dropped_count == {"native_heap": 8 * 50} and folded.fold.kept == 50 + 1 + 9
+    assert folded.layers().result.layers[0].alloc_count == whole.layers().result.layers[0].alloc_count == 460
+    peak = lambda a: (a.layers().result.layers[0].peak_bytes, a.layers().result.layers[0].peak_ns)  # noqa: E731
+    assert peak(folded) == peak(whole) and peak(whole)[0] == (1 << 20) + 5 * 4096 + 50 * 10
+
+
+@pytest.mark.parametrize("view", ["growth", "gpu", "modules", "regions", "advice", "html", "ranks"])
+def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
+    folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
+    with pytest.raises(FoldedRecordingError) as raised:
+        getattr(folded, view)()
+    assert raised.value.exit_code == ExitCode.USAGE and "--max-memory" in raised.value.hint
+    with pytest.raises(FoldedRecordingError):
+        folded.leaks(window_ns=S)
+    with pytest.raises(FoldedRecordingError):
+        folded.attribution(at=3 * S)
+
+
+def test_timeline_of_a_folded_recording_keeps_its_marks(tmp_path):
+    folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
+    assert set(folded.events["action"].astype(str)) == {"mark"} and len(folded.events) == 21
