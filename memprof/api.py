@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 Stage = Callable[[str], None]  # names the step now running (the CLI's progress bar)
 STAGES = 4  # how many times `analyse` calls its `stage`
-FOLDED_SUMMARY_NOTE = ("folded: no advice and no per-rank peaks here (they need every event); "
+FOLDED_SUMMARY_NOTE = ("folded: no advice here (it needs every event); "
                        "`report leaks`, `report layers` and `report top --at end|peak` read it in full")
 
 
@@ -150,7 +150,7 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top --at end|peak` and `check` read it folded")
+            f"`report layers`, `report top --at end|peak`, `check` and a job's report read it folded")
 
     @property
     def events(self):
@@ -198,16 +198,16 @@ class Analysed:
     @_kept
     def summary(self, *, top: int = 3) -> SummaryView:
         """`report`: the one-screen summary with at most `top` findings. Of a folded recording:
-        without the advice and the ranks, which need every event (a note says so)."""
+        without the advice, which needs every event (a note says so)."""
         from memprof.analysis.overview import summarize
         rec = self.rec
         # The uncut leak analysis and the layers the advice asks for too (kept): `report` runs each once.
         result = summarize(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames, rec.samples,
                            canonical_stack=self.canonical, top=top, leaks=self.leak_result(top=None),
                            layers=self.layers().result)
+        result.ranks = self.ranks()
         if self.fold is None:
             result.advice = list(self.advice().result.advice)
-            result.ranks = self.ranks()
         else:
             result.events = self.fold.events
             result.notes.append(FOLDED_SUMMARY_NOTE)
@@ -288,7 +288,6 @@ class Analysed:
     def ranks(self):
         """The ranks of a distributed job: per rank its peak, end and growth per step, and
         the ranks that differ from the others (ranks.rank_report)."""
-        self.every_event("the ranks' peaks")
         from memprof.analysis.ranks import rank_report
         return rank_report(self.rec.meta, self.lifetimes, self.events, self.span.end_ns)
 

@@ -23,6 +23,7 @@ from memprof.analysis.fold import (
 )
 from memprof.analysis.leaks import end_of_target
 from memprof.analysis.lifetimes import Lifetimes
+from memprof.analysis.ranks import process_ranks
 from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, _read_frame, read_meta
 from memprof.recording.stream import EventPart, other_events, paired_batches
 from memprof.timeline import annotated_batch, in_time_order, with_steps
@@ -70,7 +71,9 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     end_ns = int(meta.end_ns)
     target_end_ns = end_of_target(others, meta.pid, end_ns)
     stage("finding each layer's peak (first pass over the parts)")
-    peaks, stream = PeakTracker(), PairingStream()
+    # A rank's peak is that of its processes together (ranks.rank_report): tracked too.
+    ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
+    peaks, stream = PeakTracker(ranks), PairingStream()
     for batch in paired_batches(parts):
         peaks.add(batch, stream.feed(batch))
     peak_times = np.asarray([ns for _, ns in peaks.peaks().values()], dtype=np.int64)
@@ -84,7 +87,7 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
         kept.append(ended[keep])
         totals.add_dropped(ended[~keep])
     kept.append(stream.finish())
-    lifetimes = folded_lifetimes(kept, stream)
+    lifetimes = folded_lifetimes(kept, stream, totals)
     lifetimes.allocations = named_model_state(lifetimes.allocations, others)
     fold = Fold(events=events, end_ns=end_ns, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),

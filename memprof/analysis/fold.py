@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Hashable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -118,9 +119,12 @@ class PeakTracker:
     allocations that ended in it (PairingStream.feed) take theirs away at their end. Memory:
     a number per layer and device."""
 
-    def __init__(self):
+    def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None):
+        """`group_of_pid`: processes whose peak is judged together (a distributed job's
+        rank -> its processes, ranks.rank_report), tracked per (layer, "group", group) too."""
         self._level: Counter = Counter()
         self._peak: dict = {}  # key -> (bytes, ns)
+        self._group_of_pid = dict(group_of_pid or {})
 
     def add(self, batch: pd.DataFrame, ended: pd.DataFrame) -> None:
         """Count in `batch` (events rows, after every earlier batch's) and `ended` (the
@@ -130,18 +134,26 @@ class PeakTracker:
                             ignore_index=True)
         if changes.empty:
             return
-        for keys in (["layer"], ["layer", "device"]):
-            for key, mine in changes.groupby(keys, sort=False, observed=True):
-                key = (label_of(key[0]), *map(label_of, key[1:])) if isinstance(key, tuple) else (label_of(key),)
-                by_time = mine.groupby("ts", sort=True)["bytes"].sum()
-                live = self._level[key] + np.cumsum(by_time.to_numpy())
-                at = int(np.argmax(live))
-                if key not in self._peak or live[at] > self._peak[key][0]:
-                    self._peak[key] = (int(live[at]), int(by_time.index[at]))
-                self._level[key] = int(live[-1])
+        for key, mine in changes.groupby(["layer"], sort=False, observed=True):
+            self._track((label_of(key[0]),), mine)
+        for key, mine in changes.groupby(["layer", "device"], sort=False, observed=True):
+            self._track((label_of(key[0]), label_of(key[1])), mine)
+        if self._group_of_pid:
+            grouped = changes.assign(group=changes["pid"].map(self._group_of_pid)).dropna(subset=["group"])
+            for (layer, group), mine in grouped.groupby(["layer", "group"], sort=False, observed=True):
+                self._track((label_of(layer), "group", group), mine)
+
+    def _track(self, key: tuple, changes: pd.DataFrame) -> None:
+        by_time = changes.groupby("ts", sort=True)["bytes"].sum()
+        live = self._level[key] + np.cumsum(by_time.to_numpy())
+        at = int(np.argmax(live))
+        if key not in self._peak or live[at] > self._peak[key][0]:
+            self._peak[key] = (int(live[at]), int(by_time.index[at]))
+        self._level[key] = int(live[-1])
 
     def peaks(self) -> dict[tuple, tuple[int, int]]:
-        """(layer,) and (layer, device) -> (peak bytes, first time reached, ns)."""
+        """(layer,), (layer, device) and (layer, "group", group) -> (peak bytes, first time
+        reached, ns)."""
         return dict(self._peak)
 
 
@@ -152,7 +164,8 @@ def _changes(rows: pd.DataFrame, at: pd.Series, sign: int) -> pd.DataFrame:
     weight = rows["weight"].to_numpy(dtype=float, na_value=np.nan) if "weight" in rows else np.ones(len(rows))
     weight = np.where(np.isnan(weight), 1.0, weight)
     return pd.DataFrame({"layer": rows["layer"].astype(object).to_numpy(), "device": rows["device"].astype(object).to_numpy(),
-                         "ts": at.to_numpy(dtype=np.int64), "bytes": sign * weighted_bytes(size, weight)})
+                         "pid": rows["pid"].to_numpy(dtype=np.int64), "ts": at.to_numpy(dtype=np.int64),
+                         "bytes": sign * weighted_bytes(size, weight)})
 
 
 @dataclass
@@ -161,12 +174,16 @@ class FoldTotals:
 
     dropped_count: Counter = field(default_factory=Counter)
     dropped_bytes: Counter = field(default_factory=Counter)
-    kept: int = 0
-    events: int = 0
+    _modules: list = field(default_factory=list)
 
     def add_dropped(self, allocations: pd.DataFrame) -> None:
         if len(allocations) == 0:
             return
+        tally = pd.DataFrame({"layer": allocations["layer"].astype(object).to_numpy(),
+                              "pid": allocations["pid"].to_numpy(dtype=np.int64),
+                              "stack_id": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
+                              "module": allocations["module"].astype(object).to_numpy()})
+        self._modules.append(tally.value_counts(dropna=False).rename("count").reset_index())
         size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
         weight = allocations["weight"].to_numpy(dtype=float)
         frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight,
@@ -174,6 +191,14 @@ class FoldTotals:
         for layer, row in frame.groupby("layer").sum().iterrows():
             self.dropped_count[label_of(layer)] += int(round(row["n"]))
             self.dropped_bytes[label_of(layer)] += int(row["bytes"])
+
+
+    def modules(self) -> pd.DataFrame | None:
+        """The dropped allocations counted by (layer, pid, stack_id, module) (Lifetimes.folded_modules)."""
+        if not self._modules:
+            return None
+        counts = pd.concat(self._modules, ignore_index=True)
+        return counts.groupby(["layer", "pid", "stack_id", "module"], dropna=False, sort=False)["count"].sum().reset_index()
 
 
 @dataclass(frozen=True)
@@ -190,13 +215,15 @@ class FoldPlan:
         return live_at_any(alloc_ts, end_ts, self.instants) | (allocations["end_kind"] == "missed").to_numpy()
 
 
-def folded_lifetimes(kept: list[pd.DataFrame], stream: PairingStream) -> Lifetimes:
-    """The kept allocations of every batch as one Lifetimes, in timeline order (by alloc time)."""
+def folded_lifetimes(kept: list[pd.DataFrame], stream: PairingStream, totals: FoldTotals) -> Lifetimes:
+    """The kept allocations of every batch as one Lifetimes, in timeline order (by alloc time),
+    with the dropped ones' module tally."""
     allocations = concat_frames(kept)
     order = np.argsort(allocations["alloc_ts_ns"].to_numpy(dtype=np.int64), kind="stable")
     allocations = allocations.take(order).reset_index(drop=True)
     unmatched, missed = stream.totals()
-    return Lifetimes(allocations=allocations, unmatched_frees=unmatched, missed_frees=missed)
+    return Lifetimes(allocations=allocations, unmatched_frees=unmatched, missed_frees=missed,
+                     folded_modules=totals.modules())
 
 
 def note_times(others: pd.DataFrame) -> np.ndarray:

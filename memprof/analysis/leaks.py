@@ -243,14 +243,24 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     not_leaks = ([f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak]
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    shown = _with_ranks(with_chain_modules(leaks[:top], allocations), allocations, held, trends, rank_of_pid)
-    shown_not = _with_ranks(with_chain_modules(_biggest_first(not_leaks)[:top], allocations), allocations, held, trends,
-                            rank_of_pid)
+    folded = _folded_modules(lifetimes, wanted)
+    shown = _with_ranks(with_chain_modules(leaks[:top], allocations, folded=folded, canonical_stack=canonical_stack),
+                        allocations, held, trends, rank_of_pid)
+    shown_not = _with_ranks(with_chain_modules(_biggest_first(not_leaks)[:top], allocations, folded=folded,
+                                               canonical_stack=canonical_stack), allocations, held, trends, rank_of_pid)
     return LeakResult(findings=shown, not_leaks=shown_not, end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
                       not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
                       younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
+
+
+def _folded_modules(lifetimes: Lifetimes, wanted: set[str] | None) -> pd.DataFrame | None:
+    """The module tally of what a fold dropped (Lifetimes.folded_modules), of the `wanted` layers."""
+    folded = lifetimes.folded_modules
+    if folded is None or wanted is None:
+        return folded
+    return folded[folded["layer"].isin(list(wanted)).to_numpy()]
 
 
 def cut(result: LeakResult, top: int | None) -> LeakResult:
@@ -275,8 +285,10 @@ def find_leaks_by_rank(lifetimes: Lifetimes, rank_of_pid: Mapping[int, tuple[int
         return find_leaks(lifetimes, top=top, rank_of_pid=rank_of_pid, **options)
     parts = []
     for _, members in sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or (0, ""))):
+        folded = lifetimes.folded_modules
         mine = Lifetimes(lifetimes.allocations[np.isin(pids, members)].reset_index(drop=True),
-                         lifetimes.unmatched_frees, lifetimes.missed_frees)
+                         lifetimes.unmatched_frees, lifetimes.missed_frees,
+                         None if folded is None else folded[folded["pid"].isin(members).to_numpy()])
         parts.append(find_leaks(mine, top=None, rank_of_pid=rank_of_pid, **options))
     return _merged(parts, top)
 

@@ -73,6 +73,9 @@ class Lifetimes:
     allocations: pd.DataFrame
     unmatched_frees: dict[str, int] = field(default_factory=dict)
     missed_frees: dict[str, int] = field(default_factory=dict)
+    # Of a folded recording (analysis.fold): the allocations it dropped, counted by (layer, pid,
+    # stack_id, module), so a chain's module is judged on all of its allocations. None: none dropped.
+    folded_modules: pd.DataFrame | None = None
 
 
 def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:

@@ -140,3 +140,14 @@ def test_a_recording_without_ranks_says_so_and_report_stays_quiet(tmp_path, deta
     assert report.ranks == [] and report.notes[0].startswith("no process of this recording had a rank")
     code, out, _ = invoke("report", path)
     assert code == 0 and "Ranks" not in out
+
+
+@pytest.mark.parametrize("job", [dict(leak_rank=2), dict(leak_rank=None, peak_rank=3)], ids=["leaking", "peaking"])
+def test_a_folded_recording_gives_the_same_ranks(tmp_path, job):
+    """Each rank's peak is tracked in the fold's first pass (its 64 KiB temporaries live at no
+    step mark), its end and steps are moments the fold keeps: the ranks come out as whole."""
+    path = _recording(tmp_path, _job(**job))
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    dropped = folded.fold.dropped_count["torch_cpu"]
+    assert 4 * STEPS - 4 <= dropped < 4 * STEPS  # the temporaries, but one held at a rank's peak
+    assert folded.ranks() == whole.ranks() and whole.ranks().diverging
