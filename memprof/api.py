@@ -61,6 +61,7 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
         rec, lifetimes, fold = analyse_folded(path, parts, limit, stage)
+        stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
     stage(f"merging {len(rec.events):,} events into one timeline")

@@ -4,7 +4,8 @@
 (`estimated_bytes`), and folds it here when it does not: its allocation rows are read part
 by part in time order (recording.stream), paired as they come (analysis.fold.PairingStream),
 and only the allocations some moment of judgement needs are kept (analysis.fold.FoldPlan).
-Two passes over the parts: the first finds when each layer peaks, the second keeps.
+One pass over the parts (after one for the marks): each layer's peak is tracked as the
+batches come (analysis.fold.PeakTracker); what only a superseded peak needed is dropped.
 
 Memory: the rows other than allocations (marks, module boundaries), the stacks and frames,
 the live set, the kept allocations, and one part at a time; not the number of events.
@@ -70,19 +71,20 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
         meta.end_ns = max([p.last_ts_ns for p in parts if p.rows] + [int(meta.start_ns)])
     end_ns = int(meta.end_ns)
     target_end_ns = end_of_target(others, meta.pid, end_ns)
-    stage("finding each layer's peak (first pass over the parts)")
+    stage("pairing and keeping what the analyses judge, part by part")
     # A rank's peak is that of its processes together (ranks.rank_report): tracked too.
     ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
-    peaks, stream = PeakTracker(ranks), PairingStream()
-    for batch in paired_batches(parts):
-        peaks.add(batch, stream.feed(batch))
-    peak_times = np.asarray([ns for _, ns in peaks.peaks().values()], dtype=np.int64)
-    stage("pairing and keeping what the analyses judge (second pass)")
     instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns)
-    plan = FoldPlan(np.union1d(instants, peak_times))
-    kept, totals, stream = [], FoldTotals(), PairingStream()
+    peaks, stream, totals = PeakTracker(ranks), PairingStream(), FoldTotals()
+    kept: list = []
     for batch in paired_batches(parts):
-        ended = stream.feed(annotated_batch(batch, others))
+        batch = annotated_batch(batch, others)
+        ended = stream.feed(batch)
+        known = peaks.times()
+        peaks.add(batch, ended)
+        plan = FoldPlan(np.union1d(instants, peaks.times()))
+        if not np.array_equal(known, peaks.times()):
+            kept = _pruned(kept, plan, totals)
         keep = plan.keep(ended)
         kept.append(ended[keep])
         totals.add_dropped(ended[~keep])
@@ -95,3 +97,16 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     meta.notes.append(fold.note)
     tables = {name: _read_frame(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold
+
+
+def _pruned(kept: list, plan: FoldPlan, totals: FoldTotals) -> list:
+    """`kept` (frames of allocations) without those only an earlier, lower peak needed: a
+    layer's new peak supersedes its old one for good (PeakTracker keeps the highest), so what
+    was live only then is dropped now (counted in `totals`), and memory stays that of the
+    moments still judged."""
+    out = []
+    for frame in kept:
+        keep = plan.keep(frame)
+        totals.add_dropped(frame[~keep])
+        out.append(frame[keep] if not keep.all() else frame)
+    return out

@@ -41,7 +41,8 @@ def annotated_batch(batch: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
     ts = others["ts_ns"].to_numpy()
     low, high = int(batch["ts_ns"].iloc[0]), int(batch["ts_ns"].iloc[-1])
     near = (ts >= low - ROLE_TOLERANCE_NS) & (ts <= high + ROLE_TOLERANCE_NS)
-    context = others[near | _last_boundary_before(others, low)]
+    read = _is_boundary(others) | (_is_mark(others) & _has_prefix(others["category"], TENSOR_PREFIX))
+    context = others[(near & read) | _last_boundary_before(others, low)]
     if len(context) == 0:
         return batch
     merged = in_time_order(concat_frames([context.assign(_batch=False), batch.assign(_batch=True)]))
@@ -52,15 +53,19 @@ def annotated_batch(batch: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
 
 def _last_boundary_before(events: pd.DataFrame, ts_ns: int) -> np.ndarray:
     """Rows that are each thread's last module boundary before `ts_ns` (what runs on it then)."""
-    is_boundary = _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
-                                      | _has_prefix(events["category"], MODULE_RETURN_PREFIX)
-                                      | (events["category"] == MODULE_NONE).to_numpy())
-    rows = np.flatnonzero(is_boundary & (events["ts_ns"].to_numpy() < ts_ns))
+    rows = np.flatnonzero(_is_boundary(events) & (events["ts_ns"].to_numpy() < ts_ns))
     out = np.zeros(len(events), dtype=bool)
     if len(rows):
         threads = events.iloc[rows][["pid", "tid"]].reset_index(drop=True)
         out[rows[~threads.duplicated(keep="last").to_numpy()]] = True
     return out
+
+
+def _is_boundary(events: pd.DataFrame) -> np.ndarray:
+    """Rows that are module boundaries (schema.MODULE_PREFIX, MODULE_RETURN_PREFIX, MODULE_NONE)."""
+    return _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
+                               | _has_prefix(events["category"], MODULE_RETURN_PREFIX)
+                               | (events["category"] == MODULE_NONE).to_numpy())
 
 
 def with_modules(events: pd.DataFrame) -> pd.DataFrame:
@@ -71,9 +76,7 @@ def with_modules(events: pd.DataFrame) -> pd.DataFrame:
     the recording has no boundaries (the column is there either way). Vectorized: one
     pd.merge_asof by (pid, tid) of the alloc rows on the boundary rows. `events` must be in
     time order."""
-    is_boundary = _is_mark(events) & (_has_prefix(events["category"], MODULE_PREFIX)
-                                      | _has_prefix(events["category"], MODULE_RETURN_PREFIX)
-                                      | (events["category"] == MODULE_NONE).to_numpy())
+    is_boundary = _is_boundary(events)
     empty = pd.Categorical.from_codes(np.full(len(events), -1, dtype=np.int8), categories=[])
     if not is_boundary.any():
         return _with_column(events, "module", empty)

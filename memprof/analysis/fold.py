@@ -113,11 +113,13 @@ def live_at_any(alloc_ts: np.ndarray, end_ts: np.ndarray, instants: np.ndarray) 
 
 
 class PeakTracker:
-    """Each layer's peak, and each (layer, device)'s, exactly as layers.live_curve gives it
+    """Each layer's peak (all its devices together, as layers.layer_summary, `report top --at
+    peak` and check judge it), exactly as layers.live_curve gives it
     (live bytes after all events at one time; the first time the highest is reached), from
     batches fed in time order: each batch's allocations add their bytes at their time, the
-    allocations that ended in it (PairingStream.feed) take theirs away at their end. Memory:
-    a number per layer and device."""
+    allocations that ended in it (PairingStream.feed) take theirs away at their end. A batch
+    must hold every event of its last time (recording.stream.paired_batches cuts between
+    times). Memory: a number per layer (and rank)."""
 
     def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None):
         """`group_of_pid`: processes whose peak is judged together (a distributed job's
@@ -125,47 +127,76 @@ class PeakTracker:
         self._level: Counter = Counter()
         self._peak: dict = {}  # key -> (bytes, ns)
         self._group_of_pid = dict(group_of_pid or {})
+        self._labels: list = []
+        self._ids: dict = {}
 
     def add(self, batch: pd.DataFrame, ended: pd.DataFrame) -> None:
         """Count in `batch` (events rows, after every earlier batch's) and `ended` (the
         allocations that ended in it)."""
         allocs = batch[(batch["action"] == Action.ALLOC.value).to_numpy()]
-        changes = pd.concat([_changes(allocs, allocs["ts_ns"], +1), _changes(ended, ended["end_ts_ns"], -1)],
-                            ignore_index=True)
-        if changes.empty:
+        layer, pid, ts, nbytes = (np.concatenate(pair) for pair in zip(
+            self._changes(allocs, allocs["ts_ns"], +1), self._changes(ended, ended["end_ts_ns"], -1)))
+        if len(ts) == 0:
             return
-        for key, mine in changes.groupby(["layer"], sort=False, observed=True):
-            self._track((label_of(key[0]),), mine)
-        for key, mine in changes.groupby(["layer", "device"], sort=False, observed=True):
-            self._track((label_of(key[0]), label_of(key[1])), mine)
+        self._track_by((layer,), ts, nbytes)
         if self._group_of_pid:
-            grouped = changes.assign(group=changes["pid"].map(self._group_of_pid)).dropna(subset=["group"])
-            for (layer, group), mine in grouped.groupby(["layer", "group"], sort=False, observed=True):
-                self._track((label_of(layer), "group", group), mine)
+            groups = np.array([self._id(self._group_of_pid.get(p)) for p in pid.tolist()], dtype=np.int64)
+            has = groups != self._id(None)
+            if has.any():
+                self._track_by((layer[has], np.full(has.sum(), self._id("group")), groups[has]), ts[has], nbytes[has])
 
-    def _track(self, key: tuple, changes: pd.DataFrame) -> None:
-        by_time = changes.groupby("ts", sort=True)["bytes"].sum()
-        live = self._level[key] + np.cumsum(by_time.to_numpy())
+    def _id(self, label) -> int:
+        """A small int standing for `label` (a layer, a device, a group), the same every batch."""
+        if label not in self._ids:
+            self._ids[label] = len(self._labels)
+            self._labels.append(label)
+        return self._ids[label]
+
+    def _changes(self, rows: pd.DataFrame, at: pd.Series, sign: int) -> tuple[np.ndarray, ...]:
+        """(layer id, pid, ts, bytes) arrays of `rows` (events or allocations) at times `at`:
+        their weighted bytes (layers.weighted_bytes) times `sign`."""
+        size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
+        weight = rows["weight"].to_numpy(dtype=float, na_value=np.nan) if "weight" in rows else np.ones(len(rows))
+        weight = np.where(np.isnan(weight), 1.0, weight)
+        return (self._ids_of(rows["layer"]), rows["pid"].to_numpy(dtype=np.int64),
+                at.to_numpy(dtype=np.int64), sign * weighted_bytes(size, weight))
+
+    def _ids_of(self, column: pd.Series) -> np.ndarray:
+        codes, names = category_codes(column)
+        table = np.array([self._id(label_of(name)) for name in names] + [self._id(None)], dtype=np.int64)
+        return table[codes]
+
+    def _track_by(self, columns: tuple, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Track the curve of each distinct combination of `columns` (label ids), keyed by
+        their labels."""
+        width = len(self._labels) + 1
+        combined = np.zeros(len(ts), dtype=np.int64)
+        for column in columns:
+            combined = combined * width + column
+        order = np.lexsort((ts, combined))
+        combined, ts, nbytes = combined[order], ts[order], nbytes[order]
+        bounds = np.flatnonzero(np.diff(combined)) + 1
+        for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(combined)]):
+            key = tuple(self._labels[column[order[start]]] for column in columns)
+            self._track(key, ts[start:stop], nbytes[start:stop])
+
+    def _track(self, key: tuple, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """One key's changes (ts ascending): its live bytes after the last change of each time."""
+        live = self._level[key] + np.cumsum(nbytes)
+        last_of_time = np.append(ts[1:] != ts[:-1], True)
+        live, times = live[last_of_time], ts[last_of_time]
         at = int(np.argmax(live))
         if key not in self._peak or live[at] > self._peak[key][0]:
-            self._peak[key] = (int(live[at]), int(by_time.index[at]))
+            self._peak[key] = (int(live[at]), int(times[at]))
         self._level[key] = int(live[-1])
 
+    def times(self) -> np.ndarray:
+        """When each tracked peak was first reached, ns (ascending, unique)."""
+        return np.unique(np.asarray([ns for _, ns in self._peak.values()], dtype=np.int64))
+
     def peaks(self) -> dict[tuple, tuple[int, int]]:
-        """(layer,), (layer, device) and (layer, "group", group) -> (peak bytes, first time
-        reached, ns)."""
+        """(layer,) and (layer, "group", group) -> (peak bytes, first time reached, ns)."""
         return dict(self._peak)
-
-
-def _changes(rows: pd.DataFrame, at: pd.Series, sign: int) -> pd.DataFrame:
-    """(layer, device, ts, bytes) of `rows` (events or allocations) at times `at`, their
-    weighted bytes (layers.weighted_bytes) times `sign`."""
-    size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
-    weight = rows["weight"].to_numpy(dtype=float, na_value=np.nan) if "weight" in rows else np.ones(len(rows))
-    weight = np.where(np.isnan(weight), 1.0, weight)
-    return pd.DataFrame({"layer": rows["layer"].astype(object).to_numpy(), "device": rows["device"].astype(object).to_numpy(),
-                         "pid": rows["pid"].to_numpy(dtype=np.int64), "ts": at.to_numpy(dtype=np.int64),
-                         "bytes": sign * weighted_bytes(size, weight)})
 
 
 @dataclass

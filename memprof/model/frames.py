@@ -16,7 +16,15 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
     for name in frames[0].columns:
         parts = [f[name] for f in frames]
         if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
-            columns[name] = union_categoricals([p.array for p in parts])
+            columns[name] = union_categoricals([_text_categories(p.array) for p in parts])
         else:
             columns[name] = pd.concat(parts, ignore_index=True).array
     return pd.DataFrame(columns, copy=False)
+
+
+def _text_categories(values: pd.Categorical) -> pd.Categorical:
+    """`values` with object categories: union_categoricals refuses to unite an empty frame's
+    float categories (pandas gives an empty categorical float64 ones) with another's text."""
+    if values.categories.dtype == object:
+        return values
+    return pd.Categorical.from_codes(values.codes, categories=values.categories.astype(object), validate=False)

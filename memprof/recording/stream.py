@@ -30,7 +30,8 @@ from memprof.recording.writer import TABLES
 PAIRED_ACTIONS = (Action.ALLOC.value, Action.FREE.value, Action.FREE_REQUESTED.value)
 _SCHEMA = TABLES["events"]
 # Rows per batch handed on: the fixed cost of a batch (pairing, its context) is then paid once
-# per 10^6 rows, not once per part (a flush every 0.25 s writes parts of a few thousand).
+# per 10^6 rows, not once per part (a flush every 0.25 s writes parts of a few thousand), and
+# a batch's pairing temporaries stay a few hundred MB.
 BATCH_ROWS = 1 << 20
 
 
@@ -102,12 +103,25 @@ def paired_batches(parts: list[EventPart], batch_rows: int = BATCH_ROWS) -> Iter
         held = rows.filter(pc.invert(ready))
         ready_tables.append(rows.filter(ready))
         if sum(t.num_rows for t in ready_tables) >= batch_rows:
-            yield frame_of_tables("events", ready_tables)
+            yield from _cut(pa.concat_tables(ready_tables), batch_rows)
             ready_tables = []
     if held is not None:
         ready_tables.append(held)
     if sum(t.num_rows for t in ready_tables):
-        yield frame_of_tables("events", ready_tables)
+        yield from _cut(pa.concat_tables(ready_tables), batch_rows)
+
+
+def _cut(rows: pa.Table, batch_rows: int) -> Iterator[pd.DataFrame]:
+    """`rows` (in time order) as frames of about `batch_rows`, each cut between two times
+    (every event of one time in one frame: analysis.fold.PeakTracker judges a time whole)."""
+    ts = rows["ts_ns"].to_numpy()
+    start = 0
+    while start < len(ts):
+        stop = min(start + batch_rows, len(ts))
+        if stop < len(ts):  # move the cut past the rows of the time it falls in
+            stop = int(np.searchsorted(ts, ts[stop - 1], side="right"))
+        yield frame_of_tables("events", [rows.slice(start, stop - start)])
+        start = stop
 
 
 def _in_time_order(rows: pa.Table) -> pa.Table:
@@ -130,5 +144,12 @@ def _suffix_min(firsts: list[int]) -> list[int]:
 def _rows(part: EventPart, *, paired: bool) -> pa.Table:
     """The part's paired rows (in its (ts_ns, seq) order) or its other rows."""
     table = _read_part(part.path, "events", _SCHEMA)
-    is_paired = pc.is_in(pc.cast(table["action"], pa.string()), value_set=pa.array(PAIRED_ACTIONS))
-    return table.filter(is_paired if paired else pc.invert(pc.fill_null(is_paired, False)))
+    is_paired = np.concatenate([_paired_mask(chunk) for chunk in table["action"].chunks] or [np.zeros(0, bool)])
+    return table.filter(pa.array(is_paired if paired else ~is_paired))
+
+
+def _paired_mask(actions: pa.DictionaryArray) -> np.ndarray:
+    """Per row of a dictionary-encoded `action` chunk: one of PAIRED_ACTIONS (judged on the
+    dictionary's few words, then on the int codes)."""
+    paired = np.array([word in PAIRED_ACTIONS for word in actions.dictionary.to_pylist()] + [False])
+    return paired[actions.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
