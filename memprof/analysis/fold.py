@@ -199,6 +199,9 @@ class PeakTracker:
         return dict(self._peak)
 
 
+_MERGE_EVERY = 16  # batches' module tallies are summed into one this often
+
+
 @dataclass
 class FoldTotals:
     """What a fold dropped, per layer: allocations (weighted) and their bytes."""
@@ -215,6 +218,8 @@ class FoldTotals:
                               "stack_id": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
                               "module": allocations["module"].astype(object).to_numpy()})
         self._modules.append(tally.value_counts(dropna=False).rename("count").reset_index())
+        if len(self._modules) >= _MERGE_EVERY:  # one tally per batch would grow with the recording
+            self._modules = [self.modules()]
         size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
         weight = allocations["weight"].to_numpy(dtype=float)
         frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight,

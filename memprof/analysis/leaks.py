@@ -649,9 +649,12 @@ def _trend_fields(trend: Trend | None, trends: ChainTrends) -> dict:
         return {"points": points}
     period = trends.checkpoints.period_ns
     plateau = None if trend.plateau_from is None else int(trends.checkpoints.labels[trend.plateau_from])
-    return dict(slope_bytes_per_step=trend.slope, slope_bytes_per_s=trend.slope * 1e9 / period if period else None,
+    per_point = trends.checkpoints.units_per_point  # the trend's slopes are per checkpoint
+    within = None if trend.within_slope is None else trend.within_slope / per_point
+    return dict(slope_bytes_per_step=trend.slope / per_point,
+                slope_bytes_per_s=trend.slope * 1e9 / period if period else None,
                 confidence=trend.confidence, rises=trend.rises, points=len(trends.checkpoints.times_ns),
-                resets=trend.resets, plateau_from=plateau, within_slope_bytes_per_step=trend.within_slope)
+                resets=trend.resets, plateau_from=plateau, within_slope_bytes_per_step=within)
 
 
 def _released_growth_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame) -> list[LeakFinding]:

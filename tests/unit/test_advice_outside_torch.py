@@ -101,7 +101,7 @@ def test_driver_memory_outside_pytorch_that_grows_per_step(tmp_path):
     (advice,) = judge(write(tmp_path / "grows.memprof", rows)).advice
     assert advice.device == "cuda" and advice.numbers["library"] == "cuBLAS"
     assert advice.numbers["grew_bytes"] == 176 * MiB and advice.saving_bytes == 176 * MiB
-    assert advice.numbers["slope_bytes_per_checkpoint"] == 16 * MiB and advice.numbers["checkpoint_unit"] == "step"
+    assert advice.numbers["slope_bytes_per_unit"] == 16 * MiB and advice.numbers["checkpoint_unit"] == "step"
     assert advice.numbers["reserved_bytes"] == 2 * GiB and advice.numbers["not_pytorch_bytes"] == 192 * MiB
     assert "It grew from 0 B to 176.0 MiB over 12 steps: 16.0 MiB per step" in advice.evidence[1]
     assert advice.chains == (6,) and "CUBLAS_WORKSPACE_CONFIG" in advice.change

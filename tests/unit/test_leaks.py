@@ -301,3 +301,23 @@ def test_growth_over_time_windows_is_labelled_per_window():
     text = render(result, {})
     assert "grows per window" in text and "per step" not in text
     assert "/window (" in text
+
+
+@pytest.mark.parametrize("steps, every", [(200, 1), (40, 5)], ids=["thinned-to-128", "every-5th-step-marked"])
+def test_growth_per_step_is_per_step_when_checkpoints_are_not_every_step(steps, every):
+    """200 step marks are read at 128 checkpoints (MAX_CHECKPOINTS), and a program may mark
+    every 5th step only: the slope is still 1,024 B per step, not per checkpoint (the 3·10^8-
+    event bench found 1,145 = 1,024 × 142/127 before)."""
+    rows = []
+    for k in range(1, steps + 1):
+        rows.append(dict(ts_ns=k * 10**7, action="mark", category="step", step=k * every, pid=100, tid=100))
+        rows.append(ev(k * 10**7 + 10, "alloc", 0x10_0000 + k * 0x1000, 1024 * every, 7))
+    events = events_frame(rows)
+    checkpoints = find_checkpoints(events, start_ns=0, end_ns=(steps + 1) * 10**7, min_points=8)
+    result = find_leaks(pair_lifetimes(events), end_ns=(steps + 1) * 10**7, recording_end_ns=(steps + 2) * 10**7,
+                        checkpoints=checkpoints)
+    assert len(checkpoints.times_ns) == min(steps, 128)
+    (finding,) = result.findings
+    # Thinned checkpoints are 1 or 2 steps apart (rounded evenly): per step within 0.1 %.
+    assert finding.kind == "grows_per_step" and finding.slope_bytes_per_step == pytest.approx(1024, rel=1e-3)
+    assert finding.slope_bytes_per_s == pytest.approx(1024 * every / 0.01, rel=0.02)

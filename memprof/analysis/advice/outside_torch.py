@@ -178,7 +178,7 @@ def _is_torch_frame(frame: dict) -> bool:
 class _Growth:
     first: float
     last: float
-    slope: float
+    slope: float  # bytes per step (or window): per checkpoint over Checkpoints.units_per_point
     confidence: float
     checkpoints: Checkpoints
 
@@ -195,7 +195,8 @@ def _growth(curve: _Curve, checkpoints: Checkpoints | None) -> _Growth | None:
     trend = classify(series[None, :], confidence=GROWTH_CONFIDENCE.value, min_growth=DRIVER_GROWTH_MIN_BYTES.value)[0]
     if trend.shape != "grows" or series[-1] - series[0] < DRIVER_GROWTH_MIN_BYTES.value:
         return None
-    return _Growth(float(series[0]), float(series[-1]), trend.slope, trend.confidence, checkpoints)
+    return _Growth(float(series[0]), float(series[-1]), trend.slope / checkpoints.units_per_point, trend.confidence,
+                   checkpoints)
 
 
 def _device_outside(facts: Facts, device: str, driver: pd.DataFrame, outside: pd.DataFrame,
@@ -226,7 +227,7 @@ def _device_outside(facts: Facts, device: str, driver: pd.DataFrame, outside: pd
     numbers = {"device": device, "driver_bytes": driver_at, "reserved_bytes": reserved_at, "not_pytorch_bytes": at_peak,
                "peak_ns": peak_ns, "library": main}
     if growth is not None:
-        numbers |= {"grew_bytes": int(round(growth.grew)), "slope_bytes_per_checkpoint": growth.slope,
+        numbers |= {"grew_bytes": int(round(growth.grew)), "slope_bytes_per_unit": growth.slope,
                     "confidence": growth.confidence, "checkpoint_unit": growth.checkpoints.unit}
     return Advice(rule=RULE_ID, title=title, evidence=tuple(evidence),
                   change=_LIBRARY_CHANGE.get(main or "", _GENERIC_CHANGE),
