@@ -229,7 +229,9 @@ def main() -> None:
     path = ensure_recording(args.workdir, args.events, args.part_rows)
     steps = max(args.events // args.part_rows, 2)
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    print(f"recording: {path} ({steps * args.part_rows:,} events in {steps} parts, {size / 2**30:.2f} GiB on disk)")
+    from memprof.recording.stream import event_parts
+    events = sum(part.rows for part in event_parts(path))
+    print(f"recording: {path} ({events:,} events in {steps} parts, {size / 2**30:.2f} GiB on disk)")
     result = report(path, args.max_memory)
     doc = result["doc"]
     print(f"report leaks: {result['wall_s']:.1f} s wall, peak RSS {result['peak_rss_mb']:.0f} MB")

@@ -68,8 +68,8 @@ def max_memory_option(fn):
         metavar="SIZE",
         help="Memory the analysis may take (default: 3/4 of what is available). A recording whose whole analysis "
              "needs more is folded: read part by part, keeping the allocations live at a step, an exit, the end "
-             "or a layer's peak. leaks, layers, top/peak at the end or peak, and check read a folded recording; "
-             "the reports that draw curves refuse it.")(fn)
+             "or a layer's peak. The summary (without advice), leaks, layers, top/peak at the end or peak, check "
+             "and a job's report read a folded recording; the reports that draw curves refuse it.")(fn)
 
 
 def emit(fmt: str, view) -> None:
