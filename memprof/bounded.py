@@ -25,7 +25,7 @@ from memprof.analysis.fold import (
 from memprof.analysis.leaks import end_of_target
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.ranks import process_ranks
-from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, _read_frame, read_meta
+from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, read_meta, read_table
 from memprof.recording.stream import EventPart, other_events, paired_batches
 from memprof.timeline import annotated_batch, in_time_order, with_steps
 
@@ -91,11 +91,11 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     kept.append(stream.finish())
     lifetimes = folded_lifetimes(kept, stream, totals)
     lifetimes.allocations = named_model_state(lifetimes.allocations, others)
-    fold = Fold(events=events, end_ns=end_ns, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
+    fold = Fold(events=events, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
                 dropped_bytes=dict(totals.dropped_bytes))
     meta.notes.append(fold.note)
-    tables = {name: _read_frame(path, name) for name in ("stacks", "frames", "samples")}
+    tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold
 
 

@@ -324,7 +324,6 @@ class Fold:
     how many allocations were kept, and per layer what was dropped."""
 
     events: int
-    end_ns: int  # when the recording stopped (meta's end, else its last event)
     needed_bytes: int
     limit_bytes: int
     kept: int

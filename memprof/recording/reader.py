@@ -105,7 +105,7 @@ def open_recording(path: Path | str) -> Recording:
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
-    return Recording(path=path, meta=meta, **{name: _read_frame(path, name) for name in TABLES})
+    return Recording(path=path, meta=meta, **{name: read_table(path, name) for name in TABLES})
 
 
 def read_meta(path: Path | str) -> RecordingMeta:
@@ -255,7 +255,7 @@ def _part_paths(folder: Path) -> list[Path]:
     return [p for _, p in sorted(parts)]
 
 
-def _read_frame(path: Path, name: str) -> pd.DataFrame:
+def read_table(path: Path, name: str) -> pd.DataFrame:
     """Table `name` of the recording as pandas (columns.py: filled part by part into arrays
     sized for all parts, so no part outlives its copy)."""
     schema = TABLES[name]

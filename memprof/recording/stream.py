@@ -59,18 +59,21 @@ def _part_of(part: Path) -> EventPart:
     if metadata.num_rows == 0:
         return EventPart(part, 0, 0, 0)
     span = _ts_statistics(metadata)
-    if span is None:  # no statistics: read the one column
-        ts = pq.read_table(part, columns=["ts_ns"])["ts_ns"]
+    if span is None:  # no usable statistics: the part read and checked as open_recording does
+        ts = _read_part(part, "events", _SCHEMA)["ts_ns"]
         span = (pc.min(ts).as_py(), pc.max(ts).as_py())
     return EventPart(part, metadata.num_rows, int(span[0]), int(span[1]))
 
 
 def _ts_statistics(metadata: pq.FileMetaData) -> tuple[int, int] | None:
-    """(min, max) of ts_ns over the row groups, None when a row group has no statistics."""
+    """(min, max) of ts_ns over the row groups; None when the column is missing, is no int64
+    column, or a row group has no statistics (a part memprof did not write)."""
     names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
     if "ts_ns" not in names:
         return None
     column = names.index("ts_ns")
+    if metadata.schema.column(column).physical_type != "INT64":
+        return None
     lows, highs = [], []
     for group in range(metadata.num_row_groups):
         statistics = metadata.row_group(group).column(column).statistics
