@@ -55,8 +55,13 @@ def describe(found) -> str:
 
 def test_pipes_held_until_exit_get_the_advice_with_their_count_and_bytes(tmp_path, run_memprof):
     found = verdict(record(run_memprof, tmp_path, "kernel_leak", BIN / "kernel_leak"))
-    (advice,) = [a for a in found.advice if a.numbers.get("kind") == "pipe"] or [None]
-    assert advice is not None, describe(found)
+    # One piece of advice names the pipes' call site. Sampled kernel stacks (issue 24: one slab
+    # allocation in 64 takes its own stack) leave some files of the pipes and of the churn
+    # without their user frames in about 1 run of 4 here; those make a second, call-site-less
+    # one ("from an unknown call site"), which this test does not judge.
+    pipes = [a for a in found.advice if a.numbers.get("kind") == "pipe" and a.numbers["where"] != "an unknown call site"]
+    assert len(pipes) == 1, describe(found)
+    (advice,) = pipes
     assert advice.numbers["objects"] == HELD_PIPES, describe(found)
     assert advice.numbers["growing"] is False and "leak_and_churn" in advice.numbers["where"], describe(found)
     assert advice.title.startswith(f"{HELD_PIPES} pipes kept open from leak_and_churn"), advice.title
