@@ -82,8 +82,9 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
         ended = stream.feed(batch)
         known = peaks.times()
         peaks.add(batch, ended)
-        plan = FoldPlan(np.union1d(instants, peaks.times()))
-        if not np.array_equal(known, peaks.times()):
+        now = peaks.times()
+        plan = FoldPlan(np.union1d(instants, now))
+        if not np.array_equal(known, now):
             kept = _pruned(kept, plan, totals)
         keep = plan.keep(ended)
         kept.append(ended[keep])
