@@ -388,6 +388,7 @@ class Session:
         write_error = None
         try:
             last_event = start
+            self._ingest()  # at once: what the target did since its release (a dlopen to probe, say)
             while True:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()

@@ -5,6 +5,7 @@ million events a second. Kernel addresses are replaced by their images under the
 recording's key (addrkey.py) before they reach any table."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,6 +51,10 @@ class MemoryDecoder:
         # Drawn per recording, never saved: kernel addresses reach the events table only as
         # their images under it (see addrkey.py).
         self.address_key = address_key or AddressKey.generate()
+        # Built now, before the target runs: the first costs ~35 ms (pandas' string machinery
+        # warms up), which would delay the first poll, and with it probing a dlopened library.
+        for categories in (LAYER_NAMES, ACTION_NAMES, DEVICE_NAMES, [Mark.EXIT.value]):
+            _categorical_dtype(tuple(categories))
 
     def decode(self, recs: np.ndarray) -> EventBatch:
         """Columns of the events table for the memory records among `recs`."""
@@ -107,7 +112,14 @@ class MemoryDecoder:
 
 
 def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
-    return pd.Categorical.from_codes(codes, categories=categories)
+    return pd.Categorical.from_codes(codes, dtype=_categorical_dtype(tuple(categories)))
+
+
+@functools.cache
+def _categorical_dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
+    """One dtype per category list, built once: building it validates the categories (an
+    Index of strings), ~5 ms each time here, four columns a poll, every 20 ms."""
+    return pd.CategoricalDtype(list(categories))
 
 
 def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
