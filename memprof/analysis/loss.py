@@ -65,6 +65,7 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         if stats.stack_sample_every > 1:
             notes.append(_shared_stacks_note(name, stats))
         notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
+        notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
         notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
     return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
@@ -107,6 +108,25 @@ def _refused_notes(name: str, uprobes: dict) -> list[str]:
             f"({next(iter(lib['refused'].values()))}); its {lib['layer']} allocations through "
             "them are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("refused")]
+
+
+def _late_probe_notes(name: str, uprobes: dict, start_ns: int) -> list[str]:
+    """Libraries probed only once the target had mapped them (dlopen): the target's calls
+    into them before the probes were in place are not recorded. Says how long that window
+    was (meta.json's mapped_ns and placed_ns, library_probes.py) and how to close it."""
+    notes = []
+    for path, lib in sorted(uprobes.items()):
+        placed_ns = lib.get("placed_ns")
+        if placed_ns is None:
+            continue
+        mapped_ns = lib.get("mapped_ns")
+        when = (f"{(placed_ns - mapped_ns) / 1e6:.0f} ms after the target mapped it" if mapped_ns is not None
+                else "when memprof's periodic re-read of the target's mappings found it")
+        notes.append(f"{name}: {path} was found only once the target loaded it, and probed {when} "
+                     f"(+{(placed_ns - start_ns) / 1e9:.3f}s); its {lib.get('layer') or 'library'} allocations before that are not "
+                     "recorded (to probe it from the start, make the loader find it: its directory in "
+                     "LD_LIBRARY_PATH or the loader cache, ldconfig)")
+    return notes
 
 
 def _python_notes(name: str, python: dict) -> list[str]:

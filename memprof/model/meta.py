@@ -30,7 +30,8 @@ _SOURCE_SCHEMA = {
             "uprobes": _OPTIONAL({"type": "object", "additionalProperties": {
                 "type": "object", "properties": {"refused": _OPTIONAL({"type": "object",
                                                                        "additionalProperties": _TEXT}),
-                                                 "layer": _TEXT}}}),
+                                                 "layer": _TEXT, "mapped_ns": _OPTIONAL(_INT64),
+                                                 "placed_ns": _OPTIONAL(_INT64)}}}),
             "python": _OPTIONAL({"type": "object", "properties": {
                 "enabled": {"type": "boolean"}, "stacks_evicted": _OPTIONAL(_COUNT), "map_full": _OPTIONAL(_COUNT),
                 "interpreters": _OPTIONAL({"type": "object", "additionalProperties": _OBJECT})}}),

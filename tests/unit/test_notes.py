@@ -90,3 +90,28 @@ def test_html_puts_the_sampling_note_apart_from_the_warnings(tmp_path):
     assert any("3 events were lost" in w for w in doc["warnings"])
     assert not any("stack" in w for w in doc["warnings"])
     assert any("normal" in n for n in doc["notes"])
+
+
+def _late_meta(mapped_ns) -> RecordingMeta:
+    """A recording that probed libcuda only once the target had mapped it, 2.5 s in."""
+    lib = {"family": "cuda", "layer": "cuda_driver", "probes": 9, "missing": [], "placed": "when the target mapped it",
+           "mapped_ns": mapped_ns, "placed_ns": 10 * S + 2_500_000_000}
+    early = {"family": "torch", "layer": "torch_cpu", "probes": 2, "missing": [], "placed": "before the command started"}
+    stats = SourceStats(events=10, detail={"uprobes": {"/opt/lib/libcuda.so.1": lib, "/venv/libc10.so": early}})
+    return RecordingMeta(memprof_version="0.1.0", pid=100, start_ns=10 * S, sources={"ebpf": stats})
+
+
+def test_a_library_probed_late_is_a_caveat_that_says_how_late_and_how_to_avoid_it():
+    """Its allocations before the probes were placed are missing: a caveat with the window
+    (mapped_ns to placed_ns), the time, and the remedy. A library probed before the start
+    gets no such note."""
+    [note] = recording_notes(_late_meta(mapped_ns=10 * S + 2_440_000_000))
+    assert note.severity is Severity.CAVEAT
+    assert note.startswith("ebpf: /opt/lib/libcuda.so.1 was found only once the target loaded it")
+    assert "probed 60 ms after the target mapped it (+2.500s)" in note
+    assert "cuda_driver allocations before that are not recorded" in note and "LD_LIBRARY_PATH" in note
+
+
+def test_a_library_a_periodic_reread_found_says_so():
+    [note] = recording_notes(_late_meta(mapped_ns=None))
+    assert "probed when memprof's periodic re-read of the target's mappings found it (+2.500s)" in note

@@ -7,6 +7,7 @@ probed, and where (entry, return, call sites), is uprobes.py's and callsite.py's
 from __future__ import annotations
 
 import os
+import time
 
 from memprof.errors import NoPrivilegeError, SourceUnavailableError
 from memprof.sources.cpython.frames import python_runtimes
@@ -97,10 +98,14 @@ class LibraryProbes:
                 except SourceUnavailableError:
                     pass  # the attach that needs it loads it again, and shows why it is refused
 
-    def probe_library(self, path: str, family_name: str, placed: str) -> None:
+    def probe_library(self, path: str, family_name: str, placed: str, mapped_ns: int | None = None) -> None:
         """Uprobes of one family on one library file (once). Missing optional symbols are
         skipped; a library lacking a required one is noted in meta.json, as is when the
-        probes were placed (`placed`: BEFORE_START or ON_MAPPING)."""
+        probes were placed (`placed`: BEFORE_START or ON_MAPPING). For ON_MAPPING it also
+        records `placed_ns` (CLOCK_MONOTONIC, the recording's clock, once attached) and
+        `mapped_ns` (the kernel's time of the executable mapping that made memprof look,
+        None when a periodic re-read found it): the target's calls into the library between
+        the two were not seen."""
         key = (os.path.realpath(path), family_name)
         if key in self.probed:
             return
@@ -123,6 +128,8 @@ class LibraryProbes:
         libs = self._detail.setdefault("uprobes", {})
         libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
                         "missing": missing_required, "placed": placed}
+        if placed == ON_MAPPING:
+            libs[key[0]].update(mapped_ns=mapped_ns, placed_ns=time.monotonic_ns())
         if at_calls:
             libs[key[0]]["allocation_probes"] = at_calls
         if refused:
@@ -137,16 +144,17 @@ class LibraryProbes:
             attach_place(self._bpf, path, probe.symbol, place)
         return how
 
-    def probe_new_mappings(self, maps) -> None:
-        """Probe the allocator libraries and Python runtimes among a process's mappings."""
+    def probe_new_mappings(self, maps, mapped_ns: int | None = None) -> None:
+        """Probe the allocator libraries and Python runtimes among a process's mappings
+        (`mapped_ns`: when the kernel reported the mapping that prompted this, if one did)."""
         for m in maps:
             if not m.path or not m.path.startswith("/"):
                 continue
             family = U.family_of_mapping(m.path)
             if family and family in self._families:
-                self.probe_library(m.path, family, ON_MAPPING)
+                self.probe_library(m.path, family, ON_MAPPING, mapped_ns)
             elif "native" in self._families and U.is_native_library(m.path, self._options.allocator_prefix):
-                self.probe_library(m.path, "native", ON_MAPPING)
+                self.probe_library(m.path, "native", ON_MAPPING, mapped_ns)
         for path in {m.path for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
 

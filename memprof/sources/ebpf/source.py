@@ -120,6 +120,7 @@ class EbpfSource:
 
     def _apply_lifecycle(self, recs: np.ndarray) -> None:
         kinds = recs["kind"]
+        mapped = recs["ts_ns"][kinds == R.MAP_EXEC]
         for r in recs[kinds >= R.PROC_FORK]:  # rare: one Python step each is fine
             kind, pid, ts = int(r["kind"]), int(r["pid"]), int(r["ts_ns"])
             if kind == R.PROC_FORK:
@@ -135,7 +136,7 @@ class EbpfSource:
             elif kind == R.MAP_EXEC:
                 self.processes.mark_stale(pid)
         if np.isin(kinds, (R.PROC_EXEC, R.PROC_FORK, R.MAP_EXEC)).any():
-            self._refresh_processes(only_stale=True)
+            self._refresh_processes(only_stale=True, mapped_ns=int(mapped.min()) if mapped.size else None)
 
     def _intern(self, *columns) -> np.ndarray:
         return self._stacks.intern(*columns)
@@ -150,9 +151,9 @@ class EbpfSource:
         frames, word_at_sp = ips[:USER_STACK_DEPTH], ips[-1]
         return UserStack(frames[:frames.index(0)] if 0 in frames else frames, word_at_sp)
 
-    def _refresh_processes(self, only_stale: bool) -> None:
+    def _refresh_processes(self, only_stale: bool, mapped_ns: int | None = None) -> None:
         for info in self.processes.refresh(only_stale=only_stale):
-            self._libraries.probe_new_mappings(info.maps)
+            self._libraries.probe_new_mappings(info.maps, mapped_ns)
             self._python.register(info.pid, info.maps)
 
     def periodic(self) -> None:
