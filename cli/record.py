@@ -51,6 +51,19 @@ def _size(value: str) -> int:
         raise click.BadParameter(e.message) from None
 
 
+MIN_MAX_SIZE = 16 << 20  # below this, folding would run at nearly every flush
+
+
+def _max_size(ctx, param, value: str) -> int | None:
+    """--max-size: bytes, None for 0 (no limit)."""
+    size = _size(value)
+    if size == 0:
+        return None
+    if size < MIN_MAX_SIZE:
+        raise click.BadParameter(f"{value} is below the smallest limit, 16MiB (0: no limit)")
+    return size
+
+
 def _power_of_two(ctx, param, value):
     if value < 1 or value & (value - 1):
         raise click.BadParameter(f"must be a power of two (1, 2, 4, …), got {value}")
@@ -121,6 +134,13 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
                    "machine's name).")
 @click.option("-p", "--pid", type=int, help="Attach to this running process and its descendants.")
 @click.option("-d", "--duration", callback=_duration, help="Stop after this long (e.g. 60, 90s, 500ms, 5m).")
+@click.option("--max-size", default="1GiB", show_default=True, metavar="SIZE", callback=_max_size,
+              help="Keep the recording under SIZE on disk. Past 3/4 of it, the oldest events are folded: "
+                   "allocations made and freed within the same second become one per chain and second, with "
+                   "their count and bytes; what outlives its second, and what was live at each layer's peak, is "
+                   "kept as recorded, and the newest quarter of SIZE is never folded. So leaks, growth and peaks "
+                   "come out as on a full recording; live bytes inside a second miss what was folded there. "
+                   "0: no limit. Units: 512MiB, 4GiB.")
 @click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
                    "driver), native (libc heap; costly, off by default). A list replaces the default; "
@@ -163,7 +183,7 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
 @click.option("-q", "--quiet", is_flag=True,
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, host_label, pid, duration, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
+def record(output, host_label, pid, duration, max_size, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
            native_sample_bytes,
            allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
            command):
@@ -196,6 +216,7 @@ def record(output, host_label, pid, duration, sources, force, stack_every, page_
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     request = RecordRequest(
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
+        max_size_bytes=max_size,
         output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
                          user_stack_every=user_stack_every,
@@ -217,4 +238,7 @@ def record(output, host_label, pid, duration, sources, force, stack_every, page_
 def _summary(result) -> str:
     loss = f", {result.lost} lost" if result.lost else ""
     missed = f", {result.missed} skipped by the kernel" if result.missed else ""
-    return f"recorded {result.events:,} events{loss}{missed} to {result.path}; see `memprof report leaks {result.path}`"
+    folded = (f"; its oldest events were folded {result.folds} times to stay under --max-size"
+              if result.folds else "")
+    return (f"recorded {result.events:,} events{loss}{missed} to {result.path}{folded}; "
+            f"see `memprof report leaks {result.path}`")

@@ -27,6 +27,7 @@ from memprof.analysis.gpu import GpuBreakdown, gpu_breakdown
 from memprof.analysis.checkpoints import step_marks
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, chain_frames
+from memprof.analysis.compaction import is_folded
 from memprof.analysis.lifetimes import Lifetimes
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.analysis.overview import leak_report, recording_span
@@ -284,7 +285,10 @@ def loss_warnings(meta: RecordingMeta, lifetimes: Lifetimes) -> list[str]:
         if missed:
             out.append(f"{name}: {missed} events were skipped by the kernel ({_listed(stats.missed)}): "
                        "allocations shown as live may have been freed")
-    weight = lifetimes.allocations["weight"].to_numpy(dtype=float) if "weight" in lifetimes.allocations else np.ones(0)
+    allocations = lifetimes.allocations
+    weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else np.ones(0)
+    if len(weight) and "addr" in allocations:  # folded pairs (record --max-size) are exact counts, not samples
+        weight = weight[~is_folded(allocations["addr"].to_numpy())]
     sampled = int((weight != 1.0).sum())
     if sampled:
         out.append(f"{sampled} allocations were sampled (each stands for up to {weight.max():g}): "

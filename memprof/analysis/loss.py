@@ -52,6 +52,8 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
     change the results (CAVEAT) first, then those that only say how it was recorded (INFO).
     The recording's own notes (meta.notes) are caveats."""
     notes = [Note(text) for text in meta.notes]
+    if meta.folds:
+        notes.append(Note(_folds_note(meta)))
     for name, stats in meta.sources.items():
         failures = int(stats.detail.get("stack_failures", 0) or 0)
         if failures:
@@ -69,6 +71,17 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
         notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
     return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
+
+
+def _folds_note(meta: RecordingMeta) -> str:
+    """What record --max-size folded (meta.folds; capture/compactor.py), in plain words."""
+    last = meta.folds[-1]
+    window_s = int(last.get("window_ns", 0)) / 1e9
+    through = (int(last.get("through_ns", meta.start_ns)) - meta.start_ns) / 1e9
+    return (f"record --max-size: the events up to +{through:.1f}s were folded ({len(meta.folds)} times, last into "
+            f"{window_s:g}s windows): allocations made and freed within one window are counted as one per chain "
+            "and window, with their count and bytes. Live bytes are exact at each window's edge, at the end and "
+            "at each layer's peak; inside a window they leave out what was folded there.")
 
 
 # What a step is, by the agent's step source (meta.json sources.agent.detail.step_sources).

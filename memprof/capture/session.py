@@ -15,6 +15,7 @@ from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
+from memprof.capture.compactor import Compactor
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -59,6 +60,7 @@ class RecordRequest:
     force: bool = False
     host: str | None = None  # meta.host (`record --host-label`); None: platform.node()
     output_tag: str = ""  # in the default output name: a job's id and host (cli/record.py)
+    max_size_bytes: int | None = None  # record --max-size: fold old events past it (capture/compactor.py)
     ebpf: EbpfOptions = field(default_factory=EbpfOptions)
     agent: AgentOptions = field(default_factory=AgentOptions)
 
@@ -103,6 +105,7 @@ class RecordResult:
     lost: int
     missed: int
     interrupted: bool
+    folds: int = 0  # times old events were folded to keep under --max-size
 
 
 def default_output(name: str, pid: int, directory: Path = Path("."), tag: str = "") -> Path:
@@ -182,6 +185,7 @@ class Session:
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
         self.writer = None
+        self.compactor: Compactor | None = None
         self.child: GatedChild | None = None
         self.agent: AgentSource | None = None
         self.run_as = RunAs.from_sudo()
@@ -374,6 +378,8 @@ class Session:
         )
         owner_uid = self.owner.uid if self.owner else os.geteuid()
         self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
+        if req.max_size_bytes:
+            self.compactor = Compactor(self.writer, req.max_size_bytes, origin_ns=meta.start_ns)
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:
@@ -420,7 +426,8 @@ class Session:
         if write_error is not None:
             raise write_error
         meta = self.writer.meta
-        return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events, self._interrupted)
+        return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events,
+                            self._interrupted, len(meta.folds))
 
     def _tree_exited(self, root: int) -> bool:
         if self.child is not None:
@@ -474,8 +481,15 @@ class Session:
                 return False
             self._collect_flush()
         self._prepare_flush()
-        self._flushing = self.files.submit(self.writer.flush)
+        self._flushing = self.files.submit(self._write_and_fold)
         return True
+
+    def _write_and_fold(self) -> None:
+        """On `files`: write the flush, then fold old events if --max-size asks (the main loop
+        changes `meta` only once this is done, see _flush)."""
+        self.writer.flush()
+        if self.compactor is not None:
+            self.compactor.after_flush()
 
     def _prepare_flush(self) -> None:
         self.source.periodic()

@@ -7,7 +7,10 @@ from typing import Any
 
 # Bump when a reader of the previous version could misread a recording of the new one.
 FORMAT_VERSION = 1
-KNOWN_FORMAT_VERSIONS = (1,)
+# A recording whose events were folded (record --max-size) says 2: a memprof that reads only
+# 1 would miss its folded parts (part-N-f.parquet), so it must refuse it, not misread it.
+FOLDED_FORMAT_VERSION = 2
+KNOWN_FORMAT_VERSIONS = (1, 2)
 
 # --- meta.json's schema (JSON Schema 2020-12), checked by the reader before anything uses it ---
 _INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
@@ -55,6 +58,9 @@ META_SCHEMA = {
             "properties": {"monotonic_ns": _INT64, "realtime_ns": _INT64}}},
         "sources": {"type": "object", "additionalProperties": _SOURCE_SCHEMA},
         "notes": {"type": "array", "items": _TEXT},
+        "folds": {"type": "array", "items": {"type": "object", "properties": {
+            name: _INT64 for name in ("at_ns", "through_ns", "window_ns", "events_before", "events_after",
+                                      "folded_allocations", "protected_allocations")}}},
         # Their fields: ROW_FIELDS below.
         "processes": {"type": "array", "items": _OBJECT},
         "exits": {"type": "array", "items": _OBJECT},
@@ -152,6 +158,12 @@ class RecordingMeta:
     # row on disk came in before it. A recorder killed later loses only what came after.
     flushed_rows: dict[str, int] = field(default_factory=dict)
     flushed_to_ns: int | None = None
+    # What record --max-size folded (capture/compactor.py), one entry per fold, oldest first:
+    # at_ns (when), through_ns (the latest event time folded: events up to it lie in the folded
+    # part), window_ns (the fold window), events_before/events_after (rows of the parts folded,
+    # and of the folded part), folded_allocations (allocations folded with their frees),
+    # protected_allocations (kept for being live at a peak). Empty: nothing was folded.
+    folds: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from memprof.errors import BadRecordingError
 from memprof.model.meta import (
-    FORMAT_VERSION, KNOWN_FORMAT_VERSIONS, MAX_META_DEPTH, META_SCHEMA, RecordingMeta, row_field_error,
+    KNOWN_FORMAT_VERSIONS, MAX_META_DEPTH, META_SCHEMA, RecordingMeta, row_field_error,
 )
 from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.columns import column_filler
@@ -223,7 +223,7 @@ def _check_version(path: Path, version: Any) -> None:
     if type(version) is int and version in KNOWN_FORMAT_VERSIONS:
         return
     reads = ", ".join(map(str, KNOWN_FORMAT_VERSIONS))
-    if type(version) is int and version > FORMAT_VERSION:
+    if type(version) is int and version > max(KNOWN_FORMAT_VERSIONS):
         raise BadRecordingError(
             f"{path}: recorded by a newer memprof: format version {version}, this memprof reads {reads}",
             "upgrade memprof (pip install -U memprof) to read it",
@@ -248,11 +248,23 @@ def _part_paths(folder: Path) -> list[Path]:
             raise BadRecordingError(f"{folder} is not a directory: the {folder.name} table cannot be read",
                                     _damaged_hint())
         return []
-    parts = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART_NAME.match(p.name))]
-    for _, part in parts:
+    parts = [(int(m.group(1)), bool(m.group(2)), p) for p in folder.iterdir() if (m := PART_NAME.match(p.name))]
+    parts = _not_superseded(parts)
+    for _, _, part in parts:
         if not part.is_file():  # a FIFO would block the reader forever, a device never end
             raise BadRecordingError(f"{part} is not a regular file", _damaged_hint())
-    return [p for _, p in sorted(parts)]
+    return [p for _, _, p in sorted(parts)]
+
+
+def _not_superseded(parts: list[tuple[int, bool, Path]]) -> list[tuple[int, bool, Path]]:
+    """Of (index, folded, path): the latest folded part and the parts after it (writer.py's
+    PART_NAME says why the others may still be there)."""
+    folded = [index for index, is_folded, _ in parts if is_folded]
+    if not folded:
+        return parts
+    latest = max(folded)
+    return [(index, is_folded, p) for index, is_folded, p in parts
+            if index > latest or (index == latest and is_folded)]
 
 
 def read_table(path: Path, name: str) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.errors import UsageError
-from memprof.model.meta import RecordingMeta
+from memprof.model.meta import FOLDED_FORMAT_VERSION, RecordingMeta
 from memprof.model.schema import EVENTS_SCHEMA, FRAMES_SCHEMA, SAMPLES_SCHEMA, STACKS_SCHEMA
 
 META_NAME = "meta.json"
@@ -39,14 +39,18 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "frames": frozenset({"frame_id", "kind"}),
     "samples": frozenset({"ts_ns", "metric", "value"}),
 }
-PART_NAME = re.compile(r"^part-(\d+)\.parquet$")
+# A part `part-N-f.parquet` is folded (record --max-size, capture/compactor.py): it holds what
+# parts 0..N held, folded, and supersedes them and every earlier folded part. It is renamed into
+# place before they are deleted, so a recorder killed between the two leaves a recording that
+# reads the same (readers skip superseded parts).
+PART_NAME = re.compile(r"^part-(\d+)(-f)?\.parquet$")
 COMPRESSION = "zstd"
 
 _Column = Any  # numpy array, list, pandas array/Series, pyarrow array, or a scalar to broadcast
 
 
-def part_name(index: int) -> str:
-    return f"part-{index:06d}.parquet"
+def part_name(index: int, folded: bool = False) -> str:
+    return f"part-{index:06d}{'-f' if folded else ''}.parquet"
 
 
 class RecordingWriter:
@@ -179,8 +183,12 @@ class RecordingWriter:
             # CPUs, and sorting a part here costs the recorder milliseconds where sorting
             # 10^7 rows at every report costs seconds. Readers still check the order.
             table = table.sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
-        folder = self.path / table_name
-        final = folder / part_name(self._parts[table_name])
+        self._write_file(self.path / table_name, part_name(self._parts[table_name]), table)
+        self._parts[table_name] += 1
+
+    def _write_file(self, folder: Path, name: str, table: pa.Table) -> None:
+        """`table` as the Parquet file `folder/name`, written under a temporary name and renamed."""
+        final = folder / name
         tmp = folder / f".{final.name}.tmp"
         with _create_exclusive(tmp) as f:
             pq.write_table(table, f, compression=COMPRESSION)
@@ -188,7 +196,27 @@ class RecordingWriter:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(folder)
-        self._parts[table_name] += 1
+
+    def install_folded_events(self, index: int, table: pa.Table, superseded: list[Path], fold: dict[str, Any]) -> None:
+        """Put `table`, the events of the parts `superseded` folded (capture/compactor.py), in
+        their place as the folded part `index` (the last of theirs), delete them, then rewrite
+        meta.json: `flushed_rows` counts the folded rows instead of theirs (fold["events_before"]),
+        `fold` joins `meta.folds`, and the format version says folded. Renamed in before they
+        are deleted, so the recording reads the same at every moment (PART_NAME).
+        Call it on the thread that flushes; raises OSError as flush() does."""
+        with self._write_lock:
+            folder = self.path / "events"
+            name = part_name(index, folded=True)
+            self._write_file(folder, name, table)
+            for part in superseded:
+                if part.name != name:
+                    part.unlink(missing_ok=True)
+            _fsync_dir(folder)
+            rows = self.meta.flushed_rows
+            rows["events"] = rows.get("events", 0) - int(fold["events_before"]) + table.num_rows
+            self.meta.folds.append(fold)
+            self.meta.format_version = FOLDED_FORMAT_VERSION
+            self._write_meta()
 
     def _write_meta(self) -> None:
         tmp = self.path / f".{META_NAME}.tmp"
@@ -281,6 +309,12 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def table_of(table_name: str, columns: Mapping[str, _Column]) -> pa.Table:
+    """Rows for table `table_name` as append() takes them, as an Arrow table of its schema
+    (ValueError as append() raises it)."""
+    return _to_table(table_name, TABLES[table_name], columns)
 
 
 def _to_table(table_name: str, schema: pa.Schema, columns: Mapping[str, _Column]) -> pa.Table:

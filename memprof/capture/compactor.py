@@ -1,0 +1,176 @@
+"""Keeping a recording under `record --max-size` while it is written (issue 23 item 1).
+
+After each flush, on the thread that writes the recording, the compactor looks at what the
+recording takes on disk. Past three quarters of the limit it folds the oldest events parts,
+together with what it folded before, into one folded part (analysis/compaction.py says what
+is kept row for row and what is folded), and deletes the parts it replaced
+(recording/writer.py, PART_NAME, says why a reader never sees both).
+
+What it never folds: the newest parts, a quarter of the limit (full detail for the most
+recent window); anything while the recording is under three quarters of the limit (a short
+run is never folded). It folds a chunk of at least CHUNK_ROWS / 2 rows at a time (any,
+past URGENT_AT of the limit), so the folded part is rewritten seldom.
+
+What it reads at once is bounded, and with it the recorder's own memory: at most CHUNK_ROWS
+rows of parts plus the folded part, and the folded part is kept near FOLDED_ROWS_MAX rows: when
+a fold leaves it larger, or the recording still over the limit, the next fold doubles the
+window (up to MAX_WINDOW_NS), which merges each pair of windows' folded allocations. What
+outlives every window is kept whatever its size (the live set, a leak's allocations): past
+MAX_WINDOW_NS the recording may grow, and meta.json's notes say so once. If folding
+fails (a bug, a damaged part), it stops and says so in meta.json's notes: the recording goes
+on unfolded, and nothing already recorded is lost."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from memprof.analysis.compaction import fold_events
+from memprof.recording.reader import _read_part, frame_of_tables
+from memprof.recording.writer import PART_NAME, TABLES, RecordingWriter, table_of
+from memprof.timeline import with_modules
+
+DEFAULT_WINDOW_NS = 1_000_000_000     # 1 s: live bytes are exact at every second's edge
+MAX_WINDOW_NS = 3600 * 1_000_000_000  # an hour: coarser windows would say little of growth
+CHUNK_ROWS = 500_000                  # rows of parts folded at once (at least half, unless urgent)
+FOLDED_ROWS_MAX = 1_000_000           # rows of the folded part: past this, the window doubles
+START_AT = 0.75                       # of the limit: fold past this much
+URGENT_AT = 0.95                      # of the limit: fold whatever can be, however little
+RECENT_SHARE = 0.25                   # of the limit: the newest parts, never folded
+
+
+@dataclass(frozen=True)
+class _Part:
+    index: int
+    folded: bool
+    path: Path
+    size: int
+    rows: int
+
+
+class Compactor:
+    """Folds the events of the recording `writer` writes to keep it under `max_bytes`.
+    `origin_ns`: where fold windows are counted from (the recording's start)."""
+
+    def __init__(self, writer: RecordingWriter, max_bytes: int, origin_ns: int, window_ns: int = DEFAULT_WINDOW_NS,
+                 chunk_rows: int = CHUNK_ROWS):
+        self.writer = writer
+        self.max_bytes = max_bytes
+        self.origin_ns = origin_ns
+        self.window_ns = window_ns
+        self.chunk_rows = chunk_rows
+        self.stopped = False
+        self._said_over = False
+        self._rows: dict[str, int] = {}  # rows of each part seen, by path: footers read once
+
+    def after_flush(self) -> bool:
+        """Fold once if the recording is past START_AT of the limit and old parts can be
+        folded; True if it folded. Never raises: a failure stops folding (module docstring)."""
+        if self.stopped:
+            return False
+        try:
+            return self._fold_if_needed()
+        except Exception as e:  # noqa: BLE001 - the recording must survive any failure here
+            self.stopped = True
+            self.writer.meta.notes.append(f"record --max-size: folding stopped ({type(e).__name__}: {e}); "
+                                          "the recording went on without folding, nothing was lost")
+            return False
+
+    def _fold_if_needed(self) -> bool:
+        total = recording_bytes(self.writer.path)
+        if total <= START_AT * self.max_bytes:
+            return False
+        folded, chunk = self._chunk(events_parts(self.writer.path / "events", self._rows))
+        if not chunk:
+            self._note_over(total)
+            return False
+        if sum(p.rows for p in chunk) < self.chunk_rows // 2 and total <= URGENT_AT * self.max_bytes:
+            return False  # wait for a chunk worth rewriting the folded part for
+        rows_after = self._fold(folded, chunk)
+        if recording_bytes(self.writer.path) > self.max_bytes or rows_after > FOLDED_ROWS_MAX:
+            self._coarsen(total)
+        return True
+
+    def _chunk(self, parts: list[_Part]) -> tuple[_Part | None, list[_Part]]:
+        """The latest folded part (None: none yet) and the oldest plain parts after it to fold
+        now: at most chunk_rows rows (at least one part), none of the newest RECENT_SHARE."""
+        latest = max((p for p in parts if p.folded), key=lambda p: p.index, default=None)
+        plain = [p for p in parts if not p.folded and (latest is None or p.index > latest.index)]
+        recent, kept = 0, len(plain)
+        while kept > 0 and recent < RECENT_SHARE * self.max_bytes:
+            kept -= 1
+            recent += plain[kept].size
+        chunk, rows = [], 0
+        for part in plain[:kept]:
+            if chunk and rows + part.rows > self.chunk_rows:
+                break
+            chunk.append(part)
+            rows += part.rows
+        return latest, chunk
+
+    def _fold(self, folded: _Part | None, chunk: list[_Part]) -> int:
+        """Fold `chunk` with the folded part before it (if any) into a new folded part; its rows."""
+        inputs = ([folded] if folded else []) + chunk
+        tables = [_read_part(p.path, "events", TABLES["events"]) for p in inputs]
+        events = frame_of_tables("events", tables)
+        del tables
+        order = np.lexsort((events["seq"].to_numpy(), events["ts_ns"].to_numpy()))
+        events = events.iloc[order].reset_index(drop=True)
+        modules = with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
+        result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=modules)
+        table = table_of("events", {name: result.events[name] for name in TABLES["events"].names})
+        fold = {"at_ns": time.monotonic_ns(), "through_ns": int(events["ts_ns"].max()), "window_ns": self.window_ns,
+                "events_before": len(events), "events_after": table.num_rows,
+                "folded_allocations": result.folded_pairs, "protected_allocations": result.protected}
+        self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)
+        return table.num_rows
+
+    def _coarsen(self, total: int) -> None:
+        if self.window_ns < MAX_WINDOW_NS:
+            self.window_ns = min(2 * self.window_ns, MAX_WINDOW_NS)
+        else:
+            self._note_over(total)
+
+    def _note_over(self, total: int) -> None:
+        """Once: the limit cannot be kept (what must be kept row for row takes it)."""
+        if total > self.max_bytes and not self._said_over:
+            self._said_over = True
+            self.writer.meta.notes.append(
+                f"record --max-size: the recording passed its limit ({self.max_bytes:,} bytes): what folding keeps "
+                "row for row (allocations that outlive a window, the newest quarter of the limit) took it")
+
+
+def events_parts(folder: Path, rows_seen: dict[str, int]) -> list[_Part]:
+    """The events parts in `folder`, by index, with their size on disk and rows (footers
+    read once: `rows_seen` keeps them by path; a folded part is a new file each time, so
+    its entry is dropped when it is replaced)."""
+    parts = []
+    for entry in os.scandir(folder):
+        match = PART_NAME.match(entry.name)
+        if match and entry.is_file(follow_symlinks=False):
+            if entry.path not in rows_seen or match.group(2):
+                rows_seen[entry.path] = pq.ParquetFile(entry.path).metadata.num_rows
+            parts.append(_Part(int(match.group(1)), bool(match.group(2)), Path(entry.path), entry.stat().st_size,
+                               rows_seen[entry.path]))
+    present = {str(p.path) for p in parts}
+    for gone in [path for path in rows_seen if path not in present]:
+        del rows_seen[gone]
+    return sorted(parts, key=lambda p: (p.index, p.folded))
+
+
+def recording_bytes(path: Path) -> int:
+    """What the recording's files take, in bytes (every file under it: its tables' parts,
+    the agent's folder, meta.json; links not followed)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:  # a temporary file renamed meanwhile
+                continue
+            total += info.st_size
+    return total

@@ -1,0 +1,207 @@
+"""Issue 23 item 1: `record --max-size` folds the oldest parts while the recording is written
+(capture/compactor.py). The same events written twice, once with a compactor after every
+flush: the folded recording is smaller, says what was folded, reads with every part it
+replaced gone, and reports the same leaks, peaks and per-chain totals as the full one."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from memprof.capture.compactor import MAX_WINDOW_NS, Compactor, events_parts, recording_bytes
+from memprof.cli.main import cli
+from memprof.model.meta import RecordingMeta
+from memprof.recording.reader import open_recording
+from memprof.recording.writer import RecordingWriter
+from tests.diff_factories import stacks_frames
+
+MS = 1_000_000
+S = 1000 * MS
+SECONDS = 30
+CHURN_PER_S = 2000     # chain 1: 256-byte buffers, each freed 0.2 ms later
+LEAK_PER_S = 10        # chain 2: 4 KiB buffers, never freed: 300 held at the end
+CROSSING_PER_S = 3     # chain 3: 1 KiB buffers freed 0.7 s later (most outlive their second)
+CHAINS = {1: [("python", "churn", "train.py", "train.py", 10)],
+          2: [("python", "leak", "train.py", "train.py", 20)],
+          3: [("python", "carry", "train.py", "train.py", 30)],
+          4: [("python", "spike", "train.py", "train.py", 40)]}
+
+
+def second_of_events(second: int, rng: np.random.Generator) -> dict:
+    """The events of one second (plus a 64 x 1 MiB spike, the peak, in second 17)."""
+    rows: list[tuple] = []  # (ts, action, addr, size, stack)
+    base = second * S
+    for i in range(CHURN_PER_S):
+        ts = base + int(i * (S // CHURN_PER_S)) + int(rng.integers(0, 1000))
+        addr = 0x10_0000 + (i % 64) * 0x100
+        rows += [(ts, "alloc", addr, 256, 1), (ts + 200_000, "free", addr, None, None)]
+    for i in range(LEAK_PER_S):
+        rows.append((base + i * 7 * MS + 3, "alloc", 0x9000_0000 + (second * LEAK_PER_S + i) * 0x1000, 4096, 2))
+    for i in range(CROSSING_PER_S):
+        ts, addr = base + 400 * MS + i * MS, 0x7000_0000 + (second * CROSSING_PER_S + i) * 0x1000
+        rows += [(ts, "alloc", addr, 1024, 3), (ts + 700 * MS, "free", addr, None, None)]
+    if second == 17:
+        for i in range(64):
+            rows += [(base + 500 * MS + i, "alloc", 0x5000_0000 + i * 0x10_0000, 1 << 20, 4),
+                     (base + 510 * MS + i, "free", 0x5000_0000 + i * 0x10_0000, None, None)]
+    ts, action, addr, size, stack = zip(*rows)
+    return {"ts_ns": np.array(ts, dtype=np.int64), "action": list(action), "addr": np.array(addr, dtype=np.uint64),
+            "size_bytes": [s for s in size], "stack_id": [s for s in stack], "layer": "native_heap",
+            "device": "cpu", "pid": 100, "tid": 100}
+
+
+def write(path, max_bytes: int | None):
+    """The same 30 s of events, one flush per 250 ms of them (frees that come later than
+    their flush go in the next one, as the recorder's would), folded after each flush when
+    `max_bytes` is given."""
+    meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
+    writer = RecordingWriter(path, meta)
+    stacks, frames = stacks_frames(CHAINS)
+    writer.append("stacks", {name: stacks[name] for name in stacks.columns})
+    writer.append("frames", {name: frames[name] for name in frames.columns})
+    compactor = Compactor(writer, max_bytes, origin_ns=0, chunk_rows=8000) if max_bytes else None
+    rng = np.random.default_rng(7)
+    pool, seq = None, 0
+    for second in range(SECONDS + 1):
+        if second < SECONDS:
+            pool = _joined(pool, second_of_events(second, rng))
+        for quarter in range(4):
+            end = second * S + (quarter + 1) * (S // 4) if second < SECONDS else np.iinfo(np.int64).max
+            batch, pool = _split(pool, end)
+            if batch is None:
+                continue
+            batch["seq"] = np.arange(seq, seq + len(batch["ts_ns"]))
+            seq += len(batch["ts_ns"])
+            writer.append("events", {**batch, "layer": "native_heap", "device": "cpu", "pid": 100, "tid": 100})
+            writer.flush()
+            if compactor:
+                compactor.after_flush()
+    writer.finalize(end_ns=(SECONDS + 1) * S)
+    return compactor
+
+
+_COLUMNS = ("ts_ns", "action", "addr", "size_bytes", "stack_id")
+
+
+def _joined(pool, cols):
+    if pool is None:
+        return {name: np.asarray(cols[name], dtype=object) for name in _COLUMNS}
+    return {name: np.concatenate([pool[name], np.asarray(cols[name], dtype=object)]) for name in _COLUMNS}
+
+
+def _split(pool, end):
+    """(rows of `pool` before `end`, as append() takes them, or None; the rest, or None)."""
+    if pool is None:
+        return None, None
+    now = pool["ts_ns"].astype(np.int64) < end
+    later = {name: v[~now] for name, v in pool.items()} if (~now).any() else None
+    if not now.any():
+        return None, later
+    batch = {name: v[now] for name, v in pool.items()}
+    batch = {"ts_ns": batch["ts_ns"].astype(np.int64), "addr": batch["addr"].astype(np.uint64),
+             "action": list(batch["action"]), "size_bytes": list(batch["size_bytes"]),
+             "stack_id": list(batch["stack_id"])}
+    return batch, later
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compactor")
+    full, folded = root / "full.memprof", root / "folded.memprof"
+    write(full, None)
+    compactor = write(folded, 600_000)
+    return full, folded, compactor
+
+
+def report(*args) -> dict:
+    result = CliRunner().invoke(cli, ["report", *map(str, args), "--format", "json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_the_folded_recording_is_smaller_and_says_what_was_folded(recordings):
+    full, folded, compactor = recordings
+    meta = open_recording(folded).meta
+    assert meta.folds and meta.format_version == 2 and not compactor.stopped
+    assert recording_bytes(folded) < recording_bytes(full) / 3
+    assert all(f["events_after"] < f["events_before"] for f in meta.folds)
+    parts = events_parts(folded / "events", {})
+    assert sum(p.folded for p in parts) == 1  # each fold replaced the one before, and the parts it folded
+    assert sum(p.size for p in parts if not p.folded) >= 0.25 * 600_000  # the newest quarter: never folded
+    assert meta.flushed_rows["events"] == sum(p.rows for p in parts)
+
+
+def test_leaks_are_the_same_as_on_the_full_recording(recordings):
+    full, folded, _ = recordings
+
+    def findings(path):
+        leaks = report("leaks", path)
+        return sorted(json.dumps({k: v for k, v in f.items() if k != "explanation"}, sort_keys=True)
+                      for f in leaks["findings"] + leaks["not_leaks"])
+    assert findings(folded) == findings(full)
+    [leak] = report("leaks", full)["findings"]
+    assert (leak["kind"], leak["live_count"], leak["live_bytes"], leak["stack"][0]["function"]) == \
+        ("grows_per_step", SECONDS * LEAK_PER_S, SECONDS * LEAK_PER_S * 4096, "leak")
+
+
+def test_peak_and_what_held_it_are_the_same(recordings):
+    full, folded, _ = recordings
+
+    def peak(path):
+        layer = report("peak", path)
+        return json.dumps({k: v for k, v in layer.items() if k not in ("notes", "recording")}, sort_keys=True)
+    assert peak(folded) == peak(full)
+
+
+def test_allocations_and_bytes_per_chain_are_the_same(recordings):
+    full, folded, _ = recordings
+
+    full_layers, folded_layers = report("layers", full), report("layers", folded)
+    assert json.dumps(full_layers["layers"], sort_keys=True) == json.dumps(folded_layers["layers"], sort_keys=True)
+    [native] = [layer for layer in full_layers["layers"] if layer["layer"] == "native_heap"]
+    assert native["alloc_count"] == SECONDS * (CHURN_PER_S + LEAK_PER_S + CROSSING_PER_S) + 64, native
+
+
+def test_a_folded_recording_notes_it_in_every_report(recordings):
+    _, folded, _ = recordings
+    notes = [n["text"] for n in report("summary", folded)["notes"]]
+    assert any(n.startswith("record --max-size: the events up to +") for n in notes), notes
+
+
+def test_superseded_parts_left_by_a_killed_recorder_are_not_read(recordings, tmp_path):
+    """The folded part is renamed in before the parts it replaces are deleted: a recorder
+    killed in between leaves them, and the recording reads the same."""
+    _, folded, _ = recordings
+    copy = tmp_path / "copy.memprof"
+    os.system(f"cp -r {folded} {copy}")
+    [latest] = [p for p in events_parts(copy / "events", {}) if p.folded]
+    (copy / "events" / "part-000000.parquet").write_bytes((copy / "events" / latest.path.name).read_bytes())
+    assert len(open_recording(copy).events) == len(open_recording(folded).events)
+
+
+def test_a_fold_that_fails_stops_folding_and_loses_nothing(tmp_path, monkeypatch):
+    """Folding is an optimisation: if it fails, the recording goes on whole and says why."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated")
+    monkeypatch.setattr("memprof.capture.compactor.fold_events", broken)
+    path = tmp_path / "r.memprof"
+    compactor = write(path, 600_000)
+    recording = open_recording(path)
+    assert compactor.stopped and not recording.meta.folds
+    assert any("folding stopped (RuntimeError: simulated)" in n for n in recording.meta.notes), recording.meta.notes
+    expected = SECONDS * (2 * CHURN_PER_S + LEAK_PER_S + 2 * CROSSING_PER_S) + 2 * 64
+    assert len(recording.events) == expected
+
+
+def test_a_limit_smaller_than_what_must_be_kept_is_noted_once(tmp_path):
+    """Under 20 KB nothing fits (the 300 leaked allocations alone take more, with the
+    tables' own overhead): the window doubles to its largest, the recording passes the
+    limit, and meta.json says why, once."""
+    path = tmp_path / "r.memprof"
+    compactor = write(path, 20_000)
+    assert compactor.window_ns == MAX_WINDOW_NS
+    notes = [n for n in open_recording(path).meta.notes if n.startswith("record --max-size: the recording passed")]
+    assert len(notes) == 1, notes
