@@ -78,7 +78,8 @@ def _folds_note(meta: RecordingMeta) -> str:
     last = meta.folds[-1]
     window_s = int(last.get("window_ns", 0)) / 1e9
     through = (int(last.get("through_ns", meta.start_ns)) - meta.start_ns) / 1e9
-    return (f"record --max-size: the events up to +{through:.1f}s were folded ({len(meta.folds)} times, last into "
+    times = int(last.get("n", len(meta.folds)))
+    return (f"record --max-size: the events up to +{through:.1f}s were folded ({times} times, last into "
             f"{window_s:g}s windows): allocations made and freed within one window are counted as one per chain "
             "and window, with their count and bytes. Live bytes are exact at each window's edge, at the end and "
             "at each layer's peak; inside a window they leave out what was folded there.")

@@ -114,6 +114,7 @@ class Compactor:
 
     def _fold(self, folded: _Part | None, chunk: list[_Part]) -> int:
         """Fold `chunk` with the folded part before it (if any) into a new folded part; its rows."""
+        began = time.monotonic_ns()
         inputs = ([folded] if folded else []) + chunk
         tables = [_read_part(p.path, "events", TABLES["events"]) for p in inputs]
         events = frame_of_tables("events", tables)
@@ -123,7 +124,8 @@ class Compactor:
         modules = with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
         result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=modules)
         table = table_of("events", {name: result.events[name] for name in TABLES["events"].names})
-        fold = {"at_ns": time.monotonic_ns(), "through_ns": int(events["ts_ns"].max()), "window_ns": self.window_ns,
+        fold = {"at_ns": began, "took_ns": time.monotonic_ns() - began, "through_ns": int(events["ts_ns"].max()),
+                "window_ns": self.window_ns,
                 "events_before": len(events), "events_after": table.num_rows,
                 "folded_allocations": result.folded_pairs, "protected_allocations": result.protected}
         self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)

@@ -427,7 +427,7 @@ class Session:
             raise write_error
         meta = self.writer.meta
         return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events,
-                            self._interrupted, len(meta.folds))
+                            self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0)
 
     def _tree_exited(self, root: int) -> bool:
         if self.child is not None:

@@ -45,6 +45,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
 # reads the same (readers skip superseded parts).
 PART_NAME = re.compile(r"^part-(\d+)(-f)?\.parquet$")
 COMPRESSION = "zstd"
+MAX_FOLDS_KEPT = 256  # meta.json's folds: the first and the latest; "n" numbers them all
 
 _Column = Any  # numpy array, list, pandas array/Series, pyarrow array, or a scalar to broadcast
 
@@ -214,7 +215,10 @@ class RecordingWriter:
             _fsync_dir(folder)
             rows = self.meta.flushed_rows
             rows["events"] = rows.get("events", 0) - int(fold["events_before"]) + table.num_rows
-            self.meta.folds.append(fold)
+            folds = self.meta.folds
+            folds.append({**fold, "n": (folds[-1].get("n", len(folds)) if folds else 0) + 1})
+            if len(folds) > MAX_FOLDS_KEPT:  # meta.json is rewritten at every flush: keep it small
+                del folds[1]  # the first fold, and the latest ones, stay
             self.meta.format_version = FOLDED_FORMAT_VERSION
             self._write_meta()
 

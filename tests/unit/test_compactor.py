@@ -205,3 +205,21 @@ def test_a_limit_smaller_than_what_must_be_kept_is_noted_once(tmp_path):
     assert compactor.window_ns == MAX_WINDOW_NS
     notes = [n for n in open_recording(path).meta.notes if n.startswith("record --max-size: the recording passed")]
     assert len(notes) == 1, notes
+
+
+def test_meta_json_keeps_the_first_fold_and_the_latest(tmp_path):
+    """meta.json is rewritten at every flush: of many folds it keeps the first and the
+    latest, each numbered, and the notes count them all."""
+    from memprof.recording import writer as writer_module
+    path = tmp_path / "r.memprof"
+    original = writer_module.MAX_FOLDS_KEPT
+    writer_module.MAX_FOLDS_KEPT = 4
+    try:
+        write(path, 20_000)
+    finally:
+        writer_module.MAX_FOLDS_KEPT = original
+    folds = open_recording(path).meta.folds
+    numbers = [f["n"] for f in folds]
+    assert len(folds) == 4 and numbers[0] == 1 and numbers[1:] == list(range(numbers[-1] - 2, numbers[-1] + 1))
+    notes = [n["text"] for n in report("summary", path)["notes"]]
+    assert any(f"folded ({numbers[-1]} times," in n for n in notes), notes
