@@ -15,8 +15,9 @@ Kept row for row:
 - every allocation live at a protected instant (the earliest time each (layer, device), and
   each (layer, device, pid), reached its highest live bytes in the frame) and its free: the
   peaks, and what was live at them, are exact;
-- frees of allocations made before the frame (or never seen), and allocations that a missed
-  free or a free request ended.
+- frees of allocations made before the frame (or never seen), allocations that a missed
+  free or a free request ended, and the allocation that ends one by a missed free (the next
+  allocation of its address: without it, the one before would look live to the end).
 
 Folded: every other allocation with its free, i.e. those allocated and freed within one
 window. Per (layer, device, pid, tid, chain, category, step, module, window) they become
@@ -85,6 +86,9 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int,
     alloc_ts = ts[alloc_rows]
     freed = np.zeros(alloc_rows.size, dtype=bool)
     freed[ended] = kind[ends[ended]] == _FREE
+    # An allocation right after another of its address ends that one (a missed free, as
+    # lifetimes.py judges it): it stays, or the one before would look live to the end.
+    freed &= ~_follows_an_allocation(kind, following)[alloc_rows]
     window = (alloc_ts - origin_ns) // window_ns
     same_window = freed & (window == (end_ts - origin_ns) // window_ns)
     weight = _weights(events, alloc_rows)
@@ -123,6 +127,14 @@ def _next_of_key(events: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
     following = following.to_numpy().astype(np.int64)
     following[kind == 0] = -1  # rows pairing ignores share one group: they have no next
     return following
+
+
+def _follows_an_allocation(kind: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """Per row: the row before it of its pairing key is an allocation."""
+    has_next = following >= 0
+    previous_kind = np.zeros(len(kind), dtype=kind.dtype)
+    previous_kind[following[has_next]] = kind[has_next]
+    return previous_kind == _ALLOC
 
 
 def _weights(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

@@ -125,14 +125,14 @@ def _refused_notes(name: str, uprobes: dict) -> list[str]:
 
 
 def _late_probe_notes(name: str, uprobes: dict, start_ns: int) -> list[str]:
-    """Libraries probed only once the target had mapped them (dlopen): the target's calls
-    into them before the probes were in place are not recorded. Says how long that window
+    """Libraries probed only once the target had mapped them (dlopen), after the recording
+    began: the target's calls into them before the probes were in place are not recorded. Says how long that window
     was (meta.json's mapped_ns and placed_ns, library_probes.py) and how to close it."""
     notes = []
     for path, lib in sorted(uprobes.items()):
         placed_ns = lib.get("placed_ns")
-        if placed_ns is None:
-            continue
+        if placed_ns is None or placed_ns <= start_ns:
+            continue  # placed before the recording began (record --pid: mapped before the attach)
         mapped_ns = lib.get("mapped_ns")
         when = (f"{(placed_ns - mapped_ns) / 1e6:.0f} ms after the target mapped it" if mapped_ns is not None
                 else "when memprof's periodic re-read of the target's mappings found it")

@@ -167,3 +167,16 @@ def test_folding_again_changes_nothing():
 def test_a_window_under_one_ns_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         folded(churn(0, 2, 8, stack=1), window_ns=0)
+
+
+def test_the_allocation_that_ends_one_by_a_missed_free_stays():
+    """0x10 is allocated, its free unseen (an RCU free outside the target, say), then
+    allocated again and freed: the second allocation closes the first as a missed free, so
+    it stays, even though it was freed within its window; folding it would leave the first
+    live to the end."""
+    rows = [(1 * MS, "alloc", 0x10, 512, 1), (5 * MS, "alloc", 0x10, 512, 1), (6 * MS, "free", 0x10)] + spike()
+    original, result = events_frame(rows), folded(rows)
+    assert result.folded_pairs == 0
+    ends = pair_lifetimes(result.events).allocations.set_index("alloc_ts_ns")["end_kind"].astype(str)
+    assert ends[1 * MS] == "missed" and ends[5 * MS] == "freed"
+    assert pair_lifetimes(original).missed_frees == pair_lifetimes(result.events).missed_frees == {"native_heap": 1}

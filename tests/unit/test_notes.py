@@ -115,3 +115,11 @@ def test_a_library_probed_late_is_a_caveat_that_says_how_late_and_how_to_avoid_i
 def test_a_library_a_periodic_reread_found_says_so():
     [note] = recording_notes(_late_meta(mapped_ns=None))
     assert "probed when memprof's periodic re-read of the target's mappings found it (+2.500s)" in note
+
+
+def test_a_library_probed_before_the_recording_began_gets_no_note():
+    """record --pid: the libraries the target had mapped are probed while the recorder
+    starts, before the recording's start: nothing of the recording is missing."""
+    meta = _late_meta(mapped_ns=None)
+    meta.start_ns = 20 * S
+    assert recording_notes(meta) == []

@@ -1,0 +1,138 @@
+"""Issue 23 item 1, acceptance "full against folded": one 10-minute run recorded twice at
+once by two `record --pid`, one without a limit and one with `--max-size 16MiB`, gives the
+same findings: the same kinds and chains, bytes within 1 %.
+
+The run is examples/long_run.py: a paced CPU training loop with kernel churn in every step
+and one known leak (every 10th step keeps 131072 bytes of activations). MEMPROF_LONG_RUN_S
+shortens it (default 600 s, the issue's ten minutes) for a quick local check."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memprof.recording.reader import read_meta
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+RUN_S = float(os.environ.get("MEMPROF_LONG_RUN_S", "600"))
+MAX_SIZE = 16 << 20
+LEAK_BYTES = 131072
+# Socket pairs per step: 20 over ten minutes (about 7,000 events a second, 4·10^6 in all,
+# 35 MB whole); a shorter run gets more, so that it makes as many events and is folded too.
+CHURN = max(20, round(20 * 600 / RUN_S))
+
+
+def memprof(*args) -> list[str]:
+    return [sys.executable, "-m", "memprof", *map(str, args)]
+
+
+def report(kind: str, path: Path, *args) -> dict:
+    result = subprocess.run(memprof("report", kind, path, "--format", "json", *args), capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def size_on_disk(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.fixture(scope="module")
+def twice_recorded(tmp_path_factory):
+    """(full recording, folded recording, the workload's last line), of one run."""
+    root = tmp_path_factory.mktemp("max_size")
+    full, folded = root / "full.memprof", root / "folded.memprof"
+    target = subprocess.Popen([sys.executable, EXAMPLES / "long_run.py", "--seconds", str(RUN_S), "--churn", str(CHURN),
+                               "--wait-for-line"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=EXAMPLES)
+    recorders = []
+    try:
+        pid = int(target.stdout.readline().strip().removeprefix("pid="))
+        for path, limit in ((full, "0"), (folded, "16MiB")):
+            recorders.append(subprocess.Popen(memprof("record", "-q", "-o", path, "--max-size", limit, "--pid", pid),
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              start_new_session=True))
+        deadline = time.monotonic() + 120
+        while not (full.exists() and folded.exists()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        target.stdin.write("start\n")
+        target.stdin.flush()
+        last = target.stdout.read().strip().splitlines()[-1]
+        target.wait(timeout=RUN_S + 120)
+        for recorder in recorders:
+            out, err = recorder.communicate(timeout=300)
+            assert recorder.returncode == 0, err
+    finally:
+        for recorder in recorders:
+            if recorder.poll() is None:
+                os.killpg(recorder.pid, signal.SIGKILL)
+        if target.poll() is None:
+            target.kill()
+    return full, folded, last
+
+
+def test_the_folded_recording_stays_under_its_limit_and_says_what_it_folded(twice_recorded):
+    full, folded, _ = twice_recorded
+    meta = read_meta(folded)
+    assert meta.folds and meta.format_version == 2, meta.folds
+    assert size_on_disk(folded) <= MAX_SIZE, (size_on_disk(folded), size_on_disk(full))
+    assert size_on_disk(full) > MAX_SIZE, "the run was too small to need folding"
+    assert not read_meta(full).folds
+
+
+def _findings(path: Path) -> dict[tuple, dict]:
+    """Findings by (layer, kind, chain's functions)."""
+    leaks = report("leaks", path, "--top", "1000")
+    return {(f["layer"], f["kind"], tuple(fr["function"] for fr in f["stack"])): f for f in leaks["findings"]}
+
+
+def _unseen(path: Path) -> int:
+    """Events this recorder did not see: lost (its ring buffer was full) or skipped by the
+    kernel. Two recorders on one run do not lose the same ones."""
+    stats = read_meta(path).sources["ebpf"]
+    return stats.lost + sum(stats.missed.values())
+
+
+def test_the_same_findings_with_bytes_within_one_percent(twice_recorded):
+    """The same findings, bytes within 1 %, and the known leak with its exact bytes. A finding
+    only one recording has must be explained by events its recorder did not see (a lost free
+    leaves its allocation held): its allocations are at most those events."""
+    full, folded, last = twice_recorded
+    whole, part = _findings(full), _findings(folded)
+    for mine, theirs, path in ((whole, part, full), (part, whole, folded)):
+        extra = [mine[key] for key in set(mine) - set(theirs)]
+        assert sum(f["live_count"] for f in extra) <= _unseen(path), (path.name, _unseen(path), extra)
+    for key in set(whole) & set(part):
+        assert part[key]["live_bytes"] == pytest.approx(whole[key]["live_bytes"], rel=0.01), key
+    kept_bytes = int(last.split("kept_bytes=")[1].split()[0])
+    for findings in (whole, part):
+        torch_leaks = [f for (layer, _, chain), f in findings.items() if layer == "torch_cpu"]
+        assert [f["live_bytes"] for f in torch_leaks] == [kept_bytes], (kept_bytes, list(findings))
+
+
+def test_each_layer_s_allocations_agree_and_torch_s_peak_too(twice_recorded):
+    """Allocations per layer within 1 %; torch_cpu's peak and end within 1 %. The kernel
+    layers' peaks are left out: two recorders on one tracepoint do not skip the same events
+    (the kernel's recursion guard, meta.json's `missed`: 96 kmalloc against 48 in one run),
+    and kernel_slab's peak here is some 50 KB, which one skipped free moves by more than 1 %."""
+    full, folded, _ = twice_recorded
+    whole = {layer["layer"]: layer for layer in report("layers", full)["layers"]}
+    part = {layer["layer"]: layer for layer in report("layers", folded)["layers"]}
+    assert set(part) == set(whole)
+    for name, layer in whole.items():
+        assert part[name]["alloc_count"] == pytest.approx(layer["alloc_count"], rel=0.01), name
+    for key in ("peak_bytes", "final_bytes"):
+        assert part["torch_cpu"][key] == pytest.approx(whole["torch_cpu"][key], rel=0.01), key
+
+
+def test_a_limit_too_small_to_fold_is_refused_with_one_line(tmp_path):
+    result = subprocess.run(memprof("record", "--max-size", "1MiB", "--", "true"), capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "below the smallest limit, 16MiB" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
