@@ -15,9 +15,13 @@ Kept row for row:
 - every allocation live at a protected instant (the earliest time each (layer, device), and
   each (layer, device, pid), reached its highest live bytes in the frame) and its free: the
   peaks, and what was live at them, are exact;
-- frees of allocations made before the frame (or never seen), allocations that a missed
-  free or a free request ended, and the allocation that ends one by a missed free (the next
+- allocations that a missed free or a free request ended, and the allocation that ends one by a missed free (the next
   allocation of its address: without it, the one before would look live to the end).
+
+Dropped, and counted per layer: frees that follow no allocation of their address (an
+allocation from before the recording, or one the probes do not see, as kernel objects
+allocated in interrupt context and freed by the target): no analysis reads more of them than
+their count, and they can be a third of a kernel-heavy job's events.
 
 Folded: every other allocation with its free, i.e. those allocated and freed within one
 window. Per (layer, device, pid, tid, chain, category, step, module, window) they become
@@ -35,12 +39,13 @@ how the compactor merges what it folded before with the next parts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.lifetimes import NEVER, _ALLOC, _FREE, _as_groups, _pairing_key, _row_kinds, category_codes
+from memprof.analysis.lifetimes import (NEVER, _ALLOC, _FREE, _FREE_REQUESTED, _as_groups, _pairing_key, _row_kinds,
+                                        category_codes)
 
 FOLDED_ADDRESS_BASE = 0xF01D << 48  # above any user-space address (47 bits); see the module docstring
 # The columns that tell folded groups apart (besides the window); category codes of each.
@@ -57,19 +62,27 @@ class FoldResult:
     """`events`: the frame folded (same columns as given, plus none), sorted by (ts_ns, seq).
     `folded_pairs`: allocations (with their frees) that were folded; `groups`: the folded
     pairs they became (each one or two allocations); `protected`: allocations kept because
-    they were live at a peak."""
+    they were live at a peak; `unmatched_frees_dropped`: per layer, the frees of allocations
+    never seen that were dropped (see `settled_before_ns`)."""
 
     events: pd.DataFrame
     folded_pairs: int
     groups: int
     protected: int
+    unmatched_frees_dropped: dict[str, int] = field(default_factory=dict)
 
 
-def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int,
-                module: np.ndarray | None = None) -> FoldResult:
+def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module: np.ndarray | None = None,
+                settled_before_ns: int | None = None) -> FoldResult:
     """Fold `events` (module docstring). `module`: per row, a code of the nn.Module running on
     the allocating thread (timeline.with_modules' column, as codes; -1 none), so that folding
     keeps what each module allocated apart; None when the frame has no module boundaries.
+    `settled_before_ns`: frees before it that follow no allocation of their address in the
+    frame are dropped, and counted per layer (an allocation from before the recording, or
+    made where the probes do not see it: kernel objects allocated in interrupt context and
+    freed by the target). Only the frame's own pairing says a free is unmatched, so the
+    caller sets it where no allocation can still arrive for such a free (the ring buffer
+    reorders by milliseconds); None keeps them all.
     Raises ValueError for a window under 1 ns."""
     if window_ns < 1:
         raise ValueError(f"fold window {window_ns} ns: must be at least 1")
@@ -88,24 +101,40 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int,
     freed[ended] = kind[ends[ended]] == _FREE
     # An allocation right after another of its address ends that one (a missed free, as
     # lifetimes.py judges it): it stays, or the one before would look live to the end.
-    freed &= ~_follows_an_allocation(kind, following)[alloc_rows]
+    previous = _previous_kind(kind, following)
+    freed &= (previous != _ALLOC)[alloc_rows]
     window = (alloc_ts - origin_ns) // window_ns
     same_window = freed & (window == (end_ts - origin_ns) // window_ns)
     weight = _weights(events, alloc_rows)
     nbytes = np.rint(events["size_bytes"].to_numpy(dtype=float, na_value=0.0)[alloc_rows] * weight)
     live_at_peak = _live_at_peaks(events, alloc_rows, alloc_ts, end_ts, nbytes)
     foldable = same_window & ~live_at_peak
-    if not foldable.any():
-        return FoldResult(events.reset_index(drop=True), 0, 0, int((same_window & live_at_peak).sum()))
+    protected = int((same_window & live_at_peak).sum())
+    unmatched = (kind == _FREE) & (previous != _ALLOC) & (previous != _FREE_REQUESTED)
+    if settled_before_ns is None:
+        unmatched[:] = False
+    else:
+        unmatched &= ts < settled_before_ns
+    dropped = _count_by_layer(events, unmatched)
+    if not foldable.any() and not unmatched.any():
+        return FoldResult(events.reset_index(drop=True), 0, 0, protected, dropped)
     folded_allocs, folded_frees = alloc_rows[foldable], ends[foldable]
     synthetic, groups = _folded_pairs(events, module, folded_allocs, folded_frees, window[foldable],
                                       weight[foldable])
-    keep = np.ones(len(events), dtype=bool)
+    keep = ~unmatched
     keep[folded_allocs] = False
     keep[folded_frees] = False
     out = pd.concat([events[keep], synthetic], ignore_index=True)
     out = out.iloc[np.lexsort((out["seq"].to_numpy(), out["ts_ns"].to_numpy()))].reset_index(drop=True)
-    return FoldResult(out, int(foldable.sum()), groups, int((same_window & live_at_peak).sum()))
+    return FoldResult(out, int(foldable.sum()), groups, protected, dropped)
+
+
+def _count_by_layer(events: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:
+    """How many of the rows `rows` selects, per layer (layers with none left out)."""
+    if not rows.any():
+        return {}
+    counts = events.loc[rows, "layer"].astype(str).value_counts()
+    return {str(layer): int(n) for layer, n in counts.items()}
 
 
 def _in_time_order(events: pd.DataFrame, module: np.ndarray | None) -> pd.DataFrame:
@@ -129,12 +158,12 @@ def _next_of_key(events: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
     return following
 
 
-def _follows_an_allocation(kind: np.ndarray, following: np.ndarray) -> np.ndarray:
-    """Per row: the row before it of its pairing key is an allocation."""
+def _previous_kind(kind: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """Per row: the kind of the row before it of its pairing key (0: none)."""
     has_next = following >= 0
     previous_kind = np.zeros(len(kind), dtype=kind.dtype)
     previous_kind[following[has_next]] = kind[has_next]
-    return previous_kind == _ALLOC
+    return previous_kind
 
 
 def _weights(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

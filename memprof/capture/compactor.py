@@ -40,6 +40,9 @@ CHUNK_ROWS = 500_000                  # rows of parts folded at once (at least h
 FOLDED_ROWS_MAX = 1_000_000           # rows of the folded part: past this, the window doubles
 START_AT = 0.75                       # of the limit: fold past this much
 URGENT_AT = 0.95                      # of the limit: fold whatever can be, however little
+# A free this long before the newest event folded that follows no allocation is unmatched for
+# good: the ring buffer reorders events by milliseconds, so its allocation is not still coming.
+SETTLE_NS = 1_000_000_000
 RECENT_SHARE = 0.25                   # of the limit: the newest parts, never folded
 
 
@@ -122,12 +125,15 @@ class Compactor:
         order = np.lexsort((events["seq"].to_numpy(), events["ts_ns"].to_numpy()))
         events = events.iloc[order].reset_index(drop=True)
         modules = with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
-        result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=modules)
+        latest = int(events["ts_ns"].max())
+        result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=modules,
+                             settled_before_ns=latest - SETTLE_NS)
         table = table_of("events", {name: result.events[name] for name in TABLES["events"].names})
-        fold = {"at_ns": began, "took_ns": time.monotonic_ns() - began, "through_ns": int(events["ts_ns"].max()),
+        fold = {"at_ns": began, "took_ns": time.monotonic_ns() - began, "through_ns": latest,
                 "window_ns": self.window_ns,
                 "events_before": len(events), "events_after": table.num_rows,
-                "folded_allocations": result.folded_pairs, "protected_allocations": result.protected}
+                "folded_allocations": result.folded_pairs, "protected_allocations": result.protected,
+                "unmatched_frees_dropped": sum(result.unmatched_frees_dropped.values())}
         self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)
         return table.num_rows
 

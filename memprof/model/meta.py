@@ -60,7 +60,8 @@ META_SCHEMA = {
         "notes": {"type": "array", "items": _TEXT},
         "folds": {"type": "array", "items": {"type": "object", "properties": {
             name: _INT64 for name in ("n", "at_ns", "took_ns", "through_ns", "window_ns", "events_before", "events_after",
-                                      "folded_allocations", "protected_allocations")}}},
+                                      "folded_allocations", "protected_allocations",
+                                      "unmatched_frees_dropped")}}},
         # Their fields: ROW_FIELDS below.
         "processes": {"type": "array", "items": _OBJECT},
         "exits": {"type": "array", "items": _OBJECT},
@@ -159,11 +160,13 @@ class RecordingMeta:
     flushed_rows: dict[str, int] = field(default_factory=dict)
     flushed_to_ns: int | None = None
     # What record --max-size folded (capture/compactor.py), one entry per fold, oldest first
-    # (the first and the latest 255 are kept): n (its number, from 1), at_ns (when it began), took_ns (reading and folding, not writing), through_ns (the latest
-    # event time folded: events up to it lie in the folded part), window_ns (the fold window),
-    # events_before/events_after (rows of the parts folded, and of the folded part),
-    # folded_allocations (allocations folded with their frees), protected_allocations (kept
-    # for being live at a peak). Empty: nothing was folded.
+    # (the first and the latest 255 are kept): n (its number, from 1), at_ns (when it began),
+    # took_ns (reading and folding, not writing), through_ns (the latest event time folded:
+    # events up to it lie in the folded part), window_ns (the fold window), events_before and
+    # events_after (rows of the parts folded, and of the folded part), folded_allocations
+    # (allocations folded with their frees), protected_allocations (kept for being live at a
+    # peak), unmatched_frees_dropped (frees of allocations never seen: analysis/compaction.py).
+    # Empty: nothing was folded.
     folds: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

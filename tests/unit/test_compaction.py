@@ -180,3 +180,17 @@ def test_the_allocation_that_ends_one_by_a_missed_free_stays():
     ends = pair_lifetimes(result.events).allocations.set_index("alloc_ts_ns")["end_kind"].astype(str)
     assert ends[1 * MS] == "missed" and ends[5 * MS] == "freed"
     assert pair_lifetimes(original).missed_frees == pair_lifetimes(result.events).missed_frees == {"native_heap": 1}
+
+
+def test_frees_of_allocations_never_seen_are_dropped_and_counted_once_settled():
+    """A kernel object allocated where the probes do not see it and freed by the target:
+    its free follows no allocation. Dropped and counted when older than `settled_before_ns`
+    (its allocation cannot still be coming), kept when newer; matched frees are untouched."""
+    rows = [(1 * MS, "free", 0x70), (2 * MS, "free", 0x71), (900 * MS, "free", 0x72),
+            (3 * MS, "alloc", 0x80, 64, 1), (4 * MS, "free", 0x80)] + spike()
+    result = folded(rows, settled_before_ns=500 * MS)
+    assert result.unmatched_frees_dropped == {"native_heap": 2}
+    frees = result.events[result.events["action"] == "free"]
+    assert 0x72 in set(frees["addr"]) and not {0x70, 0x71} & set(frees["addr"])
+    assert totals(result.events) == totals(events_frame(rows))
+    assert folded(rows).unmatched_frees_dropped == {}  # None: every free kept
