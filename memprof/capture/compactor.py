@@ -21,12 +21,14 @@ fails (a bug, a damaged part), it stops and says so in meta.json's notes: the re
 on unfolded, and nothing already recorded is lost."""
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.analysis.compaction import fold_events
@@ -134,8 +136,11 @@ class Compactor:
                 "events_before": len(events), "events_after": table.num_rows,
                 "folded_allocations": result.folded_pairs, "protected_allocations": result.protected,
                 "unmatched_frees_dropped": sum(result.unmatched_frees_dropped.values())}
+        rows = table.num_rows
         self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)
-        return table.num_rows
+        del events, result, table
+        _give_back_memory()
+        return rows
 
     def _coarsen(self, total: int) -> None:
         if self.window_ns < MAX_WINDOW_NS:
@@ -150,6 +155,17 @@ class Compactor:
             self.writer.meta.notes.append(
                 f"record --max-size: the recording passed its limit ({self.max_bytes:,} bytes): what folding keeps "
                 "row for row (allocations that outlive a window, the newest quarter of the limit) took it")
+
+
+def _give_back_memory() -> None:
+    """Return what a fold freed to the system: Arrow's pool keeps freed buffers for reuse,
+    and glibc keeps freed heap below its top; a recorder that runs for hours should not hold
+    its largest fold's memory between folds."""
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def events_parts(folder: Path, rows_seen: dict[str, int]) -> list[_Part]:
