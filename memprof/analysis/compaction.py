@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memprof.analysis.lifetimes import (NEVER, _ALLOC, _FREE, _FREE_REQUESTED, _as_groups, _pairing_key, _row_kinds,
-                                        category_codes)
+from memprof.analysis.lifetimes import (NEVER, _ALLOC, _FREE, _as_groups, _in_time_order, _pairing_key, _row_kinds,
+                                        category_codes, next_of_key, previous_kinds, unmatched_frees)
 
 FOLDED_ADDRESS_BASE = 0xF01D << 48  # above any user-space address (47 bits); see the module docstring
 # The columns that tell folded groups apart (besides the window); category codes of each.
@@ -86,7 +86,7 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module:
     Raises ValueError for a window under 1 ns."""
     if window_ns < 1:
         raise ValueError(f"fold window {window_ns} ns: must be at least 1")
-    events = _in_time_order(events, module)
+    events = _time_ordered(events, module)
     module = events.pop("__module").to_numpy() if "__module" in events else np.full(len(events), -1, np.int64)
     ts = events["ts_ns"].to_numpy(dtype=np.int64)
     kind = _row_kinds(events["action"])
@@ -101,7 +101,7 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module:
     freed[ended] = kind[ends[ended]] == _FREE
     # An allocation right after another of its address ends that one (a missed free, as
     # lifetimes.py judges it): it stays, or the one before would look live to the end.
-    previous = _previous_kind(kind, following)
+    previous = previous_kinds(kind, following)
     freed &= (previous != _ALLOC)[alloc_rows]
     window = (alloc_ts - origin_ns) // window_ns
     same_window = freed & (window == (end_ts - origin_ns) // window_ns)
@@ -110,7 +110,7 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module:
     live_at_peak = _live_at_peaks(events, alloc_rows, alloc_ts, end_ts, nbytes)
     foldable = same_window & ~live_at_peak
     protected = int((same_window & live_at_peak).sum())
-    unmatched = (kind == _FREE) & (previous != _ALLOC) & (previous != _FREE_REQUESTED)
+    unmatched = unmatched_frees(kind, previous) & (kind == _FREE)  # free requests stay: their completion follows
     if settled_before_ns is None:
         unmatched[:] = False
     else:
@@ -137,33 +137,25 @@ def _count_by_layer(events: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:
     return {str(layer): int(n) for layer, n in counts.items()}
 
 
-def _in_time_order(events: pd.DataFrame, module: np.ndarray | None) -> pd.DataFrame:
-    """A copy of `events` in (ts_ns, seq) order, the module codes carried as `__module`."""
+def _time_ordered(events: pd.DataFrame, module: np.ndarray | None) -> pd.DataFrame:
+    """`events` in (ts_ns, seq) order (sorted only if it is not: the compactor sorts it
+    first), the module codes carried as `__module`."""
     events = events.copy(deep=False)
     if module is not None:
         events["__module"] = np.asarray(module, dtype=np.int64)
-    order = np.lexsort((events["seq"].to_numpy(), events["ts_ns"].to_numpy()))
-    return events.iloc[order].reset_index(drop=True)
+    ts, seq = events["ts_ns"].to_numpy(), events["seq"].to_numpy()
+    if _in_time_order(ts, seq):
+        return events.reset_index(drop=True)
+    return events.iloc[np.lexsort((seq, ts))].reset_index(drop=True)
 
 
 def _next_of_key(events: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
     """Per row (in time order), the position of the next row of its pairing key (layer,
     device, alloc id or address: lifetimes.py's), -1 where none."""
     layer_codes, _ = category_codes(events["layer"])
-    key = _as_groups(_pairing_key(events, kind, layer_codes))
-    positions = np.arange(len(events), dtype=np.int64)
-    following = pd.Series(positions, copy=False).groupby(key, sort=False, observed=True).shift(-1, fill_value=-1)
-    following = following.to_numpy().astype(np.int64)
+    following = next_of_key(_as_groups(_pairing_key(events, kind, layer_codes))).astype(np.int64)
     following[kind == 0] = -1  # rows pairing ignores share one group: they have no next
     return following
-
-
-def _previous_kind(kind: np.ndarray, following: np.ndarray) -> np.ndarray:
-    """Per row: the kind of the row before it of its pairing key (0: none)."""
-    has_next = following >= 0
-    previous_kind = np.zeros(len(kind), dtype=kind.dtype)
-    previous_kind[following[has_next]] = kind[has_next]
-    return previous_kind
 
 
 def _weights(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

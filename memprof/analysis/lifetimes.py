@@ -204,31 +204,46 @@ def _as_groups(key: np.ndarray) -> pd.Categorical:
 def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
     """For rows in time order: (end_kind, end_ts, unmatched-free mask) of every row, judged by
     the next and the previous row of the same key. end_kind/end_ts are only meaningful on
-    alloc rows.
-
-    The neighbours come from one group-wise shift of row positions over the key (no sort, and
-    the links are already in row order); the previous row is the inverse of the next."""
+    alloc rows."""
     n = len(kind)
-    positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
-    following = pd.Series(positions, copy=False).groupby(key, sort=False, observed=True).shift(-1, fill_value=-1)
-    following = following.to_numpy()  # the next row of the same key, -1 where none
-    del positions
+    following = next_of_key(key)  # the next row of the same key, -1 where none
+    prev_kind = previous_kinds(kind, following)
     has_next = following >= 0
     following = following[has_next]
     next_kind = np.zeros(n, dtype=np.int8)
     next_kind[has_next] = kind[following]
     end_ts = np.zeros(n, dtype=np.int64)
     end_ts[has_next] = ts[following]
-    prev_kind = np.zeros(n, dtype=np.int8)  # the row before each row of its key: the inverse link
-    prev_kind[following] = kind[has_next]
 
     end_kind = np.full(n, _LIVE, dtype=np.int8)
     end_kind[next_kind == _ALLOC] = _MISSED
     end_kind[(next_kind == _FREE) | (next_kind == _FREE_REQUESTED)] = _FREED
+    return end_kind, end_ts, unmatched_frees(kind, prev_kind)
+
+
+def next_of_key(key: pd.Categorical) -> np.ndarray:
+    """For rows in time order, grouped by `key`: per row, the position of the next row of
+    its key, -1 where none. One group-wise shift of row positions (no sort)."""
+    n = len(key)
+    positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    following = pd.Series(positions, copy=False).groupby(key, sort=False, observed=True).shift(-1, fill_value=-1)
+    return following.to_numpy()
+
+
+def previous_kinds(kind: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """Per row: the kind of the row before it of its key (0: none), the inverse of `following`."""
+    has_next = following >= 0
+    prev_kind = np.zeros(len(kind), dtype=np.int8)
+    prev_kind[following[has_next]] = kind[has_next]
+    return prev_kind
+
+
+def unmatched_frees(kind: np.ndarray, prev_kind: np.ndarray) -> np.ndarray:
+    """Per row: a free (or free request) that follows no allocation of its key, and is not
+    the completion of a free request (PyTorch's caching allocator reports both)."""
     is_free = (kind == _FREE) | (kind == _FREE_REQUESTED)
     completion = (kind == _FREE) & (prev_kind == _FREE_REQUESTED)
-    unmatched = is_free & (prev_kind != _ALLOC) & ~completion
-    return end_kind, end_ts, unmatched
+    return is_free & (prev_kind != _ALLOC) & ~completion
 
 
 def _allocations_frame(events: pd.DataFrame, positions: np.ndarray, end_ts: np.ndarray,

@@ -29,10 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from memprof.analysis.compaction import fold_events
-from memprof.recording.reader import _read_part, frame_of_tables
+from memprof.recording.reader import _read_part, _row_count, frame_of_tables
 from memprof.recording.writer import PART_NAME, TABLES, RecordingWriter, table_of
 from memprof.timeline import with_modules
 
@@ -177,7 +176,7 @@ def events_parts(folder: Path, rows_seen: dict[str, int]) -> list[_Part]:
         match = PART_NAME.match(entry.name)
         if match and entry.is_file(follow_symlinks=False):
             if entry.path not in rows_seen or match.group(2):
-                rows_seen[entry.path] = pq.ParquetFile(entry.path).metadata.num_rows
+                rows_seen[entry.path] = _row_count(Path(entry.path))
             parts.append(_Part(int(match.group(1)), bool(match.group(2)), Path(entry.path), entry.stat().st_size,
                                rows_seen[entry.path]))
     present = {str(p.path) for p in parts}
