@@ -236,9 +236,14 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
 
 
 def _summary(result) -> str:
+    from memprof.units import format_bytes
     loss = f", {result.lost} lost" if result.lost else ""
     missed = f", {result.missed} skipped by the kernel" if result.missed else ""
     folded = (f"; its oldest events were folded {result.folds} times to stay under --max-size"
               if result.folds else "")
+    if result.max_size_bytes and result.size_bytes > result.max_size_bytes:
+        folded = (f"; it takes {format_bytes(result.size_bytes)}, over --max-size {format_bytes(result.max_size_bytes)}"
+                  f"{f' after {result.folds} folds' if result.folds else ''}: what it must keep took it, its notes say "
+                  "what and the limit that would hold it")
     return (f"recorded {result.events:,} events{loss}{missed} to {result.path}{folded}; "
             f"see `memprof report leaks {result.path}`")

@@ -63,13 +63,18 @@ class FoldResult:
     `folded_pairs`: allocations (with their frees) that were folded; `groups`: the folded
     pairs they became (each one or two allocations); `protected`: allocations kept because
     they were live at a peak; `unmatched_frees_dropped`: per layer, the frees of allocations
-    never seen that were dropped (see `settled_before_ns`)."""
+    never seen that were dropped (see `settled_before_ns`). Of the allocations kept row for
+    row: `still_live`, those no free in the frame ends (live at its end, or ended by a missed
+    free: no window folds them), and `crossing`, those freed in a later window than their
+    own (a wider window may fold them)."""
 
     events: pd.DataFrame
     folded_pairs: int
     groups: int
     protected: int
     unmatched_frees_dropped: dict[str, int] = field(default_factory=dict)
+    still_live: int = 0
+    crossing: int = 0
 
 
 def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module: np.ndarray | None = None,
@@ -116,8 +121,9 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module:
     else:
         unmatched &= ts < settled_before_ns
     dropped = _count_by_layer(events, unmatched)
+    still_live, crossing = int((~freed).sum()), int((freed & ~same_window).sum())
     if not foldable.any() and not unmatched.any():
-        return FoldResult(events.reset_index(drop=True), 0, 0, protected, dropped)
+        return FoldResult(events.reset_index(drop=True), 0, 0, protected, dropped, still_live, crossing)
     folded_allocs, folded_frees = alloc_rows[foldable], ends[foldable]
     synthetic, groups = _folded_pairs(events, module, folded_allocs, folded_frees, window[foldable],
                                       weight[foldable])
@@ -126,7 +132,7 @@ def fold_events(events: pd.DataFrame, *, origin_ns: int, window_ns: int, module:
     keep[folded_frees] = False
     out = pd.concat([events[keep], synthetic], ignore_index=True)
     out = out.iloc[np.lexsort((out["seq"].to_numpy(), out["ts_ns"].to_numpy()))].reset_index(drop=True)
-    return FoldResult(out, int(foldable.sum()), groups, protected, dropped)
+    return FoldResult(out, int(foldable.sum()), groups, protected, dropped, still_live, crossing)
 
 
 def _count_by_layer(events: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:

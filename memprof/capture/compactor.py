@@ -13,12 +13,18 @@ past URGENT_AT of the limit), so the folded part is rewritten seldom.
 
 What it reads at once is bounded, and with it the recorder's own memory: at most CHUNK_ROWS
 rows of parts plus the folded part, and the folded part is kept near FOLDED_ROWS_MAX rows: when
-a fold leaves it larger, or the recording still over the limit, the next fold doubles the
-window (up to MAX_WINDOW_NS), which merges each pair of windows' folded allocations. What
-outlives every window is kept whatever its size (the live set, a leak's allocations): past
-MAX_WINDOW_NS the recording may grow, and meta.json's notes say so once. If folding
-fails (a bug, a damaged part), it stops and says so in meta.json's notes: the recording goes
-on unfolded, and nothing already recorded is lost."""
+a fold leaves it larger, or leaves what folding keeps (the folded part, the other tables)
+with the newest quarter over the limit, the compactor folds the new part again, in memory,
+with twice the window; if that leaves at least MIN_GAIN fewer rows,
+the next folds use the wider window (up to MAX_WINDOW_NS), which merges each pair of windows'
+folded allocations. What no window folds is kept whatever its size: allocations still live
+when they are folded (the program's own data, a leak's allocations), and the folded
+allocations of each step (a step of LLM generation is one token, and folding keeps steps
+apart). When that is what passes the limit, wider windows would only lose detail: the
+window stays, and meta.json's notes say at once, and once, what took the limit and what
+limit would hold it (`over_limit_note`); the recording then grows with what stays live.
+If folding fails (a bug, a damaged part), it stops and says so in meta.json's notes: the
+recording goes on unfolded, and nothing already recorded is lost."""
 from __future__ import annotations
 
 import ctypes
@@ -34,6 +40,7 @@ from memprof.analysis.compaction import fold_events
 from memprof.recording.reader import _read_part, _row_count, frame_of_tables
 from memprof.recording.writer import PART_NAME, TABLES, RecordingWriter, table_of
 from memprof.timeline import with_modules
+from memprof.units import format_bytes
 
 DEFAULT_WINDOW_NS = 1_000_000_000     # 1 s: live bytes are exact at every second's edge
 MAX_WINDOW_NS = 3600 * 1_000_000_000  # an hour: coarser windows would say little of growth
@@ -45,6 +52,19 @@ URGENT_AT = 0.95                      # of the limit: fold whatever can be, howe
 # good: the ring buffer reorders events by milliseconds, so its allocation is not still coming.
 SETTLE_NS = 1_000_000_000
 RECENT_SHARE = 0.25                   # of the limit: the newest parts, never folded
+MIN_GAIN = 0.1                        # of the folded part's rows: what a doubled window must save
+
+
+@dataclass
+class _Folded:
+    """What one fold left: the folded part's `rows` (and, until the decision on the window is
+    made, the frame they came from), and of the allocations kept row for row, how many were
+    `still_live` and how many `crossing` window edges (analysis/compaction.FoldResult)."""
+
+    rows: int
+    still_live: int
+    crossing: int
+    events: object = None  # pd.DataFrame; dropped once read
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,7 @@ class Compactor:
         self.chunk_rows = chunk_rows
         self.stopped = False
         self._said_over = False
+        self._fruitless_trial_rows: int | None = None  # rows of the folded part when a trial last saved too little
         self._rows: dict[str, int] = {}  # rows of each part seen, by path: footers read once
 
     def after_flush(self) -> bool:
@@ -90,14 +111,31 @@ class Compactor:
             return False
         folded, chunk = self._chunk(events_parts(self.writer.path / "events", self._rows))
         if not chunk:
-            self._note_over(total)
+            self._note_if_over(None)  # all that is left to fold is the newest quarter
             return False
         if sum(p.rows for p in chunk) < self.chunk_rows // 2 and total <= URGENT_AT * self.max_bytes:
             return False  # wait for a chunk worth rewriting the folded part for
-        rows_after = self._fold(folded, chunk)
-        if recording_bytes(self.writer.path) > self.max_bytes or rows_after > FOLDED_ROWS_MAX:
-            self._coarsen(total)
+        outcome = self._fold(folded, chunk)
+        # Over the limit with what folding keeps and the newest quarter alone: folding more of
+        # the same kind cannot help (a backlog of plain parts is folded by the next folds).
+        beyond = self._sizes()[1] + RECENT_SHARE * self.max_bytes > self.max_bytes
+        if beyond or outcome.rows > FOLDED_ROWS_MAX:
+            if self.window_ns < MAX_WINDOW_NS and self._worth_a_trial(outcome.rows) \
+                    and self._wider_window_helps(outcome):
+                self.window_ns = min(2 * self.window_ns, MAX_WINDOW_NS)
+            elif beyond:
+                self._note_if_over(outcome)
+        outcome.events = None
+        _give_back_memory()
         return True
+
+    def at_end(self) -> bool:
+        """Once the recording is finalized: if it ended over the limit and no note said so
+        yet, say it now (a last flush can pass it). True if a note was added."""
+        if self.stopped or self._said_over:
+            return False
+        self._note_if_over(None, at_end=True)
+        return self._said_over
 
     def _chunk(self, parts: list[_Part]) -> tuple[_Part | None, list[_Part]]:
         """The latest folded part (None: none yet) and the oldest plain parts after it to fold
@@ -116,8 +154,8 @@ class Compactor:
             rows += part.rows
         return latest, chunk
 
-    def _fold(self, folded: _Part | None, chunk: list[_Part]) -> int:
-        """Fold `chunk` with the folded part before it (if any) into a new folded part; its rows."""
+    def _fold(self, folded: _Part | None, chunk: list[_Part]) -> _Folded:
+        """Fold `chunk` with the folded part before it (if any) into a new folded part."""
         began = time.monotonic_ns()
         inputs = ([folded] if folded else []) + chunk
         tables = [_read_part(p.path, "events", TABLES["events"]) for p in inputs]
@@ -125,35 +163,85 @@ class Compactor:
         del tables
         order = np.lexsort((events["seq"].to_numpy(), events["ts_ns"].to_numpy()))
         events = events.iloc[order].reset_index(drop=True)
-        modules = with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
         latest = int(events["ts_ns"].max())
-        result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=modules,
+        result = fold_events(events, origin_ns=self.origin_ns, window_ns=self.window_ns, module=_module_codes(events),
                              settled_before_ns=latest - SETTLE_NS)
         table = table_of("events", {name: result.events[name] for name in TABLES["events"].names})
         fold = {"at_ns": began, "took_ns": time.monotonic_ns() - began, "through_ns": latest,
                 "window_ns": self.window_ns,
                 "events_before": len(events), "events_after": table.num_rows,
                 "folded_allocations": result.folded_pairs, "protected_allocations": result.protected,
-                "unmatched_frees_dropped": sum(result.unmatched_frees_dropped.values())}
-        rows = table.num_rows
+                "unmatched_frees_dropped": sum(result.unmatched_frees_dropped.values()),
+                "live_allocations": result.still_live, "crossing_allocations": result.crossing}
         self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)
-        del events, result, table
-        _give_back_memory()
-        return rows
+        del events, table
+        return _Folded(fold["events_after"], result.still_live, result.crossing, result.events)
 
-    def _coarsen(self, total: int) -> None:
-        if self.window_ns < MAX_WINDOW_NS:
-            self.window_ns = min(2 * self.window_ns, MAX_WINDOW_NS)
-        else:
-            self._note_over(total)
+    def _worth_a_trial(self, rows: int) -> bool:
+        """A trial fold costs about a fold: after one that saved too little, the next waits
+        until the folded part has grown by a quarter."""
+        return self._fruitless_trial_rows is None or rows > 1.25 * self._fruitless_trial_rows
 
-    def _note_over(self, total: int) -> None:
-        """Once: the limit cannot be kept (what must be kept row for row takes it)."""
-        if total > self.max_bytes and not self._said_over:
-            self._said_over = True
-            self.writer.meta.notes.append(
-                f"record --max-size: the recording passed its limit ({self.max_bytes:,} bytes): what folding keeps "
-                "row for row (allocations that outlive a window, the newest quarter of the limit) took it")
+    def _wider_window_helps(self, outcome: _Folded) -> bool:
+        """Whether folding the folded part again with twice the window leaves at least
+        MIN_GAIN fewer rows (in memory only: the next fold does it for good). It does not
+        where what is kept is live, or apart by step."""
+        events = outcome.events
+        if events is None or not len(events):
+            return False
+        trial = fold_events(events, origin_ns=self.origin_ns, window_ns=2 * self.window_ns,
+                            module=_module_codes(events))
+        helps = len(trial.events) <= (1 - MIN_GAIN) * outcome.rows
+        self._fruitless_trial_rows = None if helps else outcome.rows
+        return helps
+
+    def _sizes(self) -> tuple[int, int]:
+        """(what the recording takes, what of it folding keeps: the latest folded part and the
+        other tables, i.e. all but the plain events parts), in bytes."""
+        total = recording_bytes(self.writer.path)
+        plain = sum(p.size for p in events_parts(self.writer.path / "events", self._rows) if not p.folded)
+        return total, total - plain
+
+    def _note_if_over(self, outcome: _Folded | None, at_end: bool = False) -> None:
+        """Once, when the recording is over the limit, and what folding keeps with the newest
+        quarter of the limit is too (before the end; a backlog of plain parts, or a last part
+        that took the newest quarter past its share, is folded by the next folds):
+        over_limit_note into meta.json's notes."""
+        if self._said_over:
+            return
+        total, kept = self._sizes()
+        if total <= self.max_bytes or (not at_end and kept + RECENT_SHARE * self.max_bytes <= self.max_bytes):
+            return
+        self._said_over = True
+        at_s = (time.monotonic_ns() - self.origin_ns) / 1e9
+        self.writer.meta.notes.append(over_limit_note(self.max_bytes, total, kept, at_s, self.window_ns,
+                                                      outcome.still_live if outcome else None,
+                                                      outcome.crossing if outcome else None))
+
+
+def over_limit_note(max_bytes: int, total: int, kept_bytes: int, at_s: float, window_ns: int,
+                    still_live: int | None, crossing: int | None) -> str:
+    """The note for a recording that passed --max-size at `at_s` s (from its start), taking
+    `total` bytes, `kept_bytes` of them what folding keeps (the folded part, the other tables;
+    the rest: plain events parts, the newest quarter of the limit and any not folded yet):
+    what took it (`still_live`, `crossing`: of the latest fold's allocations kept row for
+    row; None where no fold just ran), and the limit that would hold it, in MiB: twice what
+    is kept, so that the newest quarter and a chunk to fold fit beside it."""
+    needed_mib = max(16, -(-2 * kept_bytes // (1 << 20)))  # 16 MiB: the least --max-size takes
+    why = (f": {still_live:,} allocations still live when they were folded (the program's own data or a leak: "
+           f"reports need each) and {crossing:,} freed in a later {window_ns / 1e9:g}s window than their own, "
+           "beside the folded allocations of each step, kept apart; a wider window would not shrink it"
+           if still_live is not None else "")
+    return (f"record --max-size: the recording passed its limit of {format_bytes(max_bytes)} ({max_bytes:,} bytes) "
+            f"at +{at_s:.0f}s, taking {total:,} bytes: {kept_bytes:,} of them what folding keeps (the folded events, "
+            f"the chains, the samples), {total - kept_bytes:,} events not folded yet (the newest quarter of the limit "
+            f"and any that came faster than folding){why}. It grows from there with what stays live; a --max-size "
+            f"of at least {needed_mib:,}MiB would hold what it keeps now")
+
+
+def _module_codes(events) -> np.ndarray:
+    """Per row of `events` (time order), the code of the nn.Module running on its thread (-1: none)."""
+    return with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
 
 
 def _give_back_memory() -> None:

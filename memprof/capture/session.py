@@ -15,7 +15,7 @@ from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
-from memprof.capture.compactor import Compactor
+from memprof.capture.compactor import Compactor, recording_bytes
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -106,6 +106,8 @@ class RecordResult:
     missed: int
     interrupted: bool
     folds: int = 0  # times old events were folded to keep under --max-size
+    size_bytes: int = 0  # what the recording takes on disk, measured only under --max-size
+    max_size_bytes: int | None = None  # --max-size, None: no limit
 
 
 def default_output(name: str, pid: int, directory: Path = Path("."), tag: str = "") -> Path:
@@ -427,7 +429,8 @@ class Session:
             raise write_error
         meta = self.writer.meta
         return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events,
-                            self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0)
+                            self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0,
+                            recording_bytes(self.writer.path) if self.compactor else 0, self.request.max_size_bytes)
 
     def _tree_exited(self, root: int) -> bool:
         if self.child is not None:
@@ -545,10 +548,17 @@ class Session:
                 meta.notes.append("recording stopped by a signal (Ctrl-C)")
             self.source.stop()
             try:
-                self.files.run(self.writer.finalize, meta.end_ns)
+                self.files.run(self._finalize_files, meta.end_ns)
             except OSError as e:
                 error = error or _write_error(self.writer.path, e)
         return error
+
+    def _finalize_files(self, end_ns: int) -> None:
+        """On `files`: finalize the recording; then, under --max-size, say if it ended over
+        the limit (capture/compactor.py)."""
+        self.writer.finalize(end_ns)
+        if self.compactor is not None and self.compactor.at_end():
+            self.writer.rewrite_meta()
 
     def _keep_exit_status(self, status: int | None) -> None:
         """The command's exit status, known only once it was waited for (after a Ctrl-C it

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from memprof.capture.compactor import MAX_WINDOW_NS, Compactor, events_parts, recording_bytes
+from memprof.capture.compactor import Compactor, events_parts, recording_bytes
 from memprof.cli.main import cli
 from memprof.model.meta import RecordingMeta
 from memprof.recording.reader import open_recording
@@ -53,13 +54,14 @@ def second_of_events(second: int, rng: np.random.Generator) -> dict:
             "device": "cpu", "pid": 100, "tid": 100}
 
 
-def write(path, max_bytes: int | None):
-    """The same 30 s of events, one flush per 250 ms of them (frees that come later than
-    their flush go in the next one, as the recorder's would), folded after each flush when
-    `max_bytes` is given."""
+def write(path, max_bytes: int | None, events_of_second=None, chains=None):
+    """The same 30 s of events (`events_of_second`, default second_of_events, over `chains`),
+    one flush per 250 ms of them (frees that come later than their flush go in the next one,
+    as the recorder's would), folded after each flush when `max_bytes` is given."""
+    events_of_second = events_of_second or second_of_events
     meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
     writer = RecordingWriter(path, meta)
-    stacks, frames = stacks_frames(CHAINS)
+    stacks, frames = stacks_frames(chains or CHAINS)
     writer.append("stacks", {name: stacks[name] for name in stacks.columns})
     writer.append("frames", {name: frames[name] for name in frames.columns})
     compactor = Compactor(writer, max_bytes, origin_ns=0, chunk_rows=8000) if max_bytes else None
@@ -67,7 +69,7 @@ def write(path, max_bytes: int | None):
     pool, seq = None, 0
     for second in range(SECONDS + 1):
         if second < SECONDS:
-            pool = _joined(pool, second_of_events(second, rng))
+            pool = _joined(pool, events_of_second(second, rng))
         for quarter in range(4):
             end = second * S + (quarter + 1) * (S // 4) if second < SECONDS else np.iinfo(np.int64).max
             batch, pool = _split(pool, end)
@@ -196,15 +198,54 @@ def test_a_fold_that_fails_stops_folding_and_loses_nothing(tmp_path, monkeypatch
     assert len(recording.events) == expected
 
 
-def test_a_limit_smaller_than_what_must_be_kept_is_noted_once(tmp_path):
-    """Under 20 KB nothing fits (the 300 leaked allocations alone take more, with the
-    tables' own overhead): the window doubles to its largest, the recording passes the
-    limit, and meta.json says why, once."""
+def test_a_limit_smaller_than_what_stays_live_is_noted_at_once_and_the_window_kept(tmp_path):
+    """Under 20 KB nothing fits: the leaked allocations, live when they are folded, take it
+    with the tables' own overhead. The window widens while that folds a tenth more of the
+    churn, then stays (a wider one would fold none of the leak, and only lose detail), and
+    meta.json says once what took the limit and what limit would hold it."""
     path = tmp_path / "r.memprof"
     compactor = write(path, 20_000)
-    assert compactor.window_ns == MAX_WINDOW_NS
-    notes = [n for n in open_recording(path).meta.notes if n.startswith("record --max-size: the recording passed")]
-    assert len(notes) == 1, notes
+    assert 1 * S <= compactor.window_ns <= 16 * S
+    meta = open_recording(path).meta
+    notes = [n for n in meta.notes if n.startswith("record --max-size: the recording passed its limit of 19.5 KiB "
+                                                   "(20,000 bytes)")]
+    assert len(notes) == 1, meta.notes
+    live = int(re.search(r"\): ([\d,]+) allocations still live", notes[0]).group(1).replace(",", ""))
+    assert 0 < live <= SECONDS * LEAK_PER_S  # the leak's, counted where the limit was passed
+    assert "a wider window would not shrink it" in notes[0]
+    assert "a --max-size of at least 16MiB would hold what it keeps now" in notes[0]
+    assert all("live_allocations" in f and "crossing_allocations" in f for f in meta.folds)
+
+
+WIDE_CHAINS = {k: [("python", f"churn{k}", "train.py", "train.py", k)] for k in range(1, 401)}
+
+
+def many_chains_churning(second: int, rng: np.random.Generator) -> dict:
+    """Each of 400 chains allocates 5 buffers a second, each freed 1 ms later: nothing stays
+    live, and the folded part is one group per chain and second."""
+    rows: list[tuple] = []
+    for k in range(1, 401):
+        for i in range(5):
+            ts = second * S + i * 190 * MS + k * 1000 + int(rng.integers(0, 100))
+            addr = 0x10_0000 + k * 0x1000 + i * 0x100
+            rows += [(ts, "alloc", addr, 64 * k, k), (ts + MS, "free", addr, None, None)]
+    ts, action, addr, size, stack = zip(*rows)
+    return {"ts_ns": np.array(ts, dtype=np.int64), "action": list(action), "addr": np.array(addr, dtype=np.uint64),
+            "size_bytes": list(size), "stack_id": list(stack)}
+
+
+def test_a_folded_part_of_many_groups_widens_the_window_and_keeps_the_limit(tmp_path):
+    """Where the folded part is groups of short allocations, twice the window halves it: the
+    window widens, the recording ends under its limit, no note says it passed it, and the
+    per-chain totals are exact."""
+    path, full = tmp_path / "r.memprof", tmp_path / "full.memprof"
+    compactor = write(path, 120_000, many_chains_churning, WIDE_CHAINS)
+    write(full, None, many_chains_churning, WIDE_CHAINS)
+    meta = open_recording(path).meta
+    assert compactor.window_ns > 1 * S and meta.folds, (compactor.window_ns, meta.notes)
+    assert recording_bytes(path) <= 120_000 < recording_bytes(full)
+    assert not [n for n in meta.notes if "passed its limit" in n], meta.notes
+    assert report("layers", path)["layers"] == report("layers", full)["layers"]
 
 
 def test_meta_json_keeps_the_first_fold_and_the_latest(tmp_path):
@@ -223,3 +264,15 @@ def test_meta_json_keeps_the_first_fold_and_the_latest(tmp_path):
     assert len(folds) == 4 and numbers[0] == 1 and numbers[1:] == list(range(numbers[-1] - 2, numbers[-1] + 1))
     notes = [n["text"] for n in report("summary", path)["notes"]]
     assert any(f"folded ({numbers[-1]} times," in n for n in notes), notes
+
+
+def test_record_says_in_its_last_line_whether_the_recording_kept_its_limit(tmp_path):
+    from memprof.capture.session import RecordResult
+    from memprof.cli.record import _summary
+    under = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 3, 10 << 20, 16 << 20)
+    over = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 8, 25_237_246, 16 << 20)
+    unbounded = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 0, 0, None)
+    assert "folded 3 times to stay under --max-size" in _summary(under)
+    assert ("it takes 24.1 MiB, over --max-size 16.0 MiB after 8 folds: what it must keep took it, its notes say "
+            "what and the limit that would hold it") in _summary(over)
+    assert "max-size" not in _summary(unbounded)
