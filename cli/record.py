@@ -140,7 +140,8 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
                    "their count and bytes; what outlives its second, and what was live at each layer's peak, is "
                    "kept as recorded, and the newest quarter of SIZE is never folded. So leaks, growth and peaks "
                    "come out as on a full recording; live bytes inside a second miss what was folded there. "
-                   "0: no limit. Units: 512MiB, 4GiB.")
+                   "What stays live is never folded: where it alone passes SIZE, the recording grows past it, "
+                   "and its notes say so and what SIZE would hold it. 0: no limit. Units: 512MiB, 4GiB.")
 @click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
                    "driver), native (libc heap; costly, off by default). A list replaces the default; "

@@ -1,7 +1,10 @@
 """Keeping a recording under `record --max-size` while it is written (issue 23 item 1).
 
 After each flush, on the thread that writes the recording, the compactor looks at what the
-recording takes on disk. Past three quarters of the limit it folds the oldest events parts,
+recording takes on disk, counting its folded part twice: a fold writes the new folded part
+beside the old one, and deletes the old only once the new is renamed in (a recorder killed
+in between loses nothing), so for that moment the disk holds both. Past three quarters of
+the limit, so counted, it folds the oldest events parts,
 together with what it folded before, into one folded part (analysis/compaction.py says what
 is kept row for row and what is folded), and deletes the parts it replaced
 (recording/writer.py, PART_NAME, says why a reader never sees both).
@@ -68,6 +71,27 @@ class _Folded:
 
 
 @dataclass(frozen=True)
+class _Sizes:
+    """What a recording takes on disk, in bytes: `total` now; `kept`, what of it folding keeps
+    (the latest folded part and the other tables: all but the plain events parts); `folded`,
+    the latest folded part, which a fold's new one joins on disk for a moment."""
+
+    total: int
+    kept: int
+    folded: int
+
+    @property
+    def at_fold(self) -> int:
+        """What the disk holds while the next fold writes its folded part (about the old one's size)."""
+        return self.total + self.folded
+
+    @property
+    def floor(self) -> int:
+        """What no fold of plain parts takes away, counted as at_fold counts it."""
+        return self.kept + self.folded
+
+
+@dataclass(frozen=True)
 class _Part:
     index: int
     folded: bool
@@ -106,19 +130,19 @@ class Compactor:
             return False
 
     def _fold_if_needed(self) -> bool:
-        total = recording_bytes(self.writer.path)
-        if total <= START_AT * self.max_bytes:
+        sizes = self._sizes()
+        if sizes.at_fold <= START_AT * self.max_bytes:
             return False
         folded, chunk = self._chunk(events_parts(self.writer.path / "events", self._rows))
         if not chunk:
             self._note_if_over(None)  # all that is left to fold is the newest quarter
             return False
-        if sum(p.rows for p in chunk) < self.chunk_rows // 2 and total <= URGENT_AT * self.max_bytes:
+        if sum(p.rows for p in chunk) < self.chunk_rows // 2 and sizes.at_fold <= URGENT_AT * self.max_bytes:
             return False  # wait for a chunk worth rewriting the folded part for
         outcome = self._fold(folded, chunk)
         # Over the limit with what folding keeps and the newest quarter alone: folding more of
         # the same kind cannot help (a backlog of plain parts is folded by the next folds).
-        beyond = self._sizes()[1] + RECENT_SHARE * self.max_bytes > self.max_bytes
+        beyond = self._sizes().floor + RECENT_SHARE * self.max_bytes > self.max_bytes
         if beyond or outcome.rows > FOLDED_ROWS_MAX:
             if self.window_ns < MAX_WINDOW_NS and self._worth_a_trial(outcome.rows) \
                     and self._wider_window_helps(outcome):
@@ -195,12 +219,13 @@ class Compactor:
         self._fruitless_trial_rows = None if helps else outcome.rows
         return helps
 
-    def _sizes(self) -> tuple[int, int]:
-        """(what the recording takes, what of it folding keeps: the latest folded part and the
-        other tables, i.e. all but the plain events parts), in bytes."""
+    def _sizes(self) -> _Sizes:
+        """What the recording takes on disk now (module docstring)."""
         total = recording_bytes(self.writer.path)
-        plain = sum(p.size for p in events_parts(self.writer.path / "events", self._rows) if not p.folded)
-        return total, total - plain
+        parts = events_parts(self.writer.path / "events", self._rows)
+        plain = sum(p.size for p in parts if not p.folded)
+        latest = max((p for p in parts if p.folded), key=lambda p: p.index, default=None)
+        return _Sizes(total, total - plain, latest.size if latest else 0)
 
     def _note_if_over(self, outcome: _Folded | None, at_end: bool = False) -> None:
         """Once, when the recording is over the limit, and what folding keeps with the newest
@@ -209,34 +234,37 @@ class Compactor:
         over_limit_note into meta.json's notes."""
         if self._said_over:
             return
-        total, kept = self._sizes()
-        if total <= self.max_bytes or (not at_end and kept + RECENT_SHARE * self.max_bytes <= self.max_bytes):
+        sizes = self._sizes()
+        if at_end:  # no fold comes: what it takes is what it takes
+            if sizes.total <= self.max_bytes:
+                return
+        elif sizes.at_fold <= self.max_bytes or sizes.floor + RECENT_SHARE * self.max_bytes <= self.max_bytes:
             return
         self._said_over = True
         at_s = (time.monotonic_ns() - self.origin_ns) / 1e9
-        self.writer.meta.notes.append(over_limit_note(self.max_bytes, total, kept, at_s, self.window_ns,
+        self.writer.meta.notes.append(over_limit_note(self.max_bytes, sizes, at_s, self.window_ns,
                                                       outcome.still_live if outcome else None,
                                                       outcome.crossing if outcome else None))
 
 
-def over_limit_note(max_bytes: int, total: int, kept_bytes: int, at_s: float, window_ns: int,
+def over_limit_note(max_bytes: int, sizes: _Sizes, at_s: float, window_ns: int,
                     still_live: int | None, crossing: int | None) -> str:
-    """The note for a recording that passed --max-size at `at_s` s (from its start), taking
-    `total` bytes, `kept_bytes` of them what folding keeps (the folded part, the other tables;
-    the rest: plain events parts, the newest quarter of the limit and any not folded yet):
-    what took it (`still_live`, `crossing`: of the latest fold's allocations kept row for
-    row; None where no fold just ran), and the limit that would hold it, in MiB: twice what
-    is kept, so that the newest quarter and a chunk to fold fit beside it."""
-    needed_mib = max(16, -(-2 * kept_bytes // (1 << 20)))  # 16 MiB: the least --max-size takes
+    """The note for a recording that passed --max-size at `at_s` s (from its start): what it
+    took (`sizes`, the folded part counted twice: module docstring), what took it
+    (`still_live`, `crossing`: of the latest fold's allocations kept row for row; None where
+    no fold just ran), and the limit that would hold it, in MiB: twice what no fold takes
+    away, so that the newest quarter and a chunk to fold fit beside it."""
+    needed_mib = max(16, -(-2 * sizes.floor // (1 << 20)))  # 16 MiB: the least --max-size takes
     why = (f": {still_live:,} allocations still live when they were folded (the program's own data or a leak: "
            f"reports need each) and {crossing:,} freed in a later {window_ns / 1e9:g}s window than their own, "
            "beside the folded allocations of each step, kept apart; a wider window would not shrink it"
            if still_live is not None else "")
     return (f"record --max-size: the recording passed its limit of {format_bytes(max_bytes)} ({max_bytes:,} bytes) "
-            f"at +{at_s:.0f}s, taking {total:,} bytes: {kept_bytes:,} of them what folding keeps (the folded events, "
-            f"the chains, the samples), {total - kept_bytes:,} events not folded yet (the newest quarter of the limit "
-            f"and any that came faster than folding){why}. It grows from there with what stays live; a --max-size "
-            f"of at least {needed_mib:,}MiB would hold what it keeps now")
+            f"at +{at_s:.0f}s, taking {sizes.total:,} bytes and {sizes.at_fold:,} while a fold rewrites its "
+            f"{sizes.folded:,}-byte folded part: {sizes.kept:,} of them what folding keeps (the folded events, the "
+            f"chains, the samples), {sizes.total - sizes.kept:,} events not folded yet (the newest quarter of the "
+            f"limit and any that came faster than folding){why}. It grows from there with what stays live; a "
+            f"--max-size of at least {needed_mib:,}MiB would hold what it keeps now")
 
 
 def _module_codes(events) -> np.ndarray:

@@ -136,6 +136,40 @@ def test_the_folded_recording_is_smaller_and_says_what_was_folded(recordings):
     assert meta.flushed_rows["events"] == sum(p.rows for p in parts)
 
 
+def second_with_a_large_live_set(second: int, rng: np.random.Generator) -> dict:
+    """second_of_events, and 400 more 64-byte allocations of chain 2 that are never freed: a
+    folded part that is a large share of a small limit."""
+    cols = second_of_events(second, rng)
+    n = 400
+    ts = second * S + np.arange(n) * (S // n) + 11
+    addr = np.uint64(0xA000_0000) + (np.uint64(second * n) + np.arange(n, dtype=np.uint64)) * np.uint64(0x40)
+    return {**cols, "ts_ns": np.concatenate([cols["ts_ns"], ts]), "action": cols["action"] + ["alloc"] * n,
+            "addr": np.concatenate([cols["addr"], addr]), "size_bytes": cols["size_bytes"] + [64] * n,
+            "stack_id": cols["stack_id"] + [2] * n}
+
+
+def test_the_disk_holds_no_more_than_the_limit_while_a_fold_writes(tmp_path, monkeypatch):
+    """A fold writes its new folded part beside the old one and the parts it replaces, and
+    deletes them only once it is renamed in. Measured right then, with a folded part of about
+    a quarter of the limit, the recording is within it (counting the folded part once, the
+    disk held about 468,000 bytes against a limit of 450,000)."""
+    from memprof.recording.writer import RecordingWriter as Writer
+    at_folds, write_file = [], Writer._write_file
+
+    def measured(self, folder, name, table):
+        write_file(self, folder, name, table)
+        if name.endswith("-f.parquet"):
+            at_folds.append(recording_bytes(self.path))
+    monkeypatch.setattr(Writer, "_write_file", measured)
+    path = tmp_path / "r.memprof"
+    compactor = write(path, 450_000, second_with_a_large_live_set)
+    meta = open_recording(path).meta
+    [folded] = [p for p in events_parts(path / "events", {}) if p.folded]
+    assert len(meta.folds) == len(at_folds) > 5 and not compactor.stopped and not meta.notes, meta.notes
+    assert folded.size > 450_000 / 5
+    assert max(at_folds) <= 450_000, at_folds
+
+
 def test_leaks_are_the_same_as_on_the_full_recording(recordings):
     full, folded, _ = recordings
 
