@@ -246,5 +246,9 @@ def _summary(result) -> str:
         folded = (f"; it takes {format_bytes(result.size_bytes)}, over --max-size {format_bytes(result.max_size_bytes)}"
                   f"{f' after {result.folds} folds' if result.folds else ''}: what it must keep took it, its notes say "
                   "what and the limit that would hold it")
+    elif result.passed_limit:
+        folded = (f"; it takes {format_bytes(result.size_bytes)} after {result.folds} folds, but passed --max-size "
+                  f"{format_bytes(result.max_size_bytes)} while it ran: its notes say why and the limit that would "
+                  "hold it")
     return (f"recorded {result.events:,} events{loss}{missed} to {result.path}{folded}; "
             f"see `memprof report leaks {result.path}`")

@@ -112,7 +112,7 @@ class Compactor:
         self.window_ns = window_ns
         self.chunk_rows = chunk_rows
         self.stopped = False
-        self._said_over = False
+        self.said_over = False  # a note said the recording passed its limit (at most one does)
         self._fruitless_trial_rows: int | None = None  # rows of the folded part when a trial last saved too little
         self._rows: dict[str, int] = {}  # rows of each part seen, by path: footers read once
 
@@ -156,10 +156,10 @@ class Compactor:
     def at_end(self) -> bool:
         """Once the recording is finalized: if it ended over the limit and no note said so
         yet, say it now (a last flush can pass it). True if a note was added."""
-        if self.stopped or self._said_over:
+        if self.stopped or self.said_over:
             return False
         self._note_if_over(None, at_end=True)
-        return self._said_over
+        return self.said_over
 
     def _chunk(self, parts: list[_Part]) -> tuple[_Part | None, list[_Part]]:
         """The latest folded part (None: none yet) and the oldest plain parts after it to fold
@@ -232,7 +232,7 @@ class Compactor:
         quarter of the limit is too (before the end; a backlog of plain parts, or a last part
         that took the newest quarter past its share, is folded by the next folds):
         over_limit_note into meta.json's notes."""
-        if self._said_over:
+        if self.said_over:
             return
         sizes = self._sizes()
         if at_end:  # no fold comes: what it takes is what it takes
@@ -240,7 +240,7 @@ class Compactor:
                 return
         elif sizes.at_fold <= self.max_bytes or sizes.floor + RECENT_SHARE * self.max_bytes <= self.max_bytes:
             return
-        self._said_over = True
+        self.said_over = True
         at_s = (time.monotonic_ns() - self.origin_ns) / 1e9
         self.writer.meta.notes.append(over_limit_note(self.max_bytes, sizes, at_s, self.window_ns,
                                                       outcome.still_live if outcome else None,

@@ -108,6 +108,7 @@ class RecordResult:
     folds: int = 0  # times old events were folded to keep under --max-size
     size_bytes: int = 0  # what the recording takes on disk, measured only under --max-size
     max_size_bytes: int | None = None  # --max-size, None: no limit
+    passed_limit: bool = False  # the recording passed --max-size at some moment (its notes say why)
 
 
 def default_output(name: str, pid: int, directory: Path = Path("."), tag: str = "") -> Path:
@@ -430,7 +431,8 @@ class Session:
         meta = self.writer.meta
         return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events,
                             self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0,
-                            recording_bytes(self.writer.path) if self.compactor else 0, self.request.max_size_bytes)
+                            recording_bytes(self.writer.path) if self.compactor else 0, self.request.max_size_bytes,
+                            bool(self.compactor and self.compactor.said_over))
 
     def _tree_exited(self, root: int) -> bool:
         if self.child is not None:

@@ -306,6 +306,9 @@ def test_record_says_in_its_last_line_whether_the_recording_kept_its_limit(tmp_p
     under = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 3, 10 << 20, 16 << 20)
     over = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 8, 25_237_246, 16 << 20)
     unbounded = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 0, 0, None)
+    passed = RecordResult(tmp_path / "r.memprof", 0, 1000, 0, 0, False, 16, 30_853_658, 34 << 20, True)
+    assert ("it takes 29.4 MiB after 16 folds, but passed --max-size 34.0 MiB while it ran: its notes say why "
+            "and the limit that would hold it") in _summary(passed)
     assert "folded 3 times to stay under --max-size" in _summary(under)
     assert ("it takes 24.1 MiB, over --max-size 16.0 MiB after 8 folds: what it must keep took it, its notes say "
             "what and the limit that would hold it") in _summary(over)
