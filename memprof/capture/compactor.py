@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from memprof.analysis.compaction import fold_events
@@ -58,16 +59,15 @@ RECENT_SHARE = 0.25                   # of the limit: the newest parts, never fo
 MIN_GAIN = 0.1                        # of the folded part's rows: what a doubled window must save
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Folded:
-    """What one fold left: the folded part's `rows` (and, until the decision on the window is
-    made, the frame they came from), and of the allocations kept row for row, how many were
-    `still_live` and how many `crossing` window edges (analysis/compaction.FoldResult)."""
+    """What one fold left: the folded part's `rows`, and of the allocations kept row for row,
+    how many were `still_live` and how many `crossing` window edges
+    (analysis/compaction.FoldResult)."""
 
     rows: int
     still_live: int
     crossing: int
-    events: object = None  # pd.DataFrame; dropped once read
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,7 @@ class Compactor:
         self.chunk_rows = chunk_rows
         self.stopped = False
         self.said_over = False  # a note said the recording passed its limit (at most one does)
+        self.final_bytes = 0  # what the finalized recording takes (at_end)
         self._fruitless_trial_rows: int | None = None  # rows of the folded part when a trial last saved too little
         self._rows: dict[str, int] = {}  # rows of each part seen, by path: footers read once
 
@@ -130,32 +131,35 @@ class Compactor:
             return False
 
     def _fold_if_needed(self) -> bool:
-        sizes = self._sizes()
+        parts = events_parts(self.writer.path / "events", self._rows)
+        sizes = _sizes_of(recording_bytes(self.writer.path), parts)
         if sizes.at_fold <= START_AT * self.max_bytes:
             return False
-        folded, chunk = self._chunk(events_parts(self.writer.path / "events", self._rows))
+        folded, chunk = self._chunk(parts)
         if not chunk:
             self._note_if_over(None)  # all that is left to fold is the newest quarter
             return False
         if sum(p.rows for p in chunk) < self.chunk_rows // 2 and sizes.at_fold <= URGENT_AT * self.max_bytes:
             return False  # wait for a chunk worth rewriting the folded part for
-        outcome = self._fold(folded, chunk)
+        outcome, events = self._fold(folded, chunk)
         # Over the limit with what folding keeps and the newest quarter alone: folding more of
         # the same kind cannot help (a backlog of plain parts is folded by the next folds).
         beyond = self._sizes().floor + RECENT_SHARE * self.max_bytes > self.max_bytes
         if beyond or outcome.rows > FOLDED_ROWS_MAX:
             if self.window_ns < MAX_WINDOW_NS and self._worth_a_trial(outcome.rows) \
-                    and self._wider_window_helps(outcome):
+                    and self._wider_window_helps(events, outcome.rows):
                 self.window_ns = min(2 * self.window_ns, MAX_WINDOW_NS)
             elif beyond:
                 self._note_if_over(outcome)
-        outcome.events = None
+        del events
         _give_back_memory()
         return True
 
     def at_end(self) -> bool:
-        """Once the recording is finalized: if it ended over the limit and no note said so
-        yet, say it now (a last flush can pass it). True if a note was added."""
+        """Once the recording is finalized (on the thread that writes it): keep what it takes
+        in `final_bytes`, and if it ended over the limit and no note said so yet, say it now (a
+        last flush can pass it). True if a note was added."""
+        self.final_bytes = recording_bytes(self.writer.path)
         if self.stopped or self.said_over:
             return False
         self._note_if_over(None, at_end=True)
@@ -178,8 +182,9 @@ class Compactor:
             rows += part.rows
         return latest, chunk
 
-    def _fold(self, folded: _Part | None, chunk: list[_Part]) -> _Folded:
-        """Fold `chunk` with the folded part before it (if any) into a new folded part."""
+    def _fold(self, folded: _Part | None, chunk: list[_Part]) -> tuple[_Folded, pd.DataFrame]:
+        """Fold `chunk` with the folded part before it (if any) into a new folded part; what
+        the fold left, and the folded part's frame (for a trial at a wider window)."""
         began = time.monotonic_ns()
         inputs = ([folded] if folded else []) + chunk
         tables = [_read_part(p.path, "events", TABLES["events"]) for p in inputs]
@@ -199,33 +204,28 @@ class Compactor:
                 "live_allocations": result.still_live, "crossing_allocations": result.crossing}
         self.writer.install_folded_events(chunk[-1].index, table, [p.path for p in inputs], fold)
         del events, table
-        return _Folded(fold["events_after"], result.still_live, result.crossing, result.events)
+        return _Folded(fold["events_after"], result.still_live, result.crossing), result.events
 
     def _worth_a_trial(self, rows: int) -> bool:
         """A trial fold costs about a fold: after one that saved too little, the next waits
         until the folded part has grown by a quarter."""
         return self._fruitless_trial_rows is None or rows > 1.25 * self._fruitless_trial_rows
 
-    def _wider_window_helps(self, outcome: _Folded) -> bool:
-        """Whether folding the folded part again with twice the window leaves at least
-        MIN_GAIN fewer rows (in memory only: the next fold does it for good). It does not
-        where what is kept is live, or apart by step."""
-        events = outcome.events
-        if events is None or not len(events):
+    def _wider_window_helps(self, events: pd.DataFrame, rows: int) -> bool:
+        """Whether folding the folded part (`events`, `rows` rows) again with twice the window
+        leaves at least MIN_GAIN fewer rows (in memory only: the next fold does it for good).
+        It does not where what is kept is live, or apart by step."""
+        if not len(events):
             return False
         trial = fold_events(events, origin_ns=self.origin_ns, window_ns=2 * self.window_ns,
                             module=_module_codes(events))
-        helps = len(trial.events) <= (1 - MIN_GAIN) * outcome.rows
-        self._fruitless_trial_rows = None if helps else outcome.rows
+        helps = len(trial.events) <= (1 - MIN_GAIN) * rows
+        self._fruitless_trial_rows = None if helps else rows
         return helps
 
     def _sizes(self) -> _Sizes:
         """What the recording takes on disk now (module docstring)."""
-        total = recording_bytes(self.writer.path)
-        parts = events_parts(self.writer.path / "events", self._rows)
-        plain = sum(p.size for p in parts if not p.folded)
-        latest = max((p for p in parts if p.folded), key=lambda p: p.index, default=None)
-        return _Sizes(total, total - plain, latest.size if latest else 0)
+        return _sizes_of(recording_bytes(self.writer.path), events_parts(self.writer.path / "events", self._rows))
 
     def _note_if_over(self, outcome: _Folded | None, at_end: bool = False) -> None:
         """Once, when the recording is over the limit, and what folding keeps with the newest
@@ -245,6 +245,13 @@ class Compactor:
         self.writer.meta.notes.append(over_limit_note(self.max_bytes, sizes, at_s, self.window_ns,
                                                       outcome.still_live if outcome else None,
                                                       outcome.crossing if outcome else None))
+
+
+def _sizes_of(total: int, parts: list[_Part]) -> _Sizes:
+    """_Sizes of a recording that takes `total` bytes, with these events `parts`."""
+    plain = sum(p.size for p in parts if not p.folded)
+    latest = max((p for p in parts if p.folded), key=lambda p: p.index, default=None)
+    return _Sizes(total, total - plain, latest.size if latest else 0)
 
 
 def over_limit_note(max_bytes: int, sizes: _Sizes, at_s: float, window_ns: int,

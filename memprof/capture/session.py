@@ -15,7 +15,7 @@ from memprof import __version__
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
-from memprof.capture.compactor import Compactor, recording_bytes
+from memprof.capture.compactor import Compactor
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -431,7 +431,7 @@ class Session:
         meta = self.writer.meta
         return RecordResult(self.writer.path, status, self.source.stats.events, meta.lost_events, meta.missed_events,
                             self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0,
-                            recording_bytes(self.writer.path) if self.compactor else 0, self.request.max_size_bytes,
+                            self.compactor.final_bytes if self.compactor else 0, self.request.max_size_bytes,
                             bool(self.compactor and self.compactor.said_over))
 
     def _tree_exited(self, root: int) -> bool:
