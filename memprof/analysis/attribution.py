@@ -26,7 +26,7 @@ import pandas as pd
 
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NativeFrames, check_native_frames, with_canonical_stacks
 from memprof.analysis.layers import ChainBytes, live_curve
-from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, live_mask
 from memprof.analysis.modules import alloc_modules
 from memprof.errors import UsageError
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS, LAYERS, Action, FrameKind

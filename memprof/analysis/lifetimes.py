@@ -14,6 +14,9 @@ Within a key, rows are ordered by (`ts_ns`, `seq`) and each row is judged by its
 - a free whose previous row of the key is not an alloc: an unmatched free (the allocation
   predates the recording, or the free is a duplicate), counted in `unmatched_frees`.
 
+An exec ends the user-space allocations its process still held (`end_kind` "freed", at the
+exec's `mark` row): the old image's address space is gone (_end_at_exec).
+
 `free_requested` ends an allocation like `free`; a `free` that directly follows a
 `free_requested` of the same key is that request's completion (PyTorch's caching allocator
 reports both), not an unmatched free.
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memprof.model.schema import Action
+from memprof.model.schema import Action, Layer, Mark
 
 END_KINDS = ("freed", "missed", "live")
 _FREED, _MISSED, _LIVE = range(3)
@@ -97,6 +100,7 @@ def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
     else:  # judge in time order, then put the verdicts back in row order
         end_kind, end_ts, unmatched = _unpermuted(_judge(key[by_time], kind[by_time], ts[by_time]), by_time)
     del key
+    _end_at_exec(events, kind, layer_codes, layer_names, end_kind, end_ts)
 
     is_alloc = kind == _ALLOC
     positions = np.flatnonzero(is_alloc)
@@ -106,6 +110,56 @@ def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
         unmatched_frees=_count_by_layer(layer_codes[unmatched], layer_names),
         missed_frees=_count_by_layer(layer_codes[is_alloc & (end_kind == _MISSED)], layer_names),
     )
+
+
+# Layers whose allocations live in the kernel, not in a process's address space: an exec
+# leaves them as they are (what the exec frees of them, the probes see being freed).
+_KERNEL_LAYERS = frozenset({Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value})
+
+
+def exec_times(events: pd.DataFrame, kind: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """pid -> when it exec'd (int64 ns, ascending), from the `mark`/"exec" rows; `kind` as
+    _row_kinds gives it (marks are among its 0 rows), computed when not given."""
+    kind = _row_kinds(events["action"]) if kind is None else kind
+    others = np.flatnonzero(kind == 0)
+    if others.size == 0:
+        return {}
+    execs = others[_equals(events["category"], others, Mark.EXEC.value) & _equals(events["action"], others, Action.MARK.value)]
+    if execs.size == 0:
+        return {}
+    frame = pd.DataFrame({"pid": events["pid"].to_numpy(dtype=np.int64)[execs],
+                          "ts": events["ts_ns"].to_numpy(dtype=np.int64)[execs]})
+    return {int(pid): np.sort(rows["ts"].to_numpy()) for pid, rows in frame.groupby("pid")}
+
+
+def _equals(column: pd.Series, positions: np.ndarray, value: str) -> np.ndarray:
+    """Per position of `column` (categorical, object or string): its value is `value` (False where missing)."""
+    return column.iloc[positions].eq(value).to_numpy(dtype=bool, na_value=False)
+
+
+def _end_at_exec(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray, layer_names: np.ndarray,
+                 end_kind: np.ndarray, end_ts: np.ndarray) -> None:
+    """In place, per row: a user-space allocation (any layer but the kernel's) of a process
+    that exec'd after making it and before it ended was freed by that exec (its image's
+    address space went with it): `end_kind` _FREED at the first such exec's time. Without
+    this, what a wrapper (env, a shell's exec, memprof's own gated child) allocated before
+    exec'ing the real program would look held to the end. A later allocation of the same
+    address, in the new image, no longer counts as a missed free of it."""
+    execs = exec_times(events, kind)
+    if not execs:
+        return
+    user_layer = np.array([label_of(name) not in _KERNEL_LAYERS for name in layer_names] + [False], dtype=bool)
+    candidates = (kind == _ALLOC) & user_layer[layer_codes]  # code -1 (no layer) picks the trailing False
+    pid = events["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)
+    for process, times in execs.items():
+        rows = np.flatnonzero(candidates & (pid == process))
+        after = np.searchsorted(times, ts[rows], side="right")  # the first exec after the allocation
+        rows, exec_ts = rows[after < times.size], times[after[after < times.size]]
+        ended_before = (end_kind[rows] != _LIVE) & (end_ts[rows] <= exec_ts)
+        rows, exec_ts = rows[~ended_before], exec_ts[~ended_before]
+        end_kind[rows] = _FREED
+        end_ts[rows] = exec_ts
 
 
 def _row_kinds(action: pd.Series) -> np.ndarray:

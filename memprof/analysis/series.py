@@ -154,7 +154,7 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
     every `mark` row with category "step" (`step` is the new step's number) and "mark" for
     the user's own marks (`memprof.mark("epoch 1")`: `label` is its text, `step` the step it
     fell in). `label` is the mark row's category ("step" for steps), None for OOMs. The
-    exit mark and the agent's per-tensor notes (`tensor:ROLE`, `state:ROLE:NAME`) are not
+    exit and exec marks and the agent's per-tensor notes (`tensor:ROLE`, `state:ROLE:NAME`) are not
     moments to show."""
     action = labels(events["action"]) if len(events) else np.array([], dtype=object)
     category = labels(events["category"]) if len(events) else np.array([], dtype=object)
@@ -174,15 +174,18 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
+_RESERVED_MARKS = tuple(mark.value for mark in Mark)
+
+
 def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Per row (its action and category labels): a mark of the user's own — a `mark` row
-    whose category is neither a step, the exit, nor one of the agent's per-tensor notes
+    whose category is neither a step, an exit or an exec, nor one of the agent's per-tensor notes
     (`tensor:ROLE`, `state:ROLE:NAME`) and module boundaries (`module:PATH`, `module-return:PATH`, MODULE_NONE).
     Judged on the mark rows' distinct labels (module boundaries are two rows per module call:
     many rows, few labels)."""
     marks = np.flatnonzero(action == Action.MARK.value)
     codes, texts = pd.factorize(pd.Series(category[marks], dtype=object), use_na_sentinel=True)
-    judged = np.array([isinstance(text, str) and text not in (Mark.STEP.value, Mark.EXIT.value, MODULE_NONE)
+    judged = np.array([isinstance(text, str) and text not in (*_RESERVED_MARKS, MODULE_NONE)
                        and not text.startswith((TENSOR_PREFIX, STATE_PREFIX, MODULE_PREFIX, MODULE_RETURN_PREFIX)) for text in texts]
                       + [False], dtype=bool)
     rows = np.zeros(len(action), dtype=bool)

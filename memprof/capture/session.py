@@ -376,13 +376,19 @@ class Session:
         out = Path(os.path.abspath(req.output or default_output(name, pid, tag=req.output_tag)))
         meta = RecordingMeta(
             memprof_version=__version__, command=req.command, pid=pid, host=req.host or platform.node(),
-            kernel=platform.release(), start_ns=time.monotonic_ns(), clock_anchors=[anchor()],
+            kernel=platform.release(), start_ns=self._start_ns(), clock_anchors=[anchor()],
             sources={self.source.name: self.source.stats},
         )
         owner_uid = self.owner.uid if self.owner else os.geteuid()
         self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
         if req.max_size_bytes:
             self.compactor = Compactor(self.writer, req.max_size_bytes, origin_ns=meta.start_ns)
+
+    def _start_ns(self) -> int:
+        """The recording's start: when the source began to follow the target (its events are
+        no older), or now where it follows none yet."""
+        since = self.source.tracking_since_ns
+        return since if since is not None else time.monotonic_ns()
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:

@@ -45,7 +45,8 @@ EVAL_LOOP_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx
 
 
 class Mark(str, enum.Enum):
-    """Labels of `mark` events, stored in the `category` column."""
+    """Labels of `mark` events, stored in the `category` column. A user's mark with one of
+    these labels is stored under another (agent_reader.source.user_label)."""
 
     # The target's root process began to exit (exit_group, a fatal signal, or interpreter
     # finalization): the moment "held at the end" is judged at, before teardown frees.
@@ -53,6 +54,9 @@ class Mark(str, enum.Enum):
     # A training step began (the agent: optimizer step, torch.profiler step, memprof.mark);
     # the row's `step` is the new step's number. Other labels are the user's own marks.
     STEP = "step"
+    # A process of the target exec'd (eBPF: sched_process_exec): its old image's address space
+    # is gone, and with it every user-space allocation it still held (lifetimes.py ends them).
+    EXEC = "exec"
 
 
 # `category` of a profiler-window tensor annotation (a `mark` row): "tensor:parameter", …

@@ -233,6 +233,37 @@ def test_native_leak_exact(tmp_path, run_memprof, leaks_json):
     assert not any("churn_block" in functions(f) for f in findings), context
 
 
+# A Python process that keeps EXEC_HELD blocks of EXEC_HELD_BYTES, then execs native_leak.
+EXEC_HELD, EXEC_HELD_BYTES = 500, 12345
+
+
+def test_what_the_old_image_held_at_exec_is_no_leak(tmp_path, run_memprof, leaks_json):
+    """The blocks went with the Python image's address space at the exec: the analysis ends
+    them there, and the report holds native_leak's leak and nothing else. Without that, the
+    blocks and Python's own start-up heap (16.4 MB in all, measured) read as held to the end."""
+    from memprof.api import analyse
+    recording = tmp_path / "exec.memprof"
+    script = (f"import ctypes, os; libc = ctypes.CDLL(None); "
+              f"held = [libc.malloc({EXEC_HELD_BYTES}) for _ in range({EXEC_HELD})]; "
+              f"os.execv({str(NATIVE_LEAK)!r}, [{str(NATIVE_LEAK)!r}, '-n', '{LEAKS}'])")
+    result = record(run_memprof, recording, sys.executable, "-c", script, args=("--sources", "+native"))
+    assert f"leaked={LEAKS} bytes={LEAKS * LEAK_BYTES}" in result.stdout, result.stdout
+
+    analysed = analyse(recording)
+    events = analysed.rec.events
+    assert events["ts_ns"].min() >= read_meta(recording)["start_ns"]  # no event from before the start
+    execs = events.loc[(events["action"] == "mark") & (events["category"] == "exec"), "ts_ns"].tolist()
+    assert len(execs) == 2, execs  # memprof's gated child into Python, Python into native_leak
+    allocations = analysed.lifetimes.allocations
+    held = allocations[(allocations["layer"] == "native_heap") & (allocations["size_bytes"] == EXEC_HELD_BYTES)]
+    assert len(held) == EXEC_HELD
+    assert set(held["end_kind"]) == {"freed"} and set(held["end_ts_ns"]) == {max(execs)}
+
+    findings = leaks_json(recording, "--layer", "native_heap", "--top", "1000")["findings"]
+    assert [(f["live_count"], f["live_bytes"]) for f in findings] == [(LEAKS, LEAKS * LEAK_BYTES)], describe(findings)
+    assert "leak_block" in functions(findings[0], "native")
+
+
 def test_native_leak_sampled_estimate(tmp_path, run_memprof, leaks_json):
     """--native-sample-bytes 8192: each 4096-byte block is taken with probability
     4096/8192 = 1/2 and weighted 2, so the estimate is 2 x Binomial(2039, 1/2) blocks:

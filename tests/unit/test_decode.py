@@ -57,6 +57,10 @@ def test_sampled_native_allocations_carry_their_weight():
     assert weight[0] == 8.0 and weight[1] == 1.0 and np.isnan(weight[2])
 
 
-def test_lifecycle_records_are_not_events():
-    cols = _decode(_records(dict(ts_ns=1, kind=R.PROC_FORK, pid=5, tid=4), dict(ts_ns=2, kind=R.MAP_EXEC, pid=5)))
-    assert len(cols["ts_ns"]) == 0
+def test_lifecycle_records_are_not_events_but_an_exec_is_a_mark():
+    cols = _decode(_records(dict(ts_ns=1, kind=R.PROC_FORK, pid=5, tid=4), dict(ts_ns=2, kind=R.MAP_EXEC, pid=5),
+                            dict(ts_ns=3, kind=R.PROC_EXIT, pid=5), dict(ts_ns=4, kind=R.PROC_EXEC, pid=6, tid=6)))
+    # The exec ends the old image's user-space allocations (lifetimes.py): it is on the timeline.
+    assert cols["ts_ns"].tolist() == [4] and list(cols["action"]) == ["mark"]
+    assert list(cols["category"]) == ["exec"] and cols["pid"].tolist() == [6] and pd.isna(cols["layer"][0])
+    assert pd.isna(cols["size_bytes"][0]) and pd.isna(cols["stack_id"][0])

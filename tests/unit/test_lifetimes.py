@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.lifetimes import ALLOCATION_COLUMNS, pair_lifetimes
-from tests.factories import ev, events_frame, random_lifetimes
+from tests.factories import ev, events_frame, mark, random_lifetimes
 
 
 def ends(lifetimes) -> list[tuple]:
@@ -179,3 +179,58 @@ def test_speed_smoke_two_million_events(capsys):
     assert len(lt.allocations) == 1_000_000
     assert (lt.allocations["end_kind"] == "live").sum() + (lt.allocations["end_kind"] == "freed").sum() \
         + sum(lt.missed_frees.values()) == 1_000_000
+
+
+# ---- an exec ends the user-space allocations of the image it replaced ----
+
+def _exec_frame(*rows):
+    return events_frame(list(rows), pid=7)
+
+
+def test_exec_frees_what_the_old_image_still_held():
+    lt = pair_lifetimes(_exec_frame(
+        (100, "alloc", 0xA0, 64), (150, "alloc", 0xB0, 32), (160, "free", 0xB0),
+        mark(200, 7, "exec"),
+        (300, "alloc", 0xC0, 16)))
+    assert ends(lt) == [(0xA0, 100, 200, "freed"), (0xB0, 150, 160, "freed"), (0xC0, 300, None, "live")]
+    assert lt.missed_frees == {} and lt.unmatched_frees == {}
+
+
+def test_exec_leaves_kernel_layers_and_other_processes_alone():
+    lt = pair_lifetimes(_exec_frame(
+        ev(100, "alloc", 0xA0, 64, layer="kernel_slab"), ev(110, "alloc", 0xA1, 4096, layer="kernel_page"),
+        ev(120, "alloc", 0xB0, 64, pid=8), ev(130, "alloc", 0xB1, 64, layer="torch_cpu"),
+        mark(200, 7, "exec")))
+    assert ends(lt) == [(0xA0, 100, None, "live"), (0xA1, 110, None, "live"), (0xB0, 120, None, "live"),
+                        (0xB1, 130, 200, "freed")]
+
+
+def test_an_address_the_new_image_hands_out_again_is_not_a_missed_free():
+    lt = pair_lifetimes(_exec_frame((100, "alloc", 0xA0, 64), mark(200, 7, "exec"), (300, "alloc", 0xA0, 64)))
+    assert ends(lt) == [(0xA0, 100, 200, "freed"), (0xA0, 300, None, "live")]
+    assert lt.missed_frees == {}
+
+
+def test_each_allocation_ends_at_the_first_exec_after_it():
+    lt = pair_lifetimes(_exec_frame(
+        (100, "alloc", 0xA0, 64), mark(200, 7, "exec"), (250, "alloc", 0xB0, 8), mark(300, 7, "exec"),
+        (400, "alloc", 0xC0, 8), mark(450, 7, "a user mark")))
+    assert ends(lt) == [(0xA0, 100, 200, "freed"), (0xB0, 250, 300, "freed"), (0xC0, 400, None, "live")]
+
+
+def test_exec_marks_in_plain_string_columns_count_too():
+    frame = _exec_frame((100, "alloc", 0xA0, 64), mark(200, 7, "exec"))
+    for name in ("action", "category"):
+        frame[name] = frame[name].astype(object)
+    assert ends(pair_lifetimes(frame)) == [(0xA0, 100, 200, "freed")]
+
+
+def test_a_stream_of_batches_ends_a_carried_allocation_at_a_later_exec():
+    from memprof.analysis.fold import PairingStream
+    frame = _exec_frame((100, "alloc", 0xA0, 64), (150, "alloc", 0xB0, 8), mark(200, 7, "exec"))
+    stream = PairingStream()
+    first = stream.feed(frame.iloc[:2].reset_index(drop=True))
+    second = stream.feed(frame.iloc[2:].reset_index(drop=True))
+    assert first.empty
+    assert sorted(second["end_ts_ns"].tolist()) == [200, 200]
+    assert stream.finish().empty

@@ -18,18 +18,20 @@ from memprof.cli.main import cli
 from memprof.model.meta import ClockAnchor
 from memprof.sources.agent_reader.source import AgentSource
 from tests.export_factories import MS, known_events, write_recording
-from tests.factories import concat_events, events_frame, mark
+from tests.factories import concat_events, events_frame, mark, typed_events
 from tests.unit.test_agent_source import agent  # noqa: F401  (the real agent module, a fixture)
 
-EPOCH_NS, NOTE_NS, EXIT_NS = 7_000 * MS, 8_000 * MS, 40_000 * MS
+EPOCH_NS, NOTE_NS, EXEC_NS, EXIT_NS = 7_000 * MS, 8_000 * MS, 9_000 * MS, 40_000 * MS
 
 
 def marked_events() -> pd.DataFrame:
     """known_events (steps 1 and 2 at 5 s and 15 s, an OOM at 25 s) with the user's mark
-    "epoch 1" at 7 s (thread 102), a profiler tensor note at 8 s and the exit mark at 40 s."""
+    "epoch 1" at 7 s (thread 102), a profiler tensor note at 8 s, an exec of another process
+    at 9 s and the exit mark at 40 s."""
     extra = events_frame([
         {**mark(EPOCH_NS, 100, "epoch 1"), "tid": 102, "step": 1, "layer": None},
         {**mark(NOTE_NS, 100, "tensor:activation"), "step": 1, "layer": None},
+        {**mark(EXEC_NS, 300, "exec"), "layer": None},
         {**mark(EXIT_NS, 100, "exit"), "layer": None},
     ])
     return concat_events(known_events(), extra)
@@ -46,7 +48,7 @@ def invoke(*args):
     return result.stdout
 
 
-def test_instants_name_the_users_marks_and_leave_out_exit_and_tensor_notes():
+def test_instants_name_the_users_marks_and_leave_out_exit_exec_and_tensor_notes():
     frame = instants(marked_events())
     assert frame["kind"].tolist() == ["step", "mark", "step", "oom"]
     assert frame["ts_ns"].tolist() == [5_000 * MS, EPOCH_NS, 15_000 * MS, 25_000 * MS]
@@ -96,3 +98,15 @@ def test_a_mark_that_counts_the_steps_keeps_its_label(agent, tmp_path):  # noqa:
     assert list(zip(events["category"], events["step"])) == [
         ("step", 1), ("epoch 1", 1), ("step", 2), ("epoch 2", 2)]
     assert events["ts_ns"][0] == events["ts_ns"][1]  # the label marks the step's own moment
+
+
+@pytest.mark.parametrize("label", ["exit", "exec", "step"])
+def test_a_users_mark_named_like_memprofs_own_is_stored_apart(agent, tmp_path, label):
+    agent.mark("first")
+    agent.mark(label)  # each mark begins a step here (nothing else counts them) and keeps its label
+    agent.flush()
+    events, _, _ = AgentSource(tmp_path / "rec.memprof").poll(ClockAnchor(0, 0))
+    assert list(events["category"]) == ["step", "first", "step", f"{label} (mark)"]
+    shown = instants(typed_events(events))
+    assert shown["kind"].tolist() == ["step", "mark", "step", "mark"]
+    assert shown["label"].tolist()[-1] == f"{label} (mark)"

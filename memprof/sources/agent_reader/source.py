@@ -181,7 +181,7 @@ class AgentSource:
                 rows.mark(ts_ns, pid, tid, Mark.STEP.value, step)
                 self._take_step_source(pid, agent_lines.step_source(record))
             if kind == "mark" or label:  # memprof.mark("epoch 1") that began a step: its label too
-                rows.mark(ts_ns, pid, tid, label or "mark", step)
+                rows.mark(ts_ns, pid, tid, user_label(label), step)
         elif kind == "tensor":
             rows.tensor(agent_lines.tensor_fields(record))
         elif kind == "values":
@@ -405,6 +405,18 @@ class AgentRows:
         elif self._tensors and self.cuda_state is not None:
             stacks, frames = self.cuda_state.interner.drain_tables()
         return events, stacks, frames
+
+
+_RESERVED_MARKS = frozenset(mark.value for mark in Mark)
+
+
+def user_label(label: str | None) -> str:
+    """The label a user's mark is stored under: its own ("mark" when it has none), or, for a
+    label that memprof's own marks use ("exit", "exec", "step"), that label with " (mark)"
+    added, so that `memprof.mark("exit")` neither ends the process's allocations nor counts
+    a step in the analyses."""
+    label = label or "mark"
+    return f"{label} (mark)" if label in _RESERVED_MARKS else label
 
 
 def _no_samples() -> dict:

@@ -26,7 +26,11 @@ for _code, _name in enumerate(R.LAYER_CODES):
     _LAYER_INDEX[_code] = LAYER_NAMES.index(_name)
 _KIND_ACTION = np.full(256, ACTION_NAMES.index(Action.FREE.value), dtype=np.int8)
 _KIND_ACTION[list(R.ALLOC_KINDS)] = ACTION_NAMES.index(Action.ALLOC.value)
-_KIND_ACTION[R.EXIT_MARK] = ACTION_NAMES.index(Action.MARK.value)
+_KIND_ACTION[[R.EXIT_MARK, R.PROC_EXEC]] = ACTION_NAMES.index(Action.MARK.value)
+# The mark records' `category`: the index of each kind's label in MARK_NAMES.
+MARK_NAMES = [Mark.EXIT.value, Mark.EXEC.value]
+_MARK_INDEX = np.full(256, -1, dtype=np.int8)
+_MARK_INDEX[R.EXIT_MARK], _MARK_INDEX[R.PROC_EXEC] = 0, 1
 
 
 @dataclass
@@ -38,7 +42,8 @@ class EventBatch:
 
 
 class MemoryDecoder:
-    """Decodes the memory records of a drained batch (allocations, frees, exit marks).
+    """Decodes the memory records of a drained batch (allocations, frees, and the exit and
+    exec marks).
 
     `intern(kstack_ids, ustacks, pids, call_sites, py_stacks) -> stack ids` is the stack
     interner's; `native_sample_bytes` is the libc byte sampling the BPF side applied (0 =
@@ -53,16 +58,17 @@ class MemoryDecoder:
         self.address_key = address_key or AddressKey.generate()
         # Built now, before the target runs: the first costs ~35 ms (pandas' string machinery
         # warms up), which would delay the first poll, and with it probing a dlopened library.
-        for categories in (LAYER_NAMES, ACTION_NAMES, DEVICE_NAMES, [Mark.EXIT.value]):
+        for categories in (LAYER_NAMES, ACTION_NAMES, DEVICE_NAMES, MARK_NAMES):
             _categorical_dtype(tuple(categories))
 
     def decode(self, recs: np.ndarray) -> EventBatch:
         """Columns of the events table for the memory records among `recs`."""
         kinds = recs["kind"]
-        mem = recs[(kinds <= R.USER_FREE) | (kinds == R.EXIT_MARK)]
+        mem = recs[(kinds <= R.USER_FREE) | (kinds == R.EXIT_MARK) | (kinds == R.PROC_EXEC)]
         k, layer, flags = mem["kind"], mem["layer"], mem["flags"]
         is_alloc = np.isin(k, R.ALLOC_KINDS)
-        is_mark = k == R.EXIT_MARK
+        mark_index = _MARK_INDEX[k]
+        is_mark = mark_index >= 0
         size = mem["size"].astype(np.int64)
         requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
         stack_ids = np.zeros(mem.size, dtype=np.int64)
@@ -81,7 +87,7 @@ class MemoryDecoder:
             "pid": mem["pid"].astype(np.int32),
             "tid": mem["tid"].astype(np.int32),
             "stack_id": _masked(stack_ids, ~is_alloc),
-            "category": _categorical(np.where(is_mark, 0, -1).astype(np.int8), [Mark.EXIT.value]),
+            "category": _categorical(mark_index, MARK_NAMES),
             "weight": self.weights(is_alloc, layer, size),
         }
         return EventBatch(columns, int(mem.size))

@@ -9,6 +9,7 @@ event-table columns, and the symbols subpackage interns and symbolizes stacks at
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +62,7 @@ class EbpfSource:
         self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
                                  detail={"families": list(self.options.families)})
         self.exit_marks: dict[int, tuple[int, int]] = {}  # tgid -> (ts_ns, why)
+        self.tracking_since_ns: int | None = None  # when track() first ran: the recording's start
         self._bpf = None
         self._ring: RingBufferConsumer | None = None
         self._stacks: StackInterner | None = None
@@ -99,9 +101,12 @@ class EbpfSource:
 
     def track(self, pid: int, before_exec: bool = False) -> None:
         """Follow `pid` (and its future children). `before_exec`: it is memprof's own gated
-        child, still running memprof's interpreter: its Python frames wait for its exec."""
+        child, still running memprof's interpreter: its Python frames wait for its exec.
+        The first call sets `tracking_since_ns` (CLOCK_MONOTONIC): no event is older."""
         if before_exec:
             self._python.defer(pid)
+        if self.tracking_since_ns is None:
+            self.tracking_since_ns = time.monotonic_ns()
         table = self._bpf["tracked"]
         key = ctypes.c_int(pid >> 6)
         table[key] = ctypes.c_ulonglong(table[key].value | (1 << (pid & 63)))
