@@ -249,10 +249,21 @@ def _unpermuted(arrays, order: np.ndarray) -> list[np.ndarray]:
 
 
 def _as_groups(key: np.ndarray) -> pd.Categorical:
-    """The dense pairing key as a categorical: pandas groups by its codes in one linear pass,
-    without hashing them again. The int64 key is not kept (its codes are int32 or narrower)."""
-    top = int(key.max()) + 1 if len(key) else 1
-    return pd.Categorical.from_codes(key, categories=pd.RangeIndex(top), validate=False)
+    """The pairing key as a categorical of dense codes: the k distinct keys renumbered 0..k-1
+    in key order, by a lookup table over the key's span (no hashing). next_of_key groups by
+    these codes in one linear pass; left sparse (the key spans groups × distinct values, 3x
+    the rows on a folded part's mostly unique addresses), pandas would recode them through
+    a hash table first, and that took 1.0 s of a 2.7 s fold (bench/RESULTS.md). The int64
+    key is not kept."""
+    if not len(key):
+        return pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), categories=pd.RangeIndex(1), validate=False)
+    span = int(key.max()) + 1
+    present = np.zeros(span, dtype=bool)
+    present[key] = True
+    table = np.cumsum(present, dtype=np.int32 if span < 2**31 else np.int64)
+    del present
+    table -= 1
+    return pd.Categorical.from_codes(table[key], categories=pd.RangeIndex(int(table[-1]) + 1), validate=False)
 
 
 def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
@@ -276,11 +287,14 @@ def _judge(key: pd.Categorical, kind: np.ndarray, ts: np.ndarray):
 
 
 def next_of_key(key: pd.Categorical) -> np.ndarray:
-    """For rows in time order, grouped by `key`: per row, the position of the next row of
-    its key, -1 where none. One group-wise shift of row positions (no sort)."""
+    """For rows in time order, grouped by `key` (as _as_groups makes it: every category
+    present): per row, the position of the next row of its key, -1 where none. One
+    group-wise shift of row positions (no sort). `observed=False, sort=True` has pandas
+    take the codes as they are; its arrays are sized by the categories, which dense codes
+    keep at most the rows."""
     n = len(key)
     positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
-    following = pd.Series(positions, copy=False).groupby(key, sort=False, observed=True).shift(-1, fill_value=-1)
+    following = pd.Series(positions, copy=False).groupby(key, sort=True, observed=False).shift(-1, fill_value=-1)
     return following.to_numpy()
 
 
