@@ -55,3 +55,48 @@ def test_a_buffer_refilled_every_few_steps_is_still_a_sawtooth():
     (trend,) = classify(np.tile([0, 64, 128, 192], 6)[None, :].astype(float) * KIB)
     assert (trend.shape, trend.resets) == ("sawtooth", 5)
     assert trend.within_slope == pytest.approx(64 * KIB)
+
+
+def _reference_within_slope(row: np.ndarray) -> float | None:
+    """The median of the cycles' Theil–Sen slopes, one cycle at a time (as trend.py did before
+    it judged every row at once)."""
+    from memprof.analysis.trend import _release_mask, theil_sen
+    bounds = [0, *(np.flatnonzero(_release_mask(row[None, :])[0]) + 1).tolist(), len(row)]
+    cycles = [row[a:b] for a, b in zip(bounds, bounds[1:]) if b - a >= 3]
+    return float(np.median([theil_sen(c[None, :])[0] for c in cycles])) if cycles else None
+
+
+def _reference_troughs_rise(row: np.ndarray, min_growth: float) -> bool:
+    from memprof.analysis.trend import TROUGH_RISE_FRACTION, _release_mask
+    troughs = row[np.flatnonzero(_release_mask(row[None, :])[0]) + 1]
+    if len(troughs) < 2:
+        return False
+    rise = troughs[-1] - troughs[0]
+    return bool((np.diff(troughs) > 0).all() and rise >= max(min_growth, TROUGH_RISE_FRACTION * np.ptp(row)))
+
+
+@pytest.mark.parametrize("checkpoints", [8, 13, 40])
+def test_every_row_at_once_matches_one_row_at_a_time(checkpoints):
+    """Random sawtooths (fills of random length and slope, partial or full releases, with and
+    without a kept remainder) and random walks: the batched verdicts are the per-row ones."""
+    from memprof.analysis.trend import _troughs_rise, _within_slopes
+    rng = np.random.default_rng(checkpoints)
+    rows = []
+    for index in range(600):
+        keeps_every_cycle = index % 3 == 0  # troughs that rise: 128 KiB kept from each cycle
+        level, kept, row = 0.0, 0.0, []
+        while len(row) < checkpoints:
+            for _ in range(int(rng.integers(2, 7))):
+                level += float(rng.integers(0, 5)) * 64 * KIB
+                row.append(kept + level)
+            kept += 128 * KIB if keeps_every_cycle else float(rng.choice([0, 0, 300])) * KIB
+            level = 0.0 if keeps_every_cycle else float(rng.choice([0.0, level * 0.5]))
+        rows.append(row[:checkpoints])
+    rows += [np.cumsum(rng.integers(-3, 4, checkpoints) * KIB).tolist() for _ in range(200)]
+    series = np.array(rows, dtype=float)
+    within = _within_slopes(series)
+    expected = [_reference_within_slope(row) for row in series]
+    assert [None if np.isnan(w) else pytest.approx(w) for w in within] == expected
+    assert _troughs_rise(series, 1024.0).tolist() == [_reference_troughs_rise(row, 1024.0) for row in series]
+    assert sum(e is not None for e in expected) > 100  # the random rows do have cycles
+    assert 20 < _troughs_rise(series, 1024.0).sum() < 580  # and troughs that rise, and that do not
