@@ -50,7 +50,10 @@ def _at_option(fn):
 
 def _attributed(path, *, by: str, at, layers, top, native_frames):
     """The AttributionView of the recording at `path` (memprof.api.Analysed.attribution)."""
-    return analysed(path).attribution(by=by, at=at, layers=layers, top=top, native_frames=native_frames)
+    # A recording folded to fit in memory keeps what was live at a time only when asked.
+    keep_at = () if isinstance(at, str) else (at,)
+    return analysed(path, keep_at=keep_at).attribution(by=by, at=at, layers=layers, top=top,
+                                                        native_frames=native_frames)
 
 
 @report.command(epilog=_LAYERS_NOTE)

@@ -31,14 +31,15 @@ if TYPE_CHECKING:
 Stage = Callable[[str], None]  # names the step now running (the CLI's progress bar)
 STAGES = 4  # how many times `analyse` calls its `stage`
 FOLDED_SUMMARY_NOTE = ("folded: no advice here (it needs every event); "
-                       "`report leaks`, `report layers` and `report top --at end|peak` read it in full")
+                       "`report leaks`, `report layers` and `report top` read it in full")
 
 
 def _quiet(text: str) -> None:
     """A stage callback that shows nothing."""
 
 
-def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None) -> Analysed:
+def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
+            keep_at: Iterable[int] = ()) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -46,7 +47,9 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     A recording whose whole analysis would take more than `max_memory` bytes (default:
     bounded.default_limit, most of the memory available) is folded (memprof.bounded): read
     in bounded memory, keeping the allocations the leak, peak and end views judge; the views
-    that need every event refuse it (FoldedRecordingError, exit 2)."""
+    that need every event refuse it (FoldedRecordingError, exit 2). `keep_at`: moments, ns
+    after the start, that such a fold keeps what was live at too, so that `attribution(at=T)`
+    reads it for each T among them (`report top --at TIME`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -60,7 +63,7 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     parts = event_parts(path)
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
-        rec, lifetimes, fold = analyse_folded(path, parts, limit, stage)
+        rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at))
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -151,7 +154,7 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top --at end|peak`, `check` and a job's report read it folded")
+            f"`report layers`, `report top`, `check` and a job's report read it folded")
 
     @property
     def events(self):
@@ -231,8 +234,8 @@ class Analysed:
                     native_frames: str = DEFAULT_NATIVE_FRAMES) -> AttributionView:
         """`report top | peak | chains`: live bytes `by` chain, function, layer or category at
         `at` ("end", "peak" or ns after the start); `top` None keeps every row."""
-        if at not in ("end", "peak"):
-            self.every_event(f"`report top --at {at}`")
+        if at not in ("end", "peak") and (self.fold is None or at not in self.fold.kept_at_ns):
+            self.every_event(f"`report top --at {at}` (a time the fold was not asked to keep)")
         from memprof.analysis.attribution import attribute
         rec = self.rec
         from memprof.analysis.ranks import rank_labels

@@ -56,10 +56,11 @@ def default_limit() -> int:
 
 
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
-                   stage: Callable[[str], None]) -> tuple[Recording, Lifetimes, Fold]:
+                   stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = ()) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
-    was folded). BadRecordingError (exit 5) for a damaged part, as open_recording."""
+    was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
+    keeps. BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
@@ -75,6 +76,7 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     # A rank's peak is that of its processes together (ranks.rank_report): tracked too.
     ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
     instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns)
+    instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
     peaks, stream, totals = PeakTracker(ranks), PairingStream(), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
@@ -94,7 +96,7 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     lifetimes.allocations = named_model_state(lifetimes.allocations, others)
     fold = Fold(events=events, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
-                dropped_bytes=dict(totals.dropped_bytes))
+                dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))))
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold

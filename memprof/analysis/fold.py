@@ -321,7 +321,9 @@ def fold_instants(others: pd.DataFrame, *, start_ns: int, end_ns: int, target_en
 class Fold:
     """How a recording was folded, for its notes and for the views that refuse one: its
     `events`, the memory a whole analysis would take (`needed_bytes`) against the limit,
-    how many allocations were kept, and per layer what was dropped."""
+    how many allocations were kept, and per layer what was dropped. `kept_at_ns`: the
+    moments (ns after the recording's start) it was asked to keep what was live at, beside
+    those it always keeps (`report top --at TIME`)."""
 
     events: int
     needed_bytes: int
@@ -329,10 +331,16 @@ class Fold:
     kept: int
     dropped_count: dict[str, int]
     dropped_bytes: dict[str, int]
+    kept_at_ns: tuple[int, ...] = ()
 
     @property
     def note(self) -> str:
         dropped = sum(self.dropped_count.values())
         return (f"folded: {self.events:,} events need about {format_bytes(self.needed_bytes)} whole, over the "
                 f"{format_bytes(self.limit_bytes)} of --max-memory; kept the {self.kept:,} allocations live at a step, "
-                f"an exit, the end or a layer's peak, and counted the {dropped:,} born and freed in between")
+                f"an exit, the end{self._asked} or a layer's peak, and counted the {dropped:,} born and freed in between")
+
+    @property
+    def _asked(self) -> str:
+        from memprof.units import format_relative_ns
+        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns)

@@ -144,16 +144,23 @@ def test_a_folded_recording_gives_the_leaks_layers_and_peaks_of_the_whole(tmp_pa
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def test_short_lived_allocations_are_counted_not_kept(tmp_path):
-    """Churn between two steps is dropped, counted in its layer's allocations; what lives
-    across a step, and what is live at the peak (step 5's churn with it), are kept."""
+def _churn_recording(path):
+    """Steps 1..10 a second apart; in each of steps 1..9, 50 allocations of 10 B (chain 1) made
+    at a quarter of the step and freed at its half, one of 4096 B (chain 3) kept to the end;
+    in step 5 also 1 MiB (chain 2) for a tenth of a second: the peak."""
     rows = [dict(ts_ns=k * S, action="mark", category="step", step=k) for k in range(1, 11)]
     rows += [ev(k * S + S // 4 + i, "alloc", 0x100 + i, 10, 1) for k in range(1, 10) for i in range(50)]
     rows += [ev(k * S + S // 2 + i, "free", 0x100 + i) for k in range(1, 10) for i in range(50)]
     rows += [ev(5 * S + S // 3, "alloc", 0x9000, 1 << 20, 2), ev(5 * S + S // 3 + S // 10, "free", 0x9000)]  # the peak
     rows += [ev(k * S + S // 4, "alloc", 0x10_0000 * k, 4096, 3) for k in range(1, 10)]  # kept across steps
-    path = tmp_path / "churn.memprof"
-    write_recording(path, events_frame(sorted(rows, key=lambda r: r["ts_ns"]), layer="native_heap"), end_ns=11 * S)
+    return write_recording(path, events_frame(sorted(rows, key=lambda r: r["ts_ns"]), layer="native_heap"),
+                           end_ns=11 * S)
+
+
+def test_short_lived_allocations_are_counted_not_kept(tmp_path):
+    """Churn between two steps is dropped, counted in its layer's allocations; what lives
+    across a step, and what is live at the peak (step 5's churn with it), are kept."""
+    path = _churn_recording(tmp_path / "churn.memprof")
     whole, folded = analyse(path), analyse(path, max_memory=1)
     assert len(whole.lifetimes.allocations) == 9 * 50 + 1 + 9
     assert folded.fold.dropped_count == {"native_heap": 8 * 50} and folded.fold.kept == 50 + 1 + 9
@@ -172,6 +179,34 @@ def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
         folded.leaks(window_ns=S)
     with pytest.raises(FoldedRecordingError):
         folded.attribution(at=3 * S)
+
+
+def test_a_time_asked_for_keeps_what_was_live_then(tmp_path):
+    """`report top --at TIME` on a folded recording: the fold keeps what was live at TIME
+    (step 3's churn, which it drops otherwise), and the view is the whole recording's."""
+    path = _churn_recording(tmp_path / "churn.memprof")
+    at = 3 * S + S // 3  # step 3's 50 churn allocations are live, as are chain 3's first three
+    whole, folded = analyse(path), analyse(path, max_memory=1, keep_at=(at,))
+    assert folded.fold.kept_at_ns == (at,) and folded.fold.kept == 50 + 1 + 9 + 50
+    a, b = reporters.to_json(whole.attribution(at=at)), reporters.to_json(folded.attribution(at=at))
+    assert b.pop("notes")[-1].startswith("folded:") and "+3.33s" in folded.fold.note
+    a.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert {row["stack_id"]: row["live_bytes"] for row in b["layers"][0]["rows"]} == {1: 500, 3: 3 * 4096}
+    with pytest.raises(FoldedRecordingError):
+        folded.attribution(at=at + S)  # a time it was not asked to keep
+
+
+def test_report_top_at_a_time_reads_a_folded_recording(tmp_path):
+    from click.testing import CliRunner
+    from memprof.cli.main import cli
+    path = _churn_recording(tmp_path / "churn.memprof")
+    args = ["report", "top", str(path), "--at", "3.333333333s", "--format", "json"]
+    whole = CliRunner().invoke(cli, args, catch_exceptions=False)
+    folded = CliRunner().invoke(cli, [*args, "--max-memory", "1"], catch_exceptions=False)
+    assert whole.exit_code == folded.exit_code == 0, folded.output
+    rows = lambda out: json.loads(out)["layers"][0]["rows"]  # noqa: E731
+    assert rows(folded.stdout) == rows(whole.stdout) and sum(r["live_bytes"] for r in rows(folded.stdout)) == 500 + 3 * 4096
 
 
 def test_timeline_of_a_folded_recording_keeps_its_marks(tmp_path):
