@@ -23,7 +23,7 @@ from memprof.analysis.fold import (
     Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, named_model_state,
 )
 from memprof.analysis.leaks import end_of_target
-from memprof.analysis.lifetimes import Lifetimes
+from memprof.analysis.lifetimes import Lifetimes, exec_times
 from memprof.analysis.ranks import process_ranks
 from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, read_meta, read_table
 from memprof.recording.stream import EventPart, other_events, paired_batches
@@ -77,7 +77,7 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
     instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns)
     instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
-    peaks, stream, totals = PeakTracker(ranks), PairingStream(), FoldTotals()
+    peaks, stream, totals = PeakTracker(ranks), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
         batch = annotated_batch(batch, others)

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.layers import weighted_bytes
-from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, pair_lifetimes
+from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, exec_times, label_of, pair_lifetimes
 from memprof.model.frames import concat_frames
 from memprof.units import format_bytes
 from memprof.model.schema import EVENTS_SCHEMA, STATE_PREFIX, Action
@@ -33,9 +33,12 @@ class PairingStream:
     allocations that ended in it (ALLOCATION_COLUMNS), `finish()` those live at the end.
     Allocations still live, and a `free_requested` still waiting for its completing `free`,
     are carried into the next batch, so the verdicts, `missed_frees` and `unmatched_frees`
-    are those of one pair_lifetimes over the whole timeline. Memory: one batch plus the live set."""
+    are those of one pair_lifetimes over the whole timeline. `execs` (lifetimes.exec_times of
+    the timeline's mark rows, which the batches need not hold): each exec ends what its
+    process held, in the batch that reaches its time. Memory: one batch plus the live set."""
 
-    def __init__(self):
+    def __init__(self, execs: Mapping[int, np.ndarray] | None = None):
+        self._execs = {pid: np.asarray(times, dtype=np.int64) for pid, times in (execs or {}).items()}
         self._carried: pd.DataFrame | None = None
         self._carried_requests: Counter = Counter()  # per layer: carried free_requested rows
         self.missed_frees: Counter = Counter()
@@ -45,7 +48,7 @@ class PairingStream:
         """The allocations that ended by the end of `batch` (events rows after every earlier
         batch's, in (ts_ns, seq) order), in timeline order."""
         rows = batch if self._carried is None else concat_frames([self._carried, batch])
-        lifetimes = pair_lifetimes(rows)
+        lifetimes = pair_lifetimes(rows, self._execs_until(rows))
         self.missed_frees.update(lifetimes.missed_frees)
         # A carried request is the first row of its key again: pair_lifetimes counts it unmatched.
         self.unmatched_frees.update(lifetimes.unmatched_frees)
@@ -63,11 +66,23 @@ class PairingStream:
         """The allocations live at the end of the timeline (`end_kind` "live")."""
         if self._carried is None:
             return _empty_allocations()
-        lifetimes = pair_lifetimes(self._carried)
+        lifetimes = pair_lifetimes(self._carried, self._execs)
         self.unmatched_frees.update(lifetimes.unmatched_frees)
         self.unmatched_frees.subtract(self._carried_requests)
         self._carried, self._carried_requests = None, Counter()
         return lifetimes.allocations
+
+    def _execs_until(self, rows: pd.DataFrame) -> dict[int, np.ndarray]:
+        """The execs up to the last time in `rows`, those of the rows' own mark rows with them:
+        a later exec ends its allocations in a later batch, where their end falls."""
+        own = exec_times(rows)
+        if not self._execs:
+            return own
+        until = int(rows["ts_ns"].max()) if len(rows) else np.iinfo(np.int64).min
+        execs = {pid: times[times <= until] for pid, times in self._execs.items()}
+        for pid, times in own.items():
+            execs[pid] = np.union1d(execs.get(pid, np.zeros(0, dtype=np.int64)), times)
+        return {pid: times for pid, times in execs.items() if times.size}
 
     def totals(self) -> tuple[dict[str, int], dict[str, int]]:
         """(unmatched_frees, missed_frees) per layer so far, layers with none left out."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -81,8 +82,10 @@ class Lifetimes:
     folded_modules: pd.DataFrame | None = None
 
 
-def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
-    """Pair allocs with frees over an events frame with the EVENTS_SCHEMA columns.
+def pair_lifetimes(events: pd.DataFrame, execs: Mapping[int, np.ndarray] | None = None) -> Lifetimes:
+    """Pair allocs with frees over an events frame with the EVENTS_SCHEMA columns. `execs`:
+    pid -> when it exec'd (exec_times), for a frame that holds only allocation rows (a
+    folded analysis's batches); None reads them from the frame's own `mark` rows.
 
     Vectorized: each alloc/free row is judged by the next and the previous row of its pairing
     key in (ts_ns, seq) order, found by a group-wise shift over the dense key (no sort when the
@@ -100,7 +103,8 @@ def pair_lifetimes(events: pd.DataFrame) -> Lifetimes:
     else:  # judge in time order, then put the verdicts back in row order
         end_kind, end_ts, unmatched = _unpermuted(_judge(key[by_time], kind[by_time], ts[by_time]), by_time)
     del key
-    _end_at_exec(events, kind, layer_codes, layer_names, end_kind, end_ts)
+    _end_at_exec(events, kind, layer_codes, layer_names, end_kind, end_ts,
+                 exec_times(events, kind) if execs is None else execs)
 
     is_alloc = kind == _ALLOC
     positions = np.flatnonzero(is_alloc)
@@ -138,14 +142,14 @@ def _equals(column: pd.Series, positions: np.ndarray, value: str) -> np.ndarray:
 
 
 def _end_at_exec(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray, layer_names: np.ndarray,
-                 end_kind: np.ndarray, end_ts: np.ndarray) -> None:
+                 end_kind: np.ndarray, end_ts: np.ndarray, execs: Mapping[int, np.ndarray]) -> None:
     """In place, per row: a user-space allocation (any layer but the kernel's) of a process
     that exec'd after making it and before it ended was freed by that exec (its image's
     address space went with it): `end_kind` _FREED at the first such exec's time. Without
     this, what a wrapper (env, a shell's exec, memprof's own gated child) allocated before
     exec'ing the real program would look held to the end. A later allocation of the same
-    address, in the new image, no longer counts as a missed free of it."""
-    execs = exec_times(events, kind)
+    address, in the new image, no longer counts as a missed free of it. `execs` as
+    exec_times gives them."""
     if not execs:
         return
     user_layer = np.array([label_of(name) not in _KERNEL_LAYERS for name in layer_names] + [False], dtype=bool)

@@ -209,6 +209,24 @@ def test_report_top_at_a_time_reads_a_folded_recording(tmp_path):
     assert rows(folded.stdout) == rows(whole.stdout) and sum(r["live_bytes"] for r in rows(folded.stdout)) == 500 + 3 * 4096
 
 
+def test_a_folded_recording_ends_what_an_exec_left_as_the_whole_does(tmp_path):
+    """The fold streams allocation rows only; the exec mark, read with the other rows, still
+    ends what the old image held (three blocks here), so the views match the whole's."""
+    rows = [dict(ts_ns=k * S, action="mark", category="step", step=k, pid=100) for k in range(1, 11)]
+    rows += [ev(S // 10 + i, "alloc", 0x500 + i, 768, 4) for i in range(3)]  # the image before the exec
+    rows += [dict(ts_ns=S // 2, action="mark", category="exec", pid=100)]
+    rows += [ev(k * S + S // 4, "alloc", 0x10_0000 * k, 4096, 3) for k in range(1, 10)]
+    path = write_recording(tmp_path / "exec.memprof", events_frame(sorted(rows, key=lambda r: r["ts_ns"])),
+                           end_ns=11 * S)
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    assert folded.fold is not None
+    for view in (lambda a: a.leaks(top=None), lambda a: a.layers(), lambda a: a.attribution(at="end")):
+        a, b = reporters.to_json(view(whole)), reporters.to_json(view(folded))
+        a.pop("notes"), b.pop("notes")
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert reporters.to_json(folded.attribution(at="end"))["layers"][0]["live_bytes"] == 9 * 4096
+
+
 def test_timeline_of_a_folded_recording_keeps_its_marks(tmp_path):
     folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
     assert set(folded.events["action"].astype(str)) == {"mark"} and len(folded.events) == 21

@@ -234,3 +234,16 @@ def test_a_stream_of_batches_ends_a_carried_allocation_at_a_later_exec():
     assert first.empty
     assert sorted(second["end_ts_ns"].tolist()) == [200, 200]
     assert stream.finish().empty
+
+
+def test_a_stream_of_allocation_batches_takes_the_execs_apart():
+    """A folded analysis streams only allocation rows; the exec comes from the marks read
+    apart, and ends what was held in the batch that reaches its time, not before."""
+    from memprof.analysis.fold import PairingStream
+    frame = _exec_frame((100, "alloc", 0xA0, 64), (150, "alloc", 0xB0, 8), (250, "alloc", 0xC0, 8))
+    stream = PairingStream(execs={7: np.array([200])})
+    first = stream.feed(frame.iloc[:2].reset_index(drop=True))  # up to 150: the exec is still to come
+    second = stream.feed(frame.iloc[2:].reset_index(drop=True))
+    assert first.empty
+    assert sorted(zip(second["addr"].tolist(), second["end_ts_ns"].tolist())) == [(0xA0, 200), (0xB0, 200)]
+    assert stream.finish()["addr"].tolist() == [0xC0]
