@@ -27,17 +27,18 @@ def min_age_ns(ctx, param, value):
     return int(seconds * 1e9)
 
 
-def analysed(path: str | None, keep_at: tuple[int, ...] = ()):
+def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | None = None):
     """The recording at `path` (default: the newest in the current directory), opened and
     analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
-    within the command's --max-memory (max_memory_option); `keep_at` as analyse takes it (the
-    times, ns after the start, a command reads the live allocations at). On a terminal, each
+    within the command's --max-memory (max_memory_option); `keep_at` and `window_ns` as
+    analyse takes them (the times, ns after the start, and the windows a command reads the
+    live allocations at). On a terminal, each
     stage shows on stderr while it runs (a 10^7-event recording takes seconds)."""
     from memprof.api import STAGES, analyse
     from memprof.cli import console
 
     with console.progress(stages=STAGES) as stage:
-        return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at)
+        return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at, window_ns=window_ns)
 
 
 _MAX_MEMORY = "memprof.max_memory"  # where max_memory_option leaves its value (click's ctx.meta)

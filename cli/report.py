@@ -80,8 +80,8 @@ def leaks(path, min_age, layers, top, window, confidence, by, fmt, native_frames
     In a distributed job (torchrun, Slurm, MPI) each rank's growth is judged at its own step
     marks, and each finding names the ranks and hosts its allocations came from.
     """
-    view = analysed(path).leaks(min_age_ns=min_age, layers=layers, top=top, window_ns=window, confidence=confidence,
-                                by=by, native_frames=native_frames)
+    view = analysed(path, window_ns=window).leaks(min_age_ns=min_age, layers=layers, top=top, window_ns=window,
+                                                  confidence=confidence, by=by, native_frames=native_frames)
     emit(fmt, view)
 
 

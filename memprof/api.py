@@ -39,7 +39,7 @@ def _quiet(text: str) -> None:
 
 
 def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
-            keep_at: Iterable[int] = ()) -> Analysed:
+            keep_at: Iterable[int] = (), window_ns: int | None = None) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -49,7 +49,9 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     in bounded memory, keeping the allocations the leak, peak and end views judge; the views
     that need every event refuse it (FoldedRecordingError, exit 2). `keep_at`: moments, ns
     after the start, that such a fold keeps what was live at too, so that `attribution(at=T)`
-    reads it for each T among them (`report top --at TIME`)."""
+    reads it for each T among them (`report top --at TIME`); `window_ns`: the windows such a
+    fold keeps what was live at the ends of, so that `leak_result(window_ns=…)` reads it
+    (`report leaks --window`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -63,7 +65,8 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     parts = event_parts(path)
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
-        rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at))
+        rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at),
+                                              window_ns=window_ns)
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -184,8 +187,8 @@ class Analysed:
     def leak_result(self, *, min_age_ns: int = DEFAULT_MIN_AGE_NS, layers: tuple = (), top: int | None = 10,
                     window_ns: int | None = None, confidence: float = 0.99, by: str = "chain"):
         """The findings as `report leaks` judges them (overview.leak_report)."""
-        if window_ns is not None:
-            self.every_event("`report leaks --window`")
+        if window_ns is not None and self.fold is not None and self.fold.window_ns != window_ns:
+            self.every_event("`report leaks --window` (windows the fold was not asked to keep)")
         from memprof.analysis.overview import leak_report
         rec = self.rec
         return leak_report(rec.meta, self.events, self.lifetimes, rec.stacks, rec.frames,

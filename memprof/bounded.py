@@ -56,11 +56,12 @@ def default_limit() -> int:
 
 
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
-                   stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = ()) -> tuple[Recording, Lifetimes, Fold]:
+                   stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = (),
+                   window_ns: int | None = None) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
-    keeps. BadRecordingError (exit 5) for a damaged part, as open_recording."""
+    keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them. BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
@@ -75,7 +76,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     stage("pairing and keeping what the analyses judge, part by part")
     # A rank's peak is that of its processes together (ranks.rank_report): tracked too.
     ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
-    instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns)
+    instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns,
+                             window_ns=window_ns)
     instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
     peaks, stream, totals = PeakTracker(ranks), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
@@ -96,7 +98,7 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     lifetimes.allocations = named_model_state(lifetimes.allocations, others)
     fold = Fold(events=events, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
-                dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))))
+                dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))), window_ns=window_ns)
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold

@@ -2,8 +2,8 @@
 known PyTorch leak (torch_leak.py: 131,072 B kept per step), its control (train.py: nothing
 kept) and the known kernel leak (kernel_leak: files and pipes never closed), each reported
 whole and folded (`--max-memory 1KiB` forces the fold; a recording of this size is read whole
-by default). Leaks, layers, the chains at each layer's peak and at the end, and the leak gate
-agree to the byte; only the note saying it was folded differs. The reports that draw curves
+by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, and the
+leak gate agree to the byte; only the note saying it was folded differs. The reports that draw curves
 refuse the folded recording with exit 2."""
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ TORCH_LEAK = REPO / "examples" / "torch_leak.py"
 TRAIN = REPO / "examples" / "train.py"
 FOLD = ("--max-memory", "1KiB")
 VIEWS = {"leaks": ("report", "leaks", "--top", "1000"), "layers": ("report", "layers", "--top", "10"),
-         "peak": ("report", "top", "--at", "peak", "--top", "20"), "end": ("report", "top", "--at", "end", "--top", "20")}
+         "peak": ("report", "top", "--at", "peak", "--top", "20"), "end": ("report", "top", "--at", "end", "--top", "20"),
+         # A time: the fold is told to keep what was live then (each program runs for longer).
+         "time": ("report", "top", "--at", "400ms", "--top", "20"),
+         "windows": ("report", "leaks", "--window", "100ms", "--top", "1000")}
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not importable")
 

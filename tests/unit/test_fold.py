@@ -197,6 +197,27 @@ def test_a_time_asked_for_keeps_what_was_live_then(tmp_path):
         folded.attribution(at=at + S)  # a time it was not asked to keep
 
 
+def test_windows_asked_for_keep_what_the_leak_trends_read(tmp_path):
+    """`report leaks --window` on a folded recording without step marks: the fold keeps what
+    was live at the end of each window asked for, so the growth found is the whole's."""
+    rows = [ev(k * S // 2 + S // 8, "alloc", 0x10_0000 + k, 8192, 5) for k in range(40)]  # grows: never freed
+    # Churn live across each half-second boundary only (the default windows, 20 s / 32, mostly miss it).
+    rows += [ev(k * S // 2 - S // 20 + i, "alloc", 0x100 + i, 10, 1) for k in range(1, 40) for i in range(20)]
+    rows += [ev(k * S // 2 + S // 20 + i, "free", 0x100 + i) for k in range(1, 40) for i in range(20)]
+    path = write_recording(tmp_path / "w.memprof", events_frame(sorted(rows, key=lambda r: r["ts_ns"])), end_ns=20 * S)
+    window = S // 2
+    whole, folded = analyse(path), analyse(path, max_memory=1, window_ns=window)
+    a = reporters.to_json(whole.leaks(window_ns=window, top=None))
+    b = reporters.to_json(folded.leaks(window_ns=window, top=None))
+    a.pop("notes"), b.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    grows = [f for f in b["findings"] if f["kind"] == "grows_per_step"]
+    assert [(f["live_count"], round(f["slope_bytes_per_step"])) for f in grows] == [(40, 8192)]
+    assert folded.fold.window_ns == window and "native_heap" not in folded.fold.dropped_count  # all at a boundary
+    with pytest.raises(FoldedRecordingError):
+        folded.leaks(window_ns=S)  # windows it was not asked to keep
+
+
 def test_report_top_at_a_time_reads_a_folded_recording(tmp_path):
     from click.testing import CliRunner
     from memprof.cli.main import cli
