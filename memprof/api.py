@@ -157,7 +157,7 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top`, `check` and a job's report read it folded")
+            f"`report layers`, `report top`, `report growth`, `check` and a job's report read it folded")
 
     @property
     def events(self):
@@ -260,14 +260,37 @@ class Analysed:
     def growth(self, *, layers: tuple = (), top: int = 3, points: int = 50,
                native_frames: str = DEFAULT_NATIVE_FRAMES, against: str | None = None) -> GrowthView:
         """`report growth`: fits and forecasts per layer, device and `top` chains, x the step
-        (or time), or the quantity `against` (UnknownQuantityError, exit 2, if there is none)."""
-        self.every_event("`report growth`")
+        (or time), or the quantity `against` (UnknownQuantityError, exit 2, if there is none).
+        Of a folded recording without step marks, x is time at the window ends its fold kept
+        (a note says so), not `points` evenly spaced times; refused where it kept none."""
         from memprof.analysis.growth import growth
+        times = self._folded_windows() if self.fold is not None else None
         result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
                         points=points, top=top, layers=layers or None, canonical_stack=self.canonical,
-                        against=against)
+                        against=against, times_ns=times)
+        if times is not None:
+            from memprof.units import format_duration_ns
+            gap = format_duration_ns(int((times[-1] - times[0]) // (len(times) - 1)))
+            result.notes.append(f"folded: judged at the {len(times)} window ends its fold kept what was live at, "
+                                f"{gap} apart, not at {points} evenly spaced times")
         ids = [s.stack_id for s in result.series if s.chain]
         return GrowthView(result, self.about, self.chains(ids, native_frames))
+
+    def _folded_windows(self):
+        """Where `report growth` reads a folded recording: None with step marks enough for it
+        (every fold keeps what was live at each); else the window ends the fold kept what was
+        live at, the leak analysis's checkpoints (fold.fold_instants), ns ascending.
+        FoldedRecordingError where it kept none (a recording too short for them)."""
+        from memprof.analysis.checkpoints import find_checkpoints, step_marks
+        from memprof.analysis.growth import MIN_POINTS as GROWTH_POINTS
+        from memprof.analysis.trend import MIN_POINTS
+        if len(step_marks(self.events)) >= GROWTH_POINTS:
+            return None
+        checkpoints = find_checkpoints(self.events, start_ns=self.rec.meta.start_ns, end_ns=self.span.end_ns,
+                                       min_points=MIN_POINTS, window_ns=self.fold.window_ns)
+        if checkpoints is None or checkpoints.by_step or len(checkpoints.times_ns) < 2:
+            self.every_event("`report growth` (no window ends kept to read it at)")
+        return checkpoints.times_ns.astype("int64")
 
     @_kept
     def modules(self, *, layers: tuple = (), top: int | None = 10) -> ModulesView:

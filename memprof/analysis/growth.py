@@ -143,18 +143,22 @@ class _Axis:
 
 def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *, origin_ns: int = 0,
            points: int = 50, top: int = 3, layers: Iterable[str] | None = None,
-           canonical_stack: Mapping[int, int] | None = None, against: str | None = None) -> GrowthResult:
+           canonical_stack: Mapping[int, int] | None = None, against: str | None = None,
+           times_ns: np.ndarray | None = None) -> GrowthResult:
     """Fit every (layer, device) of `lifetimes` (only `layers` when given) and its `top`
     chains (module docstring). `events` gives the step marks; `samples` the capacities,
     NVML's used bytes and the quantities; `origin_ns` (the recording start) is x = 0 when
     x is time. `against`: x is this quantity's value ("step" or None: the step number, else
-    seconds); raises UnknownQuantityError when the recording has no such quantity."""
+    seconds); raises UnknownQuantityError when the recording has no such quantity.
+    `times_ns` (ascending): where to read the series when x is time, instead of `points`
+    evenly spaced times (a folded recording: the times its fold kept what was live at)."""
     quantity = None if against in (None, STEP) else against
     if quantity is not None:
         check_quantity(samples, quantity)
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     steps = step_marks(events)
-    axis = _points(allocations, steps, origin_ns, points)
+    axis = _points(allocations, steps, origin_ns, points) if times_ns is None or len(steps) >= MIN_POINTS \
+        else _Axis(np.asarray(times_ns, dtype=np.int64), (np.asarray(times_ns) - origin_ns) / 1e9, SECOND, origin_ns)
     axis = axis if quantity is None else _against(axis, samples, quantity)
     step_ns = median_step_ns(steps)
     result = GrowthResult(x_unit=axis.unit, step_ns=step_ns, origin_ns=axis.origin_ns, series=[],
@@ -168,8 +172,10 @@ def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | N
         context = SeriesContext(axis.x, axis.unit, step_ns, *device_capacity(samples, device),
                                 _device_used(samples, device), against=quantity, ns_per_x=axis.ns_per_x)
         result.series += _layer_series(layer, device, cols, axis.times, context, top)
-    result.series = with_chain_modules(result.series, allocations)
+    result.series = with_chain_modules(result.series, allocations, folded=lifetimes.folded_modules_of(wanted),
+                                       canonical_stack=canonical_stack)
     return result
+
 
 
 # ---- quantities -----------------------------------------------------------------------------

@@ -243,7 +243,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     not_leaks = ([f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak]
                  + _shape_only_findings(trends, held, allocations, None))
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
-    folded = _folded_modules(lifetimes, wanted)
+    folded = lifetimes.folded_modules_of(wanted)
     shown = _with_ranks(with_chain_modules(leaks[:top], allocations, folded=folded, canonical_stack=canonical_stack),
                         allocations, held, trends, rank_of_pid)
     shown_not = _with_ranks(with_chain_modules(_biggest_first(not_leaks)[:top], allocations, folded=folded,
@@ -253,14 +253,6 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
                       not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
                       younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
-
-
-def _folded_modules(lifetimes: Lifetimes, wanted: set[str] | None) -> pd.DataFrame | None:
-    """The module tally of what a fold dropped (Lifetimes.folded_modules), of the `wanted` layers."""
-    folded = lifetimes.folded_modules
-    if folded is None or wanted is None:
-        return folded
-    return folded[folded["layer"].isin(list(wanted)).to_numpy()]
 
 
 def cut(result: LeakResult, top: int | None) -> LeakResult:

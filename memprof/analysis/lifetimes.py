@@ -81,6 +81,12 @@ class Lifetimes:
     # stack_id, module), so a chain's module is judged on all of its allocations. None: none dropped.
     folded_modules: pd.DataFrame | None = None
 
+    def folded_modules_of(self, layers: set[str] | None) -> pd.DataFrame | None:
+        """`folded_modules` of the `layers` only (None: every layer)."""
+        if self.folded_modules is None or layers is None:
+            return self.folded_modules
+        return self.folded_modules[self.folded_modules["layer"].isin(list(layers)).to_numpy()]
+
 
 def pair_lifetimes(events: pd.DataFrame, execs: Mapping[int, np.ndarray] | None = None) -> Lifetimes:
     """Pair allocs with frees over an events frame with the EVENTS_SCHEMA columns. `execs`:

@@ -3,8 +3,9 @@ known PyTorch leak (torch_leak.py: 131,072 B kept per step), its control (train.
 kept) and the known kernel leak (kernel_leak: files and pipes never closed), each reported
 whole and folded (`--max-memory 1KiB` forces the fold; a recording of this size is read whole
 by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, and the
-leak gate agree to the byte; only the note saying it was folded differs. The reports that draw curves
-refuse the folded recording with exit 2."""
+leak gate agree to the byte, and so does growth by step; only the note saying it was folded
+differs. The reports that draw curves between those moments refuse the folded recording with
+exit 2."""
 from __future__ import annotations
 
 import importlib.util
@@ -72,10 +73,14 @@ def test_folded_reports_say_what_the_whole_ones_say(tmp_path, run_memprof, progr
 @needs_torch
 def test_reports_that_draw_curves_refuse_a_folded_recording(tmp_path, run_memprof):
     recording = _recorded(run_memprof, tmp_path / "run.memprof", sys.executable, TORCH_LEAK, "--steps", "10")
-    for args in (("report", "growth"), ("report", "html"), ("report", "advice"), ("export", "--format", "perfetto")):
+    for args in (("report", "html"), ("report", "advice"), ("export", "--format", "perfetto")):
         result = run_memprof(*args, recording, *FOLD, cwd=tmp_path)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "needs every event" in result.stderr and "--max-memory" in result.stderr
         assert "Traceback" not in result.stderr
     summary = run_memprof("report", recording, *FOLD, cwd=tmp_path)
     assert summary.returncode == 0 and "folded" in summary.stdout
+    # Growth by step reads what every fold keeps (each step mark's live set): the whole's fits.
+    whole, folded = (_json(run_memprof, recording, "report", "growth", *extra) for extra in ((), FOLD))
+    whole.pop("notes"), folded.pop("notes")
+    assert folded["by_step"] and json.dumps(folded, sort_keys=True) == json.dumps(whole, sort_keys=True)

@@ -169,7 +169,7 @@ def test_short_lived_allocations_are_counted_not_kept(tmp_path):
     assert peak(folded) == peak(whole) and peak(whole)[0] == (1 << 20) + 5 * 4096 + 50 * 10
 
 
-@pytest.mark.parametrize("view", ["growth", "gpu", "modules", "regions", "advice", "html"])
+@pytest.mark.parametrize("view", ["gpu", "modules", "regions", "advice", "html"])
 def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
     folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
     with pytest.raises(FoldedRecordingError) as raised:
@@ -216,6 +216,43 @@ def test_windows_asked_for_keep_what_the_leak_trends_read(tmp_path):
     assert folded.fold.window_ns == window and "native_heap" not in folded.fold.dropped_count  # all at a boundary
     with pytest.raises(FoldedRecordingError):
         folded.leaks(window_ns=S)  # windows it was not asked to keep
+
+
+def _growing_without_steps(path):
+    """No step marks: 40 blocks of 8192 B (chain 5) made half a second apart and never freed,
+    and churn of 20 × 10 B (chain 1) live across each half-second."""
+    rows = [ev(k * S // 2 + S // 8, "alloc", 0x10_0000 + k, 8192, 5) for k in range(40)]
+    rows += [ev(k * S // 2 - S // 20 + i, "alloc", 0x100 + i, 10, 1) for k in range(1, 40) for i in range(20)]
+    rows += [ev(k * S // 2 + S // 20 + i, "free", 0x100 + i) for k in range(1, 40) for i in range(20)]
+    return write_recording(path, events_frame(sorted(rows, key=lambda r: r["ts_ns"])), end_ns=20 * S)
+
+
+def test_growth_of_a_folded_recording_by_step_is_the_whole_ones(tmp_path):
+    path = _churn_recording(tmp_path / "churn.memprof")
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    a, b = reporters.to_json(whole.growth()), reporters.to_json(folded.growth())
+    a.pop("notes"), b.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    chain = [s for s in b["series"] if s["chain"] and s["stack_id"] == 3]
+    assert chain and round(chain[0]["linear"]["b"]) == 4096  # chain 3 keeps 4096 B a step
+
+
+def test_growth_of_a_folded_recording_without_steps_reads_the_window_ends_it_kept(tmp_path):
+    from memprof.analysis.growth import growth
+    from memprof.analysis.views import GrowthView
+    path = _growing_without_steps(tmp_path / "w.memprof")
+    whole, folded = analyse(path), analyse(path, max_memory=1)
+    view = folded.growth()
+    times = np.asarray([int(round(x * 1e9)) for x in view.result.series[0].x])  # seconds since the start (0)
+    assert len(times) == 32 and view.result.notes[-1].startswith("folded: judged at the 32 window ends")
+    expected = growth(whole.lifetimes, whole.events, whole.rec.samples, origin_ns=0, canonical_stack=whole.canonical,
+                      times_ns=times)
+    a = reporters.to_json(GrowthView(expected, folded.about, view.chains))
+    b = reporters.to_json(view)
+    a.pop("notes"), b.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    chain = [s for s in view.result.series if s.chain and s.stack_id == 5]
+    assert chain and chain[0].linear.b == pytest.approx(16384, rel=0.05)  # 8192 B every half second
 
 
 def test_report_top_at_a_time_reads_a_folded_recording(tmp_path):
