@@ -157,7 +157,8 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top`, `report growth`, `check` and a job's report read it folded")
+            f"`report layers`, `report top`, `report growth`, `report modules`, `check` and a job's report "
+            f"read it folded")
 
     @property
     def events(self):
@@ -295,8 +296,8 @@ class Analysed:
     @_kept
     def modules(self, *, layers: tuple = (), top: int | None = 10) -> ModulesView:
         """`report modules`: per nn.Module path, in each layer, its calls, bytes allocated
-        per call and what it held at the layer's peak and at the end."""
-        self.every_event("`report modules`")
+        per call and what it held at the layer's peak and at the end. A folded recording
+        counts what its fold dropped in the bytes allocated (Lifetimes.folded_modules)."""
         from memprof.analysis.module_use import module_use
         result = module_use(self.lifetimes, self.events, self.span, layers=layers or None, top=top)
         return ModulesView(result, self.about)

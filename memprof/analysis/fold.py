@@ -228,15 +228,16 @@ class FoldTotals:
     def add_dropped(self, allocations: pd.DataFrame) -> None:
         if len(allocations) == 0:
             return
+        size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
+        weight = allocations["weight"].to_numpy(dtype=float)
         tally = pd.DataFrame({"layer": allocations["layer"].astype(object).to_numpy(),
                               "pid": allocations["pid"].to_numpy(dtype=np.int64),
                               "stack_id": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
-                              "module": allocations["module"].astype(object).to_numpy()})
-        self._modules.append(tally.value_counts(dropna=False).rename("count").reset_index())
+                              "module": allocations["module"].astype(object).to_numpy(),
+                              "count": 1, "n": weight, "bytes": weighted_bytes(size, weight)})
+        self._modules.append(_summed_tally(tally))
         if len(self._modules) >= _MERGE_EVERY:  # one tally per batch would grow with the recording
             self._modules = [self.modules()]
-        size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
-        weight = allocations["weight"].to_numpy(dtype=float)
         frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight,
                               "bytes": weighted_bytes(size, weight)})
         for layer, row in frame.groupby("layer").sum().iterrows():
@@ -245,11 +246,17 @@ class FoldTotals:
 
 
     def modules(self) -> pd.DataFrame | None:
-        """The dropped allocations counted by (layer, pid, stack_id, module) (Lifetimes.folded_modules)."""
+        """The dropped allocations by (layer, pid, stack_id, module): rows (`count`), weighted
+        allocations (`n`) and bytes (Lifetimes.folded_modules)."""
         if not self._modules:
             return None
-        counts = pd.concat(self._modules, ignore_index=True)
-        return counts.groupby(["layer", "pid", "stack_id", "module"], dropna=False, sort=False)["count"].sum().reset_index()
+        return _summed_tally(pd.concat(self._modules, ignore_index=True))
+
+
+def _summed_tally(tally: pd.DataFrame) -> pd.DataFrame:
+    """`count`, `n` and `bytes` summed per (layer, pid, stack_id, module)."""
+    return tally.groupby(["layer", "pid", "stack_id", "module"], dropna=False, sort=False)[["count", "n", "bytes"]] \
+        .sum().reset_index()
 
 
 @dataclass(frozen=True)

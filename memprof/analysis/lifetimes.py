@@ -77,8 +77,9 @@ class Lifetimes:
     allocations: pd.DataFrame
     unmatched_frees: dict[str, int] = field(default_factory=dict)
     missed_frees: dict[str, int] = field(default_factory=dict)
-    # Of a folded recording (analysis.fold): the allocations it dropped, counted by (layer, pid,
-    # stack_id, module), so a chain's module is judged on all of its allocations. None: none dropped.
+    # Of a folded recording (analysis.fold): the allocations it dropped by (layer, pid, stack_id,
+    # module): rows (`count`), weighted allocations (`n`) and bytes, so a chain's module is judged
+    # on all of its allocations and a module's totals count them. None: none dropped.
     folded_modules: pd.DataFrame | None = None
 
     def folded_modules_of(self, layers: set[str] | None) -> pd.DataFrame | None:

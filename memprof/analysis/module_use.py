@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.attribution import AT_END, AT_PEAK, Span, attribute
+from memprof.analysis.layers import weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, label_of
 from memprof.analysis.modules import alloc_modules
 from memprof.model.schema import MODULE_PREFIX, Action
@@ -68,7 +69,7 @@ def module_use(lifetimes: Lifetimes, events: pd.DataFrame, span: Span, *, layers
     peak = attribute(lifetimes, by="module", at=AT_PEAK, span=span, events=events, layers=layers, top=None)
     end = {layer.layer: layer for layer in
            attribute(lifetimes, by="module", at=AT_END, span=span, events=events, layers=layers, top=None).layers}
-    allocated = _allocated(lifetimes.allocations, events)
+    allocated = _allocated(lifetimes.allocations, events, lifetimes.folded_modules)
     calls = module_calls(events)
     result = []
     for layer in peak.layers:
@@ -96,18 +97,25 @@ def module_calls(events: pd.DataFrame) -> dict[str, int]:
             if n and label_of(name).startswith(MODULE_PREFIX)}
 
 
-def _allocated(allocations: pd.DataFrame, events: pd.DataFrame) -> dict[str, dict]:
-    """{layer: {module path or None: (bytes, count)}} of every allocation (weighted)."""
+def _allocated(allocations: pd.DataFrame, events: pd.DataFrame, folded: pd.DataFrame | None = None) -> dict[str, dict]:
+    """{layer: {module path or None: (bytes, count)}} of every allocation (weighted), those a
+    fold dropped (`folded`: Lifetimes.folded_modules) with them."""
     layer_codes, layer_names = category_codes(allocations["layer"])
     weight = allocations["weight"].to_numpy(dtype=float)
     table = pd.DataFrame({
-        "layer": layer_codes, "module": alloc_modules(allocations, events),
-        "bytes": np.rint(allocations["size_bytes"].to_numpy(dtype=np.int64, na_value=0) * weight).astype(np.int64),
-        "count": weight})
-    sums = table[layer_codes >= 0].groupby(["layer", "module"], sort=False, observed=True, dropna=False).agg(
+        "layer": np.array([label_of(x) for x in layer_names] + [None], dtype=object)[layer_codes],
+        "module": np.asarray(alloc_modules(allocations, events), dtype=object),
+        "bytes": weighted_bytes(allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0), weight),
+        "count": weight})[layer_codes >= 0]
+    if folded is not None and len(folded):
+        table = pd.concat([table, pd.DataFrame({"layer": folded["layer"].astype(object).to_numpy(),
+                                                "module": folded["module"].astype(object).to_numpy(),
+                                                "bytes": folded["bytes"].to_numpy(dtype=np.int64),
+                                                "count": folded["n"].to_numpy(dtype=float)})], ignore_index=True)
+    sums = table.groupby(["layer", "module"], sort=False, dropna=False).agg(
         bytes=("bytes", "sum"), count=("count", "sum")).reset_index()
     out: dict[str, dict] = {}
-    for code, module, n_bytes, count in sums.itertuples(index=False):  # one row per (layer, module): a few hundred
+    for layer, module, n_bytes, count in sums.itertuples(index=False):  # one row per (layer, module): a few hundred
         path = None if not isinstance(module, str) else module
-        out.setdefault(label_of(layer_names[code]), {})[path] = (int(n_bytes), int(round(count)))
+        out.setdefault(str(layer), {})[path] = (int(n_bytes), int(round(count)))
     return out

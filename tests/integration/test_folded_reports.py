@@ -2,8 +2,8 @@
 known PyTorch leak (torch_leak.py: 131,072 B kept per step), its control (train.py: nothing
 kept) and the known kernel leak (kernel_leak: files and pipes never closed), each reported
 whole and folded (`--max-memory 1KiB` forces the fold; a recording of this size is read whole
-by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, and the
-leak gate agree to the byte, and so does growth by step; only the note saying it was folded
+by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, the
+modules' totals and the leak gate agree to the byte, and so does growth by step; only the note saying it was folded
 differs. The reports that draw curves between those moments refuse the folded recording with
 exit 2."""
 from __future__ import annotations
@@ -24,7 +24,8 @@ VIEWS = {"leaks": ("report", "leaks", "--top", "1000"), "layers": ("report", "la
          "peak": ("report", "top", "--at", "peak", "--top", "20"), "end": ("report", "top", "--at", "end", "--top", "20"),
          # A time: the fold is told to keep what was live then (each program runs for longer).
          "time": ("report", "top", "--at", "400ms", "--top", "20"),
-         "windows": ("report", "leaks", "--window", "100ms", "--top", "1000")}
+         "windows": ("report", "leaks", "--window", "100ms", "--top", "1000"),
+         "modules": ("report", "modules", "--top", "100")}
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not importable")
 
