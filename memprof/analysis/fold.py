@@ -228,18 +228,17 @@ class FoldTotals:
     def add_dropped(self, allocations: pd.DataFrame) -> None:
         if len(allocations) == 0:
             return
-        size = allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0)
         weight = allocations["weight"].to_numpy(dtype=float)
+        nbytes = weighted_bytes(allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0), weight)
         tally = pd.DataFrame({"layer": allocations["layer"].astype(object).to_numpy(),
                               "pid": allocations["pid"].to_numpy(dtype=np.int64),
                               "stack_id": allocations["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
                               "module": allocations["module"].astype(object).to_numpy(),
-                              "count": 1, "n": weight, "bytes": weighted_bytes(size, weight)})
+                              "count": 1, "n": weight, "bytes": nbytes})
         self._modules.append(_summed_tally(tally))
         if len(self._modules) >= _MERGE_EVERY:  # one tally per batch would grow with the recording
             self._modules = [self.modules()]
-        frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight,
-                              "bytes": weighted_bytes(size, weight)})
+        frame = pd.DataFrame({"layer": allocations["layer"].astype(object), "n": weight, "bytes": nbytes})
         for layer, row in frame.groupby("layer").sum().iterrows():
             self.dropped_count[label_of(layer)] += int(round(row["n"]))
             self.dropped_bytes[label_of(layer)] += int(row["bytes"])

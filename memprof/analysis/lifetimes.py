@@ -262,10 +262,11 @@ def _unpermuted(arrays, order: np.ndarray) -> list[np.ndarray]:
 def _as_groups(key: np.ndarray) -> pd.Categorical:
     """The pairing key as a categorical of dense codes: the k distinct keys renumbered 0..k-1
     in key order, by a lookup table over the key's span (no hashing). next_of_key groups by
-    these codes in one linear pass; left sparse (the key spans groups × distinct values, 3x
-    the rows on a folded part's mostly unique addresses), pandas would recode them through
-    a hash table first, and that took 1.0 s of a 2.7 s fold (bench/RESULTS.md). The int64
-    key is not kept."""
+    these codes in one linear pass; left sparse (the key spans groups × distinct values, more
+    than the rows on a folded part's mostly unique addresses), pandas would recode them
+    through a hash table first: next_of_key took 0.46-0.72 s on 10^7 events that way, and
+    0.18-0.39 s so (bench/RESULTS.md, "The leak report had slowed"). The int64 key is not
+    kept."""
     if not len(key):
         return pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), categories=pd.RangeIndex(1), validate=False)
     span = int(key.max()) + 1
