@@ -32,8 +32,8 @@ def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | N
     analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
     within the command's --max-memory (max_memory_option); `keep_at` and `window_ns` as
     analyse takes them (the times, ns after the start, and the windows a command reads the
-    live allocations at). On a terminal, each
-    stage shows on stderr while it runs (a 10^7-event recording takes seconds)."""
+    live allocations at). On a terminal, each stage shows on stderr while it runs (a
+    10^7-event recording takes seconds)."""
     from memprof.api import STAGES, analyse
     from memprof.cli import console
 

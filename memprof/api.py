@@ -265,33 +265,23 @@ class Analysed:
         Of a folded recording without step marks, x is time at the window ends its fold kept
         (a note says so), not `points` evenly spaced times; refused where it kept none."""
         from memprof.analysis.growth import growth
-        times = self._folded_windows() if self.fold is not None else None
         result = growth(self.lifetimes, self.events, self.rec.samples, origin_ns=self.rec.meta.start_ns,
                         points=points, top=top, layers=layers or None, canonical_stack=self.canonical,
-                        against=against, times_ns=times)
-        if times is not None:
-            from memprof.units import format_duration_ns
-            gap = format_duration_ns(int((times[-1] - times[0]) // (len(times) - 1)))
-            result.notes.append(f"folded: judged at the {len(times)} window ends its fold kept what was live at, "
-                                f"{gap} apart, not at {points} evenly spaced times")
+                        against=against, times_ns=self._folded_windows() if self.fold is not None else None)
         ids = [s.stack_id for s in result.series if s.chain]
         return GrowthView(result, self.about, self.chains(ids, native_frames))
 
-    def _folded_windows(self):
+    def _folded_windows(self) -> tuple[int, ...] | None:
         """Where `report growth` reads a folded recording: None with step marks enough for it
-        (every fold keeps what was live at each); else the window ends the fold kept what was
-        live at, the leak analysis's checkpoints (fold.fold_instants), ns ascending.
-        FoldedRecordingError where it kept none (a recording too short for them)."""
-        from memprof.analysis.checkpoints import find_checkpoints, step_marks
-        from memprof.analysis.growth import MIN_POINTS as GROWTH_POINTS
-        from memprof.analysis.trend import MIN_POINTS
-        if len(step_marks(self.events)) >= GROWTH_POINTS:
+        (every fold keeps what was live at each); else the window ends the fold kept
+        (Fold.window_ends_ns). FoldedRecordingError where it kept fewer than two."""
+        from memprof.analysis.checkpoints import step_marks
+        from memprof.analysis.growth import MIN_POINTS
+        if len(step_marks(self.events)) >= MIN_POINTS:
             return None
-        checkpoints = find_checkpoints(self.events, start_ns=self.rec.meta.start_ns, end_ns=self.span.end_ns,
-                                       min_points=MIN_POINTS, window_ns=self.fold.window_ns)
-        if checkpoints is None or checkpoints.by_step or len(checkpoints.times_ns) < 2:
+        if len(self.fold.window_ends_ns) < 2:
             self.every_event("`report growth` (no window ends kept to read it at)")
-        return checkpoints.times_ns.astype("int64")
+        return self.fold.window_ends_ns
 
     @_kept
     def modules(self, *, layers: tuple = (), top: int | None = 10) -> ModulesView:

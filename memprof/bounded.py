@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from memprof.analysis.fold import (
-    Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, named_model_state,
+    Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, leak_checkpoints,
+    named_model_state,
 )
 from memprof.analysis.leaks import end_of_target
 from memprof.analysis.lifetimes import Lifetimes, exec_times
@@ -61,7 +62,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
-    keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them. BadRecordingError (exit 5) for a damaged part, as open_recording."""
+    keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them.
+    BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
         meta.notes.append(NOT_FINALIZED_NOTE)
@@ -76,8 +78,9 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     stage("pairing and keeping what the analyses judge, part by part")
     # A rank's peak is that of its processes together (ranks.rank_report): tracked too.
     ranks = {pid: f"{info['rank']}@{info.get('host')}" for pid, info in process_ranks(meta).items()}
-    instants = fold_instants(others, start_ns=int(meta.start_ns), end_ns=end_ns, target_end_ns=target_end_ns,
-                             window_ns=window_ns)
+    checkpoints = leak_checkpoints(others, start_ns=int(meta.start_ns), target_end_ns=target_end_ns,
+                                   window_ns=window_ns)
+    instants = fold_instants(others, end_ns=end_ns, target_end_ns=target_end_ns, checkpoints=checkpoints)
     instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
     peaks, stream, totals = PeakTracker(ranks), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
@@ -98,10 +101,18 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     lifetimes.allocations = named_model_state(lifetimes.allocations, others)
     fold = Fold(events=events, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
-                dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))), window_ns=window_ns)
+                dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))),
+                window_ns=window_ns, window_ends_ns=_window_ends(checkpoints))
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold
+
+
+def _window_ends(checkpoints) -> tuple[int, ...]:
+    """The window ends among the leak analysis's checkpoints (none when it judges at steps)."""
+    if checkpoints is None or checkpoints.by_step:
+        return ()
+    return tuple(int(t) for t in checkpoints.times_ns)
 
 
 def _pruned(kept: list, plan: FoldPlan, totals: FoldTotals) -> list:

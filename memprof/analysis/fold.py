@@ -319,21 +319,24 @@ def named_model_state(allocations: pd.DataFrame, others: pd.DataFrame) -> pd.Dat
     return allocations.assign(category=pd.Categorical(category))
 
 
-def fold_instants(others: pd.DataFrame, *, start_ns: int, end_ns: int, target_end_ns: int,
-                  window_ns: int | None = None) -> np.ndarray:
+def leak_checkpoints(others: pd.DataFrame, *, start_ns: int, target_end_ns: int, window_ns: int | None = None):
+    """The checkpoints the leak analysis judges at (find_checkpoints: its steps, else windows,
+    of `window_ns` where given: `leaks --window`), None where there are too few."""
+    from memprof.analysis.checkpoints import find_checkpoints
+    from memprof.analysis.trend import MIN_POINTS
+    return find_checkpoints(others, start_ns=start_ns, end_ns=target_end_ns, min_points=MIN_POINTS, window_ns=window_ns)
+
+
+def fold_instants(others: pd.DataFrame, *, end_ns: int, target_end_ns: int, checkpoints) -> np.ndarray:
     """The moments (ns, ascending, unique) a fold keeps what was live at: every step mark of
-    every process and the checkpoints the leak analysis judges at (find_checkpoints: the
-    steps it keeps, else windows, of `window_ns` where given: `leaks --window`), each
+    every process and the leak analysis's `checkpoints` (leak_checkpoints; None: none), each
     process's exit, the target's end and the recording's, and the model-state notes.
     `others` are the recording's rows other than allocations and frees, in time order."""
-    from memprof.analysis.checkpoints import find_checkpoints, process_step_marks
+    from memprof.analysis.checkpoints import process_step_marks
     from memprof.analysis.leaks import exit_times
-    from memprof.analysis.trend import MIN_POINTS
     moments = [process_step_marks(others)["ts_ns"].to_numpy(dtype=np.int64),
                np.asarray(list(exit_times(others).values()), dtype=np.int64),
                np.asarray([target_end_ns, end_ns], dtype=np.int64), note_times(others)]
-    checkpoints = find_checkpoints(others, start_ns=start_ns, end_ns=target_end_ns, min_points=MIN_POINTS,
-                                   window_ns=window_ns)
     if checkpoints is not None:
         moments.append(checkpoints.times_ns.astype(np.int64))
         moments += [times.astype(np.int64) for times in (checkpoints.by_pid or {}).values()]
@@ -347,7 +350,9 @@ class Fold:
     how many allocations were kept, and per layer what was dropped. `kept_at_ns`: the
     moments (ns after the recording's start) it was asked to keep what was live at, beside
     those it always keeps (`report top --at TIME`); `window_ns`: the leak analysis's windows
-    it kept what was live at the ends of, None for the default ones (`report leaks --window`)."""
+    it kept what was live at the ends of, None for the default ones (`report leaks --window`),
+    and `window_ends_ns` those ends (none where the analysis judges at steps, or the recording
+    is too short for windows)."""
 
     events: int
     needed_bytes: int
@@ -357,6 +362,7 @@ class Fold:
     dropped_bytes: dict[str, int]
     kept_at_ns: tuple[int, ...] = ()
     window_ns: int | None = None
+    window_ends_ns: tuple[int, ...] = ()
 
     @property
     def note(self) -> str:

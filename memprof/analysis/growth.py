@@ -157,8 +157,7 @@ def growth(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | N
         check_quantity(samples, quantity)
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
     steps = step_marks(events)
-    axis = _points(allocations, steps, origin_ns, points) if times_ns is None or len(steps) >= MIN_POINTS \
-        else _Axis(np.asarray(times_ns, dtype=np.int64), (np.asarray(times_ns) - origin_ns) / 1e9, SECOND, origin_ns)
+    axis = _points(allocations, steps, origin_ns, points, times_ns)
     axis = axis if quantity is None else _against(axis, samples, quantity)
     step_ns = median_step_ns(steps)
     result = GrowthResult(x_unit=axis.unit, step_ns=step_ns, origin_ns=axis.origin_ns, series=[],
@@ -233,13 +232,21 @@ def median_step_ns(steps: pd.DataFrame) -> int | None:
     return int(round(float(np.median(per_step))))
 
 
-def _points(allocations: pd.DataFrame, steps: pd.DataFrame, origin_ns: int, points: int) -> _Axis:
-    """The step marks when there are at least MIN_POINTS, x the step number; else `points`
-    evenly spaced times over the allocations' span, x in seconds since `origin_ns` (the first
-    allocation when `origin_ns` is unset or later than it), with a note when there were step
-    marks, too few of them (one or two marks gave one or two points: no fit at all)."""
+def _points(allocations: pd.DataFrame, steps: pd.DataFrame, origin_ns: int, points: int,
+            times_ns=None) -> _Axis:
+    """The step marks when there are at least MIN_POINTS, x the step number; else `times_ns`
+    where given (a fold's window ends, with a note saying so), or `points` evenly spaced
+    times over the allocations' span, x in seconds since `origin_ns` (the first allocation
+    when `origin_ns` is unset or later than it), with a note when there were step marks,
+    too few of them (one or two marks gave one or two points: no fit at all)."""
     if len(steps) >= MIN_POINTS:
         return _Axis(steps["ts_ns"].to_numpy(), steps["step"].to_numpy(dtype=float), STEP, origin_ns)
+    if times_ns is not None:
+        times = np.asarray(times_ns, dtype=np.int64)
+        gap = format_duration_ns(int((times[-1] - times[0]) // max(len(times) - 1, 1))) if len(times) else "0s"
+        note = (f"folded: judged at the {len(times)} window ends its fold kept what was live at, {gap} apart, "
+                f"not at {points} evenly spaced times")
+        return _Axis(times, (times - origin_ns) / 1e9, SECOND, origin_ns, (note,))
     if allocations.empty:
         return _Axis(np.array([], dtype=np.int64), np.array([]), SECOND, origin_ns)
     first = int(allocations["alloc_ts_ns"].min())

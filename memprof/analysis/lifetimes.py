@@ -160,11 +160,14 @@ def _end_at_exec(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray
     if not execs:
         return
     user_layer = np.array([label_of(name) not in _KERNEL_LAYERS for name in layer_names] + [False], dtype=bool)
-    candidates = (kind == _ALLOC) & user_layer[layer_codes]  # code -1 (no layer) picks the trailing False
     pid = events["pid"].to_numpy(dtype=np.int64, na_value=-1)
+    # One pass over the rows, however many processes exec'd (a job that runs a tool each step
+    # execs thousands): the candidates, then each process's among them.
+    candidates = np.flatnonzero((kind == _ALLOC) & user_layer[layer_codes]  # code -1 (no layer): the trailing False
+                                & np.isin(pid, np.fromiter(execs, dtype=np.int64), kind="table"))
     ts = events["ts_ns"].to_numpy(dtype=np.int64)
-    for process, times in execs.items():
-        rows = np.flatnonzero(candidates & (pid == process))
+    for process, at in pd.Series(candidates).groupby(pid[candidates]).indices.items():
+        rows, times = candidates[at], execs[process]
         after = np.searchsorted(times, ts[rows], side="right")  # the first exec after the allocation
         rows, exec_ts = rows[after < times.size], times[after[after < times.size]]
         ended_before = (end_kind[rows] != _LIVE) & (end_ts[rows] <= exec_ts)

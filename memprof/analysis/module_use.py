@@ -99,23 +99,29 @@ def module_calls(events: pd.DataFrame) -> dict[str, int]:
 
 def _allocated(allocations: pd.DataFrame, events: pd.DataFrame, folded: pd.DataFrame | None = None) -> dict[str, dict]:
     """{layer: {module path or None: (bytes, count)}} of every allocation (weighted), those a
-    fold dropped (`folded`: Lifetimes.folded_modules) with them."""
+    fold dropped (`folded`: Lifetimes.folded_modules, a few rows per chain) with them."""
     layer_codes, layer_names = category_codes(allocations["layer"])
     weight = allocations["weight"].to_numpy(dtype=float)
     table = pd.DataFrame({
-        "layer": np.array([label_of(x) for x in layer_names] + [None], dtype=object)[layer_codes],
-        "module": np.asarray(alloc_modules(allocations, events), dtype=object),
+        "layer": layer_codes, "module": alloc_modules(allocations, events),
         "bytes": weighted_bytes(allocations["size_bytes"].to_numpy(dtype=float, na_value=0.0), weight),
-        "count": weight})[layer_codes >= 0]
-    if folded is not None and len(folded):
-        table = pd.concat([table, pd.DataFrame({"layer": folded["layer"].astype(object).to_numpy(),
-                                                "module": folded["module"].astype(object).to_numpy(),
-                                                "bytes": folded["bytes"].to_numpy(dtype=np.int64),
-                                                "count": folded["n"].to_numpy(dtype=float)})], ignore_index=True)
-    sums = table.groupby(["layer", "module"], sort=False, dropna=False).agg(
+        "count": weight})
+    sums = table[layer_codes >= 0].groupby(["layer", "module"], sort=False, observed=True, dropna=False).agg(
         bytes=("bytes", "sum"), count=("count", "sum")).reset_index()
+    totals: dict[tuple, list] = {}
+    for code, module, n_bytes, count in sums.itertuples(index=False):  # one row per (layer, module): a few hundred
+        totals[label_of(layer_names[code]), _path(module)] = [int(n_bytes), float(count)]
+    if folded is not None:
+        for layer, module, n_bytes, count in zip(folded["layer"], folded["module"], folded["bytes"], folded["n"]):
+            total = totals.setdefault((label_of(layer), _path(module)), [0, 0.0])
+            total[0] += int(n_bytes)
+            total[1] += float(count)
     out: dict[str, dict] = {}
-    for layer, module, n_bytes, count in sums.itertuples(index=False):  # one row per (layer, module): a few hundred
-        path = None if not isinstance(module, str) else module
-        out.setdefault(str(layer), {})[path] = (int(n_bytes), int(round(count)))
+    for (layer, path), (n_bytes, count) in totals.items():
+        out.setdefault(layer, {})[path] = (n_bytes, int(round(count)))
     return out
+
+
+def _path(module) -> str | None:
+    """A module path, None for no module (a missing value)."""
+    return module if isinstance(module, str) else None

@@ -21,7 +21,7 @@ import pandas as pd
 from memprof.analysis.chains import with_canonical_stacks
 from memprof.analysis.layers import live_curve, weighted_bytes
 from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, label_of, labels, live_mask
-from memprof.model.schema import LAYERS, MODULE_NONE, MODULE_PREFIX, MODULE_RETURN_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
+from memprof.model.schema import LAYERS, MARK_LABELS, MODULE_NONE, MODULE_PREFIX, MODULE_RETURN_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Mark
 
 DEFAULT_MAX_POINTS = 20_000
 _NO_STACK = -1
@@ -174,9 +174,6 @@ def instants(events: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
-_RESERVED_MARKS = tuple(mark.value for mark in Mark)
-
-
 def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Per row (its action and category labels): a mark of the user's own — a `mark` row
     whose category is neither a step, an exit or an exec, nor one of the agent's per-tensor notes
@@ -185,7 +182,7 @@ def user_mark_rows(action: np.ndarray, category: np.ndarray) -> np.ndarray:
     many rows, few labels)."""
     marks = np.flatnonzero(action == Action.MARK.value)
     codes, texts = pd.factorize(pd.Series(category[marks], dtype=object), use_na_sentinel=True)
-    judged = np.array([isinstance(text, str) and text not in (*_RESERVED_MARKS, MODULE_NONE)
+    judged = np.array([isinstance(text, str) and text not in MARK_LABELS and text != MODULE_NONE
                        and not text.startswith((TENSOR_PREFIX, STATE_PREFIX, MODULE_PREFIX, MODULE_RETURN_PREFIX)) for text in texts]
                       + [False], dtype=bool)
     rows = np.zeros(len(action), dtype=bool)

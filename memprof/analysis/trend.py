@@ -108,14 +108,15 @@ def classify(series: np.ndarray, *, confidence: float = 0.99, min_growth: float 
     # The sawtooth rows' cycles, judged together: one chain in three is a sawtooth on a
     # churning workload (11,289 of 34,530 on bench/analysis_speed.py's), and a Python
     # loop over them took 3.0 s of the leak report's 4.7 s.
-    sawtooth = np.flatnonzero(resets >= 2)
-    troughs_rise = dict(zip(sawtooth.tolist(), _troughs_rise(series[sawtooth], min_growth).tolist()))
-    within = dict(zip(sawtooth.tolist(), _batched(_within_slopes, series[sawtooth]).tolist()))
+    sawtooth = resets >= 2
+    troughs_rise, within = np.zeros(len(shapes), dtype=bool), np.full(len(shapes), np.nan)
+    troughs_rise[sawtooth] = _troughs_rise(series[sawtooth], min_growth)
+    within[sawtooth] = _batched(_within_slopes, series[sawtooth])
     out = []
     for row, shape in enumerate(shapes):
         if shape == "sawtooth" and troughs_rise[row]:
             shape = "grows"
-        within_slope = within[row] if shape == "sawtooth" and not math.isnan(within[row]) else None
+        within_slope = float(within[row]) if shape == "sawtooth" and not math.isnan(within[row]) else None
         out.append(Trend(slope=float(slope[row]), confidence=float(conf[row]), rises=int(rises[row]), shape=shape,
                          resets=int(resets[row]),
                          plateau_from=_plateau_start(series[row]) if shape == "plateau" else None,

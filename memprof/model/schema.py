@@ -59,6 +59,10 @@ class Mark(str, enum.Enum):
     EXEC = "exec"
 
 
+# The labels memprof's own marks use (a user's mark named so is stored under another).
+MARK_LABELS = frozenset(mark.value for mark in Mark)
+
+
 # `category` of a profiler-window tensor annotation (a `mark` row): "tensor:parameter", …
 TENSOR_PREFIX = "tensor:"
 

@@ -131,8 +131,8 @@ def test_many_distinct_mark_labels_record_and_report(make_user, memprof_as_root,
     marks = events[events["action"] == "mark"]
     # (The agent's model-state notes are marks too: state:ROLE:NAME; memprof's own are step,
     # exit and exec: the gated child's exec into the command.)
-    from memprof.model.schema import Mark
-    user_labels = {c for c in marks["category"].astype(str) if not c.startswith("state:")} - {m.value for m in Mark}
+    from memprof.model.schema import MARK_LABELS
+    user_labels = {c for c in marks["category"].astype(str) if not c.startswith("state:")} - MARK_LABELS
     assert user_labels == {f"batch {i}" for i in range(labels)}, len(user_labels)
     assert agent_detail(recording)["malformed_lines"] == 0
     user.report_leaks(recording)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memprof.model import ClockAnchor, SourceStats
-from memprof.model.schema import QUANTITY_DEVICE, QUANTITY_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mark
+from memprof.model.schema import MARK_LABELS, QUANTITY_DEVICE, QUANTITY_PREFIX, STATE_PREFIX, TENSOR_PREFIX, Action, Layer, Mark
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
 from memprof.sources.agent_reader import attach as agent_attach
 from memprof.sources.agent_reader import lines as agent_lines
@@ -407,16 +407,13 @@ class AgentRows:
         return events, stacks, frames
 
 
-_RESERVED_MARKS = frozenset(mark.value for mark in Mark)
-
-
 def user_label(label: str | None) -> str:
     """The label a user's mark is stored under: its own ("mark" when it has none), or, for a
     label that memprof's own marks use ("exit", "exec", "step"), that label with " (mark)"
     added, so that `memprof.mark("exit")` neither ends the process's allocations nor counts
     a step in the analyses."""
     label = label or "mark"
-    return f"{label} (mark)" if label in _RESERVED_MARKS else label
+    return f"{label} (mark)" if label in MARK_LABELS else label
 
 
 def _no_samples() -> dict:

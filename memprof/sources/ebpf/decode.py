@@ -64,7 +64,7 @@ class MemoryDecoder:
     def decode(self, recs: np.ndarray) -> EventBatch:
         """Columns of the events table for the memory records among `recs`."""
         kinds = recs["kind"]
-        mem = recs[(kinds <= R.USER_FREE) | (kinds == R.EXIT_MARK) | (kinds == R.PROC_EXEC)]
+        mem = recs[(kinds <= R.USER_FREE) | (_MARK_INDEX[kinds] >= 0)]
         k, layer, flags = mem["kind"], mem["layer"], mem["flags"]
         is_alloc = np.isin(k, R.ALLOC_KINDS)
         mark_index = _MARK_INDEX[k]
