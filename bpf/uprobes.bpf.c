@@ -239,3 +239,18 @@ int mp_realloc(struct pt_regs *ctx)                                             
     return 0;
 }
 int mp_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
+
+/* ---- libc heap through memprof's LD_PRELOAD interposer (memprof/preload/memprof_preload.c) ----
+ * It has already sampled (MEMPROF_NATIVE_SAMPLE_BYTES) and filtered frees; each call here is
+ * one event. memprof_native_alloc(address, size, call_site), from inside the interposer's
+ * malloc: the stack is taken leaving out the marker's own frame (at its entry, the frame
+ * pointer is still the interposer's, whose return address is the allocation's caller). */
+int mp_preload_alloc(struct pt_regs *ctx)
+{
+    u64 addr = PT_REGS_PARM1(ctx);
+    if (!addr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    emit_user_alloc(ctx, MP_LAYER_NATIVE, 0, -1, addr, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 1);
+    return 0;
+}
+int mp_preload_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }

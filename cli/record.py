@@ -160,6 +160,12 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
 @click.option("--native-sample-bytes", default="0", show_default=True, callback=lambda c, p, v: _size(v),
               help="native: take each libc allocation with probability min(1, size/N) and weight it by "
                    "N/size (unbiased totals at a fraction of the cost); 0 takes every one. Units allowed: 64KiB.")
+@click.option("--native-probes", type=click.Choice(["auto", "preload", "uprobes"]), default="auto", show_default=True,
+              help="native: how the libc heap is taken. preload puts memprof's interposer into the command "
+                   "(LD_PRELOAD): one uprobe hit per recorded event, none for allocations the sampling leaves "
+                   "out. uprobes traps every malloc, its return and every free (several times the cost; "
+                   "bench/RESULTS.md). auto: preload for a command memprof starts, unless its environment "
+                   "sets LD_PRELOAD already or the interposer is not built; uprobes for --pid.")
 @click.option("--allocator-prefix", default="", metavar="PREFIX",
               help="native: probe PREFIXmalloc, PREFIXfree, … (e.g. je_ for a jemalloc built with a prefix).")
 @click.option("--alloc-probes", type=click.Choice(["call-site", "entry-return"]), default="call-site",
@@ -185,7 +191,7 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, host_label, pid, duration, max_size, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
-           native_sample_bytes,
+           native_sample_bytes, native_probes,
            allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
            command):
     """Record a command, or attach to a running process, until it exits.
@@ -214,12 +220,21 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
         raise click.UsageError("give either --pid or a command, not both")
     if pid is None and not command:
         raise click.UsageError("nothing to record: give a command after --, or --pid")
+    if pid is not None and native_probes == "preload":
+        raise click.UsageError("--native-probes preload needs a command memprof starts: a running process "
+                               "(--pid) has its libraries loaded; use --native-probes uprobes (or auto)")
+    if allocator_prefix and native_probes == "preload":
+        raise click.UsageError("--allocator-prefix names an allocator's own functions, which only uprobes reach; "
+                               "drop --native-probes preload")
+    if allocator_prefix and native_probes == "auto":
+        native_probes = "uprobes"  # the prefixed allocator's own functions: only uprobes reach them
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     request = RecordRequest(
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
         max_size_bytes=max_size,
         output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
         ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
+                         native_probes=native_probes,
                          user_stack_every=user_stack_every,
                          allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
                          python=PythonOptions(enabled=python_frames)),

@@ -91,6 +91,11 @@ build_examples() {
   make -s -C examples
 }
 
+# memprof's LD_PRELOAD interposer for `record --sources +native` (memprof/preload).
+build_preload() {
+  make -s -C memprof/preload
+}
+
 need_root "${1:-}"
 apt_install bpfcc-tools python3-bpfcc python3-venv gcc make libc6-dev
 # The HTML report's browser test: headless Chromium and its WebDriver (selenium drives it).
@@ -99,4 +104,5 @@ kernel_headers
 mount_tracefs
 make_venv
 build_examples
+build_preload
 say "ready"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from memprof import __version__
+from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
@@ -249,6 +249,7 @@ class Session:
 
     def _record_command(self, path: str) -> RecordResult:
         self._begin_loading()
+        native_env = self._choose_native_probes()
         self.source.start([])
         self.child = GatedChild(self.request.command, path, self.run_as)
         try:
@@ -260,12 +261,36 @@ class Session:
             raise
         with _BlockedSignals():
             try:
-                self.child.release(self._agent_env())
+                self.child.release({**self._agent_env(), **native_env})
             except TargetError:
                 self._abandon("the command could not be executed: nothing of it ran")
                 raise
             self._begin_recording()
             return self._loop(root=self.child.pid)
+
+    def _choose_native_probes(self) -> dict[str, str]:
+        """With the native family on: give the command memprof's LD_PRELOAD interposer
+        (memprof/preload) where `record --native-probes` and preload.why_not() allow, else
+        probe libc with uprobes. Returns the variables the command's environment needs ({}
+        for uprobes); meta.json's sources.ebpf.detail.native_probes says which, and why not
+        the interposer. UsageError when --native-probes preload cannot be had."""
+        options = self.source.options
+        if "native" not in options.families:
+            return {}
+        uid = self.owner.uid if self.owner is not None else os.geteuid()  # the command's user
+        library = preload.library_path()
+        why = "--native-probes uprobes" if options.native_probes == preload.UPROBES else preload.why_not(
+            os.environ, uid, library, can_read=lambda path: self.files.run(preload.opens, path))
+        if why is not None:
+            if options.native_probes == preload.PRELOAD:
+                raise UsageError(f"--native-probes preload: {why}", "fix that, or record with --native-probes uprobes")
+            self.source.stats.detail["native_probes"] = {"via": preload.UPROBES, "why_not_preload": why}
+            if options.native_probes == preload.AUTO:
+                self.on_notice(f"native: probing libc with uprobes, which cost several times more, because {why}")
+            return {}
+        options.native_preload = str(library)
+        self.source.stats.detail["native_probes"] = {"via": preload.PRELOAD, "library": str(library)}
+        return preload.child_env(library, options.native_sample_bytes)
 
     def _begin_loading(self) -> None:
         self._loading_since = time.monotonic()
@@ -359,6 +384,9 @@ class Session:
         self.files.run(self.writer.finalize, time.monotonic_ns())
 
     def _record_pid(self, pid: int) -> RecordResult:
+        if "native" in self.source.options.families:
+            self.source.stats.detail["native_probes"] = {
+                "via": preload.UPROBES, "why_not_preload": "attached to a running process (--pid): its libraries are loaded"}
         tree = descendants(pid)
         self._begin_loading()
         self.source.start(tree)

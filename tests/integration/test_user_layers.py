@@ -215,11 +215,20 @@ def test_cuda_standin_device_and_pinned_host_are_separated(cuda_recording):
 
 # ---- 2. the libc heap ----
 
-def test_native_leak_exact(tmp_path, run_memprof, leaks_json):
+@pytest.mark.parametrize("native_probes", ["auto", "uprobes"])
+def test_native_leak_exact(tmp_path, run_memprof, leaks_json, native_probes):
+    """The same leak through memprof's LD_PRELOAD interposer (auto, for a command memprof
+    starts) and through uprobes on libc."""
     recording = tmp_path / "native.memprof"
-    result = record(run_memprof, recording, NATIVE_LEAK, "-n", LEAKS, args=("--sources", "+native"))
+    result = record(run_memprof, recording, NATIVE_LEAK, "-n", LEAKS,
+                    args=("--sources", "+native", "--native-probes", native_probes))
     assert f"leaked={LEAKS} bytes={LEAKS * LEAK_BYTES}" in result.stdout, result.stdout
-    assert read_meta(recording)["sources"]["ebpf"]["detail"]["families"] == ["kmem", "torch", "cuda", "native"]
+    detail = read_meta(recording)["sources"]["ebpf"]["detail"]
+    assert detail["families"] == ["kmem", "torch", "cuda", "native"]
+    via = "preload" if native_probes == "auto" else "uprobes"
+    assert detail["native_probes"]["via"] == via, detail["native_probes"]
+    probed = {os.path.basename(path) for path, lib in detail["uprobes"].items() if lib["family"] == "native"}
+    assert probed == ({"libmemprof_preload.so"} if via == "preload" else {"libc.so.6"}), detail["uprobes"]
 
     report = leaks_json(recording, "--layer", "native_heap", "--top", "1000")
     findings = sorted(report["findings"], key=lambda f: -f["live_bytes"])
@@ -231,6 +240,64 @@ def test_native_leak_exact(tmp_path, run_memprof, leaks_json):
     assert "leak_block" in functions(top, "native"), context
     assert top["released_at_exit"] is True, context
     assert not any("churn_block" in functions(f) for f in findings), context
+
+
+# Each function of the malloc family, called by a Python process through ctypes with a size no
+# one else asks for; which blocks it frees, and which it keeps to its exit.
+MALLOC_FAMILY_SCRIPT = """
+import ctypes, mmap
+libc = ctypes.CDLL(None)
+for name in ("malloc", "calloc", "realloc", "aligned_alloc", "memalign", "valloc", "mmap"):
+    getattr(libc, name).restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+kept = [libc.malloc(100001)]
+libc.free(libc.malloc(100002))
+kept.append(libc.calloc(7, 14287))
+kept.append(libc.realloc(libc.malloc(100003), 200003))
+out = ctypes.c_void_p()
+assert libc.posix_memalign(ctypes.byref(out), 64, 100005) == 0
+kept.append(out.value)
+kept.append(libc.aligned_alloc(4096, 102400))
+libc.free(libc.memalign(256, 100007))
+kept.append(libc.valloc(100011))
+block = libc.mmap(None, 1069056, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+assert libc.munmap(block, 1069056) == 0
+print("kept", len(kept), flush=True)
+"""
+FAMILY_KEPT = {100001: 1, 7 * 14287: 1, 200003: 1, 100005: 1, 102400: 1, 100011: 1}
+FAMILY_FREED = {100002: 1, 100003: 1, 100007: 1, 1069056: 1}
+
+
+def test_every_malloc_family_call_through_the_interposer(tmp_path, run_memprof):
+    """Exact mode: each call is recorded once with its size, what was freed (by free,
+    realloc or munmap) ends "freed", and what the process kept lives to the end."""
+    from memprof.api import analyse
+    recording = tmp_path / "family.memprof"
+    result = record(run_memprof, recording, sys.executable, "-c", MALLOC_FAMILY_SCRIPT, args=("--sources", "+native"))
+    assert "kept 6" in result.stdout, result.stdout
+    assert read_meta(recording)["sources"]["ebpf"]["detail"]["native_probes"]["via"] == "preload"
+
+    allocations = analyse(recording).lifetimes.allocations
+    native = allocations[(allocations["layer"] == "native_heap")
+                         & allocations["size_bytes"].isin([*FAMILY_KEPT, *FAMILY_FREED])]
+    ends = {(int(size), kind): int(n) for (size, kind), n in native.groupby(["size_bytes", "end_kind"]).size().items()}
+    assert ends == {**{(size, "live"): n for size, n in FAMILY_KEPT.items()},
+                    **{(size, "freed"): n for size, n in FAMILY_FREED.items()}}, ends
+
+
+def test_a_command_that_preloads_its_own_library_gets_uprobes(tmp_path, run_memprof):
+    """LD_PRELOAD already set (a user's own malloc, say): memprof does not put its interposer
+    in front of it; libc gets uprobes, and meta.json says why."""
+    recording = tmp_path / "own.memprof"
+    env = {**os.environ, "LD_PRELOAD": "libm.so.6"}
+    result = record(run_memprof, recording, NATIVE_LEAK, "-n", "10", args=("--sources", "+native"), env=env)
+    assert "leaked=10 " in result.stdout, result.stdout
+    native_probes = read_meta(recording)["sources"]["ebpf"]["detail"]["native_probes"]
+    assert native_probes["via"] == "uprobes" and "LD_PRELOAD" in native_probes["why_not_preload"], native_probes
+    assert "probing libc with uprobes" in result.stderr, result.stderr
 
 
 # A Python process that keeps EXEC_HELD blocks of EXEC_HELD_BYTES, then execs native_leak.

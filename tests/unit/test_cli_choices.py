@@ -9,6 +9,7 @@ import sys
 import click
 import pytest
 
+from memprof import preload
 from memprof.analysis.attribution import BY_CHOICES
 from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES, NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS
@@ -28,6 +29,7 @@ LIBRARY_SETS = {
     "--native-frames": NATIVE_FRAMES,
     "--by": BY_CHOICES,
     "--alloc-probes": ALLOC_PROBES,
+    "--native-probes": preload.NATIVE_PROBES,
     ("report leaks", "--by"): LEAK_BY,
     ("export", "--format"): tuple(FORMATS),
     ("report html", "--format"): ("html", "json"),
@@ -77,8 +79,10 @@ def test_record_sources_are_the_ebpf_families():
 def test_record_defaults_are_the_librarys():
     options, kmem = EbpfOptions(), KmemOptions()
     defaults = {name: _option(record.record, name).default
-                for name in ("--alloc-probes", "--stack-every", "--page-stack-every", "--user-stack-every")}
-    assert defaults == {"--alloc-probes": options.alloc_probes, "--stack-every": kmem.slab_stack_every,
+                for name in ("--alloc-probes", "--stack-every", "--page-stack-every", "--user-stack-every",
+                             "--native-probes")}
+    assert defaults == {"--alloc-probes": options.alloc_probes, "--native-probes": options.native_probes,
+                        "--stack-every": kmem.slab_stack_every,
                         "--page-stack-every": kmem.page_stack_every, "--user-stack-every": options.user_stack_every}
 
 

@@ -36,7 +36,7 @@ def enabled_families(options) -> dict[str, U.Family]:
     """The user-space families `options` (an EbpfOptions) enables, by name."""
     fams = {name: fam for name, fam in U.FAMILIES.items() if name in options.families}
     if "native" in options.families:
-        fams["native"] = U.native_family(options.allocator_prefix)
+        fams["native"] = U.preload_family() if options.native_preload else U.native_family(options.allocator_prefix)
     return fams
 
 
@@ -44,7 +44,7 @@ def known_libraries(options, command_path: str | None) -> dict[str, list[str]]:
     """Family name -> the library files we can find before the command starts."""
     known = U.find_known_libraries(command_path)
     if "native" in options.families:
-        known["native"] = U.libc_paths()
+        known["native"] = [options.native_preload] if options.native_preload else U.libc_paths()
     return known
 
 
@@ -153,10 +153,18 @@ class LibraryProbes:
             family = U.family_of_mapping(m.path)
             if family and family in self._families:
                 self.probe_library(m.path, family, ON_MAPPING, mapped_ns)
-            elif "native" in self._families and U.is_native_library(m.path, self._options.allocator_prefix):
+            elif "native" in self._families and self._is_native_library(m.path):
                 self.probe_library(m.path, "native", ON_MAPPING, mapped_ns)
         for path in {m.path for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
+
+    def _is_native_library(self, path: str) -> bool:
+        """Where the native family's probes go: memprof's interposer when the command was given
+        it (then libc itself is not probed: its calls reach the interposer first), else libc
+        or the prefixed allocator."""
+        if self._options.native_preload:
+            return os.path.realpath(path) == os.path.realpath(self._options.native_preload)
+        return U.is_native_library(path, self._options.allocator_prefix)
 
     def _probe_finalize(self, path: str) -> None:
         """Python targets: a uprobe on Py_FinalizeEx marks the start of interpreter teardown."""

@@ -34,11 +34,15 @@ ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
 @dataclass
 class EbpfOptions:
     """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
-    to processes that map libc10 / libcuda. `native_sample_bytes` 0 = every libc allocation."""
+    to processes that map libc10 / libcuda. `native_sample_bytes` 0 = every libc allocation.
+    `native_preload`: the path of memprof's LD_PRELOAD interposer (memprof/preload) when the
+    command was given it, so the native family probes its markers; "" = uprobes on libc."""
 
     families: tuple[str, ...] = DEFAULT_FAMILIES
     kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
     native_sample_bytes: int = 0
+    native_probes: str = "auto"  # record --native-probes: auto, preload or uprobes (memprof/preload)
+    native_preload: str = ""
     user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
     allocator_prefix: str = ""
     alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES

@@ -124,6 +124,15 @@ def native_family(prefix: str = "", library: str = "libc.so") -> Family:
     return Family("native", Layer.NATIVE_HEAP, library, probes, default_on=False)
 
 
+def preload_family() -> Family:
+    """The libc heap through memprof's LD_PRELOAD interposer (memprof/preload): one uprobe
+    on each of its two markers, called only for what it recorded (it samples and filters)."""
+    from memprof import preload
+    probes = (Probe(preload.ALLOC_MARKER, "mp_preload_alloc", optional=False),
+              Probe(preload.FREE_MARKER, "mp_preload_free", optional=False))
+    return Family("native", Layer.NATIVE_HEAP, preload.LIBRARY_NAME, probes, default_on=False)
+
+
 FAMILIES = {"torch": TORCH, "cuda": CUDA}
 
 
