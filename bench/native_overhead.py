@@ -1,9 +1,11 @@
 """Overhead of `memprof record --sources kmem,native` on examples/native_churn (malloc/free churn).
 
 Runs, alternately and REPEATS times each: the workload alone; under `memprof record` with
-the libc heap recorded exactly (every allocation) and sampled by size
-(`--native-sample-bytes 65536`: an allocation of S bytes is kept with probability
-min(1, S/65536)); and under bcc's `memleak` in user mode (`-p PID`: uprobes and uretprobes on
+the libc heap recorded exactly (every allocation, `--native-sample-bytes 0`) and sampled by
+size (`--native-sample-bytes 65536`, the default: an allocation of S bytes is kept with
+probability min(1, S/65536)), both through memprof's LD_PRELOAD interposer (memprof/preload);
+exactly again through uprobes on libc (`--native-probes uprobes`: uprobes); and under bcc's
+`memleak` in user mode (`-p PID`: uprobes and uretprobes on
 libc's allocators, a user stack per allocation, pairing in the kernel) when installed.
 Reports the median of the workload's own loop time (it prints `loop_s=`) and of its wall
 time, as ratios to the unprofiled median measured in the same run (machines here are noisy).
@@ -13,7 +15,7 @@ before its loop (-w): memleak compiles its program, prints "Attaching to pid N",
 its probes; a run whose probes were not on before the loop began is reported and not counted.
 Its wall time includes that wait, so compare its loop time only.
 
-    sudo .venv/bin/python bench/native_overhead.py [--churn C] [--repeats R] [--runs baseline,exact,sampled,memleak]
+    sudo .venv/bin/python bench/native_overhead.py [--churn C] [--repeats R] [--runs baseline,exact,sampled,uprobes,memleak]
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHURN = ROOT / "examples" / "bin" / "native_churn"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMLEAK = shutil.which("memleak-bpfcc")
-RUNS = ("baseline", "exact", "sampled", "memleak")
+RUNS = ("baseline", "exact", "sampled", "uprobes", "memleak")
 SAMPLE_BYTES = 65536
 PROBE_ATTACH_S = 0.5  # after memleak's "Attaching" line: 13 uprobes/uretprobes on libc
 
@@ -87,7 +89,9 @@ def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
     record = [*MEMPROF, "record", "-q", "--sources", "kmem,native"]
     return {
         "baseline": workload,
-        "exact": [*record, "-o", str(tmp / f"exact-{i}.memprof"), "--", *workload],
+        "exact": [*record, "--native-sample-bytes", "0", "-o", str(tmp / f"exact-{i}.memprof"), "--", *workload],
+        "uprobes": [*record, "--native-sample-bytes", "0", "--native-probes", "uprobes",
+                    "-o", str(tmp / f"uprobes-{i}.memprof"), "--", *workload],
         "sampled": [*record, "--native-sample-bytes", str(SAMPLE_BYTES), "-o", str(tmp / f"sampled-{i}.memprof"),
                     "--", *workload],
     }
@@ -154,7 +158,8 @@ def report(results, skipped, late, metas, args) -> None:
         added_us = (loop - base_loop) / args.churn * 1e6 if args.churn else 0.0  # per malloc/free pair
         print(f"{name:<10}{len(rows):>3}{loop:>9.3f}{loop / base_loop:>9.2f}{added_us:>10.2f}{wall:>9.3f}{wall_x:>9}")
     print("+us/pair: loop time added per malloc/free pair, microseconds")
-    print(f"exact: --sources kmem,native; sampled: also --native-sample-bytes {SAMPLE_BYTES}; "
+    print(f"exact: --sources kmem,native --native-sample-bytes 0; sampled: --native-sample-bytes {SAMPLE_BYTES}; "
+          "uprobes: exact, --native-probes uprobes; "
           f"memleak: memleak-bpfcc -p PID (waits {args.memleak_wait_ms} ms to attach; wall includes it)")
     for why in late:
         print(f"memleak run not counted: {why}")

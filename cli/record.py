@@ -157,9 +157,11 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
               help="The same for user-space allocators (torch, cuda, native): one in N unwinds its native "
                    "stack, the others share their call site's (Python frames are read for every one).")
 @click.option("--user-pages", is_flag=True, help="Also record user and page-cache pages (movable) in kernel_page.")
-@click.option("--native-sample-bytes", default="0", show_default=True, callback=lambda c, p, v: _size(v),
+@click.option("--native-sample-bytes", default="64KiB", show_default=True, callback=lambda c, p, v: _size(v),
               help="native: take each libc allocation with probability min(1, size/N) and weight it by "
-                   "N/size (unbiased totals at a fraction of the cost); 0 takes every one. Units allowed: 64KiB.")
+                   "N/size, as heap profilers such as tcmalloc's sample: unbiased totals at a fraction of the "
+                   "cost, but a chain of a few small allocations may be missed or over-counted. 0 takes every "
+                   "one (exact counts; costs more). Units allowed: 64KiB.")
 @click.option("--native-probes", type=click.Choice(["auto", "preload", "uprobes"]), default="auto", show_default=True,
               help="native: how the libc heap is taken. preload puts memprof's interposer into the command "
                    "(LD_PRELOAD): one uprobe hit per recorded event, none for allocations the sampling leaves "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import Enum
 
 from memprof.model import Layer, RecordingMeta
+from memprof.units import format_bytes
 
 
 class Severity(str, Enum):
@@ -64,8 +65,11 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         if stats.detail.get("site_cache_full"):
             notes.append(Note(f"{name}: the call-site stack cache overflowed {stats.detail['site_cache_full']} times; "
                               "more allocations than usual took a fresh stack", Severity.INFO))
+        native_sampled = "native" in stats.detail.get("families", ()) and bool(stats.detail.get("native_sample_bytes"))
         if stats.stack_sample_every > 1:
-            notes.append(_shared_stacks_note(name, stats))
+            notes.append(_shared_stacks_note(name, stats, native_sampled))
+        if native_sampled:
+            notes.append(_native_sampling_note(name, int(stats.detail["native_sample_bytes"])))
         notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
@@ -104,15 +108,25 @@ def _step_source_notes(step_sources: dict) -> list[str]:
             for source, pids in sorted(by_source.items())]
 
 
-def _shared_stacks_note(name: str, stats) -> Note:
-    """Stack sharing, the recorder's normal way to keep its cost low, in plain words."""
+def _shared_stacks_note(name: str, stats, native_sampled: bool = False) -> Note:
+    """Stack sharing, the recorder's normal way to keep its cost low, in plain words
+    (`native_sampled`: the libc heap's allocations were sampled by size, which its own note says)."""
     detail = stats.detail
+    recorded = "every allocation and its size are recorded" + (
+        " (native_heap's are sampled by size: see its note)" if native_sampled else "")
     return Note(f"{name}: to keep its cost low, memprof walked the call stack of one kernel allocation in "
                 f"{stats.stack_sample_every} (memory pages: one in {detail.get('page_stack_sample_every', 1)}, "
                 f"malloc and friends: one in {detail.get('user_stack_sample_every', 1)}); the others reuse the "
-                "stack last walked at the same place in the code. This is normal: every allocation and its size "
-                "are recorded, and Python frames are read for each (record --stack-every 1 --user-stack-every 1 "
-                "walks every stack).", Severity.INFO)
+                f"stack last walked at the same place in the code. This is normal: {recorded}, and Python frames "
+                "are read for each (record --stack-every 1 --user-stack-every 1 walks every stack).", Severity.INFO)
+
+
+def _native_sampling_note(name: str, sample_bytes: int) -> Note:
+    """The libc heap's byte sampling (record --native-sample-bytes), in plain words."""
+    return Note(f"{name}: native_heap is sampled by size: an allocation of S bytes was recorded with probability "
+                f"min(1, S/{format_bytes(sample_bytes)}) and counts max(1, {format_bytes(sample_bytes)}/S) times, so "
+                "its totals are unbiased estimates; a chain of a few small allocations may be missed or "
+                "over-counted (record --native-sample-bytes 0 records every one).", Severity.INFO)
 
 
 def _refused_notes(name: str, uprobes: dict) -> list[str]:

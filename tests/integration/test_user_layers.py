@@ -221,7 +221,7 @@ def test_native_leak_exact(tmp_path, run_memprof, leaks_json, native_probes):
     starts) and through uprobes on libc."""
     recording = tmp_path / "native.memprof"
     result = record(run_memprof, recording, NATIVE_LEAK, "-n", LEAKS,
-                    args=("--sources", "+native", "--native-probes", native_probes))
+                    args=("--sources", "+native", "--native-probes", native_probes, "--native-sample-bytes", "0"))
     assert f"leaked={LEAKS} bytes={LEAKS * LEAK_BYTES}" in result.stdout, result.stdout
     detail = read_meta(recording)["sources"]["ebpf"]["detail"]
     assert detail["families"] == ["kmem", "torch", "cuda", "native"]
@@ -276,7 +276,8 @@ def test_every_malloc_family_call_through_the_interposer(tmp_path, run_memprof):
     realloc or munmap) ends "freed", and what the process kept lives to the end."""
     from memprof.api import analyse
     recording = tmp_path / "family.memprof"
-    result = record(run_memprof, recording, sys.executable, "-c", MALLOC_FAMILY_SCRIPT, args=("--sources", "+native"))
+    result = record(run_memprof, recording, sys.executable, "-c", MALLOC_FAMILY_SCRIPT,
+                    args=("--sources", "+native", "--native-sample-bytes", "0"))
     assert "kept 6" in result.stdout, result.stdout
     assert read_meta(recording)["sources"]["ebpf"]["detail"]["native_probes"]["via"] == "preload"
 
@@ -313,7 +314,8 @@ def test_what_the_old_image_held_at_exec_is_no_leak(tmp_path, run_memprof, leaks
     script = (f"import ctypes, os; libc = ctypes.CDLL(None); "
               f"held = [libc.malloc({EXEC_HELD_BYTES}) for _ in range({EXEC_HELD})]; "
               f"os.execv({str(NATIVE_LEAK)!r}, [{str(NATIVE_LEAK)!r}, '-n', '{LEAKS}'])")
-    result = record(run_memprof, recording, sys.executable, "-c", script, args=("--sources", "+native"))
+    result = record(run_memprof, recording, sys.executable, "-c", script,
+                    args=("--sources", "+native", "--native-sample-bytes", "0"))
     assert f"leaked={LEAKS} bytes={LEAKS * LEAK_BYTES}" in result.stdout, result.stdout
 
     analysed = analyse(recording)

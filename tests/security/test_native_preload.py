@@ -21,7 +21,8 @@ def test_the_users_command_loads_the_interposer_and_its_leak_is_exact(make_user,
         pytest.skip("examples/bin/native_leak is not built (make -C examples)")
     user = make_user()
     recording = user.home / "native.memprof"
-    result = memprof_as_root(user, "record", "-q", "-o", recording, "--sources", "+native", "--",
+    result = memprof_as_root(user, "record", "-q", "-o", recording, "--sources", "+native",
+                             "--native-sample-bytes", "0", "--",
                              NATIVE_LEAK, "-n", "300", cwd=user.home)
     assert result.returncode == 0, result.stderr
     assert "leaked=300 bytes=1228800" in result.stdout, result.stdout

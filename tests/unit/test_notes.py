@@ -39,6 +39,24 @@ def test_sampling_note_is_information_in_plain_words_and_comes_last():
     assert str(notes[0]) == "torch: 2 blocks had no alloc in the trace"  # notes are still text
 
 
+def test_native_byte_sampling_is_an_information_note_that_says_how_to_turn_it_off():
+    meta = sampled_meta()
+    meta.sources["ebpf"].detail.update(families=["kmem", "native"], native_sample_bytes=65536)
+    notes = recording_notes(meta)
+    (native,) = [n for n in notes if "sampled by size" in n and "min(1, S/" in n]
+    assert native.severity is Severity.INFO
+    assert "min(1, S/64.0 KiB)" in native and "--native-sample-bytes 0" in native
+    shared = next(n for n in notes if "normal" in n)
+    assert "native_heap's are sampled by size" in shared
+
+
+def test_no_native_sampling_note_without_the_native_family_or_sampling():
+    for families, sample_bytes in ((["kmem"], 65536), (["kmem", "native"], 0)):
+        meta = sampled_meta()
+        meta.sources["ebpf"].detail.update(families=families, native_sample_bytes=sample_bytes)
+        assert not [n for n in recording_notes(meta) if "sampled by size" in n]
+
+
 def test_summary_json_gives_each_note_its_severity(tmp_path):
     path = write_recording(tmp_path / "r.memprof", events_frame([ev(S, "alloc", 0x10, 64, 1)]))
     meta_path = path / "meta.json"
