@@ -1,0 +1,67 @@
+"""`detach_in_parallel`: bcc's perf-event probes are closed on threads before its cleanup(),
+since each close waits out an RCU grace period (memprof/sources/ebpf/source.py)."""
+from __future__ import annotations
+
+import threading
+
+from memprof.sources.ebpf.source import detach_in_parallel
+
+
+class FakeBcc:
+    """bcc's BPF object as detach_in_parallel sees it: the two fd tables and their detach
+    methods, which remove the key as bcc's do; `fail` keys raise as bcc does."""
+
+    def __init__(self, tracepoints, uprobes, fail=()):
+        self.tracepoint_fds = {key: 3 for key in tracepoints}
+        self.uprobe_fds = {key: 4 for key in uprobes}
+        self.fail = set(fail)
+        self.detached: list[bytes] = []
+        self._lock = threading.Lock()
+        self._active = 0
+        self.most_at_once = 0
+        self._all_in = threading.Barrier(len(self.tracepoint_fds) + len(self.uprobe_fds), timeout=5)
+
+    def _detach(self, table: dict, key) -> None:
+        with self._lock:
+            self._active += 1
+            self.most_at_once = max(self.most_at_once, self._active)
+        try:
+            self._all_in.wait()  # every close in flight at once, as the kernel's waits are
+        finally:
+            with self._lock:
+                self._active -= 1
+        if key in self.fail:
+            raise Exception(f"Failed to detach {key!r}")
+        del table[key]
+        with self._lock:
+            self.detached.append(key)
+
+    def detach_tracepoint(self, key) -> None:
+        self._detach(self.tracepoint_fds, key)
+
+    def detach_uprobe_event(self, key) -> None:
+        self._detach(self.uprobe_fds, key)
+
+
+def test_every_probe_is_detached_once_and_all_at_once():
+    tracepoints = [b"sched:sched_process_exit", b"sched:sched_process_fork", b"syscalls:sys_enter_mmap"]
+    uprobes = [b"p__lib_0x10_1", b"r__lib_0x10_1"]
+    bpf = FakeBcc(tracepoints, uprobes)
+    detach_in_parallel(bpf)
+    assert sorted(bpf.detached) == sorted(tracepoints + uprobes)
+    assert bpf.tracepoint_fds == {} and bpf.uprobe_fds == {}
+    assert bpf.most_at_once == 5
+
+
+def test_a_probe_that_fails_is_left_for_cleanup():
+    bpf = FakeBcc([b"sched:a", b"sched:b"], [], fail=[b"sched:b"])
+    detach_in_parallel(bpf)
+    assert bpf.detached == [b"sched:a"]
+    assert bpf.tracepoint_fds == {b"sched:b": 3}  # bcc's cleanup() meets it, and says why
+
+
+def test_one_probe_is_left_to_cleanup():
+    bpf = FakeBcc([b"sched:a"], [])
+    bpf._all_in = threading.Barrier(1)
+    detach_in_parallel(bpf)
+    assert bpf.detached == [] and bpf.tracepoint_fds == {b"sched:a": 3}
