@@ -211,12 +211,13 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     process tree has exited, at --duration, or on Ctrl-C; each finalizes the recording.
     memprof's own threads run at SCHED_BATCH once it records: they never preempt the command.
     """
-    # The eBPF options first, from modules without pandas or pyarrow: bcc compiles their
-    # program on a thread while the rest of memprof imports (loading.start_compile).
-    from memprof.sources.ebpf.options import EbpfOptions
+    from memprof.cli import console
+    from memprof.cli.status import StatusLine
+    from memprof.capture.session import RecordRequest, Session
+    from memprof.sources.agent_reader.source import AgentOptions
+    from memprof.sources.ebpf.source import EbpfOptions
     from memprof.sources.ebpf.kmem import KmemOptions
     from memprof.sources.cpython.frames import PythonOptions
-    from memprof.sources.ebpf.loading import start_compile
 
     if pid is not None and command:
         raise click.UsageError("give either --pid or a command, not both")
@@ -231,32 +232,23 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     if allocator_prefix and native_probes == "auto":
         native_probes = "uprobes"  # the prefixed allocator's own functions: only uprobes reach them
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
-    ebpf = EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes, native_probes=native_probes,
-                       user_stack_every=user_stack_every, allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
-                       python=PythonOptions(enabled=python_frames))
-    compiling = start_compile(ebpf, lambda family: family in ebpf.families) if os.geteuid() == 0 else None
-
+    request = RecordRequest(
+        command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
+        max_size_bytes=max_size,
+        output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
+        ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
+                         native_probes=native_probes,
+                         user_stack_every=user_stack_every,
+                         allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
+                         python=PythonOptions(enabled=python_frames)),
+        agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps, torch_modules=torch_modules),
+    )
+    status = StatusLine(console.err, enabled=not quiet)
     try:
-        from memprof.cli import console
-        from memprof.cli.status import StatusLine
-        from memprof.capture.session import RecordRequest, Session
-        from memprof.sources.agent_reader.source import AgentOptions
-        request = RecordRequest(
-            command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
-            max_size_bytes=max_size,
-            output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
-            ebpf=ebpf,
-            agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps, torch_modules=torch_modules),
-        )
-        status = StatusLine(console.err, enabled=not quiet)
-        try:
-            result = Session(request, on_status=status.update if status.enabled else None,
-                             on_notice=console.warning, on_phase=status.phase, compiling=compiling).run()
-        finally:
-            status.close()
+        result = Session(request, on_status=status.update if status.enabled else None,
+                         on_notice=console.warning, on_phase=status.phase).run()
     finally:
-        if compiling is not None:
-            compiling.settle()  # an error before the source took it: never exit under a running compile
+        status.close()
     console.info(_summary(result))
     if result.exit_status is not None:
         raise SystemExit(result.exit_status)

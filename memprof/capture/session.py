@@ -21,7 +21,6 @@ from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
 from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent_reader.source import AgentOptions, AgentSource
-from memprof.sources.ebpf.loading import Compiling
 from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
 from memprof.sources.cpython.interp import python_file_in_maps
 from memprof.sources.symbols.procs import descendants, pid_alive, process_uids, read_comm
@@ -173,19 +172,17 @@ class Session:
     """Runs one recording. `on_status` is called about four times a second."""
 
     def __init__(self, request: RecordRequest, on_status: Callable[[Status], None] | None = None,
-                 on_notice: Callable[[str], None] | None = None, on_phase: Callable[[Phase], None] | None = None,
-                 compiling: Compiling | None = None):
+                 on_notice: Callable[[str], None] | None = None, on_phase: Callable[[Phase], None] | None = None):
         """`on_notice(text)` hears of trouble the moment it happens (a recording that can no
         longer be written, while the command runs on); `on_phase(phase)` of each Phase as it
-        begins, once each, in order (STOPPING and FINALIZING only once the target ran).
-        `compiling`: bcc's compile of `request.ebpf`, started early (loading.start_compile)."""
+        begins, once each, in order (STOPPING and FINALIZING only once the target ran)."""
         self.request = request
         self.on_status = on_status or (lambda s: None)
         self.on_notice = on_notice or (lambda text: None)
         self.on_phase = on_phase or (lambda phase: None)
         self._loading_since = time.monotonic()
         self._frames = 0  # rows of the frames table written so far
-        self.source = EbpfSource(request.ebpf, compiling=compiling)
+        self.source = EbpfSource(request.ebpf)
         self.sampler = SamplerThread()
         # Live bytes feed only the status line: without one, save the recorder's CPU
         # (on a small machine it is the target's CPU too).

@@ -10,9 +10,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import threading
-from concurrent.futures import Future
-from dataclasses import dataclass
 from importlib import resources
 from typing import Callable
 
@@ -40,9 +37,9 @@ def program_text(src_dir: str, *, kmem: bool) -> str:
     return "\n".join(texts)
 
 
-def _bcc_inputs(options, enabled: Callable[[str], bool]):
-    """bcc's BPF class, and the program's text and cflags for `options`; SourceUnavailableError
-    when bcc is missing or tracefs is not mounted."""
+def compile_program(options, enabled: Callable[[str], bool]):
+    """bcc's BPF object for `options` (an EbpfOptions); SourceUnavailableError with a remedy
+    when bcc is missing, tracefs is not mounted, or the program does not compile or load."""
     try:
         from bcc import BPF
     except ImportError as e:
@@ -50,67 +47,8 @@ def _bcc_inputs(options, enabled: Callable[[str], bool]):
     if enabled("kmem") and K.tracefs_root() is None:
         raise SourceUnavailableError("tracefs is not mounted (no kmem tracepoints found)", "mount -t tracefs nodev /sys/kernel/tracing")
     src_dir = bpf_source_dir()
-    return BPF, program_text(src_dir, kmem=enabled("kmem")), [f"-I{src_dir}", *program_cflags(options, enabled)]
-
-
-@dataclass
-class Compiling:
-    """bcc's compile of one program, running on a thread of its own (start_compile):
-    `cflags` are those it was started with, `result` the BPF object or what it raised."""
-
-    cflags: list[str]
-    result: Future
-
-    def settle(self) -> None:
-        """Wait for the compile to end, whatever its outcome. Call it before the process exits
-        on an error: exit() runs LLVM's static destructors, which a compile still running on
-        its thread would then use."""
-        self.result.exception()
-
-
-def start_compile(options, enabled: Callable[[str], bool]) -> Compiling | None:
-    """Start compiling `options`' program on a thread, so that `record` imports the rest of
-    memprof (pandas, pyarrow: ~0.35 s) meanwhile: bcc's compile (1.3 s here) is a ctypes call
-    that releases the GIL. clang runs with -w, and fd 2 is *not* captured as compile_program
-    captures it: fd 2 is the whole process's, and a capture on this thread would swallow what
-    the main thread prints meanwhile (a usage error, the status line). A compile that fails
-    here is done again by compile_program, which captures clang's words and says what failed
-    (EbpfSource.start). None when the inputs cannot be had (compile_program then says why)."""
-    try:
-        bpf_class, text, cflags = _bcc_inputs(options, enabled)
-    except (SourceUnavailableError, OSError):
-        return None
-    result: Future = Future()
-
-    def run() -> None:
-        try:
-            result.set_result(bpf_class(text=text, cflags=[*cflags, "-w"]))
-        except BaseException as e:  # noqa: BLE001 - handed to whoever takes the result
-            result.set_exception(e)
-
-    threading.Thread(target=run, name="memprof-compile", daemon=True).start()
-    return Compiling(cflags, result)
-
-
-def take_compiled(compiling: Compiling | None, options, enabled: Callable[[str], bool]):
-    """The BPF object `compiling` made, when it succeeded for the cflags `options` have now;
-    else compile_program's (in the foreground, with its explanations)."""
-    if compiling is not None:
-        try:
-            bpf = compiling.result.result()
-        except Exception:
-            bpf = None  # compile_program below tries again, and says why it fails
-        if bpf is not None:
-            if compiling.cflags == [f"-I{bpf_source_dir()}", *program_cflags(options, enabled)]:
-                return bpf
-            bpf.cleanup()  # the options changed after the start: their program is another
-    return compile_program(options, enabled)
-
-
-def compile_program(options, enabled: Callable[[str], bool]):
-    """bcc's BPF object for `options` (an EbpfOptions); SourceUnavailableError with a remedy
-    when bcc is missing, tracefs is not mounted, or the program does not compile or load."""
-    BPF, text, cflags = _bcc_inputs(options, enabled)
+    text = program_text(src_dir, kmem=enabled("kmem"))
+    cflags = [f"-I{src_dir}", *program_cflags(options, enabled)]
     with captured_stderr() as diagnostics:
         try:
             return BPF(text=text, cflags=cflags)

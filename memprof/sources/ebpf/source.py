@@ -11,22 +11,53 @@ from __future__ import annotations
 import ctypes
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from memprof.model import SourceStats
-from memprof.sources.cpython.frames import PythonFrames
+from memprof.sources.cpython.frames import PythonFrames, PythonOptions
+from memprof.sources.ebpf import kmem as K
 from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
-from memprof.sources.ebpf.options import (  # noqa: F401 (the options' home before options.py)
-    ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions)
-from memprof.sources.ebpf.loading import (USER_STACK_DEPTH, Compiling, Tracepoints, counter_total, program_costs,
-                                          take_compiled)
+from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 from memprof.sources.symbols.procs import ProcessTable
 from memprof.sources.symbols.stacks import StackInterner, UserStack
 from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer
+
+DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
+# record --native-sample-bytes: an allocation of S bytes is recorded with probability
+# min(1, S / 64 KiB). On GPT-2 generation and the training bench, the libc heap's weighted
+# bytes (allocated, and live at the end) came within 2 % of the unsampled run's from one row
+# in 80 and one in 150; its weighted count within 10 % (bench/RESULTS.md, bench/native_cost.py).
+DEFAULT_NATIVE_SAMPLE_BYTES = 64 << 10
+ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
+
+
+@dataclass
+class EbpfOptions:
+    """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
+    to processes that map libc10 / libcuda. `native_sample_bytes`: libc allocations are sampled by size (0 = every one).
+    `native_preload`: the path of memprof's LD_PRELOAD interposer (memprof/preload) when the
+    command was given it, so the native family probes its markers; "" = uprobes on libc."""
+
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
+    native_sample_bytes: int = DEFAULT_NATIVE_SAMPLE_BYTES
+    native_probes: str = "auto"  # record --native-probes: auto, preload or uprobes (memprof/preload)
+    native_preload: str = ""
+    user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
+    allocator_prefix: str = ""
+    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
+    ringbuf_bytes: int = 128 << 20
+    stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
+    user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
+    addr_filter_bits_log2: int = 26
+    python: PythonOptions = field(default_factory=PythonOptions)
+
 
 class EbpfSource:
     """Compile, attach, poll and account for every eBPF probe family.
@@ -34,12 +65,8 @@ class EbpfSource:
 
     name = "ebpf"
 
-    def __init__(self, options: EbpfOptions | None = None, command_path: str | None = None,
-                 compiling: Compiling | None = None):
-        """`compiling`: the compile `record` started early for these options
-        (loading.start_compile); start() takes it, or compiles itself."""
+    def __init__(self, options: EbpfOptions | None = None, command_path: str | None = None):
         self.options = options or EbpfOptions()
-        self.compiling = compiling
         self.command_path = command_path
         self.processes = ProcessTable()
         self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
@@ -64,8 +91,7 @@ class EbpfSource:
         # ELF symbol tables are read on a thread while bcc compiles, not at the first
         # flushes, which come while the target runs.
         self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, pids))
-        self._bpf = take_compiled(self.compiling, self.options, self.enabled)
-        self.compiling = None
+        self._bpf = compile_program(self.options, self.enabled)
         if self.enabled("kmem"):
             self._tracepoints.attach(self._bpf)
             self.stats.detail["tracepoints"] = self._tracepoints.names()
