@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import read_meta  # bench/common.py
+from common import ensure_memray, read_meta, rotated  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMPROF = [sys.executable, "-m", "memprof", "record", "-q", "--force"]
@@ -89,11 +89,6 @@ def native_totals(recording: Path) -> dict[str, float]:
     weighted_bytes = weight * native["size_bytes"].astype(float)
     return {"allocations": float(weight.sum()), "bytes": float(weighted_bytes.sum()),
             "live_at_end": float(weighted_bytes[native["end_kind"] == "live"].sum()), "rows": float(len(native))}
-
-
-def rotated(names: list[str], round_index: int) -> list[str]:
-    k = round_index % len(names)
-    return names[k:] + names[:k]
 
 
 def measure(name: str, runs: list[str], args, tmp: Path):
@@ -150,8 +145,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="train.py --steps")
     args = ap.parse_args()
     runs = ["baseline"] + [r for r in args.runs.split(",") if r in RUNS and r != "baseline"]
-    if "memray" in runs and subprocess.run([sys.executable, "-c", "import memray"], capture_output=True).returncode:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "memray"], check=False)
+    if "memray" in runs and (why := ensure_memray()):
+        sys.exit(why)
     tmp = Path(tempfile.mkdtemp(prefix="memprof-native-cost-"))
     try:
         for name in args.workloads.split(","):

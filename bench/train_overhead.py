@@ -51,13 +51,13 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from common import ratio_of_medians, ratio_of_medians_interval, ratio_summary, read_meta, run_paused_between, run_with_fields, sources_line  # bench/common.py
+from common import (ensure_memray, ratio_of_medians, ratio_of_medians_interval, ratio_summary, read_meta,  # bench/common.py
+                    rotated, run_paused_between, run_with_fields, sources_line)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -119,29 +119,6 @@ class EmptyProbes:
 
     def __exit__(self, *exc):
         self.bpf.cleanup()
-
-
-def rotated(names: list[str], round_index: int) -> list[str]:
-    """The order of one round's runs: `names` rotated by the round's index, so that across
-    rounds every run takes every place in the order equally often (REPEATS a multiple of the
-    runs' number balances them fully). In a fixed order, whatever a finished recording leaves
-    the machine doing lands on the next round's first run, and every ratio over it would be
-    biased. (Two fixed-order runs hinted at it, their baseline 2-3 % slower than the control;
-    a 180-round rotated run found none: memprof 1.095x with the baseline first, 1.100x after.)"""
-    k = round_index % len(names)
-    return names[k:] + names[:k]
-
-
-def ensure_memray() -> str | None:
-    """None when memray imports (installing it with pip if needed), else why not."""
-    probe = [sys.executable, "-c", "import memray"]
-    if subprocess.run(probe, capture_output=True).returncode == 0:
-        return None
-    print("memray missing: pip install memray", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "memray"], check=False)
-    if subprocess.run(probe, capture_output=True).returncode == 0:
-        return None
-    return "memray is not installed and pip could not install it"
 
 
 def commands(workload: list[str], tmp: Path, i: int) -> dict[str, list[str]]:
