@@ -229,8 +229,6 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     if allocator_prefix and native_probes == "preload":
         raise click.UsageError("--allocator-prefix names an allocator's own functions, which only uprobes reach; "
                                "drop --native-probes preload")
-    if allocator_prefix and native_probes == "auto":
-        native_probes = "uprobes"  # the prefixed allocator's own functions: only uprobes reach them
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     request = RecordRequest(
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,

@@ -156,6 +156,16 @@ def _next_signal(signals: tuple[int, ...], timeout_s: float) -> signal.struct_si
     return info
 
 
+def _asked_for_uprobes(options: EbpfOptions) -> str | None:
+    """Why the options themselves keep the libc heap on uprobes, in words; None when they
+    leave it to the command's circumstances (memprof/preload's why_not)."""
+    if options.native_probes == preload.UPROBES:
+        return "--native-probes uprobes"
+    if options.allocator_prefix:
+        return "--allocator-prefix: only uprobes reach a prefixed allocator's own functions"
+    return None
+
+
 def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
     """Stop listening after the tree exited: the grace passed and frees stopped coming (or
     the most we wait passed)."""
@@ -279,13 +289,14 @@ class Session:
             return {}
         uid = self.owner.uid if self.owner is not None else os.geteuid()  # the command's user
         library = preload.library_path()
-        why = "--native-probes uprobes" if options.native_probes == preload.UPROBES else preload.why_not(
-            os.environ, uid, library, can_read=lambda path: self.files.run(preload.opens, path))
+        asked = _asked_for_uprobes(options)  # the options' own reason: no warning for it
+        why = asked or preload.why_not(os.environ, uid, library,
+                                       can_read=lambda path: self.files.run(preload.opens, path))
         if why is not None:
             if options.native_probes == preload.PRELOAD:
                 raise UsageError(f"--native-probes preload: {why}", "fix that, or record with --native-probes uprobes")
             self.source.stats.detail["native_probes"] = {"via": preload.UPROBES, "why_not_preload": why}
-            if options.native_probes == preload.AUTO:
+            if asked is None:
                 self.on_notice(f"native: probing libc with uprobes, which cost several times more, because {why}")
             return {}
         options.native_preload = str(library)

@@ -83,3 +83,11 @@ def test_opens_reads_as_the_calling_thread(tmp_path):
     path.write_text("x")
     assert preload.opens(path)
     assert not preload.opens(tmp_path / "absent")
+
+
+def test_the_options_own_reasons_for_uprobes_are_said_and_not_warned_about():
+    from memprof.capture.session import _asked_for_uprobes
+    from memprof.sources.ebpf.source import EbpfOptions
+    assert _asked_for_uprobes(EbpfOptions(native_probes="uprobes")) == "--native-probes uprobes"
+    assert "--allocator-prefix" in _asked_for_uprobes(EbpfOptions(allocator_prefix="je_"))
+    assert _asked_for_uprobes(EbpfOptions()) is None
