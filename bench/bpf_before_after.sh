@@ -1,24 +1,36 @@
 #!/bin/sh
 # Kernel churn overhead of the bpf/ programs at REV against the working tree's, in one run:
 # ROUNDS rounds, each bench/churn_overhead.py with REV's bpf/ and then with the tree's
-# (alternating, as this host is noisy). Only bpf/ differs between the two sides; the Python
-# side is the working tree's for both, so REV's programs must fit it.
-#   usage (as root, from the repository root): sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS]
+# (alternating, as this host is noisy). With WHAT=bpf (the default) only bpf/ differs between
+# the two sides and the Python side is the working tree's for both, so REV's programs must
+# fit it; with WHAT=tree the "before" side is REV's whole tree (for a change to both).
+#   usage (as root, from the repository root): sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
 set -eu
-rev=$1 rounds=${2:-2} repeats=${3:-3}
+rev=$1 rounds=${2:-2} repeats=${3:-3} what=${4:-bpf}
 work=$(mktemp -d /tmp/memprof-before-after.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 for side in before after; do
     mkdir "$work/$side"
     git ls-files -z --cached --others --exclude-standard | xargs -0 tar cf - | tar xf - -C "$work/$side"
     cp -r examples/bin "$work/$side/examples/"
+    # The editable install maps memprof.bpf and memprof.cli to this checkout's bpf/ and cli/
+    # (its finder comes after the path one): links inside each copy's package win, so each
+    # side compiles its own bpf/. Without them both sides ran the working tree's programs.
+    ln -s ../bpf "$work/$side/memprof/bpf"
+    ln -s ../cli "$work/$side/memprof/cli"
 done
-git archive "$rev" bpf | tar xf - -C "$work/before"
+case $what in
+    bpf) git archive "$rev" bpf | tar xf - -C "$work/before" ;;
+    tree) git archive "$rev" | tar xf - -C "$work/before" ;;
+    *) echo "WHAT must be bpf or tree, not $what" >&2; exit 2 ;;
+esac
 round=1
 while [ "$round" -le "$rounds" ]; do
     for side in before after; do
-        echo "== round $round, bpf/ of $([ $side = before ] && echo "$rev" || echo 'the working tree')"
-        (cd "$work/$side" && PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" bench/churn_overhead.py --repeats "$repeats" --no-memleak)
+        echo "== round $round, $what of $([ $side = before ] && echo "$rev" || echo 'the working tree')"
+        (cd "$work/$side" && PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" -c \
+            "from importlib import resources; print('bpf/ compiled from', resources.files('memprof.bpf'))" &&
+         PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" bench/churn_overhead.py --repeats "$repeats" --no-memleak)
     done
     round=$((round + 1))
 done

@@ -25,6 +25,7 @@ struct site_key {
     u64 word_at_sp;
     u32 tgid;
     u32 layer;
+    u64 kernel_depth; /* 0, or for a mixed key's sub-keys: see kernel_depth() */
 };
 
 /* User stacks, keyed by a 64-bit hash of their frames: unlike the kernel's stack map, whose
@@ -56,11 +57,30 @@ BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_scratch, 1);
 BPF_ARRAY(tracked, u64, TRACKED_WORDS);
 BPF_ARRAY(addr_filter, u64, (1 << ADDR_BITS_LOG2) / 64);
 BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
+/* A reuse key's latest stacks. `takes`: stacks taken at the key so far (saturating at
+ * SITE_LEARN_TAKES); `mixed`: two kernel stacks taken at the key differed — one call site
+ * reached through sibling kernel paths at one user stack pointer (a pipe's two files, both
+ * through alloc_empty_file in one pipe2) — and from then on each of its events takes its own
+ * kernel stack, as no cached one can speak for them (see fill_stacks). */
 struct site_stack {
     s64 kstack_id;
     u64 ustack;
+    u32 takes;
+    u32 mixed;
 };
 BPF_HASH(site_stacks, struct site_key, struct site_stack, 16384);
+/* The system call a tracked thread last began on this CPU (kmem.bpf.c sets it at
+ * sys_enter): the thread, where the call began on its kernel stack (the address of the raw
+ * sys_enter tracepoint's context), and how many events at mixed keys it has had so far.
+ * Per CPU rather than per thread (a task-storage lookup cost twice as much per system call):
+ * a thread that slept or moved mid-call finds another thread's, or none, and goes without. */
+struct syscall_anchor {
+    u64 stack;
+    u64 mixed_events;
+    u32 tid;
+    u32 pad;
+};
+BPF_PERCPU_ARRAY(syscall_anchors, struct syscall_anchor, 1);
 
 static __always_inline void count(u32 slot)
 {
@@ -258,10 +278,114 @@ static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event
         count(MP_CNT_SITE_FULL);
 }
 
+/* The address `p` holds, as a number: a pointer is spilled to the BPF stack and read back,
+ * which the verifier allows the privileged programs memprof loads (never dereferenced). */
+static __always_inline u64 address_of(void *p)
+{
+    u64 value = 0;
+    bpf_probe_read_kernel(&value, sizeof(value), &p);
+    return value;
+}
+
+#define KSTACK_WINDOW 16384ULL       /* THREAD_SIZE and IRQ_STACK_SIZE on x86-64 */
+#define KDEPTH_FROM_SYSCALL (1ULL << 62)
+#define KDEPTH_IN_STACK (1ULL << 63)
+#define KDEPTH_ORDINALS 255ULL       /* events counted per system call; later ones share the last */
+
+/* Which of a mixed key's paths this event is likely on, as a sub-key: where on the kernel
+ * stack its probe runs, and its place among the mixed keys' events of the current system
+ * call. Sibling paths through one call site differ in one or the other: a pipe's two files
+ * come through alloc_empty_file at two depths; a socketpair's two sockets through one depth
+ * (two calls from __sys_socketpair), first and second. Depth is counted from the system
+ * call's start, as the kernel moves each call's frames by a random offset below its fixed
+ * pt_regs (CONFIG_RANDOMIZE_KSTACK_OFFSET). Outside a system call seen starting (an
+ * interrupt's stack, a page fault, a call begun before memprof attached) the position
+ * within the 16 KiB stack and the running count stand in: each such sub-key learns its own
+ * stacks, so only cost, not truth, is at stake — a sub-key found mixed again takes a kernel
+ * stack per event. `ctx`: the raw tracepoint's context, which lives on the kernel stack. */
+static __always_inline u64 kernel_depth(void *ctx)
+{
+    u64 here = address_of(ctx);
+    u32 zero = 0;
+    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
+    if (!a || a->tid != (u32)bpf_get_current_pid_tgid())
+        return KDEPTH_IN_STACK | (here & (KSTACK_WINDOW - 1));
+    u64 ordinal = a->mixed_events < KDEPTH_ORDINALS ? a->mixed_events : KDEPTH_ORDINALS;
+    a->mixed_events++;
+    if (a->stack > here && a->stack - here < KSTACK_WINDOW)
+        return KDEPTH_FROM_SYSCALL | (ordinal << 16) | (a->stack - here);
+    return KDEPTH_IN_STACK | (ordinal << 16) | (here & (KSTACK_WINDOW - 1));
+}
+
+/* At a tracked thread's system call entry (kmem.bpf.c's raw sys_enter program, `ctx` its
+ * context): note where the call began on the kernel stack, after the kernel moved it by its
+ * random offset, and start its count of events at mixed keys — what kernel_depth() counts
+ * from. */
+static __always_inline void note_syscall_start(void *ctx)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if (!is_tracked(pid_tgid >> 32))
+        return;
+    u32 zero = 0;
+    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
+    if (a) {
+        a->tid = (u32)pid_tgid;
+        a->stack = address_of(ctx);
+        a->mixed_events = 0;
+    }
+}
+
+/* The current kernel stack's id in `stacks`, or < 0. The map keeps one stack per bucket
+ * (a hash of its frames, modulo its size) and refuses another stack for a taken bucket
+ * (-EEXIST). A recording of examples/bin/kernel_leak has about 90 distinct kernel stacks,
+ * in 32768 buckets: two of them share one in about one recording in eight (2 of 5 here),
+ * and the stack that lost then went without frames for the whole run. Without its innermost
+ * frame (the tracing frame, which user space drops anyway) the same stack hashes to another
+ * bucket: only a second collision loses it. */
+#define MP_EEXIST 17
+static __always_inline s64 take_kernel_stack(void *ctx)
+{
+    s64 id = stacks.get_stackid(ctx, 0);
+    if (id == -MP_EEXIST)
+        id = stacks.get_stackid(ctx, 1);
+    if (id < 0)
+        count(MP_CNT_STACK_FAIL);
+    return id;
+}
+
+/* A key's first SITE_LEARN_TAKES events take their own stacks, so that sibling paths that
+ * alternate (as a pipe's two files do) mark the key mixed before its first reuse. Paths that
+ * take turns more slowly are caught at the key's next sampled event (one in mask + 1). */
+#define SITE_LEARN_TAKES 2
+
+/* A key's cache after it took `kstack_id` and `ustack`: marked mixed when the kernel stack
+ * differs from the one taken there before — a failed take (< 0) included, as it leaves the
+ * key's path unknown, and a mixed key's events that fail are then charged to their call
+ * site alone rather than to another path's stack. Writes race
+ * between CPUs harmlessly: each field is one aligned store, and `mixed` only ever becomes 1. */
+static __always_inline void remember_taken(struct site_stack *cached, s64 kstack_id, u64 ustack)
+{
+    if (kstack_id != cached->kstack_id && !cached->mixed) {
+        cached->mixed = 1;
+        count(MP_CNT_SITE_MIXED);
+    }
+    cached->kstack_id = kstack_id;
+    cached->ustack = ustack;
+    if (cached->takes < SITE_LEARN_TAKES)
+        cached->takes++;
+}
+
 /* Native stacks are sampled; the Python stack is read for every event (it is what a reused
  * native stack cannot tell apart: one C call path runs every Python function). `site`: the
  * kernel call site, or for page allocations (which have none) a stand-in from the order and
- * gfp flags, see PAGE_SITE. */
+ * gfp flags, see PAGE_SITE. The reuse key (site, user stack pointer, the word there) cannot
+ * tell sibling kernel paths apart (a pipe's two files, both through alloc_empty_file in one
+ * pipe2): a key seen to lead to two kernel stacks is marked mixed, and its events are then
+ * keyed by their kernel stack depth and place in their system call too (kernel_depth). A
+ * sub-key that is mixed again takes its own kernel stack for every event, with the key's
+ * user stack.
+ * An unwind per event would be the simple answer, and costs 2.2 µs per event here: kernel
+ * churn went from 2.2x to 4.5x (bench/RESULTS.md). */
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
 {
     e->py_stack = py_stack_id();
@@ -269,26 +393,36 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
     if (user_sp && bpf_probe_read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
         word_at_sp = 0; /* not resident: the key and the stack go without it */
     struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
-    if (!stack_sample_due(mask)) {
-        struct site_stack *cached = site_stacks.lookup(&key);
-        if (cached) {
+    struct site_stack *cached = site_stacks.lookup(&key);
+    if (cached && cached->mixed) {
+        /* Sibling paths share this key: each sub-key keeps stacks of its own, and one
+         * found mixed again takes its own kernel stacks. */
+        key.kernel_depth = kernel_depth(ctx);
+        cached = site_stacks.lookup(&key);
+    }
+    int due = stack_sample_due(mask);
+    if (cached && !due && cached->takes >= SITE_LEARN_TAKES) {
+        e->ustack = cached->ustack;
+        if (!cached->mixed) {
             e->kstack_id = cached->kstack_id;
-            e->ustack = cached->ustack;
             return;
         }
+        e->kstack_id = take_kernel_stack(ctx);
+        return;
     }
-    e->kstack_id = stacks.get_stackid(ctx, 0);
+    e->kstack_id = take_kernel_stack(ctx);
     e->ustack = take_user_stack(ctx, 0, word_at_sp);
     e->flags |= MP_FLAG_STACK_SAMPLED;
-    if (e->kstack_id < 0)
-        count(MP_CNT_STACK_FAIL);
     if (e->ustack == USTACK_NESTED) {
         /* Its kernel stack is its own; a site's cache holds both, so it is left as it was. */
         e->ustack = 0;
         return;
     }
-    struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack};
+    if (cached) {
+        remember_taken(cached, e->kstack_id, e->ustack);
+        return;
+    }
+    struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack, .takes = 1};
     if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
 }
-

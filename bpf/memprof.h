@@ -31,7 +31,8 @@
 #define MP_CNT_PY_RELEARNED  11  /* a code object's address now holds another one: user space drops its cache */
 #define MP_CNT_SCRATCH_BUSY  12  /* an event nested in another program's use of a per-CPU scratch (an
                                   * interrupt's allocation): it went without Python frames or its own user stack */
-#define MP_N_COUNTERS        13
+#define MP_CNT_SITE_MIXED    13  /* a reuse key led to two kernel stacks: its events take their own */
+#define MP_N_COUNTERS        14
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */
 #define MP_TP_KFREE              0

@@ -283,6 +283,30 @@ def test_each_kind_of_page_keeps_its_own_stack(churn_recording):
     assert set(pipe["size_bytes"].astype(int)) == {4096}, pipe["size_bytes"].value_counts()
 
 
+def test_sibling_kernel_paths_keep_their_own_chains_at_the_default_sampling(tmp_path, run_memprof, leaks_json):
+    """A pipe's two files come through one kernel call site (alloc_empty_file, first from
+    alloc_file_pseudo, then from alloc_file_clone) in one pipe2 at one user stack pointer:
+    one reuse key. Reusing the key's latest stack read 101 pipes as 39/163 or 175/27; the
+    key is now marked mixed and its events keyed by kernel stack depth and place in the call.
+    Unsampled, each chain holds exactly 101 (bench/kernel_stack_sampling.py)."""
+    pipes = 101
+    recording = tmp_path / "siblings.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", KERNEL_LEAK, "-n", str(pipes), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = leaks_json(recording, "--layer", "kernel_slab", "--top", "1000")
+    by_caller: dict[str, int] = {}
+    for f in report["findings"]:
+        kernel = functions(f, "kernel")
+        if "alloc_empty_file" in kernel[:2] and "leak_and_churn" in functions(f, "native"):
+            caller = kernel[kernel.index("alloc_empty_file") + 1]
+            by_caller[caller] = by_caller.get(caller, 0) + f["live_count"]
+    context = f"{by_caller}\n{describe(merged(report['findings']), 20)}"
+    assert set(by_caller) == {"alloc_file_pseudo", "alloc_file_clone"}, context
+    for caller, count in by_caller.items():
+        assert abs(count - pipes) <= 2, context  # the old reuse was off by 38-74 %
+    assert read_meta(recording)["sources"]["ebpf"]["detail"]["mixed_sites"] >= 1
+
+
 # ---- 3. the process tree ----
 
 @pytest.mark.parametrize("command, held", [

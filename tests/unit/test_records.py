@@ -39,5 +39,6 @@ def test_kind_codes_match_the_c_defines():
     assert int(defines["MP_CNT_RINGBUF_FULL"]) == R.CNT_RINGBUF_FULL
     assert int(defines["MP_CNT_NESTED_FREES"]) == R.CNT_NESTED_FREES
     assert int(defines["MP_CNT_SCRATCH_BUSY"]) == R.CNT_SCRATCH_BUSY
+    assert int(defines["MP_CNT_SITE_MIXED"]) == R.CNT_SITE_MIXED
     for i, tp in enumerate(R.FREE_TRACEPOINTS):
         assert int(defines[f"MP_TP_{tp.upper().removeprefix('MM_')}"]) == i

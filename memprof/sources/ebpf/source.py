@@ -187,7 +187,7 @@ class EbpfSource:
         self.stats.lost = total(R.CNT_RINGBUF_FULL)
         self.stats.detail.update(
             stack_failures=total(R.CNT_STACK_FAIL), site_cache_full=total(R.CNT_SITE_FULL),
-            nested_in_scratch=total(R.CNT_SCRATCH_BUSY),
+            nested_in_scratch=total(R.CNT_SCRATCH_BUSY), mixed_sites=total(R.CNT_SITE_MIXED),
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
             native_sample_bytes=self.options.native_sample_bytes,
