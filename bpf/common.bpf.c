@@ -77,6 +77,7 @@ BPF_HASH(site_stacks, struct site_key, struct site_stack, 16384);
 struct syscall_anchor {
     u64 stack;
     u64 mixed_events;
+    u64 user_ip; /* the call's return address in user space: a later fault or interrupt has another */
     u32 tid;
     u32 pad;
 };
@@ -178,15 +179,22 @@ static __always_inline void submit(struct mp_event *e)
 /* Stacks are expensive (an unwind per event); take them for one allocation in
  * (MASK + 1), and for the first allocation of each call site; the others inherit the latest
  * stacks taken at their call site in the same process. */
-/* The task's user stack pointer at kernel entry: one kernel read, no unwinding, no user
- * memory access. A loop reaching one syscall through one call path does so at one stack
- * depth, two paths (a helper and its caller) at two — with or without frame pointers. */
-static __always_inline u64 task_user_sp(void)
+struct user_entry {
+    u64 ip; /* where user space resumes: for a system call, the instruction after `syscall` */
+    u64 sp;
+};
+
+/* The task's user instruction and stack pointers at kernel entry (pt_regs' ip, cs, flags,
+ * sp: one kernel read, no unwinding, no user memory access). A loop reaching one syscall
+ * through one call path does so at one stack depth, two paths (a helper and its caller) at
+ * two — with or without frame pointers. */
+static __always_inline struct user_entry task_user_entry(void)
 {
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-    u64 sp = 0;
-    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
-    return sp;
+    u64 words[4] = {};
+    bpf_probe_read_kernel(words, sizeof(words), &regs->ip);
+    struct user_entry entry = {.ip = words[0], .sp = words[3]};
+    return entry;
 }
 
 /* Take a sample tick: 1 when this allocation takes its own stacks (one in mask + 1). */
@@ -298,23 +306,23 @@ static __always_inline u64 address_of(void *p)
  * come through alloc_empty_file at two depths; a socketpair's two sockets through one depth
  * (two calls from __sys_socketpair), first and second. Depth is counted from the system
  * call's start, as the kernel moves each call's frames by a random offset below its fixed
- * pt_regs (CONFIG_RANDOMIZE_KSTACK_OFFSET). Outside a system call seen starting (an
- * interrupt's stack, a page fault, a call begun before memprof attached) the position
- * within the 16 KiB stack and the running count stand in: each such sub-key learns its own
- * stacks, so only cost, not truth, is at stake — a sub-key found mixed again takes a kernel
- * stack per event. `ctx`: the raw tracepoint's context, which lives on the kernel stack. */
-static __always_inline u64 kernel_depth(void *ctx)
+ * pt_regs (CONFIG_RANDOMIZE_KSTACK_OFFSET). Outside a system call seen starting (its thread
+ * and user return address `user_ip` do not match: a page fault, an interrupt's stack, a call
+ * begun before memprof attached) the position within the 16 KiB stack stands in, which no
+ * random offset moves there. Each sub-key learns its own stacks, so only cost, not truth, is
+ * at stake: a sub-key found mixed again takes a kernel stack per event. `ctx`: the raw
+ * tracepoint's context, which lives on the kernel stack. */
+static __always_inline u64 kernel_depth(void *ctx, u64 user_ip)
 {
     u64 here = address_of(ctx);
     u32 zero = 0;
     struct syscall_anchor *a = syscall_anchors.lookup(&zero);
-    if (!a || a->tid != (u32)bpf_get_current_pid_tgid())
+    if (!a || a->tid != (u32)bpf_get_current_pid_tgid() || a->user_ip != user_ip ||
+        a->stack <= here || a->stack - here >= KSTACK_WINDOW)
         return KDEPTH_IN_STACK | (here & (KSTACK_WINDOW - 1));
     u64 ordinal = a->mixed_events < KDEPTH_ORDINALS ? a->mixed_events : KDEPTH_ORDINALS;
     a->mixed_events++;
-    if (a->stack > here && a->stack - here < KSTACK_WINDOW)
-        return KDEPTH_FROM_SYSCALL | (ordinal << 16) | (a->stack - here);
-    return KDEPTH_IN_STACK | (ordinal << 16) | (here & (KSTACK_WINDOW - 1));
+    return KDEPTH_FROM_SYSCALL | (ordinal << 16) | (a->stack - here);
 }
 
 /* At a tracked thread's system call entry (kmem.bpf.c's raw sys_enter program, `ctx` its
@@ -331,6 +339,7 @@ static __always_inline void note_syscall_start(void *ctx)
     if (a) {
         a->tid = (u32)pid_tgid;
         a->stack = address_of(ctx);
+        a->user_ip = task_user_entry().ip;
         a->mixed_events = 0;
     }
 }
@@ -389,7 +398,8 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
 {
     e->py_stack = py_stack_id();
-    u64 user_sp = task_user_sp(), word_at_sp = 0;
+    struct user_entry entry = task_user_entry();
+    u64 user_sp = entry.sp, word_at_sp = 0;
     if (user_sp && bpf_probe_read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
         word_at_sp = 0; /* not resident: the key and the stack go without it */
     struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
@@ -397,7 +407,7 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
     if (cached && cached->mixed) {
         /* Sibling paths share this key: each sub-key keeps stacks of its own, and one
          * found mixed again takes its own kernel stacks. */
-        key.kernel_depth = kernel_depth(ctx);
+        key.kernel_depth = kernel_depth(ctx, entry.ip);
         cached = site_stacks.lookup(&key);
     }
     int due = stack_sample_due(mask);

@@ -151,7 +151,8 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
               help="Replace an existing memprof recording of yours at --output (never a file, a link or any "
                    "other folder).")
 @click.option("--stack-every", default=64, show_default=True, callback=_power_of_two,
-              help="Take a full stack for one slab allocation in N (1 = every one); the others share their call site's latest stack.")
+              help="Take a full stack for one slab allocation in N (1 = every one); the others share their call site's "
+                   "latest stack, or where one call site is reached through several kernel paths, their path's.")
 @click.option("--page-stack-every", default=8, show_default=True, callback=_power_of_two,
               help="The same for page allocations.")
 @click.option("--user-stack-every", default=16, show_default=True, callback=_power_of_two,
