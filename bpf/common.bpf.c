@@ -347,8 +347,9 @@ static __always_inline void note_syscall_start(void *ctx)
 /* The current kernel stack's id in `stacks`, or < 0. The map keeps one stack per bucket
  * (a hash of its frames, modulo its size) and refuses another stack for a taken bucket
  * (-EEXIST). A recording of examples/bin/kernel_leak has about 90 distinct kernel stacks,
- * in 32768 buckets: two of them share one in about one recording in eight (2 of 5 here),
- * and the stack that lost then went without frames for the whole run. Without its innermost
+ * in 32768 buckets: by the birthday bound two share one in about one recording in nine (2 of
+ * 5 here), and every take of the stack that lost failed for the whole run — its events fell
+ * back to their call site, or reused a sibling's stack. Without its innermost
  * frame (the tracing frame, which user space drops anyway) the same stack hashes to another
  * bucket: only a second collision loses it. */
 #define MP_EEXIST 17
