@@ -60,8 +60,8 @@ BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
 /* A reuse key's latest stacks. `takes`: stacks taken at the key so far (saturating at
  * SITE_LEARN_TAKES); `mixed`: two kernel stacks taken at the key differed — one call site
  * reached through sibling kernel paths at one user stack pointer (a pipe's two files, both
- * through alloc_empty_file in one pipe2) — and from then on each of its events takes its own
- * kernel stack, as no cached one can speak for them (see fill_stacks). */
+ * through alloc_empty_file in one pipe2) — and from then on its events look up a sub-key
+ * of it instead (kernel_depth; see fill_stacks). */
 struct site_stack {
     s64 kstack_id;
     u64 ustack;
