@@ -100,19 +100,30 @@ def _unseen(path: Path) -> int:
 
 
 def test_the_same_findings_with_bytes_within_one_percent(twice_recorded):
-    """The same findings, bytes within 1 %, and the known leak with its exact bytes. A finding
-    only one recording has must be explained by events its recorder did not see (a lost free
-    leaves its allocation held): its allocations are at most those events."""
+    """The same findings, bytes within 1 %, and the known leak with its exact bytes.
+
+    Two recorders on one run do not see the same events: each loses some when its ring buffer
+    is full, and the kernel skips some for each (its recursion guard; meta.json `lost` and
+    `missed`: some 210-230 events for each recorder in a ten-minute run here). A lost free leaves its allocation held in that
+    recording only, a lost allocation leaves it out: a finding one recording has alone, or a
+    finding whose count differs (5 sockets' inodes held against 4), is explained by those
+    events. So the allocations one recording holds beyond the other's, over every finding,
+    are at most the events the two recorders did not see; where the counts agree, the bytes
+    agree within 1 %. The budget is tens of allocations; the known leak, which holds 600,
+    must come out exact in both."""
     full, folded, last = twice_recorded
     whole, part = _findings(full), _findings(folded)
-    for mine, theirs, path in ((whole, part, full), (part, whole, folded)):
-        extra = [mine[key] for key in set(mine) - set(theirs)]
-        assert sum(f["live_count"] for f in extra) <= _unseen(path), (path.name, _unseen(path), extra)
+    unseen = _unseen(full) + _unseen(folded)
+    differing = {key: (whole.get(key, {}).get("live_count", 0), part.get(key, {}).get("live_count", 0))
+                 for key in set(whole) | set(part)}
+    excess = sum(abs(mine - theirs) for mine, theirs in differing.values())
+    assert excess <= unseen, (unseen, {key: counts for key, counts in differing.items() if counts[0] != counts[1]})
     for key in set(whole) & set(part):
-        assert part[key]["live_bytes"] == pytest.approx(whole[key]["live_bytes"], rel=0.01), key
+        if whole[key]["live_count"] == part[key]["live_count"]:
+            assert part[key]["live_bytes"] == pytest.approx(whole[key]["live_bytes"], rel=0.01), key
     kept_bytes = int(last.split("kept_bytes=")[1].split()[0])
-    for findings in (whole, part):
-        torch_leaks = [f for (layer, _, chain), f in findings.items() if layer == "torch_cpu"]
+    for findings, other in ((whole, part), (part, whole)):
+        torch_leaks = [f for key, f in findings.items() if key[0] == "torch_cpu" and key in other]
         assert [f["live_bytes"] for f in torch_leaks] == [kept_bytes], (kept_bytes, list(findings))
 
 
