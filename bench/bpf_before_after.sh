@@ -4,9 +4,11 @@
 # (alternating, as this host is noisy). With WHAT=bpf (the default) only bpf/ differs between
 # the two sides and the Python side is the working tree's for both, so REV's programs must
 # fit it; with WHAT=tree the "before" side is REV's whole tree (for a change to both).
-#   usage (as root, from the repository root): sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
+# BENCH names another bench that takes --repeats (default: bench/churn_overhead.py
+# --no-memleak), e.g. BENCH=bench/startup_latency.py.
+#   usage (as root, from the repository root): [BENCH=…] sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
 set -eu
-rev=$1 rounds=${2:-2} repeats=${3:-3} what=${4:-bpf}
+rev=$1 rounds=${2:-2} repeats=${3:-3} what=${4:-bpf} bench=${BENCH:-bench/churn_overhead.py --no-memleak}
 work=$(mktemp -d /tmp/memprof-before-after.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 for side in before after; do
@@ -30,7 +32,7 @@ while [ "$round" -le "$rounds" ]; do
         echo "== round $round, $what of $([ $side = before ] && echo "$rev" || echo 'the working tree')"
         (cd "$work/$side" && PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" -c \
             "from importlib import resources; print('bpf/ compiled from', resources.files('memprof.bpf'))" &&
-         PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" bench/churn_overhead.py --repeats "$repeats" --no-memleak)
+         PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" $bench --repeats "$repeats")
     done
     round=$((round + 1))
 done

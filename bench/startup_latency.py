@@ -1,14 +1,24 @@
-"""Start-up latency of `memprof record`: from invoking it to the command's first instruction.
+"""Start-up of `memprof record`, as a user feels it (issue 24), beside bcc's memleak.
 
-The command is `date +%s%N`, which prints CLOCK_REALTIME as soon as it runs; the latency is
-that time minus the moment we invoked memprof. The same is measured for the command run
-directly (the floor: fork + exec). Median of REPEATS runs.
+- latency: from invoking `record -q -- date +%s%N` to `date` running (it prints
+  CLOCK_REALTIME as soon as it runs), against running `date` directly (fork + exec);
+- returning: the wall time of `record -q -- true`;
+- peak RSS: the recorder's (wait4's ru_maxrss of `record -q -- true`).
+
+The anchor is bcc's memleak tracing the kernel for one interval (`memleak-bpfcc 1 1`): its
+wall time less that 1 s interval, and its peak RSS. (`memleak-bpfcc -c CMD` is no anchor
+here: on this Debian it exits with "could not determine address of symbol malloc" after
+0.5-0.8 s, with or without -O libc.so.6.)
+
+Median of REPEATS runs; each repeat runs every measurement once, in turn, as this host is
+noisy.
 
     sudo .venv/bin/python bench/startup_latency.py [--repeats R]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -18,13 +28,33 @@ import time
 from pathlib import Path
 
 DATE = shutil.which("date")
+TRUE = shutil.which("true")
+MEMLEAK = shutil.which("memleak-bpfcc")
 
 
 def latency(prefix: list[str]) -> float:
+    """Seconds from invoking `prefix + date` to date's first instruction."""
     t0 = time.time_ns()
     out = subprocess.run([*prefix, DATE, "+%s%N"], capture_output=True, text=True, check=True).stdout
     started = int(out.strip().splitlines()[0])
     return (started - t0) / 1e9
+
+
+def returning(argv: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS in bytes) of running `argv` to its end."""
+    t0 = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited with {child.returncode}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def median_line(label: str, values: list[float], scale: float, unit: str) -> str:
+    scaled = [v * scale for v in values]
+    return f"{label}: {statistics.median(scaled):,.0f} {unit} (min {min(scaled):,.0f}, max {max(scaled):,.0f})"
 
 
 def main() -> None:
@@ -32,14 +62,31 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="memprof-startup-"))
-    direct, recorded = [], []
-    for i in range(args.repeats):
-        direct.append(latency([]))
-        recorded.append(latency([sys.executable, "-m", "memprof", "record", "-q", "-o", str(tmp / f"s{i}.memprof"), "--"]))
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"start-up latency, median of {args.repeats}: direct {statistics.median(direct) * 1e3:.1f} ms, "
-          f"memprof record {statistics.median(recorded) * 1e3:.0f} ms "
-          f"(min {min(recorded) * 1e3:.0f}, max {max(recorded) * 1e3:.0f})")
+    memprof = [sys.executable, "-m", "memprof", "record", "-q", "--force"]
+    rows: dict[str, list[float]] = {k: [] for k in ("direct", "latency", "wall", "rss", "memleak_wall", "memleak_rss")}
+    try:
+        for i in range(args.repeats):
+            rows["direct"].append(latency([]))
+            rows["latency"].append(latency([*memprof, "-o", str(tmp / f"date{i}.memprof"), "--"]))
+            wall, rss = returning([*memprof, "-o", str(tmp / f"true{i}.memprof"), "--", TRUE])
+            rows["wall"].append(wall)
+            rows["rss"].append(rss)
+            if MEMLEAK:
+                wall, rss = returning([MEMLEAK, "1", "1"])
+                rows["memleak_wall"].append(wall - 1.0)
+                rows["memleak_rss"].append(rss)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"median of {args.repeats}:")
+    print("  " + median_line("reaching the command: memprof record", rows["latency"], 1e3, "ms")
+          + f"; date directly {statistics.median(rows['direct']) * 1e3:.1f} ms")
+    print("  " + median_line("returning: memprof record -- true", rows["wall"], 1e3, "ms"))
+    print("  " + median_line("peak RSS: memprof record -- true", rows["rss"], 1e-6, "MB"))
+    if MEMLEAK:
+        print("  " + median_line("returning: memleak-bpfcc 1 1, less its 1 s interval", rows["memleak_wall"], 1e3, "ms"))
+        print("  " + median_line("peak RSS: memleak-bpfcc 1 1", rows["memleak_rss"], 1e-6, "MB"))
+    else:
+        print("  (memleak-bpfcc not installed: no anchor)")
 
 
 if __name__ == "__main__":

@@ -159,8 +159,6 @@ static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
 }
 
 int mp_torch_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_TORCH_CPU); }
-int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVER); }
-int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
 
 /* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
 int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
@@ -181,7 +179,11 @@ int mp_c10_alloc_at_call(struct pt_regs *ctx)
 }
 int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
 
-/* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ---- */
+/* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ----
+ * Compiled whenever the cuda family is on (the default), found or not: a driver outside the
+ * places searched before the start is probed when a process maps it (library_probes.py). */
+#ifdef MP_CUDA_FAMILY
+int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVER); }
 #define CUDA_PARK(size, flags, device) \
     park(ctx, MP_LAYER_CUDA_DRIVER, (size), PT_REGS_PARM1(ctx), 1, (flags), (device))
 
@@ -213,8 +215,15 @@ int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, 
 /* cuMemFree_v2(dptr), cuMemFreeAsync(dptr, stream), cuMemRelease(handle); cuMemFreeHost(p) */
 int mp_cu_mem_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), 0); }
 int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), MP_FLAG_HOST); }
+#endif /* MP_CUDA_FAMILY */
 
-/* ---- libc heap ---- */
+/* ---- libc heap ----
+ * Compiled only for a recording that asks for it (`--sources +native`; loading.py passes
+ * -DMP_NATIVE_FAMILY): these are 11 of the object's programs, each inlining the whole event
+ * path, and inlining and code generation are most of bcc's compile (bench/RESULTS.md,
+ * "`record` start-up latency"). */
+#ifdef MP_NATIVE_FAMILY
+int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
 static __always_inline int native_park(struct pt_regs *ctx, u64 size, u64 out_ptr, u8 status_rc)
 {
     if (native_sampled(size))
@@ -254,3 +263,4 @@ int mp_preload_alloc(struct pt_regs *ctx)
     return 0;
 }
 int mp_preload_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
+#endif /* MP_NATIVE_FAMILY */

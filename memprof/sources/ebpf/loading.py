@@ -38,8 +38,10 @@ def program_text(src_dir: str, *, kmem: bool) -> str:
 
 
 def compile_program(options, enabled: Callable[[str], bool]):
-    """bcc's BPF object for `options` (an EbpfOptions); SourceUnavailableError with a remedy
-    when bcc is missing, tracefs is not mounted, or the program does not compile or load."""
+    """bcc's BPF object for `options` (an EbpfOptions), with the programs of the families
+    `enabled(name)` says (kmem, cuda, native; torch's are always compiled: few and small);
+    SourceUnavailableError with a remedy when bcc is missing, tracefs is not mounted, or the
+    program does not compile or load."""
     try:
         from bcc import BPF
     except ImportError as e:
@@ -77,6 +79,8 @@ def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
     ]
     if K.tracepoint_has_field("sched", "sched_process_exit", "group_dead"):
         flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
+    # The user-space families' programs are compiled only where they may be used (bpf/uprobes.bpf.c).
+    flags += [f"-DMP_{family.upper()}_FAMILY=1" for family in ("cuda", "native") if enabled(family)]
     if enabled("kmem"):
         flags += K.kmem_cflags(o.kmem)
     flags += python_cflags(o.python)
