@@ -27,18 +27,20 @@ def min_age_ns(ctx, param, value):
     return int(seconds * 1e9)
 
 
-def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | None = None):
+def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | None = None,
+             gpu_points: int | None = None):
     """The recording at `path` (default: the newest in the current directory), opened and
     analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
-    within the command's --max-memory (max_memory_option); `keep_at` and `window_ns` as
-    analyse takes them (the times, ns after the start, and the windows a command reads the
-    live allocations at). On a terminal, each stage shows on stderr while it runs (a
+    within the command's --max-memory (max_memory_option); `keep_at`, `window_ns` and `gpu_points` as
+    analyse takes them (the times, ns after the start, the windows and the number of `report
+    gpu` points a command reads the live allocations at). On a terminal, each stage shows on stderr while it runs (a
     10^7-event recording takes seconds)."""
     from memprof.api import STAGES, analyse
     from memprof.cli import console
 
     with console.progress(stages=STAGES) as stage:
-        return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at, window_ns=window_ns)
+        return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at, window_ns=window_ns,
+                       gpu_points=gpu_points)
 
 
 _MAX_MEMORY = "memprof.max_memory"  # where max_memory_option leaves its value (click's ctx.meta)
@@ -70,8 +72,9 @@ def max_memory_option(fn):
         metavar="SIZE",
         help="Memory the analysis may take (default: 3/4 of what is available). A recording whose whole analysis "
              "needs more is folded: read part by part, keeping the allocations live at a step, an exit, the end "
-             "or a layer's peak. The summary (without advice), leaks, layers, top/peak at the end or peak, check "
-             "and a job's report read a folded recording; the reports that draw curves refuse it.")(fn)
+             "or a layer's peak. The summary (without advice), leaks, layers, top/peak at the end or peak, growth, "
+             "modules, gpu, check and a job's report read a folded recording; regions, the advice, html and "
+             "export refuse it.")(fn)
 
 
 def emit(fmt: str, view) -> None:

@@ -29,7 +29,7 @@ def gpu(path, points, fmt):
     is shown as "–", with the reason. NVML is sampled (10 Hz), so a difference with it may
     come out negative: shown as measured, with a note.
     """
-    emit(fmt, analysed(path).gpu(points=points))
+    emit(fmt, analysed(path, gpu_points=points).gpu(points=points))
 
 
 @report.command(epilog=f"{forecast_bar()} Otherwise the report says why there is none: too few points, a poor "

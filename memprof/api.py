@@ -34,12 +34,17 @@ FOLDED_SUMMARY_NOTE = ("folded: no advice here (it needs every event); "
                        "`report leaks`, `report layers` and `report top` read it in full")
 
 
+FOLDED_GPU_NOTE = ("folded: each term's peak and the points shown are exact; the peak requested is the highest at "
+                   "the moments the fold kept (each term's peak and the points), so it may read below the whole "
+                   "recording's")
+
+
 def _quiet(text: str) -> None:
     """A stage callback that shows nothing."""
 
 
 def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
-            keep_at: Iterable[int] = (), window_ns: int | None = None) -> Analysed:
+            keep_at: Iterable[int] = (), window_ns: int | None = None, gpu_points: int | None = None) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -51,7 +56,8 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     after the start, that such a fold keeps what was live at too, so that `attribution(at=T)`
     reads it for each T among them (`report top --at TIME`); `window_ns`: the windows such a
     fold keeps what was live at the ends of, so that `leak_result(window_ns=…)` reads it
-    (`report leaks --window`)."""
+    (`report leaks --window`); `gpu_points`: the over-time points such a fold keeps what was
+    live at, so that `gpu(points=…)` reads it (`report gpu`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -66,7 +72,7 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
         rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at),
-                                              window_ns=window_ns)
+                                              window_ns=window_ns, gpu_points=gpu_points)
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -157,8 +163,8 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top`, `report growth`, `report modules`, `check` and a job's report "
-            f"read it folded")
+            f"`report layers`, `report top`, `report growth`, `report modules`, `report gpu`, `check` and a "
+            f"job's report read it folded")
 
     @property
     def events(self):
@@ -251,10 +257,20 @@ class Analysed:
 
     @_kept
     def gpu(self, *, points: int = 20) -> GpuView:
-        """`report gpu`: each GPU's memory, term by term, at `points` times."""
-        self.every_event("`report gpu`")
+        """`report gpu`: each GPU's memory, term by term, at `points` times. Of a folded
+        recording: at the points its fold kept (analyse(gpu_points=points)), which without
+        step marks span the recording rather than its GPU data; each term's peak is exact,
+        and the peak requested is read at the moments kept (a note says so)."""
+        times_ns = None
+        if self.fold is not None:
+            if self.fold.gpu_points != points:
+                self.every_event(f"`report gpu --points {points}` (points the fold was not asked to keep)")
+            times_ns = self.fold.gpu_times_ns
         from memprof.analysis.gpu import gpu_breakdown
-        result = gpu_breakdown(self.lifetimes, self.events, self.rec.samples, meta=self.rec.meta, points=points)
+        result = gpu_breakdown(self.lifetimes, self.events, self.rec.samples, meta=self.rec.meta, points=points,
+                               times_ns=times_ns)
+        if self.fold is not None and result.devices:
+            result.notes.append(FOLDED_GPU_NOTE)
         return GpuView(result, self.about)
 
     @_kept

@@ -23,6 +23,7 @@ from memprof.analysis.fold import (
     Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, leak_checkpoints,
     named_model_state,
 )
+from memprof.analysis.gpu import folded_times
 from memprof.analysis.leaks import end_of_target
 from memprof.analysis.lifetimes import Lifetimes, exec_times
 from memprof.analysis.ranks import process_ranks
@@ -58,11 +59,13 @@ def default_limit() -> int:
 
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                    stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = (),
-                   window_ns: int | None = None) -> tuple[Recording, Lifetimes, Fold]:
+                   window_ns: int | None = None, gpu_points: int | None = None) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
-    keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them.
+    keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them;
+    `gpu_points`: keep what is live at that many over-time points of `report gpu`
+    (analysis.gpu.folded_times; each GPU's peak is always kept).
     BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
@@ -82,6 +85,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                                    window_ns=window_ns)
     instants = fold_instants(others, end_ns=end_ns, target_end_ns=target_end_ns, checkpoints=checkpoints)
     instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
+    gpu_times = folded_times(others, int(meta.start_ns), end_ns, gpu_points) if gpu_points else np.array([], np.int64)
+    instants = np.union1d(instants, gpu_times)
     peaks, stream, totals = PeakTracker(ranks), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
@@ -102,7 +107,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     fold = Fold(events=events, needed_bytes=estimated_bytes(parts), limit_bytes=int(limit_bytes),
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
                 dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))),
-                window_ns=window_ns, window_ends_ns=_window_ends(checkpoints))
+                window_ns=window_ns, window_ends_ns=_window_ends(checkpoints), gpu_points=gpu_points,
+                gpu_times_ns=tuple(int(t) for t in gpu_times))
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
     return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold

@@ -129,7 +129,8 @@ def live_at_any(alloc_ts: np.ndarray, end_ts: np.ndarray, instants: np.ndarray) 
 
 class PeakTracker:
     """Each layer's peak (all its devices together, as layers.layer_summary, `report top --at
-    peak` and check judge it), exactly as layers.live_curve gives it
+    peak` and check judge it), and each GPU's in each layer (as `report gpu` judges it),
+    exactly as layers.live_curve gives it
     (live bytes after all events at one time; the first time the highest is reached), from
     batches fed in time order: each batch's allocations add their bytes at their time, the
     allocations that ended in it (PairingStream.feed) take theirs away at their end. A batch
@@ -149,16 +150,25 @@ class PeakTracker:
         """Count in `batch` (events rows, after every earlier batch's) and `ended` (the
         allocations that ended in it)."""
         allocs = batch[(batch["action"] == Action.ALLOC.value).to_numpy()]
-        layer, pid, ts, nbytes = (np.concatenate(pair) for pair in zip(
+        layer, pid, device, ts, nbytes = (np.concatenate(pair) for pair in zip(
             self._changes(allocs, allocs["ts_ns"], +1), self._changes(ended, ended["end_ts_ns"], -1)))
         if len(ts) == 0:
             return
         self._track_by((layer,), ts, nbytes)
+        on_gpu = self._gpu_ids()[device]
+        if on_gpu.any():  # each GPU's peak, which `report gpu` judges apart (analysis.gpu)
+            self._track_by((layer[on_gpu], np.full(on_gpu.sum(), self._id("device")), device[on_gpu]),
+                           ts[on_gpu], nbytes[on_gpu])
         if self._group_of_pid:
             groups = np.array([self._id(self._group_of_pid.get(p)) for p in pid.tolist()], dtype=np.int64)
             has = groups != self._id(None)
             if has.any():
                 self._track_by((layer[has], np.full(has.sum(), self._id("group")), groups[has]), ts[has], nbytes[has])
+
+    def _gpu_ids(self) -> np.ndarray:
+        """Per label id: whether it names a GPU ("cuda:N", or "cuda": analysis.gpu's devices)."""
+        return np.array([isinstance(label, str) and (label.startswith("cuda:") or label == "cuda")
+                         for label in self._labels] + [False])
 
     def _id(self, label) -> int:
         """A small int standing for `label` (a layer, a device, a group), the same every batch."""
@@ -168,12 +178,13 @@ class PeakTracker:
         return self._ids[label]
 
     def _changes(self, rows: pd.DataFrame, at: pd.Series, sign: int) -> tuple[np.ndarray, ...]:
-        """(layer id, pid, ts, bytes) arrays of `rows` (events or allocations) at times `at`:
-        their weighted bytes (layers.weighted_bytes) times `sign`."""
+        """(layer id, pid, device id, ts, bytes) arrays of `rows` (events or allocations) at
+        times `at`: their weighted bytes (layers.weighted_bytes) times `sign`."""
         size = rows["size_bytes"].to_numpy(dtype=np.int64, na_value=0)
         weight = rows["weight"].to_numpy(dtype=float, na_value=np.nan) if "weight" in rows else np.ones(len(rows))
         weight = np.where(np.isnan(weight), 1.0, weight)
-        return (self._ids_of(rows["layer"]), rows["pid"].to_numpy(dtype=np.int64),
+        device = self._ids_of(rows["device"]) if "device" in rows else np.full(len(rows), self._id(None))
+        return (self._ids_of(rows["layer"]), rows["pid"].to_numpy(dtype=np.int64), device,
                 at.to_numpy(dtype=np.int64), sign * weighted_bytes(size, weight))
 
     def _ids_of(self, column: pd.Series) -> np.ndarray:
@@ -210,7 +221,8 @@ class PeakTracker:
         return np.unique(np.asarray([ns for _, ns in self._peak.values()], dtype=np.int64))
 
     def peaks(self) -> dict[tuple, tuple[int, int]]:
-        """(layer,) and (layer, "group", group) -> (peak bytes, first time reached, ns)."""
+        """(layer,), (layer, "device", GPU) and (layer, "group", group) -> (peak bytes, first
+        time reached, ns)."""
         return dict(self._peak)
 
 
@@ -352,7 +364,8 @@ class Fold:
     those it always keeps (`report top --at TIME`); `window_ns`: the leak analysis's windows
     it kept what was live at the ends of, None for the default ones (`report leaks --window`),
     and `window_ends_ns` those ends (none where the analysis judges at steps, or the recording
-    is too short for windows)."""
+    is too short for windows); `gpu_points`: how many over-time points `report gpu` asked it
+    to keep, and `gpu_times_ns` those times (ns, the timeline's clock: analysis.gpu.folded_times)."""
 
     events: int
     needed_bytes: int
@@ -363,6 +376,8 @@ class Fold:
     kept_at_ns: tuple[int, ...] = ()
     window_ns: int | None = None
     window_ends_ns: tuple[int, ...] = ()
+    gpu_points: int | None = None
+    gpu_times_ns: tuple[int, ...] = ()
 
     @property
     def note(self) -> str:
@@ -374,4 +389,5 @@ class Fold:
     @property
     def _asked(self) -> str:
         from memprof.units import format_relative_ns
-        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns)
+        gpu = f", the {len(self.gpu_times_ns)} times `report gpu` reads" if self.gpu_times_ns else ""
+        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns) + gpu

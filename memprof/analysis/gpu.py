@@ -112,15 +112,21 @@ class GpuBreakdown:
 
 
 def gpu_breakdown(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *,
-                  meta: RecordingMeta | None = None, points: int = 20) -> GpuBreakdown:
-    """The breakdown of every GPU (module docstring); `meta` refines why a term is missing."""
+                  meta: RecordingMeta | None = None, points: int = 20,
+                  times_ns: np.ndarray | None = None) -> GpuBreakdown:
+    """The breakdown of every GPU (module docstring); `meta` refines why a term is missing.
+    `times_ns`: the over-time points, chosen before the allocations were read (a folded
+    recording's: folded_times), instead of `points` of them over the GPU data."""
     curves = _curves(lifetimes.allocations)
     curves, notes = _place_unindexed_driver(curves, _devices(curves, samples))
     devices = _devices(curves, samples)
     steps = step_marks(events)
     if not devices:
         return GpuBreakdown([], "steps" if len(steps) else "times", _no_gpu_notes(meta))
-    times, at = _times(curves, samples, steps, points)
+    if times_ns is None:
+        times, at = _times(curves, samples, steps, points)
+    else:
+        times, at = np.asarray(times_ns, dtype=np.int64), "steps" if len(steps) else "times"
     step_of = _step_at(steps, times)
     reasons = _Reasons(curves, meta)
     breakdowns = [_device(device, curves, samples, times, step_of, steps, reasons) for device in devices]
@@ -215,6 +221,17 @@ def _times(curves: dict, samples: pd.DataFrame | None, steps: pd.DataFrame, poin
         spans.append(samples.loc[samples["device"].astype(str).str.startswith("cuda:"), "ts_ns"].to_numpy())
     every = np.concatenate([s for s in spans if len(s)]).astype(np.int64)
     return np.unique(np.linspace(every.min(), every.max(), points).round().astype(np.int64)), "times"
+
+
+def folded_times(events: pd.DataFrame, start_ns: int, end_ns: int, points: int) -> np.ndarray:
+    """The over-time points of a recording folded as it is read (memprof.bounded), which must
+    keep what is live at each before its allocations are read: `points` of its step marks
+    (among `events`, its rows other than allocations) as for a whole one, else `points` times
+    evenly over the recording from `start_ns` to `end_ns` (a whole one's span its GPU data)."""
+    steps = step_marks(events)
+    if len(steps):
+        return _times({}, None, steps, points)[0]
+    return np.unique(np.linspace(start_ns, end_ns, max(points, 2)).round().astype(np.int64))
 
 
 def _step_at(steps: pd.DataFrame, times: np.ndarray) -> list[int | None]:

@@ -72,7 +72,7 @@ def test_folded_reports_say_what_the_whole_ones_say(tmp_path, run_memprof, progr
 
 
 @needs_torch
-def test_reports_that_draw_curves_refuse_a_folded_recording(tmp_path, run_memprof):
+def test_reports_that_need_every_event_refuse_a_folded_recording(tmp_path, run_memprof):
     recording = _recorded(run_memprof, tmp_path / "run.memprof", sys.executable, TORCH_LEAK, "--steps", "10")
     for args in (("report", "html"), ("report", "advice"), ("export", "--format", "perfetto")):
         result = run_memprof(*args, recording, *FOLD, cwd=tmp_path)

@@ -169,7 +169,7 @@ def test_short_lived_allocations_are_counted_not_kept(tmp_path):
     assert peak(folded) == peak(whole) and peak(whole)[0] == (1 << 20) + 5 * 4096 + 50 * 10
 
 
-@pytest.mark.parametrize("view", ["gpu", "regions", "advice", "html"])
+@pytest.mark.parametrize("view", ["regions", "advice", "html"])
 def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
     folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
     with pytest.raises(FoldedRecordingError) as raised:
@@ -179,6 +179,54 @@ def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
         folded.leaks(window_ns=S)
     with pytest.raises(FoldedRecordingError):
         folded.attribution(at=3 * S)
+
+
+def _gpu_recording(path, *, steps: bool):
+    """Two GPUs over 10 s: each second a 1 GiB segment on cuda:0 and 512 MiB on cuda:1 that
+    stay; within each second 20 blocks of 64 MiB on cuda:0, each freed 1 ms after its birth
+    (the churn a fold drops), requested 48 MiB each; at 6.5 s a 3 GiB block on cuda:1 for 0.1 s (its peak,
+    between any two points); step marks each second when `steps`."""
+    from tests.gpu_factories import GiB, MiB, cuda, step_marks, timeline_of, write_recording as write_gpu
+    rows = step_marks(range(1, 10)) if steps else []
+    for k in range(1, 10):
+        rows += [cuda(k * S + 1, "alloc", 0x1_0000_0000 * k, GiB, layer="cuda_segment"),
+                 cuda(k * S + 2, "alloc", 0x1_0000_0000 * k, 512 * MiB, layer="cuda_segment", device="cuda:1")]
+        for i in range(20):
+            born = k * S + S // 4 + i * 1000
+            rows += [cuda(born, "alloc", 0x9_0000_0000 + i, 64 * MiB, requested_bytes=48 * MiB),
+                     cuda(born + S // 1000, "free", 0x9_0000_0000 + i)]
+    rows += [cuda(6 * S + S // 2, "alloc", 0x7_0000_0000, 3 * GiB, device="cuda:1"),
+             cuda(6 * S + S // 2 + S // 10, "free", 0x7_0000_0000, device="cuda:1")]
+    return write_gpu(path, timeline_of(rows))
+
+
+@pytest.mark.parametrize("steps", [True, False])
+def test_report_gpu_reads_a_folded_recording_at_the_points_it_kept(tmp_path, steps):
+    """The fold keeps what is live at `report gpu`'s points and at each GPU's peak in each
+    layer: the breakdown is the whole recording's at the same points, peaks included, though
+    the churn between the points was dropped. With step marks the points are the whole's;
+    without, they span the recording (the whole's span its GPU data), so the whole is read
+    at the fold's times to compare."""
+    from memprof.analysis.gpu import gpu_breakdown
+    from memprof.analysis.views import GpuView
+    path = _gpu_recording(tmp_path / "gpu.memprof", steps=steps)
+    whole, folded = analyse(path), analyse(path, max_memory=1, gpu_points=5)
+    assert sum(folded.fold.dropped_count.values()) > 0 and len(folded.fold.gpu_times_ns) == 5
+    if steps:
+        expected = whole.gpu(points=5)
+    else:
+        expected = GpuView(gpu_breakdown(whole.lifetimes, whole.events, whole.rec.samples, meta=whole.rec.meta,
+                                         times_ns=folded.fold.gpu_times_ns), whole.about)
+    a, b = reporters.to_json(expected), reporters.to_json(folded.gpu(points=5))
+    notes = b.pop("notes")
+    assert notes[-1].startswith("folded: each term's peak") and "the 5 times `report gpu` reads" in notes[-2]
+    assert notes[:-2] == a.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert [d["peak_reserved_bytes"] for d in b["devices"]] == [9 * (1 << 30), 9 * (512 << 20)]
+    # cuda:0's 20 blocks live together only inside one millisecond, away from every point
+    assert b["devices"][0]["peak_requested_bytes"] == 20 * 48 * (1 << 20)
+    with pytest.raises(FoldedRecordingError):
+        folded.gpu(points=20)  # points it was not asked to keep
 
 
 def test_a_time_asked_for_keeps_what_was_live_then(tmp_path):
