@@ -35,4 +35,4 @@ def regions(path, layers, top, fmt, native_frames):
     device within the region (what was live as it began counts), with the chain holding the
     most at that moment.
     """
-    emit(fmt, analysed(path).regions(layers=layers, top=top, native_frames=native_frames))
+    emit(fmt, analysed(path, regions=True).regions(layers=layers, top=top, native_frames=native_frames))

@@ -44,7 +44,8 @@ def _quiet(text: str) -> None:
 
 
 def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
-            keep_at: Iterable[int] = (), window_ns: int | None = None, gpu_points: int | None = None) -> Analysed:
+            keep_at: Iterable[int] = (), window_ns: int | None = None, gpu_points: int | None = None,
+            regions: bool = False) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -57,7 +58,8 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     reads it for each T among them (`report top --at TIME`); `window_ns`: the windows such a
     fold keeps what was live at the ends of, so that `leak_result(window_ns=…)` reads it
     (`report leaks --window`); `gpu_points`: the over-time points such a fold keeps what was
-    live at, so that `gpu(points=…)` reads it (`report gpu`)."""
+    live at, so that `gpu(points=…)` reads it (`report gpu`); `regions`: such a fold keeps
+    what `regions()` reads (`report regions`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -72,7 +74,7 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
         rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at),
-                                              window_ns=window_ns, gpu_points=gpu_points)
+                                              window_ns=window_ns, gpu_points=gpu_points, regions=regions)
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -163,8 +165,8 @@ class Analysed:
             f"would take about {format_bytes(self.fold.needed_bytes)}, more than the "
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
-            f"`report layers`, `report top`, `report growth`, `report modules`, `report gpu`, `check` and a "
-            f"job's report read it folded")
+            f"`report layers`, `report top`, `report growth`, `report modules`, `report gpu`, `report regions`, "
+            f"`check` and a job's report read it folded")
 
     @property
     def events(self):
@@ -313,8 +315,10 @@ class Analysed:
                 native_frames: str = DEFAULT_NATIVE_FRAMES) -> RegionsView:
         """`report regions`: from each mark with numbers to the next (the last: to the
         target's end), each (layer, device)'s peak and its `top` chains; the memory surface
-        when two quantities vary."""
-        self.every_event("`report regions`")
+        when two quantities vary. Of a folded recording: where its fold kept each region's
+        start and peaks (analyse(regions=True)), exactly as of the whole."""
+        if self.fold is not None and not self.fold.regions:
+            self.every_event("`report regions` (regions the fold was not asked to keep)")
         from memprof.analysis.regions import regions
         result = regions(self.lifetimes, self.events, self.rec.samples, end_ns=self.span.end_ns,
                          layers=layers or None, top=top, canonical_stack=self.canonical)

@@ -26,6 +26,7 @@ from memprof.analysis.fold import (
 from memprof.analysis.gpu import folded_times
 from memprof.analysis.leaks import end_of_target
 from memprof.analysis.lifetimes import Lifetimes, exec_times
+from memprof.analysis.regions import marks_with_numbers
 from memprof.analysis.ranks import process_ranks
 from memprof.recording.reader import NOT_FINALIZED_NOTE, Recording, read_meta, read_table
 from memprof.recording.stream import EventPart, other_events, paired_batches
@@ -59,13 +60,15 @@ def default_limit() -> int:
 
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                    stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = (),
-                   window_ns: int | None = None, gpu_points: int | None = None) -> tuple[Recording, Lifetimes, Fold]:
+                   window_ns: int | None = None, gpu_points: int | None = None,
+                   regions: bool = False) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
     keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them;
     `gpu_points`: keep what is live at that many over-time points of `report gpu`
-    (analysis.gpu.folded_times; each GPU's peak is always kept).
+    (analysis.gpu.folded_times; each GPU's peak is always kept); `regions`: keep what is live
+    at each region's start and at each (layer, device)'s peak inside it (`report regions`).
     BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
@@ -87,7 +90,11 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     instants = np.union1d(instants, np.asarray(keep_at_ns, dtype=np.int64) + int(meta.start_ns))
     gpu_times = folded_times(others, int(meta.start_ns), end_ns, gpu_points) if gpu_points else np.array([], np.int64)
     instants = np.union1d(instants, gpu_times)
-    peaks, stream, totals = PeakTracker(ranks), PairingStream(exec_times(others)), FoldTotals()
+    samples = read_table(path, "samples")
+    bounds = _region_bounds(others, samples, target_end_ns) if regions else None
+    if bounds is not None:
+        instants = np.union1d(instants, bounds[:-1])
+    peaks, stream, totals = PeakTracker(ranks, bounds), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
         batch = annotated_batch(batch, others)
@@ -108,10 +115,19 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
                 dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))),
                 window_ns=window_ns, window_ends_ns=_window_ends(checkpoints), gpu_points=gpu_points,
-                gpu_times_ns=tuple(int(t) for t in gpu_times))
+                gpu_times_ns=tuple(int(t) for t in gpu_times), regions=regions)
     meta.notes.append(fold.note)
-    tables = {name: read_table(path, name) for name in ("stacks", "frames", "samples")}
-    return Recording(path=path, meta=meta, events=others, **tables), lifetimes, fold
+    tables = {name: read_table(path, name) for name in ("stacks", "frames")}
+    return Recording(path=path, meta=meta, events=others, samples=samples, **tables), lifetimes, fold
+
+
+def _region_bounds(others, samples, target_end_ns: int) -> np.ndarray | None:
+    """Where `report regions`' regions begin, and last where the last ends (analysis.regions:
+    the target's end); None without regions."""
+    starts = marks_with_numbers(others, samples)["ts_ns"].to_numpy(dtype=np.int64)
+    if len(starts) == 0:
+        return None
+    return np.append(starts, max(int(target_end_ns), int(starts[-1])))
 
 
 def _window_ends(checkpoints) -> tuple[int, ...]:

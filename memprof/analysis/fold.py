@@ -135,14 +135,19 @@ class PeakTracker:
     batches fed in time order: each batch's allocations add their bytes at their time, the
     allocations that ended in it (PairingStream.feed) take theirs away at their end. A batch
     must hold every event of its last time (recording.stream.paired_batches cuts between
-    times). Memory: a number per layer (and rank)."""
+    times). Memory: a number per layer (and rank, GPU, region)."""
 
-    def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None):
+    def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None, region_bounds: np.ndarray | None = None):
         """`group_of_pid`: processes whose peak is judged together (a distributed job's
-        rank -> its processes, ranks.rank_report), tracked per (layer, "group", group) too."""
+        rank -> its processes, ranks.rank_report), tracked per (layer, "group", group) too.
+        `region_bounds`: ns, ascending, where `report regions`' regions begin and, last, where
+        the last one ends: region i is [bounds[i], bounds[i + 1]). Every (layer, device)'s peak
+        inside each is tracked too, as (layer, "device", device, "region", i) (analysis.regions
+        judges them so)."""
         self._level: Counter = Counter()
         self._peak: dict = {}  # key -> (bytes, ns)
         self._group_of_pid = dict(group_of_pid or {})
+        self._region_bounds = None if region_bounds is None else np.asarray(region_bounds, dtype=np.int64)
         self._labels: list = []
         self._ids: dict = {}
 
@@ -155,8 +160,8 @@ class PeakTracker:
         if len(ts) == 0:
             return
         self._track_by((layer,), ts, nbytes)
-        on_gpu = self._gpu_ids()[device]
-        if on_gpu.any():  # each GPU's peak, which `report gpu` judges apart (analysis.gpu)
+        on_gpu = self._gpu_ids()[device] if self._region_bounds is None else np.ones(len(device), dtype=bool)
+        if on_gpu.any():  # each GPU's peak, which `report gpu` judges apart (analysis.gpu); every device's for regions
             self._track_by((layer[on_gpu], np.full(on_gpu.sum(), self._id("device")), device[on_gpu]),
                            ts[on_gpu], nbytes[on_gpu])
         if self._group_of_pid:
@@ -211,18 +216,28 @@ class PeakTracker:
         live = self._level[key] + np.cumsum(nbytes)
         last_of_time = np.append(ts[1:] != ts[:-1], True)
         live, times = live[last_of_time], ts[last_of_time]
+        self._raise_peak(key, live, times)
+        if self._region_bounds is not None and len(key) == 3 and key[1] == "device":
+            region = np.searchsorted(self._region_bounds, times, side="right") - 1
+            bounds = np.flatnonzero(np.diff(region)) + 1
+            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(region)]):
+                if 0 <= region[start] < len(self._region_bounds) - 1:
+                    self._raise_peak((*key, "region", int(region[start])), live[start:stop], times[start:stop])
+        self._level[key] = int(live[-1])
+
+    def _raise_peak(self, key: tuple, live: np.ndarray, times: np.ndarray) -> None:
+        """Keep `key`'s highest of `live` (at `times`, ascending), the first time reached."""
         at = int(np.argmax(live))
         if key not in self._peak or live[at] > self._peak[key][0]:
             self._peak[key] = (int(live[at]), int(times[at]))
-        self._level[key] = int(live[-1])
 
     def times(self) -> np.ndarray:
         """When each tracked peak was first reached, ns (ascending, unique)."""
         return np.unique(np.asarray([ns for _, ns in self._peak.values()], dtype=np.int64))
 
     def peaks(self) -> dict[tuple, tuple[int, int]]:
-        """(layer,), (layer, "device", GPU) and (layer, "group", group) -> (peak bytes, first
-        time reached, ns)."""
+        """(layer,), (layer, "device", GPU), (layer, "group", group) and, with regions,
+        (layer, "device", device, "region", index) -> (peak bytes, first time reached, ns)."""
         return dict(self._peak)
 
 
@@ -365,7 +380,9 @@ class Fold:
     it kept what was live at the ends of, None for the default ones (`report leaks --window`),
     and `window_ends_ns` those ends (none where the analysis judges at steps, or the recording
     is too short for windows); `gpu_points`: how many over-time points `report gpu` asked it
-    to keep, and `gpu_times_ns` those times (ns, the timeline's clock: analysis.gpu.folded_times)."""
+    to keep, and `gpu_times_ns` those times (ns, the timeline's clock: analysis.gpu.folded_times);
+    `regions`: whether it kept what `report regions` reads (each region's start and each
+    (layer, device)'s peak in it)."""
 
     events: int
     needed_bytes: int
@@ -378,6 +395,7 @@ class Fold:
     window_ends_ns: tuple[int, ...] = ()
     gpu_points: int | None = None
     gpu_times_ns: tuple[int, ...] = ()
+    regions: bool = False
 
     @property
     def note(self) -> str:
@@ -390,4 +408,5 @@ class Fold:
     def _asked(self) -> str:
         from memprof.units import format_relative_ns
         gpu = f", the {len(self.gpu_times_ns)} times `report gpu` reads" if self.gpu_times_ns else ""
-        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns) + gpu
+        regions = ", a region's start or peak" if self.regions else ""
+        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns) + gpu + regions

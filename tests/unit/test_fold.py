@@ -229,6 +229,37 @@ def test_report_gpu_reads_a_folded_recording_at_the_points_it_kept(tmp_path, ste
         folded.gpu(points=20)  # points it was not asked to keep
 
 
+def test_report_regions_reads_a_folded_recording_as_the_whole(tmp_path):
+    """test_regions' sweep (4 regions, a carried allocation live as region 3 begins), with
+    20 native_heap allocations of 8 B per region, each freed 1 µs after its birth, and in
+    kernel_page 128 B live [1.1 s, 1.2 s) then 64 B live [1.999 s, 2.001 s): region 2's
+    kernel_page peak is what was live as it began, at no other moment a fold keeps. The fold
+    drops all but the first native_heap allocation of each region (its peak) and keeps each
+    region's start, so every (layer, device)'s peak per region and the chains holding it
+    are the whole's."""
+    from tests.factories import concat_events
+    from tests.gpu_factories import write_recording as write_with_samples
+    from tests.unit.test_regions import CONFIGS, MS, sweep_events, sweep_samples
+    churn = [ev(t + 300 * MS + i * 1000, action, 0x7000 + i, 8 if action == "alloc" else None, 5, layer="native_heap")
+             for t, *_ in CONFIGS for i in range(20) for action in ("alloc", "free")]
+    churn = [dict(row, ts_ns=row["ts_ns"] + (1 if row["action"] == "free" else 0)) for row in churn]
+    churn += [ev(1_100 * MS, "alloc", 0x8000, 128, 6, layer="kernel_page"), ev(1_200 * MS, "free", 0x8000, layer="kernel_page"),
+              ev(1_999 * MS, "alloc", 0x8001, 64, 6, layer="kernel_page"), ev(2_001 * MS, "free", 0x8001, layer="kernel_page")]
+    events = concat_events(sweep_events(), events_frame(churn))
+    path = write_with_samples(tmp_path / "sweep.memprof", events, sweep_samples())
+    whole, folded = analyse(path), analyse(path, max_memory=1, regions=True)
+    assert folded.fold.dropped_count == {"native_heap": 4 * 19}, folded.fold.dropped_count
+    a, b = reporters.to_json(whole.regions()), reporters.to_json(folded.regions())
+    assert "a region's start or peak" in b.pop("notes")[-1]
+    a.pop("notes")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert [[p["peak_bytes"] for p in r["peaks"] if p["layer"] == "native_heap"] for r in b["regions"]] == [[8]] * 4
+    assert [[p["peak_bytes"] for p in r["peaks"] if p["layer"] == "kernel_page"] for r in b["regions"]] == \
+        [[128], [64], [0], [0]]
+    with pytest.raises(FoldedRecordingError):
+        analyse(path, max_memory=1).regions()  # a fold not asked to keep the regions
+
+
 def test_a_time_asked_for_keeps_what_was_live_then(tmp_path):
     """`report top --at TIME` on a folded recording: the fold keeps what was live at TIME
     (step 3's churn, which it drops otherwise), and the view is the whole recording's."""
