@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 # memprof.report.exports.FORMATS (kept here so `memprof --help` does not import pandas).
 FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet")
+# What draws curves over every event, or writes every event: refused on a recording folded to
+# fit --max-memory. speedscope, pprof and folded read the live chains at the end and at the
+# peaks, which a fold keeps, and (pprof) what each chain allocated, which it counts.
+EVERY_EVENT = ("perfetto", "chrome-trace", "csv", "parquet")
 
 
 @click.command()
@@ -49,6 +53,9 @@ def export(path, fmt, output, max_points, native_frames):
                                                         flamegraph.pl, inferno, speedscope.
     csv, parquet  a directory: events (the merged timeline), marks (steps and memprof.mark
                   labels) and findings (`report leaks`).
+
+    A recording folded to fit --max-memory is exported as speedscope, pprof or folded
+    as a whole one would be; the others need every event and refuse it (exit 2).
                                                         pandas, DuckDB, a spreadsheet.
 
     Times are CLOCK_MONOTONIC ns of the recording host (chrome-trace: µs), sizes bytes. Layers
@@ -64,8 +71,9 @@ def export(path, fmt, output, max_points, native_frames):
         raise UsageError(f"{fmt} writes a directory of three files, not stdout", "give -o a directory, or leave it out")
     out.check_stdout(output, binary=FORMATS[fmt].binary)
     a = analysed(path)
-    a.every_event("`memprof export`")
-    if len(a.events) == 0:
+    if fmt in EVERY_EVENT:
+        a.every_event(f"`memprof export --format {fmt}`")
+    if (len(a.events) if a.fold is None else a.fold.events) == 0:
         console.warning(f"{a.rec.path} has no events: the export holds no memory curves or chains")
     target = output or str(a.rec.path).rstrip("/") + FORMATS[fmt].suffix
     options = _Options(native_frames, max_points)

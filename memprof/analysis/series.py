@@ -209,10 +209,13 @@ def chain_totals(lifetimes: Lifetimes, *, end_ns: int, canonical_stack=None) -> 
     the recording (`alloc_bytes`, `alloc_count`), weighted and rounded to int64. Columns
     layer (str), stack_id (Int64; NA: recorded without a stack), then those four; layers in
     schema order, then biggest alloc_bytes first, then stack_id. Chains with identical
-    frames are one (`canonical_stack`, see chains.canonical_stacks)."""
+    frames are one (`canonical_stack`, see chains.canonical_stacks). Of a folded recording,
+    what the fold dropped (born and freed between the moments it kept) counts in what each
+    chain allocated (Lifetimes.folded_modules)."""
     columns = ["layer", "stack_id", "inuse_bytes", "inuse_count", "alloc_bytes", "alloc_count"]
     allocations = with_canonical_stacks(lifetimes.allocations, canonical_stack)
-    if allocations.empty:
+    dropped = _dropped_totals(lifetimes.folded_modules, canonical_stack)
+    if allocations.empty and dropped is None:
         return pd.DataFrame({name: pd.Series(dtype="Int64" if name == "stack_id" else "int64" if name != "layer"
                                              else object) for name in columns})
     weight = allocations["weight"].to_numpy(dtype=float)
@@ -225,8 +228,24 @@ def chain_totals(lifetimes: Lifetimes, *, end_ns: int, canonical_stack=None) -> 
         "inuse_bytes": np.where(live, size, 0), "inuse_count": np.where(live, weight, 0.0),
         "alloc_bytes": size, "alloc_count": weight,
     })
+    if dropped is not None:
+        frame = pd.concat([frame, dropped], ignore_index=True)
     sums = frame.groupby(["layer", "stack"], sort=False).sum().reset_index()
     return _ordered_totals(sums)[columns]
+
+
+def _dropped_totals(folded: pd.DataFrame | None, canonical_stack) -> pd.DataFrame | None:
+    """A fold's dropped allocations (Lifetimes.folded_modules) as chain_totals rows: none
+    held at the end, their weighted count and bytes allocated; None when nothing was dropped."""
+    if folded is None or folded.empty:
+        return None
+    stack = folded["stack_id"].to_numpy(dtype=np.int64)  # -1: recorded without a stack (FoldTotals)
+    if canonical_stack:
+        stack = np.array([canonical_stack.get(s, s) for s in stack.tolist()], dtype=np.int64)
+    return pd.DataFrame({"layer": folded["layer"].astype(object).map(label_of).to_numpy(),
+                         "stack": np.where(stack < 0, _NO_STACK, stack),
+                         "inuse_bytes": 0, "inuse_count": 0.0,
+                         "alloc_bytes": folded["bytes"].to_numpy(dtype=np.int64), "alloc_count": folded["n"].to_numpy(dtype=float)})
 
 
 def _ordered_totals(sums: pd.DataFrame) -> pd.DataFrame:
