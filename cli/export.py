@@ -53,15 +53,14 @@ def export(path, fmt, output, max_points, native_frames):
                                                         flamegraph.pl, inferno, speedscope.
     csv, parquet  a directory: events (the merged timeline), marks (steps and memprof.mark
                   labels) and findings (`report leaks`).
-
-    A recording folded to fit --max-memory is exported as speedscope, pprof or folded
-    as a whole one would be; the others need every event and refuse it (exit 2).
                                                         pandas, DuckDB, a spreadsheet.
 
     Times are CLOCK_MONOTONIC ns of the recording host (chrome-trace: µs), sizes bytes. Layers
     nest (a tensor lives in the heap, a slab in pages): every format keeps them apart — one
     track per layer, the layer as each stack's root frame, pprof's `layer` label — so never
     add them up. A recording without events gives a valid, empty export (and a warning).
+    A recording folded to fit --max-memory is exported as speedscope, pprof or folded as a
+    whole one would be; the others need every event and refuse it (exit 2).
     """
     from memprof.cli import console, output as out
     from memprof.errors import UsageError
