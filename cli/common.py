@@ -28,20 +28,20 @@ def min_age_ns(ctx, param, value):
 
 
 def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | None = None,
-             gpu_points: int | None = None, regions: bool = False):
+             gpu_points: int | None = None, regions: bool = False, advice: bool = False):
     """The recording at `path` (default: the newest in the current directory), opened and
     analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
-    within the command's --max-memory (max_memory_option); `keep_at`, `window_ns`, `gpu_points`
-    and `regions` as analyse takes them (the times, ns after the start, the windows, the
-    number of `report gpu` points, and `report regions`' regions, that a command reads the
-    live allocations at). On a terminal, each stage shows on stderr while it runs (a
+    within the command's --max-memory (max_memory_option); `keep_at`, `window_ns`, `gpu_points`,
+    `regions` and `advice` as analyse takes them (the times, ns after the start, the windows,
+    the number of `report gpu` points, `report regions`' regions, and what the advice rules
+    read, that a command reads the live allocations at). On a terminal, each stage shows on stderr while it runs (a
     10^7-event recording takes seconds)."""
     from memprof.api import STAGES, analyse
     from memprof.cli import console
 
     with console.progress(stages=STAGES) as stage:
         return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at, window_ns=window_ns,
-                       gpu_points=gpu_points, regions=regions)
+                       gpu_points=gpu_points, regions=regions, advice=advice)
 
 
 _MAX_MEMORY = "memprof.max_memory"  # where max_memory_option leaves its value (click's ctx.meta)
@@ -73,9 +73,10 @@ def max_memory_option(fn):
         metavar="SIZE",
         help="Memory the analysis may take (default: 3/4 of what is available). A recording whose whole analysis "
              "needs more is folded: read part by part, keeping the allocations live at a step, an exit, the end "
-             "or a layer's peak. The summary (without advice), leaks, layers, top/peak at the end or peak, growth, "
-             "modules, gpu, regions, check and a job's report read a folded recording; the advice, html and "
-             "export refuse it.")(fn)
+             "or a layer's peak. The summary, advice, leaks, layers, top/peak at the end or peak, growth, "
+             "modules, gpu, regions, check and a job's report read a folded recording; html draws its curves "
+             "through the moments the fold kept; export writes speedscope, pprof and folded stacks of it, and "
+             "refuses the per-event formats.")(fn)
 
 
 def emit(fmt: str, view) -> None:

@@ -38,7 +38,7 @@ def report():
 def summary(path, top, fmt):
     """One screen: per layer peak and end, RSS/GPU samples, the top leaks, lost events, and
     the commands that show more."""
-    emit(fmt, analysed(path).summary(top=top))
+    emit(fmt, analysed(path, advice=True).summary(top=top))
 
 
 @report.command()

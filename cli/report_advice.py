@@ -22,4 +22,4 @@ def advice(path, fmt, native_frames):
     expect. Rules whose thresholds the recording does not cross say nothing; the report
     lists them and why.
     """
-    emit(fmt, analysed(path).advice(native_frames=native_frames))
+    emit(fmt, analysed(path, advice=True).advice(native_frames=native_frames))

@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 
 Stage = Callable[[str], None]  # names the step now running (the CLI's progress bar)
 STAGES = 4  # how many times `analyse` calls its `stage`
-FOLDED_SUMMARY_NOTE = ("folded: no advice here (it needs every event); "
-                       "`report leaks`, `report layers` and `report top` read it in full")
+FOLDED_SUMMARY_NOTE = ("folded: no advice here (the fold was not asked to keep what its rules read); "
+                       "`report advice` folds for them")
+FOLDED_CURVES_NOTE = ("folded: each layer's curve is drawn through the {moments:,} moments the fold kept what was "
+                      "live at (steps, windows, exits, the end, marks, the peaks), exact there; what rose and fell "
+                      "between two of them is not drawn")
+GPU_POINTS = 20  # `report gpu`'s over-time points, and those the advice rules read
 
 
 FOLDED_GPU_NOTE = ("folded: each term's peak and the points shown are exact; the peak requested is the highest at "
@@ -45,7 +49,7 @@ def _quiet(text: str) -> None:
 
 def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
             keep_at: Iterable[int] = (), window_ns: int | None = None, gpu_points: int | None = None,
-            regions: bool = False) -> Analysed:
+            regions: bool = False, advice: bool = False) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -59,7 +63,10 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     fold keeps what was live at the ends of, so that `leak_result(window_ns=…)` reads it
     (`report leaks --window`); `gpu_points`: the over-time points such a fold keeps what was
     live at, so that `gpu(points=…)` reads it (`report gpu`); `regions`: such a fold keeps
-    what `regions()` reads (`report regions`)."""
+    what `regions()` reads (`report regions`); `advice`: such a fold keeps what the advice
+    rules read (the regions, the GPU_POINTS points of `gpu()` unless `gpu_points` says
+    otherwise, and each sampled process's first and last sample), so that `advice()` and the
+    summary's advice read it (`report`, `report advice`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -73,8 +80,11 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     parts = event_parts(path)
     limit = default_limit() if max_memory is None else int(max_memory)
     if estimated_bytes(parts) > limit:
+        if advice:
+            regions, gpu_points = True, gpu_points or GPU_POINTS
         rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at),
-                                              window_ns=window_ns, gpu_points=gpu_points, regions=regions)
+                                              window_ns=window_ns, gpu_points=gpu_points, regions=regions,
+                                              advice=advice)
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -166,7 +176,7 @@ class Analysed:
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
             f"`report layers`, `report top`, `report growth`, `report modules`, `report gpu`, `report regions`, "
-            f"`check` and a job's report read it folded")
+            f"`report advice`, `check` and a job's report read it folded", what=what)
 
     @property
     def events(self):
@@ -214,7 +224,8 @@ class Analysed:
     @_kept
     def summary(self, *, top: int = 3) -> SummaryView:
         """`report`: the one-screen summary with at most `top` findings. Of a folded recording:
-        without the advice, which needs every event (a note says so)."""
+        with the advice where the fold kept what its rules read (analyse(advice=True)), else
+        without it (a note says so)."""
         from memprof.analysis.overview import summarize
         rec = self.rec
         # The uncut leak analysis and the layers the advice asks for too (kept): `report` runs each once.
@@ -222,11 +233,12 @@ class Analysed:
                            canonical_stack=self.canonical, top=top, leaks=self.leak_result(top=None),
                            layers=self.layers().result)
         result.ranks = self.ranks()
-        if self.fold is None:
+        if self.fold is None or self.fold.advice:
             result.advice = list(self.advice().result.advice)
         else:
-            result.events = self.fold.events
             result.notes.append(FOLDED_SUMMARY_NOTE)
+        if self.fold is not None:
+            result.events = self.fold.events
         return SummaryView(result, self.about, self.chains(f.stack_id for f in result.leaks.findings))
 
     @_kept
@@ -258,7 +270,7 @@ class Analysed:
         return AttributionView(result, self.about, self.chains(ids, native_frames))
 
     @_kept
-    def gpu(self, *, points: int = 20) -> GpuView:
+    def gpu(self, *, points: int = GPU_POINTS) -> GpuView:
         """`report gpu`: each GPU's memory, term by term, at `points` times. Of a folded
         recording: at the points its fold kept (analyse(gpu_points=points)), which without
         step marks span the recording rather than its GPU data; each term's peak is exact,
@@ -344,8 +356,12 @@ class Analysed:
     def advice(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES) -> AdviceView:
         """`report advice`: every rule of the table (memprof.analysis.advice.table) judged on
         this recording's analyses, which they share with the other views; each piece of
-        advice with its evidence, the change to try and the expected saving."""
-        self.every_event("`report advice`")
+        advice with its evidence, the change to try and the expected saving. Of a folded
+        recording: where its fold kept what the rules read (analyse(advice=True)); each rule
+        reads its views as they read the fold, and a rule whose view refuses it (e.g. growth
+        without steps or windows) is not judged and says so."""
+        if self.fold is not None and not self.fold.advice:
+            self.every_event("`report advice` (what its rules read, which the fold was not asked to keep)")
         from memprof.analysis.advice import advise
         result = advise(self)
         ids = {stack_id for advice in result.advice for stack_id in advice.chains if stack_id is not None}
@@ -354,8 +370,14 @@ class Analysed:
     @_kept
     def html(self, *, top: int = 20, points: int = 2000, min_age_ns: int = DEFAULT_MIN_AGE_NS,
              native_frames: str = DEFAULT_NATIVE_FRAMES) -> HtmlView:
-        """`report html`: the page's data, curves kept to `points` per series."""
-        self.every_event("`report html`")
+        """`report html`: the page's data, curves kept to `points` per series. Of a folded
+        recording: where its fold kept what the advice reads (analyse(advice=True)), with the
+        layers' curves drawn through the moments it kept (Fold.instants_ns: exact there, the
+        peaks among them), not through every event (a warning on the page says so)."""
+        if self.fold is not None and not self.fold.advice:
+            self.every_event("`report html` (what its advice and regions read, which the fold was not asked to keep)")
+        import numpy as np
+
         from memprof.analysis.html_data import html_data
         from memprof.analysis.leaks import cut
         rec = self.rec
@@ -364,7 +386,10 @@ class Analysed:
         data = html_data(self.events, self.lifetimes, stacks=rec.stacks, frames=rec.frames, samples=rec.samples,
                          meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
                          native_frames=native_frames, min_age_ns=min_age_ns,
-                         leaks=cut(self.leak_result(min_age_ns=min_age_ns, top=None), top), gpu=self.gpu().result)
+                         leaks=cut(self.leak_result(min_age_ns=min_age_ns, top=None), top), gpu=self.gpu().result,
+                         curve_times_ns=None if self.fold is None else np.asarray(self.fold.instants_ns, np.int64))
+        if self.fold is not None:
+            data.warnings.append(FOLDED_CURVES_NOTE.format(moments=len(self.fold.instants_ns)))
         data.advice = advice.result
         data.chains = {**advice.chains, **data.chains}
         return HtmlView(data, rec.meta, self.about)

@@ -21,7 +21,7 @@ import numpy as np
 
 from memprof.analysis.fold import (
     Fold, FoldPlan, FoldTotals, PairingStream, PeakTracker, fold_instants, folded_lifetimes, leak_checkpoints,
-    named_model_state,
+    named_model_state, process_sample_ends,
 )
 from memprof.analysis.gpu import folded_times
 from memprof.analysis.leaks import end_of_target
@@ -61,14 +61,17 @@ def default_limit() -> int:
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                    stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = (),
                    window_ns: int | None = None, gpu_points: int | None = None,
-                   regions: bool = False) -> tuple[Recording, Lifetimes, Fold]:
+                   regions: bool = False, advice: bool = False) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
     keeps; `window_ns`: the leak analysis's windows, as `report leaks --window` gives them;
     `gpu_points`: keep what is live at that many over-time points of `report gpu`
     (analysis.gpu.folded_times; each GPU's peak is always kept); `regions`: keep what is live
-    at each region's start and at each (layer, device)'s peak inside it (`report regions`).
+    at each region's start and at each (layer, device)'s peak inside it (`report regions`);
+    `advice`: keep what the advice rules read too, beyond those (each sampled process's first
+    and last sample: fold.process_sample_ends); the caller asks for the regions and the
+    `report gpu` points the rules read with it (api.analyse).
     BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
@@ -94,6 +97,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     bounds = _region_bounds(others, samples, target_end_ns) if regions else None
     if bounds is not None:
         instants = np.union1d(instants, bounds[:-1])
+    if advice:
+        instants = np.union1d(instants, process_sample_ends(samples))
     peaks, stream, totals = PeakTracker(ranks, bounds), PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
@@ -115,7 +120,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                 kept=len(lifetimes.allocations), dropped_count=dict(totals.dropped_count),
                 dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))),
                 window_ns=window_ns, window_ends_ns=_window_ends(checkpoints), gpu_points=gpu_points,
-                gpu_times_ns=tuple(int(t) for t in gpu_times), regions=regions)
+                gpu_times_ns=tuple(int(t) for t in gpu_times), regions=regions,
+                advice=advice, instants_ns=tuple(np.union1d(instants, peaks.times()).tolist()))
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames")}
     return Recording(path=path, meta=meta, events=others, samples=samples, **tables), lifetimes, fold

@@ -38,7 +38,12 @@ class UsageError(MemprofError):
 
 class FoldedRecordingError(UsageError):
     """A report that needs every event, asked of a recording too large to analyse whole in
-    the memory allowed (memprof.bounded folded it)."""
+    the memory allowed (memprof.bounded folded it). `what`: the report or view refused, in
+    words ("`report html`")."""
+
+    def __init__(self, message: str, hint: str | None = None, what: str = ""):
+        super().__init__(message, hint)
+        self.what = what
 
 
 class NoPrivilegeError(MemprofError):

@@ -354,6 +354,19 @@ def leak_checkpoints(others: pd.DataFrame, *, start_ns: int, target_end_ns: int,
     return find_checkpoints(others, start_ns=start_ns, end_ns=target_end_ns, min_points=MIN_POINTS, window_ns=window_ns)
 
 
+def process_sample_ends(samples: pd.DataFrame | None) -> np.ndarray:
+    """The first and last time (ns, ascending, unique) of each per-process sample series
+    (device "pid:N"): where the dataloader advice weighs a worker's heap against its PSS."""
+    from memprof.analysis.advice.dataloader import PROCESS_DEVICE
+    if samples is None or samples.empty:
+        return np.array([], dtype=np.int64)
+    mine = samples[samples["device"].astype(str).str.startswith(PROCESS_DEVICE).to_numpy()]
+    if mine.empty:
+        return np.array([], dtype=np.int64)
+    ends = mine.groupby(mine["device"].astype(str))["ts_ns"].agg(["min", "max"])
+    return np.unique(ends.to_numpy(dtype=np.int64).ravel())
+
+
 def fold_instants(others: pd.DataFrame, *, end_ns: int, target_end_ns: int, checkpoints) -> np.ndarray:
     """The moments (ns, ascending, unique) a fold keeps what was live at: every step mark of
     every process and the leak analysis's `checkpoints` (leak_checkpoints; None: none), each
@@ -382,7 +395,11 @@ class Fold:
     is too short for windows); `gpu_points`: how many over-time points `report gpu` asked it
     to keep, and `gpu_times_ns` those times (ns, the timeline's clock: analysis.gpu.folded_times);
     `regions`: whether it kept what `report regions` reads (each region's start and each
-    (layer, device)'s peak in it)."""
+    (layer, device)'s peak in it); `advice`: whether it kept what the advice rules read
+    (regions, the `report gpu` points and each sampled process's first and last sample).
+    `instants_ns`: every moment (ns, the timeline's clock, ascending) it kept everything live
+    at, the peaks among them: the live bytes there are those of the whole recording.
+    """
 
     events: int
     needed_bytes: int
@@ -396,6 +413,8 @@ class Fold:
     gpu_points: int | None = None
     gpu_times_ns: tuple[int, ...] = ()
     regions: bool = False
+    advice: bool = False
+    instants_ns: tuple[int, ...] = ()
 
     @property
     def note(self) -> str:
@@ -409,4 +428,5 @@ class Fold:
         from memprof.units import format_relative_ns
         gpu = f", the {len(self.gpu_times_ns)} times `report gpu` reads" if self.gpu_times_ns else ""
         regions = ", a region's start or peak" if self.regions else ""
-        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns) + gpu + regions
+        samples = ", a sampled process's first or last sample" if self.advice else ""
+        return "".join(f", {format_relative_ns(at, 0)}" for at in self.kept_at_ns) + gpu + regions + samples

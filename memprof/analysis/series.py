@@ -85,9 +85,12 @@ def downsample_max(times: np.ndarray, values: np.ndarray, max_points: int = DEFA
     return times[keep], values[keep]
 
 
-def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS) -> list[CounterSeries]:
+def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
+                 at_ns: np.ndarray | None = None) -> list[CounterSeries]:
     """Live bytes of each (layer, device) over time: layers in schema order (unknown names
-    after, sorted), devices sorted. Allocations without a size count 0 bytes."""
+    after, sorted), devices sorted. Allocations without a size count 0 bytes. `at_ns`
+    (ascending ns): the curves only at those times (a fold's kept moments, Fold.instants_ns,
+    where its kept allocations give the whole recording's live bytes), not at every event."""
     allocations = lifetimes.allocations
     if allocations.empty:
         return []
@@ -100,11 +103,23 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS) -> 
     for layer, device in _layer_device_order(layer_codes, layer_names, device_codes, device_names):
         mask = (layer_codes == layer) & (device_codes == device)
         times, live = live_curve(alloc_ts[mask], end_ts[mask], size[mask])
+        if at_ns is not None:
+            times, live = _at(times, live, at_ns)
+            if len(times) == 0:  # only allocations kept for a missed free, after every kept moment
+                continue
         kept_times, kept_live = downsample_max(times, live, max_points)
         series.append(CounterSeries(kind="layer", name=label_of(layer_names[layer]),
                                     device=_device_label(device, device_names), unit="bytes",
                                     times_ns=kept_times, values=kept_live, points_in=len(times)))
     return series
+
+
+def _at(times: np.ndarray, live: np.ndarray, at_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The step curve (times, live: layers.live_curve) read at each of `at_ns` from its first
+    event on (before it the layer held nothing, and a curve starts at its first event)."""
+    at_ns = np.asarray(at_ns, dtype=np.int64)
+    at_ns = at_ns[at_ns >= times[0]]
+    return at_ns, live[np.searchsorted(times, at_ns, side="right") - 1]
 
 
 def _weighted_bytes(allocations: pd.DataFrame) -> np.ndarray:

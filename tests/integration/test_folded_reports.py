@@ -3,9 +3,10 @@ known PyTorch leak (torch_leak.py: 131,072 B kept per step), its control (train.
 kept) and the known kernel leak (kernel_leak: files and pipes never closed), each reported
 whole and folded (`--max-memory 1KiB` forces the fold; a recording of this size is read whole
 by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, the
-modules' totals and the leak gate agree to the byte, and so does growth by step; only the note saying it was folded
-differs. The reports that draw curves between those moments refuse the folded recording with
-exit 2."""
+modules' totals, every advice rule's verdict, the summary and the leak gate agree to the byte,
+and so does growth by step; only the note saying it was folded differs. The page draws its
+curves through the moments the fold kept (a warning says so); the exports of every event
+refuse the folded recording with exit 2."""
 from __future__ import annotations
 
 import importlib.util
@@ -25,7 +26,9 @@ VIEWS = {"leaks": ("report", "leaks", "--top", "1000"), "layers": ("report", "la
          # A time: the fold is told to keep what was live then (each program runs for longer).
          "time": ("report", "top", "--at", "400ms", "--top", "20"),
          "windows": ("report", "leaks", "--window", "100ms", "--top", "1000"),
-         "modules": ("report", "modules", "--top", "100")}
+         "modules": ("report", "modules", "--top", "100"),
+         # Every rule judged: the summary's advice and `report advice` read a fold made for them.
+         "advice": ("report", "advice"), "summary": ("report",)}
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not importable")
 
@@ -42,10 +45,15 @@ def _json(run_memprof, recording: Path, *args) -> dict:
     return json.loads(result.stdout)
 
 
+def _text(note) -> str:
+    """A note's words: the summary's notes are {"severity", "text"}, the other views' plain text."""
+    return note["text"] if isinstance(note, dict) else str(note)
+
+
 def _whole_and_folded(run_memprof, recording: Path, view: str) -> tuple[dict, dict]:
     whole, folded = _json(run_memprof, recording, *VIEWS[view]), _json(run_memprof, recording, *VIEWS[view], *FOLD)
-    assert not any(str(n).startswith("folded:") for n in whole["notes"])
-    said = [n for n in folded.pop("notes") if str(n).startswith("folded:")]
+    assert not any(_text(n).startswith("folded:") for n in whole["notes"])
+    said = [n for n in folded.pop("notes") if _text(n).startswith("folded:")]
     assert len(said) == 1, folded
     whole.pop("notes")
     return whole, folded
@@ -74,13 +82,16 @@ def test_folded_reports_say_what_the_whole_ones_say(tmp_path, run_memprof, progr
 @needs_torch
 def test_reports_that_need_every_event_refuse_a_folded_recording(tmp_path, run_memprof):
     recording = _recorded(run_memprof, tmp_path / "run.memprof", sys.executable, TORCH_LEAK, "--steps", "10")
-    for args in (("report", "html"), ("report", "advice"), ("export", "--format", "perfetto")):
+    for args in (("export", "--format", "perfetto"), ("export", "--format", "csv")):
         result = run_memprof(*args, recording, *FOLD, cwd=tmp_path)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "needs every event" in result.stderr and "--max-memory" in result.stderr
         assert "Traceback" not in result.stderr
     summary = run_memprof("report", recording, *FOLD, cwd=tmp_path)
     assert summary.returncode == 0 and "folded" in summary.stdout
+    page = run_memprof("report", "html", recording, "-o", tmp_path / "folded.html", *FOLD, cwd=tmp_path)
+    assert page.returncode == 0, page.stderr
+    assert "folded: each layer" in (tmp_path / "folded.html").read_text()
     # Growth by step reads what every fold keeps (each step mark's live set): the whole's fits.
     whole, folded = (_json(run_memprof, recording, "report", "growth", *extra) for extra in ((), FOLD))
     whole.pop("notes"), folded.pop("notes")

@@ -171,10 +171,12 @@ def test_short_lived_allocations_are_counted_not_kept(tmp_path):
 
 @pytest.mark.parametrize("view", ["regions", "advice", "html"])
 def test_views_that_need_every_event_refuse_a_folded_recording(tmp_path, view):
+    """Refused where the fold was not asked to keep what they read (analyse(regions=…, advice=…))."""
     folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1)
     with pytest.raises(FoldedRecordingError) as raised:
         getattr(folded, view)()
     assert raised.value.exit_code == ExitCode.USAGE and "--max-memory" in raised.value.hint
+    assert view in raised.value.what
     with pytest.raises(FoldedRecordingError):
         folded.leaks(window_ns=S)
     with pytest.raises(FoldedRecordingError):
@@ -419,3 +421,104 @@ def test_a_chains_module_counts_the_allocations_the_fold_dropped(tmp_path):
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     fc1 = [m for layer in b["layers"] for m in layer["modules"] if m["module"] == "fc1"]
     assert [(m["calls"], m["allocated_count"], m["allocated_bytes"]) for m in fc1] == [(10, 10, 640)]
+
+
+def _outcomes(result) -> list[tuple]:
+    """Every rule's verdict, whole: its advice (all of it) or why it said nothing."""
+    return [(o.rule.id, o.verdict.why_not, [(a.title, a.evidence, a.change, a.saving, a.saving_bytes, a.chains,
+                                              a.modules, a.numbers) for a in o.verdict.advice])
+            for o in result.outcomes]
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["graph_kept", "control"])
+def test_advice_on_a_fold_that_kept_what_its_rules_read_is_the_wholes(tmp_path, kept):
+    """The autograd training recording (a graph kept per step, and its control freed each
+    step, with a 1 MiB temporary per step the fold drops): every rule says the same, folded."""
+    from tests.training_factories import write
+    from tests.unit.test_advice_autograd import CHAINS, PER_STEP, STEPS, training
+    rows, end = training(kept=kept)
+    path = write(tmp_path / "train.memprof", rows, CHAINS, end)
+    whole, folded = analyse(path), analyse(path, max_memory=1, advice=True)
+    assert folded.fold.advice and sum(folded.fold.dropped_count.values()) >= STEPS - 2  # the temporaries
+    assert _outcomes(folded.advice().result) == _outcomes(whole.advice().result)
+    given = [a for a in whole.advice().result.advice if a.rule == "autograd-graph-kept"]
+    assert [round(a.numbers["growth_bytes_per_step"]) for a in given] == ([PER_STEP] if kept else [])
+    assert folded.summary().result.advice == whole.summary().result.advice
+
+
+def test_a_rule_whose_view_a_fold_cannot_give_says_so(tmp_path):
+    """A rule whose view refuses the fold is silent with the reason, and the others judge."""
+    from memprof.analysis.advice import advise
+    from memprof.analysis.advice.model import Rule
+
+    # A view the fold refuses (as `report growth` refuses one that kept no window ends to fit).
+    odd = Rule(id="odd", title="", trigger="", evidence="", advice="", saving="", thresholds=(),
+               check=lambda facts: facts.every_event("`report growth`"))
+    folded = analyse(known_recording(tmp_path / "k.memprof"), max_memory=1, advice=True)
+    [outcome] = advise(folded, rules=(odd,)).outcomes
+    assert outcome.verdict.why_not == "not judged: this recording was folded, and `report growth` needs every event"
+    assert len(advise(folded).outcomes) == len(advise(analyse(tmp_path / "k.memprof")).outcomes)
+
+
+def test_html_of_a_fold_draws_each_curve_through_the_moments_it_kept(tmp_path):
+    """The churn recording's page, folded: its curve has a point at each moment the fold kept
+    (the steps, the end, the peak), each the whole curve's value there, the peak among them;
+    the churn between steps is not drawn, and a warning says so."""
+    path = _churn_recording(tmp_path / "churn.memprof")
+    whole, folded = analyse(path), analyse(path, max_memory=1, advice=True)
+    [full] = [s for s in whole.html().data.series if s.kind == "layer"]
+    [drawn] = [s for s in folded.html().data.series if s.kind == "layer"]
+    steps = [k * S for k in range(2, 11)]  # step 1 comes before the first allocation: the curve starts after it
+    assert set(steps) <= set(drawn.times_ns.tolist()) <= set(folded.fold.instants_ns)
+    at = np.searchsorted(full.times_ns, drawn.times_ns, side="right") - 1
+    assert drawn.values.tolist() == full.values[at].tolist()
+    assert (drawn.peak, drawn.peak_ns) == (full.peak, full.peak_ns) == ((1 << 20) + 5 * 4096 + 50 * 10, full.peak_ns)
+    assert drawn.values[drawn.times_ns.tolist().index(9 * S)] == 8 * 4096  # steps 1..8's kept 4096 B
+    assert len(drawn.times_ns) < len(full.times_ns)  # 400 churn allocations and frees are not drawn
+    assert any(w.startswith("folded: each layer's curve") for w in folded.html().data.warnings)
+    assert not any(w.startswith("folded:") for w in whole.html().data.warnings)
+
+
+def test_every_advice_and_page_test_passes_on_its_recordings_folded(tmp_path):
+    """Each advice rule's tests (advice with its exact numbers, and the controls that give
+    none) and the page's tests, run with every recording folded (tests/fold_probe.py): a
+    rule that read what a fold drops would give other numbers, or advice where none is due."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    tests = sorted(str(p.relative_to(repo)) for p in (repo / "tests" / "unit").glob("test_advice_*.py"))
+    counts = tmp_path / "counts.json"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.fold_probe",
+                          "--basetemp", str(tmp_path / "t"), *tests, "tests/unit/test_html.py"],
+                         cwd=repo, env={**os.environ, "MEMPROF_FOLD_PROBE_OUT": str(counts)},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:]
+    folded = json.loads(counts.read_text())
+    assert folded.get("whole", 0) == 0 and folded["folded"] >= 70, folded
+
+
+def test_a_fold_for_advice_keeps_what_a_worker_held_at_its_first_and_last_sample(tmp_path):
+    """The dataloader rule weighs a worker's heap at its first and last PSS sample: a fold for
+    advice keeps what was live then. Two workers whose PSS grows (36 and 18 MiB), no step
+    marks; worker 1 holds 8 MiB from 9.95 s to 10.05 s, over its last sample (10 s), so its
+    heap grew 8 MiB (> 10 % of 36 MiB): not copy-on-read, whole. A fold that dropped the
+    8 MiB (born and freed between two kept moments) would advise on it."""
+    from memprof.analysis.advice import dataloader
+    from tests.factories import ev as row
+    from tests.unit.test_advice_dataloader import ROOT, W1, W2, churn, record, trigger_samples
+    MiB = 1 << 20
+    held = [row(9 * S + 95 * S // 100, "alloc", 0x7700_0000, 8 * MiB, 6, layer="torch_cpu", pid=W1, tid=W1),
+            row(10 * S + 5 * S // 100, "free", 0x7700_0000, layer="torch_cpu", pid=W1, tid=W1),
+            # The layer's peak elsewhere (a fold keeps each peak): 64 MiB in the root for 0.1 s.
+            row(5 * S + S // 10, "alloc", 0x7800_0000, 64 * MiB, 6, layer="torch_cpu", pid=ROOT, tid=ROOT),
+            row(5 * S + S // 5, "free", 0x7800_0000, layer="torch_cpu", pid=ROOT, tid=ROOT)]
+    whole = record(tmp_path, churn(W1) + churn(W2) + churn(ROOT) + held, trigger_samples())
+    path = whole.rec.path
+
+    def workers(analysed) -> list[int]:
+        return [w["pid"] for a in dataloader.check(analysed).advice for w in a.numbers["workers"]]
+    assert workers(whole) == [W2]
+    assert workers(analyse(path, max_memory=1, advice=True)) == [W2]
+    assert workers(analyse(path, max_memory=1)) == [W1, W2]  # a fold not asked for advice dropped the 8 MiB
