@@ -74,9 +74,9 @@ def max_memory_option(fn):
         help="Memory the analysis may take (default: 3/4 of what is available). A recording whose whole analysis "
              "needs more is folded: read part by part, keeping the allocations live at a step, an exit, the end "
              "or a layer's peak. The summary, advice, leaks, layers, top/peak at the end or peak, growth, "
-             "modules, gpu, regions, check and a job's report read a folded recording; html draws its curves "
-             "through the moments the fold kept; export writes speedscope, pprof and folded stacks of it, and "
-             "refuses the per-event formats.")(fn)
+             "modules, gpu, regions, check and a job's report read a folded recording; html, perfetto and "
+             "chrome-trace draw its curves through the moments the fold kept; export refuses csv and parquet "
+             "(every event) of it.")(fn)
 
 
 def emit(fmt: str, view) -> None:

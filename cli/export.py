@@ -17,10 +17,12 @@ if TYPE_CHECKING:
 
 # memprof.report.exports.FORMATS (kept here so `memprof --help` does not import pandas).
 FORMAT_CHOICES = ("perfetto", "chrome-trace", "speedscope", "pprof", "folded", "csv", "parquet")
-# What draws curves over every event, or writes every event: refused on a recording folded to
-# fit --max-memory. speedscope, pprof and folded read the live chains at the end and at the
-# peaks, which a fold keeps, and (pprof) what each chain allocated, which it counts.
-EVERY_EVENT = ("perfetto", "chrome-trace", "csv", "parquet")
+# What writes every event: refused on a recording folded to fit --max-memory (its events are
+# the recording's own Parquet parts, which DuckDB and pyarrow read as they are). speedscope,
+# pprof and folded read the live chains at the end and at the peaks, which a fold keeps, and
+# (pprof) what each chain allocated, which it counts; perfetto and chrome-trace draw each
+# layer's curve through the moments a fold kept (Fold.instants_ns), exact there.
+EVERY_EVENT = ("csv", "parquet")
 
 
 @click.command()
@@ -60,7 +62,10 @@ def export(path, fmt, output, max_points, native_frames):
     track per layer, the layer as each stack's root frame, pprof's `layer` label — so never
     add them up. A recording without events gives a valid, empty export (and a warning).
     A recording folded to fit --max-memory is exported as speedscope, pprof or folded as a
-    whole one would be; the others need every event and refuse it (exit 2).
+    whole one would be; as perfetto or chrome-trace with each layer's curve drawn through
+    the moments the fold kept (steps, exits, the end, each peak: exact there, a warning says
+    so); csv and parquet need every event and refuse it (exit 2): its events/ folder is
+    Parquet already, for DuckDB or pyarrow.
     """
     from memprof.cli import console, output as out
     from memprof.errors import UsageError
@@ -71,7 +76,7 @@ def export(path, fmt, output, max_points, native_frames):
     out.check_stdout(output, binary=FORMATS[fmt].binary)
     a = analysed(path)
     if fmt in EVERY_EVENT:
-        a.every_event(f"`memprof export --format {fmt}`")
+        _every_event(a, fmt)
     if (len(a.events) if a.fold is None else a.fold.events) == 0:
         console.warning(f"{a.rec.path} has no events: the export holds no memory curves or chains")
     target = output or str(a.rec.path).rstrip("/") + FORMATS[fmt].suffix
@@ -93,11 +98,31 @@ class _Options:
     max_points: int
 
 
+def _every_event(a: Analysed, fmt: str) -> None:
+    """Refuse `fmt` (csv, parquet: every event) on a folded recording, FoldedRecordingError
+    (exit 2), pointing at the recording's own Parquet events too."""
+    from memprof.errors import FoldedRecordingError
+    try:
+        a.every_event(f"`memprof export --format {fmt}`")
+    except FoldedRecordingError as e:
+        e.hint += (f"; its events are Parquet already ({a.rec.path}/events/*.parquet): DuckDB or pyarrow read "
+                   "them as they are (README: the recordings are a dataset)")
+        raise
+
+
 def _timeline(a: Analysed, options: _Options, stage):
     from memprof.analysis.series import export_timeline
+    from memprof.cli import console
     stage("building the curves and instants of the timeline")
+    at_ns = None
+    if a.fold is not None:
+        import numpy as np
+        at_ns = np.asarray(a.fold.instants_ns, dtype=np.int64)
+        console.warning(f"{a.rec.path} is folded to fit --max-memory: each layer's curve is drawn through the "
+                        f"{len(at_ns):,} moments the fold kept (steps, exits, the end, each peak), exact there; "
+                        "what rose and fell between two of them is not drawn")
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
-                           end_ns=a.span.recording_end_ns, max_points=options.max_points)
+                           end_ns=a.span.recording_end_ns, max_points=options.max_points, at_ns=at_ns)
 
 
 def _perfetto(a: Analysed, options: _Options, stage) -> bytes:

@@ -176,7 +176,8 @@ class Analysed:
             f"{format_bytes(self.fold.limit_bytes)} allowed",
             f"on a machine with the memory, give --max-memory {need}GiB; here, `report`, `report leaks`, "
             f"`report layers`, `report top`, `report growth`, `report modules`, `report gpu`, `report regions`, "
-            f"`report advice`, `check` and a job's report read it folded", what=what)
+            f"`report advice`, `report html`, `check`, a job's report and `export` but for csv and parquet read it "
+            f"folded", what=what)
 
     @property
     def events(self):

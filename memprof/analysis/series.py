@@ -59,10 +59,12 @@ class ExportTimeline:
 
 
 def export_timeline(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *,
-                    start_ns: int, end_ns: int, max_points: int = DEFAULT_MAX_POINTS) -> ExportTimeline:
+                    start_ns: int, end_ns: int, max_points: int = DEFAULT_MAX_POINTS,
+                    at_ns: np.ndarray | None = None) -> ExportTimeline:
     """The counters (`layer_series` + `sample_series`) and instants (`instants`) of a
-    recording spanning [start_ns, end_ns], each curve cut to at most `max_points` points."""
-    counters = layer_series(lifetimes, max_points) + sample_series(samples, max_points)
+    recording spanning [start_ns, end_ns], each curve cut to at most `max_points` points;
+    the layers' curves only at `at_ns` where given (a fold's kept moments: layer_series)."""
+    counters = layer_series(lifetimes, max_points, at_ns) + sample_series(samples, max_points)
     return ExportTimeline(counters=counters, instants=instants(events), start_ns=int(start_ns), end_ns=int(end_ns))
 
 

@@ -5,8 +5,8 @@ whole and folded (`--max-memory 1KiB` forces the fold; a recording of this size 
 by default). Leaks, layers, the chains at each layer's peak, at the end and at a time, the
 modules' totals, every advice rule's verdict, the summary and the leak gate agree to the byte,
 and so does growth by step; only the note saying it was folded differs. The page draws its
-curves through the moments the fold kept (a warning says so); the exports of every event
-refuse the folded recording with exit 2."""
+curves through the moments the fold kept (a warning says so), and so does the Perfetto
+trace; the exports of every event (csv, parquet) refuse the folded recording with exit 2."""
 from __future__ import annotations
 
 import importlib.util
@@ -82,7 +82,7 @@ def test_folded_reports_say_what_the_whole_ones_say(tmp_path, run_memprof, progr
 @needs_torch
 def test_reports_that_need_every_event_refuse_a_folded_recording(tmp_path, run_memprof):
     recording = _recorded(run_memprof, tmp_path / "run.memprof", sys.executable, TORCH_LEAK, "--steps", "10")
-    for args in (("export", "--format", "perfetto"), ("export", "--format", "csv")):
+    for args in (("export", "--format", "csv"), ("export", "--format", "parquet")):
         result = run_memprof(*args, recording, *FOLD, cwd=tmp_path)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "needs every event" in result.stderr and "--max-memory" in result.stderr
@@ -92,6 +92,10 @@ def test_reports_that_need_every_event_refuse_a_folded_recording(tmp_path, run_m
     page = run_memprof("report", "html", recording, "-o", tmp_path / "folded.html", *FOLD, cwd=tmp_path)
     assert page.returncode == 0, page.stderr
     assert "folded: each layer" in (tmp_path / "folded.html").read_text()
+    trace = run_memprof("export", "--format", "perfetto", recording, "-o", tmp_path / "folded.pftrace", *FOLD,
+                        cwd=tmp_path)
+    assert trace.returncode == 0 and "moments the fold kept" in trace.stderr, trace.stderr
+    assert (tmp_path / "folded.pftrace").stat().st_size > 0
     # Growth by step reads what every fold keeps (each step mark's live set): the whole's fits.
     whole, folded = (_json(run_memprof, recording, "report", "growth", *extra) for extra in ((), FOLD))
     whole.pop("notes"), folded.pop("notes")

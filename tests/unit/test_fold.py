@@ -284,11 +284,48 @@ def test_exports_of_every_event_refuse_a_folded_recording(tmp_path):
     from click.testing import CliRunner
     from memprof.cli.main import cli
     path = _churn_recording(tmp_path / "churn.memprof")
-    for fmt in ("perfetto", "chrome-trace", "csv", "parquet"):
+    for fmt in ("csv", "parquet"):
         result = CliRunner().invoke(cli, ["export", str(path), "--format", fmt, "-o", str(tmp_path / fmt),
                                           "--max-memory", "1"])
         assert result.exit_code == ExitCode.USAGE and "needs every event" in result.output, (fmt, result.output)
+        assert f"{path}/events/*.parquet" in " ".join(result.output.split()).replace("/ ", "/")
         assert not (tmp_path / fmt).exists()
+
+
+def _counter_points(trace: dict) -> dict[str, list[tuple[float, int]]]:
+    """A Chrome trace's layer counters: track name -> [(µs, live bytes)] in time order."""
+    tracks: dict = {}
+    for event in trace["traceEvents"]:
+        if event["ph"] == "C" and "live_bytes" in event["args"]:
+            tracks.setdefault(event["name"], []).append((event["ts"], event["args"]["live_bytes"]))
+    return tracks
+
+
+def test_trace_exports_of_a_fold_draw_each_curve_through_the_moments_it_kept(tmp_path):
+    """chrome-trace (perfetto takes the same timeline) of the churn recording, folded: each
+    layer's counter has a point at each moment the fold kept, each the whole curve's value
+    there, the peak among them, and a warning says the churn between them is not drawn."""
+    from click.testing import CliRunner
+    from memprof.cli.main import cli
+    path = _churn_recording(tmp_path / "churn.memprof")
+    traces, said = [], []
+    for extra in ((), ("--max-memory", "1")):
+        out = tmp_path / f"trace{len(traces)}.json"
+        result = CliRunner().invoke(cli, ["export", str(path), "--format", "chrome-trace", "-o", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        traces.append(_counter_points(json.loads(out.read_text())))
+        said.append(" ".join(result.output.split()))
+    (name, whole), = traces[0].items()
+    folded = traces[1][name]
+    assert len(folded) < len(whole) and "moments the fold kept" in said[1] and "moments" not in said[0]
+    times = [t for t, _ in whole]
+    for t, live in folded:  # the whole's step curve read at each folded point
+        assert live == whole[np.searchsorted(times, t, side="right") - 1][1]
+    assert max(v for _, v in folded) == max(v for _, v in whole) == (1 << 20) + 5 * 4096 + 50 * 10
+    for extra in ((), ("--max-memory", "1")):  # perfetto builds from the same timeline
+        result = CliRunner().invoke(cli, ["export", str(path), "--format", "perfetto", "-o",
+                                          str(tmp_path / f"t{len(extra)}.pftrace"), *extra])
+        assert result.exit_code == 0, result.output
 
 
 def test_a_time_asked_for_keeps_what_was_live_then(tmp_path):
