@@ -44,6 +44,7 @@ ROOT_PID, SEED = 4242, 11
 START_NS = 1_000_000_000_000
 EVENT_NS = 1_000  # one event per µs of trace time: 3·10^8 events are 300 s, ~1 M events/s as kernel churn
 N_STACKS = 5_000
+DEFAULT_PART_ROWS = 1 << 21  # events per part, and per step
 LEAK_STACK, LEAK_BYTES = 90_001, 1024
 TEARDOWN_STACK, TEARDOWN_BYTES = 90_002, 1 << 20
 # layer -> (share of churn allocations, addresses in its pool, size range in bytes)
@@ -221,7 +222,7 @@ def known_answer(doc: dict, steps: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=300_000_000)
-    parser.add_argument("--part-rows", type=int, default=1 << 21)
+    parser.add_argument("--part-rows", type=int, default=DEFAULT_PART_ROWS)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "memprof-bench-huge")
     parser.add_argument("--max-memory", default=None, help="passed to the report (default: its own)")
     args = parser.parse_args()
