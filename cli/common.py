@@ -28,11 +28,11 @@ def min_age_ns(ctx, param, value):
 
 
 def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | None = None,
-             gpu_points: int | None = None, regions: bool = False, advice: bool = False):
+             gpu_points: int | None = None, regions: bool = False, advice: bool = False, curves: bool = False):
     """The recording at `path` (default: the newest in the current directory), opened and
     analysed by the library's one entry point (memprof.api.analyse) as a memprof.api.Analysed,
     within the command's --max-memory (max_memory_option); `keep_at`, `window_ns`, `gpu_points`,
-    `regions` and `advice` as analyse takes them (the times, ns after the start, the windows,
+    `regions`, `advice` and `curves` as analyse takes them (the times, ns after the start, the windows,
     the number of `report gpu` points, `report regions`' regions, and what the advice rules
     read, that a command reads the live allocations at). On a terminal, each stage shows on stderr while it runs (a
     10^7-event recording takes seconds)."""
@@ -41,7 +41,7 @@ def analysed(path: str | None, keep_at: tuple[int, ...] = (), window_ns: int | N
 
     with console.progress(stages=STAGES) as stage:
         return analyse(path, stage=stage, max_memory=max_memory(), keep_at=keep_at, window_ns=window_ns,
-                       gpu_points=gpu_points, regions=regions, advice=advice)
+                       gpu_points=gpu_points, regions=regions, advice=advice, curves=curves)
 
 
 _MAX_MEMORY = "memprof.max_memory"  # where max_memory_option leaves its value (click's ctx.meta)

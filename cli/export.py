@@ -63,9 +63,9 @@ def export(path, fmt, output, max_points, native_frames):
     add them up. A recording without events gives a valid, empty export (and a warning).
     A recording folded to fit --max-memory is exported as speedscope, pprof or folded as a
     whole one would be; as perfetto or chrome-trace with each layer's curve drawn through
-    the moments the fold kept (steps, exits, the end, each peak: exact there, a warning says
-    so); csv and parquet need every event and refuse it (exit 2): its events/ folder is
-    Parquet already, for DuckDB or pyarrow.
+    the moments the fold kept (steps, exits, the end, each peak) and its highest and lowest
+    point in each of 500 even stretches between them (exact, a warning says so); csv and parquet need every
+    event and refuse it (exit 2): its events/ folder is Parquet already, for DuckDB or pyarrow.
     """
     from memprof.cli import console, output as out
     from memprof.errors import UsageError
@@ -74,7 +74,7 @@ def export(path, fmt, output, max_points, native_frames):
     if out.to_stdout(output) and fmt in TABULAR:
         raise UsageError(f"{fmt} writes a directory of three files, not stdout", "give -o a directory, or leave it out")
     out.check_stdout(output, binary=FORMATS[fmt].binary)
-    a = analysed(path)
+    a = analysed(path, curves=fmt in ("perfetto", "chrome-trace"))
     if fmt in EVERY_EVENT:
         _every_event(a, fmt)
     if (len(a.events) if a.fold is None else a.fold.events) == 0:
@@ -117,12 +117,13 @@ def _timeline(a: Analysed, options: _Options, stage):
     at_ns = None
     if a.fold is not None:
         import numpy as np
+
+        from memprof.api import folded_curves_note
         at_ns = np.asarray(a.fold.instants_ns, dtype=np.int64)
-        console.warning(f"{a.rec.path} is folded to fit --max-memory: each layer's curve is drawn through the "
-                        f"{len(at_ns):,} moments the fold kept (steps, exits, the end, each peak), exact there; "
-                        "what rose and fell between two of them is not drawn")
+        console.warning(f"{a.rec.path} is folded to fit --max-memory. {folded_curves_note(a.fold)}")
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
-                           end_ns=a.span.recording_end_ns, max_points=options.max_points, at_ns=at_ns)
+                           end_ns=a.span.recording_end_ns, max_points=options.max_points, at_ns=at_ns,
+                           extremes=None if a.fold is None else a.fold.curve_extremes)
 
 
 def _perfetto(a: Analysed, options: _Options, stage) -> bytes:

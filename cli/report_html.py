@@ -47,7 +47,7 @@ def html(path, output, top, points, min_age, fmt, native_frames):
     from memprof.cli.output import write
     from memprof.report.html import page
 
-    view = analysed(path, advice=True).html(top=top, points=points, min_age_ns=min_age, native_frames=native_frames)
+    view = analysed(path, advice=True, curves=True).html(top=top, points=points, min_age_ns=min_age, native_frames=native_frames)
     if fmt == "json" and not output:
         emit(fmt, view)
         return

@@ -32,9 +32,20 @@ Stage = Callable[[str], None]  # names the step now running (the CLI's progress 
 STAGES = 4  # how many times `analyse` calls its `stage`
 FOLDED_SUMMARY_NOTE = ("folded: no advice here (the fold was not asked to keep what its rules read); "
                        "`report advice` folds for them")
-FOLDED_CURVES_NOTE = ("folded: each layer's curve is drawn through the {moments:,} moments the fold kept what was "
-                      "live at (steps, windows, exits, the end, marks, the peaks), exact there; what rose and fell "
-                      "between two of them is not drawn")
+
+
+def folded_curves_note(fold: Fold) -> str:
+    """What a folded recording's curves (the page, the trace exports) are drawn through."""
+    moments = (f"the {len(fold.instants_ns):,} moments the fold kept what was live at (steps, windows, exits, the "
+               f"end, marks, the peaks)")
+    if fold.curve_extremes:
+        from memprof.bounded import CURVE_STRETCHES
+        return (f"folded: each layer's curve is drawn through {moments} and, between them, through its highest and "
+                f"lowest point in each of {CURVE_STRETCHES} even stretches of the recording, each exact; the way from "
+                f"one of these points to the next is not drawn")
+    return (f"folded: each layer's curve is drawn through {moments}, exact there; what rose and fell between two "
+            f"of them is not drawn")
+
 GPU_POINTS = 20  # `report gpu`'s over-time points, and those the advice rules read
 
 
@@ -49,7 +60,7 @@ def _quiet(text: str) -> None:
 
 def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory: int | None = None,
             keep_at: Iterable[int] = (), window_ns: int | None = None, gpu_points: int | None = None,
-            regions: bool = False, advice: bool = False) -> Analysed:
+            regions: bool = False, advice: bool = False, curves: bool = False) -> Analysed:
     """Open and analyse the recording at `path` (default: the newest `*.memprof` in the
     current directory). `stage(text)` is called before each of the STAGES steps (a 10^7-event
     recording takes seconds). Raises BadRecordingError (exit 5) for what is no recording.
@@ -66,7 +77,9 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
     what `regions()` reads (`report regions`); `advice`: such a fold keeps what the advice
     rules read (the regions, the GPU_POINTS points of `gpu()` unless `gpu_points` says
     otherwise, and each sampled process's first and last sample), so that `advice()` and the
-    summary's advice read it (`report`, `report advice`)."""
+    summary's advice read it (`report`, `report advice`); `curves`: such a fold keeps each
+    layer's highest and lowest point between two moments it kept (Fold.curve_extremes), so that the page's
+    and the trace exports' curves keep the spikes and dips between them (`report html`, `export`)."""
     from memprof.analysis.chains import canonical_stacks
     from memprof.analysis.lifetimes import pair_lifetimes
     from memprof.bounded import analyse_folded, default_limit, estimated_bytes
@@ -84,7 +97,7 @@ def analyse(path: Path | str | None = None, *, stage: Stage = _quiet, max_memory
             regions, gpu_points = True, gpu_points or GPU_POINTS
         rec, lifetimes, fold = analyse_folded(path, parts, limit, stage, keep_at_ns=tuple(int(t) for t in keep_at),
                                               window_ns=window_ns, gpu_points=gpu_points, regions=regions,
-                                              advice=advice)
+                                              advice=advice, curves=curves)
         stage("merging identical chains")
         return Analysed(rec, lifetimes, canonical_stacks(rec.stacks), fold=fold)
     rec = open_recording(path)
@@ -388,9 +401,10 @@ class Analysed:
                          meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
                          native_frames=native_frames, min_age_ns=min_age_ns,
                          leaks=cut(self.leak_result(min_age_ns=min_age_ns, top=None), top), gpu=self.gpu().result,
-                         curve_times_ns=None if self.fold is None else np.asarray(self.fold.instants_ns, np.int64))
+                         curve_times_ns=None if self.fold is None else np.asarray(self.fold.instants_ns, np.int64),
+                         curve_extremes=None if self.fold is None else self.fold.curve_extremes)
         if self.fold is not None:
-            data.warnings.append(FOLDED_CURVES_NOTE.format(moments=len(self.fold.instants_ns)))
+            data.warnings.append(folded_curves_note(self.fold))
         data.advice = advice.result
         data.chains = {**advice.chains, **data.chains}
         return HtmlView(data, rec.meta, self.about)

@@ -61,7 +61,8 @@ def default_limit() -> int:
 def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                    stage: Callable[[str], None], keep_at_ns: tuple[int, ...] = (),
                    window_ns: int | None = None, gpu_points: int | None = None,
-                   regions: bool = False, advice: bool = False) -> tuple[Recording, Lifetimes, Fold]:
+                   regions: bool = False, advice: bool = False,
+                   curves: bool = False) -> tuple[Recording, Lifetimes, Fold]:
     """The recording at `path` (events `parts`) folded: (the recording with `events` its rows
     other than allocations and frees, in time order, with steps; the kept lifetimes; how it
     was folded). `keep_at_ns`: more moments, ns after the start, whose live allocations it
@@ -71,7 +72,10 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
     at each region's start and at each (layer, device)'s peak inside it (`report regions`);
     `advice`: keep what the advice rules read too, beyond those (each sampled process's first
     and last sample: fold.process_sample_ends); the caller asks for the regions and the
-    `report gpu` points the rules read with it (api.analyse).
+    `report gpu` points the rules read with it (api.analyse); `curves`: track each (layer,
+    device)'s highest and lowest point between two of the moments kept, and in each of
+    CURVE_STRETCHES even stretches of the recording (Fold.curve_extremes), for the curves of
+    the page and the trace exports.
     BadRecordingError (exit 5) for a damaged part, as open_recording."""
     meta = read_meta(path)
     if meta.status != "complete":
@@ -99,7 +103,8 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
         instants = np.union1d(instants, bounds[:-1])
     if advice:
         instants = np.union1d(instants, process_sample_ends(samples))
-    peaks, stream, totals = PeakTracker(ranks, bounds), PairingStream(exec_times(others)), FoldTotals()
+    peaks = PeakTracker(ranks, bounds, stretch_edges=_curve_edges(instants, int(meta.start_ns), end_ns) if curves else None)
+    stream, totals = PairingStream(exec_times(others)), FoldTotals()
     kept: list = []
     for batch in paired_batches(parts):
         batch = annotated_batch(batch, others)
@@ -121,10 +126,23 @@ def analyse_folded(path: Path, parts: list[EventPart], limit_bytes: int,
                 dropped_bytes=dict(totals.dropped_bytes), kept_at_ns=tuple(sorted(set(keep_at_ns))),
                 window_ns=window_ns, window_ends_ns=_window_ends(checkpoints), gpu_points=gpu_points,
                 gpu_times_ns=tuple(int(t) for t in gpu_times), regions=regions,
-                advice=advice, instants_ns=tuple(np.union1d(instants, peaks.times()).tolist()))
+                advice=advice, instants_ns=tuple(np.union1d(instants, peaks.times()).tolist()),
+                curve_extremes=peaks.stretch_extremes())
     meta.notes.append(fold.note)
     tables = {name: read_table(path, name) for name in ("stacks", "frames")}
     return Recording(path=path, meta=meta, events=others, samples=samples, **tables), lifetimes, fold
+
+
+CURVE_STRETCHES = 500  # evenly spaced stretches of a folded curve: its highest and lowest point in each are kept
+
+
+def _curve_edges(instants: np.ndarray, start_ns: int, end_ns: int) -> np.ndarray:
+    """Where a folded curve's stretches begin (PeakTracker's stretch_edges): the moments kept
+    and CURVE_STRETCHES evenly spaced times over the recording, so that the curve drawn
+    through each stretch's highest and lowest point has the resolution of a whole one's on
+    the page (series.downsample_max keeps about as many points), however sparse the moments."""
+    grid = np.linspace(start_ns, max(end_ns, start_ns + 1), CURVE_STRETCHES + 1).astype(np.int64)
+    return np.union1d(instants, grid)
 
 
 def _region_bounds(others, samples, target_end_ns: int) -> np.ndarray | None:

@@ -137,19 +137,26 @@ class PeakTracker:
     must hold every event of its last time (recording.stream.paired_batches cuts between
     times). Memory: a number per layer (and rank, GPU, region)."""
 
-    def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None, region_bounds: np.ndarray | None = None):
+    def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None, region_bounds: np.ndarray | None = None,
+                 stretch_edges: np.ndarray | None = None):
         """`group_of_pid`: processes whose peak is judged together (a distributed job's
         rank -> its processes, ranks.rank_report), tracked per (layer, "group", group) too.
         `region_bounds`: ns, ascending, where `report regions`' regions begin and, last, where
         the last one ends: region i is [bounds[i], bounds[i + 1]). Every (layer, device)'s peak
         inside each is tracked too, as (layer, "device", device, "region", i) (analysis.regions
-        judges them so)."""
+        judges them so). `stretch_edges`: ns, ascending (a fold's instants): each (layer,
+        device)'s highest and lowest point between two consecutive edges are kept too
+        (`stretch_extremes`), so that a folded curve drawn through the edges keeps the spikes
+        and dips between them."""
         self._level: Counter = Counter()
         self._peak: dict = {}  # key -> (bytes, ns)
         self._group_of_pid = dict(group_of_pid or {})
         self._region_bounds = None if region_bounds is None else np.asarray(region_bounds, dtype=np.int64)
         self._labels: list = []
         self._ids: dict = {}
+        self._edges = None if stretch_edges is None else np.asarray(stretch_edges, dtype=np.int64)
+        self._curve_level: Counter = Counter()  # (layer, device) -> live bytes, for the stretches
+        self._stretch_points: dict = {}  # (layer, device) -> {stretch: ((top, ns), (bottom, ns))}
 
     def add(self, batch: pd.DataFrame, ended: pd.DataFrame) -> None:
         """Count in `batch` (events rows, after every earlier batch's) and `ended` (the
@@ -159,6 +166,8 @@ class PeakTracker:
             self._changes(allocs, allocs["ts_ns"], +1), self._changes(ended, ended["end_ts_ns"], -1)))
         if len(ts) == 0:
             return
+        if self._edges is not None:
+            self._track_stretches(layer, device, ts, nbytes)
         self._track_by((layer,), ts, nbytes)
         on_gpu = self._gpu_ids()[device] if self._region_bounds is None else np.ones(len(device), dtype=bool)
         if on_gpu.any():  # each GPU's peak, which `report gpu` judges apart (analysis.gpu); every device's for regions
@@ -230,6 +239,46 @@ class PeakTracker:
         at = int(np.argmax(live))
         if key not in self._peak or live[at] > self._peak[key][0]:
             self._peak[key] = (int(live[at]), int(times[at]))
+
+    def _track_stretches(self, layer: np.ndarray, device: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Each (layer, device)'s curve over these changes: its highest and its lowest point
+        in each stretch between two edges (the first time reached), each kept where beyond
+        the stretch's so far (a stretch can span batches)."""
+        width = len(self._labels) + 1
+        combined = layer * width + device
+        order = np.lexsort((ts, combined))
+        combined, ts, nbytes = combined[order], ts[order], nbytes[order]
+        bounds = np.flatnonzero(np.diff(combined)) + 1
+        for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(combined)]):
+            key = (self._labels[layer[order[start]]], self._labels[device[order[start]]])
+            live = self._curve_level[key] + np.cumsum(nbytes[start:stop])
+            times = ts[start:stop]
+            last_of_time = np.append(times[1:] != times[:-1], True)
+            live, times = live[last_of_time], times[last_of_time]
+            self._curve_level[key] = int(live[-1])
+            stretch = np.searchsorted(self._edges, times, side="right")
+            firsts = np.r_[0, np.flatnonzero(np.diff(stretch)) + 1]
+            kept = self._stretch_points.setdefault(key, {})
+            for first, last in zip(firsts, np.r_[firsts[1:], len(live)]):
+                here = live[first:last]
+                high, low = first + int(np.argmax(here)), first + int(np.argmin(here))
+                index = int(stretch[first])
+                (top, top_ns), (bottom, bottom_ns) = kept.get(index, ((-np.inf, 0), (np.inf, 0)))
+                if live[high] > top:
+                    top, top_ns = int(live[high]), int(times[high])
+                if live[low] < bottom:
+                    bottom, bottom_ns = int(live[low]), int(times[low])
+                kept[index] = ((top, top_ns), (bottom, bottom_ns))
+
+    def stretch_extremes(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        """(layer, device label, "" for none) -> (ns ascending, live bytes): each stretch's
+        highest and lowest point between two of `stretch_edges` (empty without them)."""
+        out = {}
+        for (layer, device), kept in self._stretch_points.items():
+            points = sorted({point[::-1] for pair in kept.values() for point in pair})  # (ns, bytes)
+            out[(str(layer), "" if device is None else str(device))] = (
+                np.asarray([ns for ns, _ in points], dtype=np.int64), np.asarray([b for _, b in points], dtype=np.int64))
+        return out
 
     def times(self) -> np.ndarray:
         """When each tracked peak was first reached, ns (ascending, unique)."""
@@ -399,6 +448,10 @@ class Fold:
     (regions, the `report gpu` points and each sampled process's first and last sample).
     `instants_ns`: every moment (ns, the timeline's clock, ascending) it kept everything live
     at, the peaks among them: the live bytes there are those of the whole recording.
+    `curve_extremes`: where asked (analyse(curves=True)), each (layer, device)'s highest and
+    lowest point between two of the moments it kept before the pass
+    (PeakTracker.stretch_extremes): with the live bytes at `instants_ns`, the points a folded
+    curve is drawn through.
     """
 
     events: int
@@ -415,6 +468,7 @@ class Fold:
     regions: bool = False
     advice: bool = False
     instants_ns: tuple[int, ...] = ()
+    curve_extremes: dict = field(default_factory=dict)
 
     @property
     def note(self) -> str:

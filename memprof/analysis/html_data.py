@@ -147,13 +147,15 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
               samples: pd.DataFrame | None, meta: RecordingMeta, canonical_stack: Mapping[int, int] | None = None,
               top: int = 20, max_points: int = MAX_POINTS, native_frames: str = DEFAULT_NATIVE_FRAMES,
               min_age_ns: int = DEFAULT_MIN_AGE_NS, leaks: LeakResult | None = None,
-              gpu: GpuBreakdown | None = None, curve_times_ns: np.ndarray | None = None) -> HtmlData:
+              gpu: GpuBreakdown | None = None, curve_times_ns: np.ndarray | None = None,
+              curve_extremes: Mapping | None = None) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`; `leaks` (that judgement
     with its `top`) and `gpu` (gpu_breakdown with its defaults), where the caller has them.
-    `curve_times_ns`: the layers' curves only at those times (a folded recording's kept
-    moments: series.layer_series)."""
-    curves = timeline_series(lifetimes, samples, max_points=max_points, at_ns=curve_times_ns)
+    `curve_times_ns`, `curve_extremes`: the layers' curves only at those times and through those
+    points (a folded recording's kept moments and the highest and lowest point between two of them:
+    series.layer_series)."""
+    curves = timeline_series(lifetimes, samples, max_points=max_points, at_ns=curve_times_ns, extremes=curve_extremes)
     span = recording_span(meta, events)
     if leaks is None:
         leaks = leak_report(meta, events, lifetimes, stacks, frames, canonical_stack=canonical_stack, top=top,
@@ -182,12 +184,13 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
 # ---- curves ---------------------------------------------------------------------------------
 
 def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
-                    max_points: int = MAX_POINTS, at_ns: np.ndarray | None = None) -> list[Series]:
-    """Live bytes of each (layer, device), layers outermost first (only at `at_ns` where
-    given: series.layer_series), then each sampled (metric, device) series sorted but
+                    max_points: int = MAX_POINTS, at_ns: np.ndarray | None = None,
+                    extremes: Mapping | None = None) -> list[Series]:
+    """Live bytes of each (layer, device), layers outermost first (only at `at_ns` and through
+    `extremes` where given: series.layer_series), then each sampled (metric, device) series sorted but
     capacities; each cut to at most `max_points` points keeping every peak
     (series.downsample_max), and placed in its chart's family."""
-    counters = layer_series(lifetimes, max_points, at_ns) + [
+    counters = layer_series(lifetimes, max_points, at_ns, extremes) + [
         # Capacities (the machine's RAM, a GPU's total) are constants, not curves: the page
         # states them instead of drawing a flat line that squeezes every other one.
         c for c in sample_series(samples, max_points) if c.name not in CAPACITY_METRICS]

@@ -14,6 +14,7 @@ value is exact. Sampled allocations count by their weight, as on `layers.live_cu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -60,11 +61,12 @@ class ExportTimeline:
 
 def export_timeline(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *,
                     start_ns: int, end_ns: int, max_points: int = DEFAULT_MAX_POINTS,
-                    at_ns: np.ndarray | None = None) -> ExportTimeline:
+                    at_ns: np.ndarray | None = None, extremes: Mapping | None = None) -> ExportTimeline:
     """The counters (`layer_series` + `sample_series`) and instants (`instants`) of a
     recording spanning [start_ns, end_ns], each curve cut to at most `max_points` points;
-    the layers' curves only at `at_ns` where given (a fold's kept moments: layer_series)."""
-    counters = layer_series(lifetimes, max_points, at_ns) + sample_series(samples, max_points)
+    the layers' curves only at `at_ns` and through `extremes` where given (a fold's kept moments
+    and the highest and lowest point between two of them: layer_series)."""
+    counters = layer_series(lifetimes, max_points, at_ns, extremes) + sample_series(samples, max_points)
     return ExportTimeline(counters=counters, instants=instants(events), start_ns=int(start_ns), end_ns=int(end_ns))
 
 
@@ -88,11 +90,13 @@ def downsample_max(times: np.ndarray, values: np.ndarray, max_points: int = DEFA
 
 
 def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
-                 at_ns: np.ndarray | None = None) -> list[CounterSeries]:
+                 at_ns: np.ndarray | None = None, extremes: Mapping | None = None) -> list[CounterSeries]:
     """Live bytes of each (layer, device) over time: layers in schema order (unknown names
     after, sorted), devices sorted. Allocations without a size count 0 bytes. `at_ns`
     (ascending ns): the curves only at those times (a fold's kept moments, Fold.instants_ns,
-    where its kept allocations give the whole recording's live bytes), not at every event."""
+    where its kept allocations give the whole recording's live bytes), not at every event;
+    `extremes`: (layer, device) -> (ns, bytes), more points of those curves, exact, that the
+    kept allocations cannot give (Fold.curve_extremes: each stretch's highest and lowest point)."""
     allocations = lifetimes.allocations
     if allocations.empty:
         return []
@@ -107,6 +111,8 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
         times, live = live_curve(alloc_ts[mask], end_ts[mask], size[mask])
         if at_ns is not None:
             times, live = _at(times, live, at_ns)
+            name, device_name = label_of(layer_names[layer]), _device_label(device, device_names)
+            times, live = _with_points(times, live, (extremes or {}).get((name, device_name)))
             if len(times) == 0:  # only allocations kept for a missed free, after every kept moment
                 continue
         kept_times, kept_live = downsample_max(times, live, max_points)
@@ -114,6 +120,17 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
                                     device=_device_label(device, device_names), unit="bytes",
                                     times_ns=kept_times, values=kept_live, points_in=len(times)))
     return series
+
+
+def _with_points(times: np.ndarray, live: np.ndarray, points) -> tuple[np.ndarray, np.ndarray]:
+    """The curve (times, live) with `points` ((ns, bytes) or None) among its points, in time
+    order; at a time in both, one point (both are the whole curve's value there)."""
+    if points is None or len(points[0]) == 0:
+        return times, live
+    all_times = np.concatenate([times, np.asarray(points[0], dtype=np.int64)])
+    all_live = np.concatenate([live, np.asarray(points[1], dtype=live.dtype)])
+    all_times, first = np.unique(all_times, return_index=True)
+    return all_times, all_live[first]
 
 
 def _at(times: np.ndarray, live: np.ndarray, at_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -559,3 +559,37 @@ def test_a_fold_for_advice_keeps_what_a_worker_held_at_its_first_and_last_sample
     assert workers(whole) == [W2]
     assert workers(analyse(path, max_memory=1, advice=True)) == [W2]
     assert workers(analyse(path, max_memory=1)) == [W1, W2]  # a fold not asked for advice dropped the 8 MiB
+
+
+@pytest.mark.parametrize("batch_rows", [None, 7], ids=["one_batch", "stretches_across_batches"])
+def test_curves_of_a_fold_asked_for_them_keep_the_highest_point_between_two_kept_moments(tmp_path, monkeypatch,
+                                                                                           batch_rows):
+    """analyse(curves=True): between two moments the fold kept, the curve also goes through
+    the highest and the lowest point there (each step's churn of 50 × 10 B on top of chain
+    3's 4096 B a step): every drawn point is the whole curve's value at its time, and between
+    each two moments kept the drawn curve reaches the whole's highest and lowest, also where
+    the pairing's batches (7 rows) cut each stretch into several."""
+    import functools
+
+    import memprof.bounded
+    from memprof.bounded import CURVE_STRETCHES
+    if batch_rows:
+        monkeypatch.setattr(memprof.bounded, "paired_batches",
+                            functools.partial(paired_batches, batch_rows=batch_rows))
+    path = _churn_recording(tmp_path / "churn.memprof")
+    whole, folded = analyse(path), analyse(path, max_memory=1, advice=True, curves=True)
+    [full] = [s for s in whole.html().data.series if s.kind == "layer"]
+    [drawn] = [s for s in folded.html().data.series if s.kind == "layer"]
+    at = np.searchsorted(full.times_ns, drawn.times_ns, side="right") - 1
+    assert drawn.values.tolist() == full.values[at].tolist()
+    # The moments kept before the pass (the peak, found in it, is the highest of its stretch).
+    edges = np.setdiff1d(np.asarray(folded.fold.instants_ns), [full.peak_ns])
+    for low, high in zip(edges[:-1], edges[1:]):
+        inside = lambda s: s.values[(s.times_ns > low) & (s.times_ns < high)]  # noqa: E731
+        assert inside(drawn).max(initial=0) == inside(full).max(initial=0), (low, high)
+        assert inside(drawn).min(initial=1 << 40) == inside(full).min(initial=1 << 40), (low, high)
+    tops = {int(v) for v in drawn.values if v % 4096 == 500 and v < 1 << 20}  # each step's churn at its height
+    assert tops == {k * 4096 + 500 for k in range(1, 10)}
+    [trace] = folded.fold.curve_extremes.values()
+    # A highest and a lowest point per stretch at most: between moments kept, and on the even grid.
+    assert len(trace[0]) <= 2 * (len(folded.fold.instants_ns) + CURVE_STRETCHES + 2)
