@@ -32,6 +32,7 @@ Stage = Callable[[str], None]  # names the step now running (the CLI's progress 
 STAGES = 4  # how many times `analyse` calls its `stage`
 FOLDED_SUMMARY_NOTE = ("folded: no advice here (the fold was not asked to keep what its rules read); "
                        "`report advice` folds for them")
+GPU_POINTS = 20  # `report gpu`'s over-time points, and those the advice rules read
 
 
 def folded_curves_note(fold: Fold) -> str:
@@ -45,8 +46,6 @@ def folded_curves_note(fold: Fold) -> str:
                 f"one of these points to the next is not drawn")
     return (f"folded: each layer's curve is drawn through {moments}, exact there; what rose and fell between two "
             f"of them is not drawn")
-
-GPU_POINTS = 20  # `report gpu`'s over-time points, and those the advice rules read
 
 
 FOLDED_GPU_NOTE = ("folded: each term's peak and the points shown are exact; the peak requested is the highest at "
@@ -387,7 +386,9 @@ class Analysed:
         """`report html`: the page's data, curves kept to `points` per series. Of a folded
         recording: where its fold kept what the advice reads (analyse(advice=True)), with the
         layers' curves drawn through the moments it kept (Fold.instants_ns: exact there, the
-        peaks among them), not through every event (a warning on the page says so)."""
+        peaks among them) and, where it tracked them (analyse(curves=True)), each stretch's
+        highest and lowest point (Fold.curve_extremes), not through every event (a warning on
+        the page says which: folded_curves_note)."""
         if self.fold is not None and not self.fold.advice:
             self.every_event("`report html` (what its advice and regions read, which the fold was not asked to keep)")
         import numpy as np

@@ -8,7 +8,8 @@ allocations and bytes were dropped (`FoldTotals`), so counts stay whole.
 
 Leaks (held at the end, grows per step), a layer's peak and end, and the chains at them come
 out of the kept allocations as they come out of every allocation; curves between those
-moments do not, and the views that draw them refuse a folded recording (api.py).
+moments do not: they are drawn through the moments kept and, where asked, each stretch's
+highest and lowest point, which PeakTracker finds from every event (`stretch_edges`).
 
 Pure functions and accumulators; no I/O. Times are CLOCK_MONOTONIC ns, sizes bytes
 (weighted for sampled allocations, as layers.weighted_bytes weighs them).
@@ -135,7 +136,8 @@ class PeakTracker:
     batches fed in time order: each batch's allocations add their bytes at their time, the
     allocations that ended in it (PairingStream.feed) take theirs away at their end. A batch
     must hold every event of its last time (recording.stream.paired_batches cuts between
-    times). Memory: a number per layer (and rank, GPU, region)."""
+    times). Memory: a number per layer (and rank, GPU, region), and with `stretch_edges`
+    two points per stretch of each (layer, device)."""
 
     def __init__(self, group_of_pid: Mapping[int, Hashable] | None = None, region_bounds: np.ndarray | None = None,
                  stretch_edges: np.ndarray | None = None):
