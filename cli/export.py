@@ -116,10 +116,8 @@ def _timeline(a: Analysed, options: _Options, stage):
     stage("building the curves and instants of the timeline")
     at_ns = None
     if a.fold is not None:
-        import numpy as np
-
         from memprof.api import folded_curves_note
-        at_ns = np.asarray(a.fold.instants_ns, dtype=np.int64)
+        at_ns = a.fold.instants_ns
         console.warning(f"{a.rec.path} is folded to fit --max-memory. {folded_curves_note(a.fold)}")
     return export_timeline(a.lifetimes, a.events, a.rec.samples, start_ns=a.rec.meta.start_ns,
                            end_ns=a.span.recording_end_ns, max_points=options.max_points, at_ns=at_ns,

@@ -391,8 +391,6 @@ class Analysed:
         the page says which: folded_curves_note)."""
         if self.fold is not None and not self.fold.advice:
             self.every_event("`report html` (what its advice and regions read, which the fold was not asked to keep)")
-        import numpy as np
-
         from memprof.analysis.html_data import html_data
         from memprof.analysis.leaks import cut
         rec = self.rec
@@ -402,7 +400,7 @@ class Analysed:
                          meta=rec.meta, canonical_stack=self.canonical, top=top, max_points=points,
                          native_frames=native_frames, min_age_ns=min_age_ns,
                          leaks=cut(self.leak_result(min_age_ns=min_age_ns, top=None), top), gpu=self.gpu().result,
-                         curve_times_ns=None if self.fold is None else np.asarray(self.fold.instants_ns, np.int64),
+                         curve_times_ns=None if self.fold is None else self.fold.instants_ns,
                          curve_extremes=None if self.fold is None else self.fold.curve_extremes)
         if self.fold is not None:
             data.warnings.append(folded_curves_note(self.fold))

@@ -208,9 +208,10 @@ class PeakTracker:
         table = np.array([self._id(label_of(name)) for name in names] + [self._id(None)], dtype=np.int64)
         return table[codes]
 
-    def _track_by(self, columns: tuple, ts: np.ndarray, nbytes: np.ndarray) -> None:
-        """Track the curve of each distinct combination of `columns` (label ids), keyed by
-        their labels."""
+    def _curves(self, columns: tuple, ts: np.ndarray, nbytes: np.ndarray, levels: Counter):
+        """Per distinct combination of `columns` (label ids), keyed by their labels: (key, times,
+        live bytes just after the last change of each time), from `levels[key]` on; `levels`
+        is left at each key's last value (the next batch starts there)."""
         width = len(self._labels) + 1
         combined = np.zeros(len(ts), dtype=np.int64)
         for column in columns:
@@ -220,21 +221,24 @@ class PeakTracker:
         bounds = np.flatnonzero(np.diff(combined)) + 1
         for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(combined)]):
             key = tuple(self._labels[column[order[start]]] for column in columns)
-            self._track(key, ts[start:stop], nbytes[start:stop])
+            times = ts[start:stop]
+            live = levels[key] + np.cumsum(nbytes[start:stop])
+            last_of_time = np.append(times[1:] != times[:-1], True)
+            live, times = live[last_of_time], times[last_of_time]
+            levels[key] = int(live[-1])
+            yield key, times, live
 
-    def _track(self, key: tuple, ts: np.ndarray, nbytes: np.ndarray) -> None:
-        """One key's changes (ts ascending): its live bytes after the last change of each time."""
-        live = self._level[key] + np.cumsum(nbytes)
-        last_of_time = np.append(ts[1:] != ts[:-1], True)
-        live, times = live[last_of_time], ts[last_of_time]
-        self._raise_peak(key, live, times)
-        if self._region_bounds is not None and len(key) == 3 and key[1] == "device":
-            region = np.searchsorted(self._region_bounds, times, side="right") - 1
-            bounds = np.flatnonzero(np.diff(region)) + 1
-            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(region)]):
-                if 0 <= region[start] < len(self._region_bounds) - 1:
-                    self._raise_peak((*key, "region", int(region[start])), live[start:stop], times[start:stop])
-        self._level[key] = int(live[-1])
+    def _track_by(self, columns: tuple, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Track the peak of each distinct combination of `columns` (label ids), keyed by their
+        labels (and, for (layer, "device", device), inside each region)."""
+        for key, times, live in self._curves(columns, ts, nbytes, self._level):
+            self._raise_peak(key, live, times)
+            if self._region_bounds is not None and len(key) == 3 and key[1] == "device":
+                region = np.searchsorted(self._region_bounds, times, side="right") - 1
+                bounds = np.flatnonzero(np.diff(region)) + 1
+                for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(region)]):
+                    if 0 <= region[start] < len(self._region_bounds) - 1:
+                        self._raise_peak((*key, "region", int(region[start])), live[start:stop], times[start:stop])
 
     def _raise_peak(self, key: tuple, live: np.ndarray, times: np.ndarray) -> None:
         """Keep `key`'s highest of `live` (at `times`, ascending), the first time reached."""
@@ -246,18 +250,7 @@ class PeakTracker:
         """Each (layer, device)'s curve over these changes: its highest and its lowest point
         in each stretch between two edges (the first time reached), each kept where beyond
         the stretch's so far (a stretch can span batches)."""
-        width = len(self._labels) + 1
-        combined = layer * width + device
-        order = np.lexsort((ts, combined))
-        combined, ts, nbytes = combined[order], ts[order], nbytes[order]
-        bounds = np.flatnonzero(np.diff(combined)) + 1
-        for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(combined)]):
-            key = (self._labels[layer[order[start]]], self._labels[device[order[start]]])
-            live = self._curve_level[key] + np.cumsum(nbytes[start:stop])
-            times = ts[start:stop]
-            last_of_time = np.append(times[1:] != times[:-1], True)
-            live, times = live[last_of_time], times[last_of_time]
-            self._curve_level[key] = int(live[-1])
+        for key, times, live in self._curves((layer, device), ts, nbytes, self._curve_level):
             stretch = np.searchsorted(self._edges, times, side="right")
             firsts = np.r_[0, np.flatnonzero(np.diff(stretch)) + 1]
             kept = self._stretch_points.setdefault(key, {})

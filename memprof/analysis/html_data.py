@@ -17,7 +17,7 @@ Bytes are never added across layers: each layer has its own curve and its own tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -147,7 +147,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
               samples: pd.DataFrame | None, meta: RecordingMeta, canonical_stack: Mapping[int, int] | None = None,
               top: int = 20, max_points: int = MAX_POINTS, native_frames: str = DEFAULT_NATIVE_FRAMES,
               min_age_ns: int = DEFAULT_MIN_AGE_NS, leaks: LeakResult | None = None,
-              gpu: GpuBreakdown | None = None, curve_times_ns: np.ndarray | None = None,
+              gpu: GpuBreakdown | None = None, curve_times_ns: Sequence[int] | None = None,
               curve_extremes: Mapping | None = None) -> HtmlData:
     """The page's data for one recording (module docstring). Leaks are judged as `memprof
     report leaks` judges them with its defaults and `min_age_ns`; `leaks` (that judgement
@@ -184,7 +184,7 @@ def html_data(events: pd.DataFrame, lifetimes: Lifetimes, *, stacks: pd.DataFram
 # ---- curves ---------------------------------------------------------------------------------
 
 def timeline_series(lifetimes: Lifetimes, samples: pd.DataFrame | None, *,
-                    max_points: int = MAX_POINTS, at_ns: np.ndarray | None = None,
+                    max_points: int = MAX_POINTS, at_ns: Sequence[int] | None = None,
                     extremes: Mapping | None = None) -> list[Series]:
     """Live bytes of each (layer, device), layers outermost first (only at `at_ns` and through
     `extremes` where given: series.layer_series), then each sampled (metric, device) series sorted but

@@ -14,7 +14,7 @@ value is exact. Sampled allocations count by their weight, as on `layers.live_cu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,7 +61,7 @@ class ExportTimeline:
 
 def export_timeline(lifetimes: Lifetimes, events: pd.DataFrame, samples: pd.DataFrame | None, *,
                     start_ns: int, end_ns: int, max_points: int = DEFAULT_MAX_POINTS,
-                    at_ns: np.ndarray | None = None, extremes: Mapping | None = None) -> ExportTimeline:
+                    at_ns: Sequence[int] | None = None, extremes: Mapping | None = None) -> ExportTimeline:
     """The counters (`layer_series` + `sample_series`) and instants (`instants`) of a
     recording spanning [start_ns, end_ns], each curve cut to at most `max_points` points;
     the layers' curves only at `at_ns` and through `extremes` where given (a fold's kept moments
@@ -90,7 +90,7 @@ def downsample_max(times: np.ndarray, values: np.ndarray, max_points: int = DEFA
 
 
 def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
-                 at_ns: np.ndarray | None = None, extremes: Mapping | None = None) -> list[CounterSeries]:
+                 at_ns: Sequence[int] | None = None, extremes: Mapping | None = None) -> list[CounterSeries]:
     """Live bytes of each (layer, device) over time: layers in schema order (unknown names
     after, sorted), devices sorted. Allocations without a size count 0 bytes. `at_ns`
     (ascending ns): the curves only at those times (a fold's kept moments, Fold.instants_ns,
@@ -108,16 +108,15 @@ def layer_series(lifetimes: Lifetimes, max_points: int = DEFAULT_MAX_POINTS,
     series = []
     for layer, device in _layer_device_order(layer_codes, layer_names, device_codes, device_names):
         mask = (layer_codes == layer) & (device_codes == device)
+        name, device_name = label_of(layer_names[layer]), _device_label(device, device_names)
         times, live = live_curve(alloc_ts[mask], end_ts[mask], size[mask])
         if at_ns is not None:
             times, live = _at(times, live, at_ns)
-            name, device_name = label_of(layer_names[layer]), _device_label(device, device_names)
             times, live = _with_points(times, live, (extremes or {}).get((name, device_name)))
             if len(times) == 0:  # only allocations kept for a missed free, after every kept moment
                 continue
         kept_times, kept_live = downsample_max(times, live, max_points)
-        series.append(CounterSeries(kind="layer", name=label_of(layer_names[layer]),
-                                    device=_device_label(device, device_names), unit="bytes",
+        series.append(CounterSeries(kind="layer", name=name, device=device_name, unit="bytes",
                                     times_ns=kept_times, values=kept_live, points_in=len(times)))
     return series
 
@@ -133,7 +132,7 @@ def _with_points(times: np.ndarray, live: np.ndarray, points) -> tuple[np.ndarra
     return all_times, all_live[first]
 
 
-def _at(times: np.ndarray, live: np.ndarray, at_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _at(times: np.ndarray, live: np.ndarray, at_ns: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The step curve (times, live: layers.live_curve) read at each of `at_ns` from its first
     event on (before it the layer held nothing, and a curve starts at its first event)."""
     at_ns = np.asarray(at_ns, dtype=np.int64)
