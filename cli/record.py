@@ -194,7 +194,8 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
 @click.option("-q", "--quiet", is_flag=True,
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, host_label, pid, duration, max_size, sources, force, stack_every, page_stack_every, user_stack_every, user_pages,
+def record(output, host_label, pid, duration, max_size, sources, force, stack_every, page_stack_every, user_stack_every,
+           user_pages,
            native_sample_bytes, native_probes,
            allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
            command):
@@ -212,11 +213,8 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     process tree has exited, at --duration, or on Ctrl-C; each finalizes the recording.
     memprof's own threads run at SCHED_BATCH once it records: they never preempt the command.
     """
-    from memprof.cli import console
-    from memprof.cli.status import StatusLine
-    from memprof.capture.session import RecordRequest, Session
-    from memprof.sources.agent_reader.source import AgentOptions
-    from memprof.sources.ebpf.source import EbpfOptions
+    from memprof.sources.ebpf import early
+    from memprof.sources.ebpf.options import EbpfOptions
     from memprof.sources.ebpf.kmem import KmemOptions
     from memprof.sources.cpython.frames import PythonOptions
 
@@ -231,15 +229,20 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
         raise click.UsageError("--allocator-prefix names an allocator's own functions, which only uprobes reach; "
                                "drop --native-probes preload")
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
+    ebpf = EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes, native_probes=native_probes,
+                       user_stack_every=user_stack_every, allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
+                       python=PythonOptions(enabled=python_frames))
+    early.begin(ebpf)  # bcc compiles on a thread while the recorder below is imported and checks its input
+
+    from memprof.cli import console
+    from memprof.cli.status import StatusLine
+    from memprof.capture.session import RecordRequest, Session
+    from memprof.sources.agent_reader.source import AgentOptions
     request = RecordRequest(
         command=list(command) or None, pid=pid, output=output, duration_s=duration, force=force, host=host_label,
         max_size_bytes=max_size,
         output_tag=job_tag(list(command), os.environ, host_label or platform.node()),
-        ebpf=EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes,
-                         native_probes=native_probes,
-                         user_stack_every=user_stack_every,
-                         allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
-                         python=PythonOptions(enabled=python_frames)),
+        ebpf=ebpf,
         agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps, torch_modules=torch_modules),
     )
     status = StatusLine(console.err, enabled=not quiet)

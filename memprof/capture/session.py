@@ -9,13 +9,12 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
-from memprof.capture.compactor import Compactor
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -43,6 +42,9 @@ TEARDOWN_BURST = 8
 TEARDOWN_MAX_S = 2.0
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+if TYPE_CHECKING:  # imported where --max-size asks for it: it brings pandas, which a recording needs nowhere else
+    from memprof.capture.compactor import Compactor
+
 _SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the child got its own
 
 
@@ -421,6 +423,7 @@ class Session:
         owner_uid = self.owner.uid if self.owner else os.geteuid()
         self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
         if req.max_size_bytes:
+            from memprof.capture.compactor import Compactor
             self.compactor = Compactor(self.writer, req.max_size_bytes, origin_ns=meta.start_ns)
 
     def _start_ns(self) -> int:
@@ -433,6 +436,7 @@ class Session:
     def _loop(self, root: int) -> RecordResult:
         _yield_to_target()  # before the sampler thread starts: it inherits it
         self.files.run(_yield_to_target)  # the file thread runs already
+        self.source.prefetch_kernel_symbols()  # for the first flush, at SCHED_BATCH like the rest
         self.sampler.pids = (root,)
         self.sampler.start()
         start = time.monotonic()
@@ -461,6 +465,7 @@ class Session:
                     tree_gone_at = now
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
+                    self.source.detach_process_probes()  # the kernel's last frees still come through kmem
                 if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_event):
                     break
         except RecordingWriteError as e:

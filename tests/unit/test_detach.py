@@ -65,3 +65,40 @@ def test_one_probe_is_left_to_cleanup():
     bpf._all_in = threading.Barrier(1)
     detach_in_parallel(bpf)
     assert bpf.detached == [] and bpf.tracepoint_fds == {b"sched:a": 3}
+
+
+class FakeBccWithCleanup(FakeBcc):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cleaned_up_after: list[bytes] | None = None
+
+    def cleanup(self) -> None:
+        self.cleaned_up_after = list(self.detached)
+
+
+def test_process_probes_are_detached_when_the_tree_exits_and_stop_waits_for_them():
+    """EbpfSource.detach_process_probes detaches the perf-event probes (uprobes, sched and
+    syscall tracepoints) on a thread, while the session waits for the kernel's last frees;
+    stop() waits for that thread before bcc's cleanup(), and detaches nothing twice."""
+    from memprof.sources.ebpf.source import EbpfSource
+    tracepoints, uprobes = [b"sched:sched_process_exit", b"syscalls:sys_enter_mmap"], [b"p__lib_0x10_1"]
+    bpf = FakeBccWithCleanup(tracepoints, uprobes)
+    source = EbpfSource()
+    source._bpf = bpf
+    source.detach_process_probes()
+    source.detach_process_probes()  # once only
+    source.stop()
+    assert sorted(bpf.detached) == sorted(tracepoints + uprobes)
+    assert bpf.cleaned_up_after == bpf.detached  # cleanup() came after every detach
+    assert source._bpf is None
+
+
+def test_kernel_symbols_are_read_once_prefetched(monkeypatch):
+    from memprof.sources.ebpf import source as S
+    reads = []
+    monkeypatch.setattr(S.KernelSymbols, "load", classmethod(lambda cls: reads.append(1) or "kallsyms"))
+    src = S.EbpfSource()
+    src.prefetch_kernel_symbols()
+    src.prefetch_kernel_symbols()
+    assert src._kernel_symbols() == "kallsyms" and src._kernel_symbols() == "kallsyms"
+    assert reads == [1]

@@ -18,6 +18,7 @@ from memprof.sources.cpython.frames import python_cflags
 from memprof.sources.ebpf import kmem as K
 from memprof.sources.ebpf.bpfinfo import prog_stats
 from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf import early
 from memprof.sources.ebpf.bpfload import captured_stderr, is_load_failure, load_failure, load_program
 
 USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
@@ -48,9 +49,10 @@ def compile_program(options, enabled: Callable[[str], bool]):
         raise SourceUnavailableError("bcc is not importable", "install python3-bpfcc (make setup), and run memprof from a Python that sees it") from e
     if enabled("kmem") and K.tracefs_root() is None:
         raise SourceUnavailableError("tracefs is not mounted (no kmem tracepoints found)", "mount -t tracefs nodev /sys/kernel/tracing")
-    src_dir = bpf_source_dir()
-    text = program_text(src_dir, kmem=enabled("kmem"))
-    cflags = [f"-I{src_dir}", *program_cflags(options, enabled)]
+    text, cflags = program_source(options, enabled)
+    compiled = early.take(text, cflags)
+    if compiled is not None:
+        return compiled
     with captured_stderr() as diagnostics:
         try:
             return BPF(text=text, cflags=cflags)
@@ -61,6 +63,13 @@ def compile_program(options, enabled: Callable[[str], bool]):
     first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))
     raise SourceUnavailableError(f"could not compile the eBPF probes: {first_error}",
                                  "run `memprof doctor`: bcc needs kernel headers at /lib/modules/$(uname -r)/build")
+
+
+def program_source(options, enabled: Callable[[str], bool]) -> tuple[str, list[str]]:
+    """(program text, compiler flags) for `options`: what bcc compiles. The flags include
+    -w: clang's header warnings (on every compile) would otherwise reach fd 2."""
+    src_dir = bpf_source_dir()
+    return program_text(src_dir, kmem=enabled("kmem")), [f"-I{src_dir}", "-w", *program_cflags(options, enabled)]
 
 
 def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:

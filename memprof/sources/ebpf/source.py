@@ -9,55 +9,23 @@ event-table columns, and the symbols subpackage interns and symbolizes stacks at
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from memprof.model import SourceStats
-from memprof.sources.cpython.frames import PythonFrames, PythonOptions
-from memprof.sources.ebpf import kmem as K
+from memprof.sources.cpython.frames import PythonFrames
 from memprof.sources.ebpf import records as R
-from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
+from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
 from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
 from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 from memprof.sources.symbols.procs import ProcessTable
 from memprof.sources.symbols.stacks import StackInterner, UserStack
 from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer
-
-DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
-# record --native-sample-bytes: an allocation of S bytes is recorded with probability
-# min(1, S / 64 KiB). On GPT-2 generation and the training bench, the libc heap's weighted
-# bytes (allocated, and live at the end) came within 2 % of the unsampled run's from one row
-# in 80 and one in 150; its weighted count within 10 % (bench/RESULTS.md, bench/native_cost.py).
-DEFAULT_NATIVE_SAMPLE_BYTES = 64 << 10
-ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
-
-
-@dataclass
-class EbpfOptions:
-    """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
-    to processes that map libc10 / libcuda. `native_sample_bytes`: libc allocations are sampled by size (0 = every one).
-    `native_preload`: the path of memprof's LD_PRELOAD interposer (memprof/preload) when the
-    command was given it, so the native family probes its markers; "" = uprobes on libc."""
-
-    families: tuple[str, ...] = DEFAULT_FAMILIES
-    kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
-    native_sample_bytes: int = DEFAULT_NATIVE_SAMPLE_BYTES
-    native_probes: str = "auto"  # record --native-probes: auto, preload or uprobes (memprof/preload)
-    native_preload: str = ""
-    user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
-    allocator_prefix: str = ""
-    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
-    ringbuf_bytes: int = 128 << 20
-    stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
-    user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
-    addr_filter_bits_log2: int = 26
-    python: PythonOptions = field(default_factory=PythonOptions)
-
 
 class EbpfSource:
     """Compile, attach, poll and account for every eBPF probe family.
@@ -79,6 +47,8 @@ class EbpfSource:
         self._tracepoints = Tracepoints()
         self._libraries: LibraryProbes | None = None
         self._python: PythonFrames | None = None
+        self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
+        self._process_probes_detach: threading.Thread | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
 
     def enabled(self, family: str) -> bool:
@@ -88,8 +58,8 @@ class EbpfSource:
     def start(self, pids: list[int]) -> None:
         """Compile, attach, and begin following `pids` and their future descendants."""
         known = known_libraries(self.options, self.command_path)
-        # ELF symbol tables are read on a thread while bcc compiles, not at the first
-        # flushes, which come while the target runs.
+        # ELF symbol tables are read on a thread while bcc compiles (begun by early.py, taken
+        # by compile_program), not at the first flushes, which come while the target runs.
         self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, pids))
         self._bpf = compile_program(self.options, self.enabled)
         if self.enabled("kmem"):
@@ -103,11 +73,25 @@ class EbpfSource:
         self._python.install()
         self._python.prewarm(self.command_path)
         # kallsyms is read at the first flush, not here: the command waits for start() to return.
-        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, KernelSymbols.load,
+        self._stacks = StackInterner(self._read_stack, self.processes.maps_of, self._kernel_symbols,
                                      python_frames=self._python.frames, read_user_stack=self._read_user_stack,
                                      user_symbols=self._symbols.user)
         for pid in pids:
             self.track(pid)
+
+    def prefetch_kernel_symbols(self) -> None:
+        """Read kallsyms on a thread of its own, from now: once the command runs, so that the
+        first flush finds it read (~0.12 s here) and the command never waits for it. It must
+        come after the start's programs are loaded: kallsyms names them, and they top every
+        kernel stack (dropped by name)."""
+        if self._kallsyms is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-kallsyms")
+            self._kallsyms = pool.submit(KernelSymbols.load)
+            pool.shutdown(wait=False)
+
+    def _kernel_symbols(self) -> KernelSymbols:
+        """kallsyms, as prefetched (an error reading it is raised here, as a direct read's would be)."""
+        return self._kallsyms.result() if self._kallsyms is not None else KernelSymbols.load()
 
     def track(self, pid: int, before_exec: bool = False) -> None:
         """Follow `pid` (and its future children). `before_exec`: it is memprof's own gated
@@ -212,11 +196,24 @@ class EbpfSource:
     def live_tgids(self) -> list[int]:
         return self.processes.live()
 
+    def detach_process_probes(self) -> None:
+        """The target's whole tree has exited: detach, on a thread, the probes only its
+        processes reach (uprobes; the sched, syscall and signal tracepoints, which filter on
+        tracked pids). Each detach waits out an RCU grace period in the kernel (~0.3 s for
+        all, here), which now passes while the session waits for the kernel's last frees;
+        the kmem tracepoints that report those stay attached until stop()."""
+        if self._bpf is not None and self._process_probes_detach is None:
+            self._process_probes_detach = threading.Thread(target=detach_in_parallel, args=(self._bpf,),
+                                                           name="memprof-detach", daemon=True)
+            self._process_probes_detach.start()
+
     def stop(self) -> None:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
         self._tracepoints.detach()
+        if self._process_probes_detach is not None:
+            self._process_probes_detach.join()
         if self._bpf is not None:
             detach_in_parallel(self._bpf)
             self._bpf.cleanup()

@@ -279,8 +279,8 @@ class SymbolPrewarm:
     """Reads the ELF symbol tables of `paths` into `user` (a UserSymbolizer) on a thread of
     its own, while the recorder does other work.
 
-    The recorder starts one before bcc compiles its programs (~4 s here, in a ctypes call
-    that releases the GIL), so that the first flushes after the target starts do not read
+    The recorder starts one while bcc compiles its programs (1.3-2 s here, on a thread of
+    sources/ebpf/early.py, in ctypes calls that release the GIL), so that the first flushes after the target starts do not read
     them: libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.2 s to read and sort, and
     reading them while the target runs competes with it for what the CPUs share. `user` must
     not be used by anyone else before `wait()` returns; files that cannot be read are

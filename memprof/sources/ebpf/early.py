@@ -1,0 +1,133 @@
+"""Compiling and loading the BPF program before the recorder asks for it (issue 24: start-up).
+
+bcc's compile (1.3-2.0 s on the project's VM) and the kernel's check of each program
+(~0.5 s for all) are C calls that release the GIL. `begin(options)` starts both on a thread
+the moment `record` knows its options, so they overlap what start-up does meanwhile:
+importing the recorder (pyarrow, pandas), checking the output, finding the libraries to
+probe. `loading.compile_program` then takes the compiled object (`take`) when its text and
+flags are those it would compile; otherwise (the options changed, or `begin` never ran) it
+compiles as before.
+
+Nothing of the thread reaches the terminal. While it runs, fd 2 is a file (clang's
+diagnostics, a refused program's verifier log), and memprof's own `sys.stderr` writes to a
+copy of the terminal's descriptor, from `begin` on. A failure here is kept quiet: the
+foreground compiles or loads again, captures the diagnostics, and raises its typed error,
+as it did before this module.
+
+The thread is not a daemon: an exit while LLVM compiles (an early error, Ctrl-C) waits for
+it, rather than running LLVM's global destructors under it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+LOAD_THREADS = 4
+_pending: "_Early | None" = None
+
+
+@dataclass
+class _Early:
+    text: str
+    cflags: list[str]
+    programs: list[tuple[str, int]]  # (program, bcc program type) to load once compiled
+    done: threading.Event = field(default_factory=threading.Event)
+    bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
+
+
+def begin(options) -> None:
+    """Start compiling the program for `options` (an EbpfOptions) and loading the programs
+    every recording with them loads at its start. Does nothing where this process may not
+    load BPF programs (the foreground then says why), or when a compile already began."""
+    global _pending
+    from memprof.capture.may_record import can_record
+    if _pending is not None or not can_record():
+        return
+    from memprof.sources.ebpf.loading import program_source
+    enabled = lambda family: family in options.families  # noqa: E731  (EbpfSource.enabled)
+    text, cflags = program_source(options, enabled)
+    _pending = _Early(text, cflags, _programs_loaded_at_start(options, enabled))
+    _keep_own_stderr_on_terminal()
+    threading.Thread(target=_compile, args=(_pending,), name="memprof-compile").start()
+
+
+def take(text: str, cflags: list[str]):
+    """The BPF object `begin` compiled from exactly `text` and `cflags`, waiting for it;
+    None when there is none (never begun, other flags, or it failed: compile it here). Each
+    compile is taken once; one compiled from other flags is released."""
+    global _pending
+    early, _pending = _pending, None
+    if early is None:
+        return None
+    early.done.wait()  # even when unused: its thread must give fd 2 back before anyone compiles
+    if early.text == text and early.cflags == cflags:
+        return early.bpf
+    if early.bpf is not None:
+        early.bpf.cleanup()  # its maps: the ring buffer alone pins ringbuf_bytes of kernel memory
+    return None
+
+
+def _programs_loaded_at_start(options, enabled) -> list[tuple[str, int]]:
+    """The programs EbpfSource.start loads whatever the command: the kmem tracepoints', the
+    code-learning pair (cpython/frames.py), and every program of the torch and cuda families
+    (library_probes: attached now, or verified for a library mapped later). The native
+    family's depend on the interposer's choice, made later: they are loaded in the foreground."""
+    from bcc import BPF
+    from memprof.sources.ebpf import kmem as K
+    from memprof.sources.ebpf import uprobes as U
+    programs = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
+    programs += [("mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("mp_py_learn_up", BPF.KPROBE)]
+    for name, family in U.FAMILIES.items():
+        if enabled(name):
+            programs += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
+    return list(dict.fromkeys(programs))
+
+
+def _compile(early: _Early) -> None:
+    from bcc import BPF
+    from memprof.sources.ebpf.bpfload import captured_stderr
+    try:
+        with captured_stderr():
+            try:
+                early.bpf = BPF(text=early.text, cflags=early.cflags)
+            except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
+                return
+            _load_in_parallel(early.bpf, early.programs)
+    finally:
+        early.done.set()
+
+
+def _load_in_parallel(bpf, programs: list[tuple[str, int]]) -> None:
+    """Load `programs` into `bpf` on one thread per CPU (at most LOAD_THREADS). The kernel
+    checks each program in the loading thread, in a system call that releases the GIL: eight
+    of the 27 default programs take ~50 ms each here. bcc keeps each loaded program for the
+    foreground's load_func; one that fails is loaded again there, which shows the verifier's
+    log."""
+    def load(program: tuple[str, int]) -> None:
+        try:
+            bpf.load_func(program[0].encode(), program[1])  # bytes: bcc warns of str names
+        except Exception:  # bcc raises bare Exception
+            pass
+
+    workers = max(1, min(LOAD_THREADS, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memprof-load") as pool:
+        list(pool.map(load, programs))
+
+
+def _keep_own_stderr_on_terminal() -> None:
+    """Point `sys.stderr` at a copy of fd 2, so memprof's own messages reach the terminal
+    while the thread has fd 2 on a file. The copy is close-on-exec (os.dup): commands memprof
+    starts get fd 2 itself, which is back on the terminal by then (`take` waits for it).
+    Left as it is where sys.stderr is not fd 2 (a test's capture, CliRunner)."""
+    stream = sys.stderr
+    try:
+        if stream is None or stream.fileno() != 2:
+            return
+    except (AttributeError, OSError, ValueError):
+        return
+    stream.flush()
+    sys.stderr = open(os.dup(2), "w", buffering=1, encoding=stream.encoding, errors=stream.errors)

@@ -1,0 +1,41 @@
+"""What the eBPF source probes and how: the options `record` gives it.
+
+Kept apart from source.py, which imports numpy and pandas, so that `record` can build them
+and start bcc's compile (early.py) before those imports (issue 24: start-up)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memprof.sources.cpython.frames import PythonOptions
+from memprof.sources.ebpf import kmem as K
+from memprof.sources.ebpf import uprobes as U
+
+DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
+# record --native-sample-bytes: an allocation of S bytes is recorded with probability
+# min(1, S / 64 KiB). On GPT-2 generation and the training bench, the libc heap's weighted
+# bytes (allocated, and live at the end) came within 2 % of the unsampled run's from one row
+# in 80 and one in 150; its weighted count within 10 % (bench/RESULTS.md, bench/native_cost.py).
+DEFAULT_NATIVE_SAMPLE_BYTES = 64 << 10
+ALL_FAMILIES = ("kmem", "torch", "cuda", "native")
+
+
+@dataclass
+class EbpfOptions:
+    """What to probe and how. `families` ⊆ ALL_FAMILIES; torch and cuda probes attach only
+    to processes that map libc10 / libcuda. `native_sample_bytes`: libc allocations are sampled by size (0 = every one).
+    `native_preload`: the path of memprof's LD_PRELOAD interposer (memprof/preload) when the
+    command was given it, so the native family probes its markers; "" = uprobes on libc."""
+
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    kmem: K.KmemOptions = field(default_factory=K.KmemOptions)
+    native_sample_bytes: int = DEFAULT_NATIVE_SAMPLE_BYTES
+    native_probes: str = "auto"  # record --native-probes: auto, preload or uprobes (memprof/preload)
+    native_preload: str = ""
+    user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
+    allocator_prefix: str = ""
+    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
+    ringbuf_bytes: int = 128 << 20
+    stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
+    user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
+    addr_filter_bits_log2: int = 26
+    python: PythonOptions = field(default_factory=PythonOptions)

@@ -1,0 +1,102 @@
+"""bcc's compile, begun on a thread before the recorder is imported (sources/ebpf/early.py):
+the foreground gets that very object with the start-up programs loaded, nothing of the
+compile reaches the terminal, fd 2 is back before any command starts, and a failure is
+reported once, by the foreground, as before."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from memprof.sources.ebpf import early
+from memprof.sources.ebpf.loading import compile_program, program_source
+from memprof.sources.ebpf.options import EbpfOptions
+
+
+def _enabled(options):
+    return lambda family: family in options.families
+
+
+def _fd2_identity() -> tuple[int, int]:
+    st = os.fstat(2)
+    return st.st_dev, st.st_ino
+
+
+def test_the_foreground_takes_the_early_object_with_every_start_up_program_loaded():
+    options = EbpfOptions()
+    fd2 = _fd2_identity()
+    early.begin(options)
+    pending = early._pending
+    assert pending is not None and len(pending.programs) >= 10
+    bpf = compile_program(options, _enabled(options))
+    try:
+        assert bpf is pending.bpf
+        loaded = {name.decode() for name in bpf.funcs}
+        assert {name for name, _ in pending.programs} <= loaded
+        assert early._pending is None  # taken once
+        assert _fd2_identity() == fd2
+    finally:
+        bpf.cleanup()
+
+
+def test_an_early_compile_of_other_flags_is_released_and_not_used():
+    options = EbpfOptions()
+    early.begin(options)
+    pending = early._pending
+    text, cflags = program_source(options, _enabled(options))
+    assert early.take(text, [*cflags, "-DOTHER_FLAGS=1"]) is None
+    assert pending.done.is_set() and pending.bpf is not None
+    assert pending.bpf.module is None  # bcc's cleanup() ran: its maps and programs are freed
+    assert early._pending is None
+
+
+def test_take_without_begin_is_none():
+    assert early.take("int f(void *c) { return 0; }", ["-w"]) is None
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120)
+
+
+def test_memprofs_own_messages_reach_the_terminal_while_the_compile_has_fd_2():
+    proc = _run("""
+        import os, sys
+        from memprof.sources.ebpf import early
+        from memprof.sources.ebpf.options import EbpfOptions
+        early.begin(EbpfOptions())
+        print("while compiling", file=sys.stderr, flush=True)
+        assert sys.stderr.fileno() != 2
+        early.take(*__import__("memprof.sources.ebpf.loading", fromlist=["x"]).program_source(
+            EbpfOptions(), lambda f: f in EbpfOptions().families)).cleanup()
+        os.write(2, b"fd 2 is back\\n")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["while compiling", "fd 2 is back"]
+
+
+def test_a_program_that_fails_to_compile_is_reported_once_by_the_foreground():
+    proc = _run("""
+        import sys
+        from memprof.errors import SourceUnavailableError
+        from memprof.sources.ebpf import early, loading
+        from memprof.sources.ebpf.options import EbpfOptions
+        loading.program_source = lambda options, enabled: ("this is not C;", ["-w"])
+        options = EbpfOptions()
+        early.begin(options)
+        try:
+            loading.compile_program(options, lambda f: f in options.families)
+        except SourceUnavailableError as e:
+            print("typed:", e, file=sys.stderr)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("typed: could not compile the eBPF probes: ") and "error" in lines[0]
+
+
+def test_record_prints_no_compiler_text(run_memprof, tmp_path):
+    proc = run_memprof("record", "-o", str(tmp_path / "t.memprof"), "--", "true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "loading probes" in proc.stderr
+    assert "In file included" not in proc.stderr and "warning:" not in proc.stderr
+
