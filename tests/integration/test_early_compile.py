@@ -51,6 +51,29 @@ def test_an_early_compile_of_other_flags_is_released_and_not_used():
     assert early._pending is None
 
 
+def test_the_working_directory_stays_while_bcc_compiles():
+    """bcc's compile changes the working directory into the kernel's build folder and back;
+    on its thread of its own (unshare(CLONE_FS)), memprof's main thread never sees it."""
+    here, seen = os.getcwd(), set()
+    options = EbpfOptions()
+    early.begin(options)
+    pending = early._pending
+    while not pending.done.is_set():
+        seen.add(os.getcwd())
+    text, cflags = program_source(options, _enabled(options))
+    early.take(text, cflags).cleanup()
+    assert seen == {here}
+
+
+def test_record_runs_a_relative_command_into_a_relative_output(run_memprof, tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\necho ran > ran.txt\n")
+    script.chmod(0o755)
+    proc = run_memprof("record", "-q", "-o", "rel.memprof", "--", "./run.sh", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "rel.memprof" / "meta.json").is_file() and (tmp_path / "ran.txt").read_text() == "ran\n"
+
+
 def test_take_without_begin_is_none():
     assert early.take("int f(void *c) { return 0; }", ["-w"]) is None
 

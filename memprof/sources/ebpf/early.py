@@ -15,14 +15,15 @@ foreground compiles or loads again, captures the diagnostics, and raises its typ
 as it did before this module.
 
 The thread is not a daemon: an exit while LLVM compiles (an early error, Ctrl-C) waits for
-it, rather than running LLVM's global destructors under it.
+it, rather than running LLVM's global destructors under it. It has a working directory of
+its own (unshare(CLONE_FS)), since bcc's compile changes into the kernel's build folder and
+back; where the kernel refuses that, nothing is begun early.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,16 +88,33 @@ def _programs_loaded_at_start(options, enabled) -> list[tuple[str, int]]:
     return list(dict.fromkeys(programs))
 
 
+CLONE_FS = 0x00000200  # <sched.h>: the working directory, root and umask
+
+
+def _own_working_directory() -> bool:
+    """Give the calling thread a working directory of its own (unshare(CLONE_FS)); False
+    where the kernel refuses. bcc's compile changes the working directory into the kernel's
+    build folder and back (its DirStack): on a thread sharing it, memprof's main thread
+    would meanwhile resolve `./train.sh` or `-o run.memprof` in that folder."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.unshare(CLONE_FS) == 0
+
+
 def _compile(early: _Early) -> None:
     from bcc import BPF
     from memprof.sources.ebpf.bpfload import captured_stderr
     try:
+        if not _own_working_directory():
+            return  # the foreground compiles, on the main thread, as before
         with captured_stderr():
             try:
                 early.bpf = BPF(text=early.text, cflags=early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
                 return
             _load_in_parallel(early.bpf, early.programs)
+    except Exception:  # never a traceback from here: what failed is done again in the foreground
+        pass
     finally:
         early.done.set()
 
@@ -107,15 +125,27 @@ def _load_in_parallel(bpf, programs: list[tuple[str, int]]) -> None:
     of the 27 default programs take ~50 ms each here. bcc keeps each loaded program for the
     foreground's load_func; one that fails is loaded again there, which shows the verifier's
     log."""
-    def load(program: tuple[str, int]) -> None:
-        try:
-            bpf.load_func(program[0].encode(), program[1])  # bytes: bcc warns of str names
-        except Exception:  # bcc raises bare Exception
-            pass
+    queue = list(programs)
 
-    workers = max(1, min(LOAD_THREADS, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memprof-load") as pool:
-        list(pool.map(load, programs))
+    def load_some() -> None:
+        while True:
+            try:
+                name, kind = queue.pop()
+            except IndexError:
+                return
+            try:
+                bpf.load_func(name.encode(), kind)  # bytes: bcc warns of str names
+            except Exception:  # bcc raises bare Exception
+                pass
+
+    # Plain threads, not a ThreadPoolExecutor: when memprof exits early (a usage error) while
+    # the compile runs, concurrent.futures refuses new work once the interpreter shuts down.
+    workers = [threading.Thread(target=load_some, name="memprof-load")
+               for _ in range(max(1, min(LOAD_THREADS, os.cpu_count() or 1)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 def _keep_own_stderr_on_terminal() -> None:
