@@ -70,6 +70,17 @@ def _power_of_two(ctx, param, value):
     return value
 
 
+MIN_RING_BUFFER, MAX_RING_BUFFER = 1 << 20, 1 << 30
+
+
+def _ring_buffer(ctx, param, value: str) -> int:
+    """--ring-buffer: bytes, a power of two the kernel's BPF ring buffer accepts."""
+    size = _size(value)
+    if size & (size - 1) or not MIN_RING_BUFFER <= size <= MAX_RING_BUFFER:
+        raise click.BadParameter(f"must be a power of two from 1MiB to 1GiB (e.g. 32MiB), got {value}")
+    return size
+
+
 def _step_range(ctx, param, value):
     """"A-B" (steps, 1-based, inclusive) → (A, B); None stays None."""
     if value is None:
@@ -158,6 +169,13 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
 @click.option("--user-stack-every", default=16, show_default=True, callback=_power_of_two,
               help="The same for user-space allocators (torch, cuda, native): one in N unwinds its native "
                    "stack, the others share their call site's (Python frames are read for every one).")
+@click.option("--ring-buffer", default="128MiB", show_default=True, metavar="SIZE", callback=_ring_buffer,
+              help="Kernel memory for events on their way to memprof (a power of two). A burst that outruns "
+                   "memprof's reading waits there; once it is full, events are lost and counted (the summary "
+                   "and meta.json say how many). memprof's resident size counts it twice (the kernel maps it "
+                   "twice): 32MiB makes memprof about 200 MB smaller, but with two kernel-heavy processes on "
+                   "two CPUs it lost up to 4 % of their events, and 64MiB up to 1 %, where the default lost "
+                   "none (bench/RESULTS.md).")
 @click.option("--user-pages", is_flag=True, help="Also record user and page-cache pages (movable) in kernel_page.")
 @click.option("--native-sample-bytes", default="64KiB", show_default=True, callback=lambda c, p, v: _size(v),
               help="native: take each libc allocation with probability min(1, size/N) and weight it by "
@@ -195,7 +213,7 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
               help="Only the final line: no phases (loading probes, recording, finalizing), no live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, host_label, pid, duration, max_size, sources, force, stack_every, page_stack_every, user_stack_every,
-           user_pages,
+           ring_buffer, user_pages,
            native_sample_bytes, native_probes,
            allocator_prefix, alloc_probes, python_frames, agent, torch_profile_steps, torch_modules, quiet,
            command):
@@ -231,7 +249,7 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
     ebpf = EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes, native_probes=native_probes,
                        user_stack_every=user_stack_every, allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
-                       python=PythonOptions(enabled=python_frames))
+                       ringbuf_bytes=ring_buffer, python=PythonOptions(enabled=python_frames))
     early.begin(ebpf)  # bcc compiles on a thread while the recorder below is imported and checks its input
 
     from memprof.cli import console

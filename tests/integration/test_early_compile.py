@@ -123,3 +123,11 @@ def test_record_prints_no_compiler_text(run_memprof, tmp_path):
     assert "loading probes" in proc.stderr
     assert "In file included" not in proc.stderr and "warning:" not in proc.stderr
 
+
+def test_the_ring_buffer_is_the_size_asked_for(run_memprof, tmp_path):
+    import json
+    out = tmp_path / "r.memprof"
+    proc = run_memprof("record", "-q", "--ring-buffer", "8MiB", "-o", str(out), "--", "true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    detail = json.loads((out / "meta.json").read_text())["sources"]["ebpf"]["detail"]
+    assert detail["ring_buffer_bytes"] == 8 << 20

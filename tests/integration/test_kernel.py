@@ -544,7 +544,9 @@ def test_not_root_exits_3_before_running_the_command(nobody_dir, run_memprof):
 @pytest.mark.parametrize("args, phrase", [
     (("--duration", "abc", "--", "true"), "--duration"),
     ((), "nothing to record"),
-], ids=["bad-duration", "no-command"])
+    (("--ring-buffer", "48MiB", "--", "true"), "power of two from 1MiB to 1GiB"),
+    (("--ring-buffer", "2GiB", "--", "true"), "power of two from 1MiB to 1GiB"),
+], ids=["bad-duration", "no-command", "ring-not-a-power-of-two", "ring-too-large"])
 def test_record_usage_errors_exit_2(tmp_path, run_memprof, args, phrase):
     assert_error(run_memprof("record", *args, cwd=tmp_path), 2, phrase)
     assert list(tmp_path.iterdir()) == []

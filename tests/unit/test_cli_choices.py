@@ -86,9 +86,10 @@ def test_record_defaults_are_the_librarys():
                         "--page-stack-every": kmem.page_stack_every, "--user-stack-every": options.user_stack_every}
 
 
-def test_native_sampling_default_is_the_librarys():
+def test_native_sampling_and_ring_buffer_defaults_are_the_librarys():
     from memprof.units import parse_size
     assert parse_size(_option(record.record, "--native-sample-bytes").default) == EbpfOptions().native_sample_bytes
+    assert parse_size(_option(record.record, "--ring-buffer").default) == EbpfOptions().ringbuf_bytes
 
 
 def test_reading_commands_default_to_the_table():

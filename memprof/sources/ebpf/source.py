@@ -174,7 +174,7 @@ class EbpfSource:
             nested_in_scratch=total(R.CNT_SCRATCH_BUSY), mixed_sites=total(R.CNT_SITE_MIXED),
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
-            native_sample_bytes=self.options.native_sample_bytes,
+            native_sample_bytes=self.options.native_sample_bytes, ring_buffer_bytes=self.options.ringbuf_bytes,
             user_stack_sample_every=self.options.user_stack_every)
         self.stats.missed = self._tracepoints.missed(self._bpf, counters, self.stats.detail)
         costs = program_costs(self._bpf)
