@@ -29,9 +29,15 @@ test: setup
 unit:
 	$(PY) -m pytest -q tests/unit
 
+# One bench per goal of issue 24, each printing memprof beside its anchor, measured in the
+# same run (bcc's memleak-bpfcc, memray: installed on first use); results in bench/RESULTS.md.
 bench: setup
-	$(PY) bench/churn_overhead.py
-	$(PY) bench/startup_latency.py
+	$(PY) bench/startup_latency.py                                  # start-up, peak RSS: memleak
+	$(PY) bench/churn_overhead.py                                   # kernel churn: memleak
+	$(PY) bench/train_overhead.py --runs baseline,control,memprof,memray  # whole process and loop: memray
+	$(PY) bench/native_cost.py                                      # +native, whole commands: memray --native
+	$(PY) bench/kernel_stack_sampling.py                            # sampled kernel stacks vs unsampled
+	$(PY) bench/ring_size.py --workers 2                            # ring buffer size vs lost events
 
 clean:
 	rm -rf demo.memprof build dist *.egg-info
