@@ -240,8 +240,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     kinds = _with_younger(kinds, younger)
     released = _released_growth_findings(trends, held, allocations)
     leaks = _biggest_first([f for f in kinds if f.is_leak] + [f for f in released if f.is_leak])
-    not_leaks = ([f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak]
-                 + _shape_only_findings(trends, held, allocations, None))
+    shaped, shaped_total = _shape_only_findings(trends, held, allocations, top)
+    not_leaks = [f for f in kinds if not f.is_leak] + state_chains + [f for f in released if not f.is_leak] + shaped
     missed = {layer: n for layer, n in lifetimes.missed_frees.items() if wanted is None or layer in wanted}
     folded = lifetimes.folded_modules_of(wanted)
     shown = _with_ranks(with_chain_modules(leaks[:top], allocations, folded=folded, canonical_stack=canonical_stack),
@@ -251,7 +251,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     return LeakResult(findings=shown, not_leaks=shown_not, end_ns=int(end_ns),
                       min_age_ns=int(min_age_ns), recording_end_ns=int(recording_end_ns), missed_frees=missed,
                       checkpoints=checkpoints if trends.judged else None, top=top, findings_total=len(leaks),
-                      not_leaks_total=len(not_leaks), younger_count=int(round(younger["weight"].sum())),
+                      not_leaks_total=len(not_leaks) - len(shaped) + shaped_total,
+                      younger_count=int(round(younger["weight"].sum())),
                       younger_bytes=int(round(younger["size_bytes"].sum())), model_state=model_state)
 
 
@@ -552,15 +553,35 @@ def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: f
     pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)
     is_python = _in(allocations["stack_id"], python_stacks)
     on_main = is_python & (pid == allocations["tid"].to_numpy(dtype=np.int64, na_value=-2))
-    # kind="table": a lookup over the main pids' range (numpy's default here sorted all 5·10^6: 0.2 s)
-    python = is_python & np.isin(pid, pd.unique(pid[on_main]), kind="table")
-    if not python.any():
+    # Only the processes of `rows` whose main thread ran Python matter: usually one or a few.
+    wanted = np.intersect1d(pid[rows], pd.unique(pid[on_main]))
+    if not len(wanted):
         return out
     ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    first = pd.Series(ts[python]).groupby(pid[python]).min()  # sorted by pid
-    pids, firsts = first.index.to_numpy(dtype=np.int64), first.to_numpy(dtype=np.int64)
+    pids, firsts = _first_python_ns(pid, ts, is_python, wanted)
+    if not len(pids):
+        return out
     at = np.minimum(np.searchsorted(pids, pid[rows]), len(pids) - 1)
     return (pids[at] == pid[rows]) & (ts[rows] < firsts[at])
+
+
+# Up to this many processes, each one's first Python allocation is one masked pass over the
+# allocations (~15 ms per 5·10^6 here); past it, one groupby over all of them (~0.15 s).
+_PASS_PER_PROCESS_UP_TO = 8
+
+
+def _first_python_ns(pid: np.ndarray, ts: np.ndarray, is_python: np.ndarray,
+                     wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pids ascending, ns of each one's first allocation with Python frames), for the pids
+    `wanted` (unique) that have one."""
+    if len(wanted) > _PASS_PER_PROCESS_UP_TO:
+        # kind="table": a lookup over the pids' range (numpy's default sorted all 5·10^6: 0.2 s)
+        python = is_python & np.isin(pid, wanted, kind="table")
+        first = pd.Series(ts[python]).groupby(pid[python]).min()  # sorted by pid
+        return first.index.to_numpy(dtype=np.int64), first.to_numpy(dtype=np.int64)
+    found = [(p, ts[is_python & (pid == p)]) for p in wanted.tolist()]
+    found = [(p, int(t.min())) for p, t in found if len(t)]
+    return np.array([p for p, _ in found], dtype=np.int64), np.array([t for _, t in found], dtype=np.int64)
 
 
 def _whole_chains(held: pd.DataFrame, mask: np.ndarray) -> np.ndarray:
@@ -702,24 +723,29 @@ def _chains_of(held: pd.DataFrame) -> set:
 
 
 def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: pd.DataFrame,
-                         top: int | None) -> list[LeakFinding]:
-    """Not-a-leak findings for sawtooth and plateau chains that held nothing at the end, by
-    their highest checkpoint (what the user sees rise in the curve, explained); the `top`
-    biggest."""
+                         top: int | None) -> tuple[list[LeakFinding], int]:
+    """(not-a-leak findings for the sawtooth and plateau chains that held nothing at the end,
+    by their highest checkpoint: what the user sees rise in the curve, explained; how many
+    such chains there are). Only the `top` biggest are built, in _biggest_first's order, so
+    that they hold every one of them the `top` biggest of all not-leaks can take: a third of
+    the chains on a churning workload are sawtooths (11,709 on bench/analysis_speed.py's
+    recording), and `report leaks` shows ten."""
     held_chains = _chains_of(held)
     shaped = [(chain, t) for chain, t in trends.by_chain.items()
               if t.shape in ("sawtooth", "plateau") and chain not in held_chains]
     if not shaped:
-        return []
-    # The highest checkpoint of every shaped chain at once (a third of the chains on a
-    # churning workload are sawtooths: 11,709 on bench/analysis_speed.py's recording).
+        return [], 0
+    # The highest checkpoint of every shaped chain at once, as trends.peak_of takes it (the first).
     rows = np.array([trends.series.row_of[chain] for chain, _ in shaped])
-    peaks = trends.series.live_bytes[rows].max(axis=1).tolist()
-    order = sorted(range(len(shaped)), key=lambda i: (-peaks[i], shaped[i][0][1] is None, shaped[i][0][1] or 0))
-    shaped = [shaped[i] for i in order[:top]]
-    firsts = _alloc_span_of_chains(allocations, trends, [chain for chain, _ in shaped])
+    at = trends.series.live_bytes[rows].argmax(axis=1)
+    peak_bytes = np.round(trends.series.live_bytes[rows, at]).astype(np.int64).tolist()
+    peak_count = np.round(trends.series.live_count[rows, at]).astype(np.int64).tolist()
+    order = sorted(range(len(shaped)), key=lambda i: (-peak_bytes[i], -peak_count[i], shaped[i][0][1] is None,
+                                                      shaped[i][0][1] or 0))
+    chosen = [shaped[i] for i in order[:top]]
+    firsts = _alloc_span_of_chains(allocations, trends, [chain for chain, _ in chosen])
     return [_at_peak(trends, chain, firsts[chain], growth_bytes_per_s=0.0, kind=LeakKind.NOT_A_LEAK.value,
-                     reason=trend.shape) for chain, trend in shaped]
+                     reason=trend.shape) for chain, trend in chosen], len(shaped)
 
 
 def _alloc_span_of_chains(allocations: pd.DataFrame, trends: ChainTrends, chains: list) -> dict:

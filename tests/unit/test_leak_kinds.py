@@ -10,7 +10,7 @@ import pytest
 from memprof.analysis.caches import (KnownChains, address_space_stacks, kernel_cache_stacks, known_chains,
                                      memprof_stacks, slab_page_stacks, startup_stacks, thread_stacks)
 from memprof.analysis.checkpoints import find_checkpoints, live_by_group
-from memprof.analysis.leaks import find_leaks
+from memprof.analysis.leaks import cut, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.analysis.trend import classify, mann_kendall_confidence, theil_sen
 from tests.factories import events_frame, ev, stacks_frames
@@ -138,6 +138,31 @@ def test_a_sawtooth_buffer_is_not_a_leak_whether_or_not_held_at_the_end():
     result = judged(rows, end_ns=43 * S)
     assert result.findings == []
     assert [(f.reason, f.resets) for f in result.not_leaks] == [("sawtooth", 7)]
+
+
+def many_sawtooths(chains=12) -> list[dict]:
+    """`chains` sawtooth chains (stacks 10, 11, …), each one more buffer a step, all released
+    every 5th step and at the last: sizes repeat every four chains, so peaks tie."""
+    rows = step_marks(40)
+    for c in range(chains):
+        size, base = (c % 4 + 1) * MiB, 0xA000_0000 + c * 0x1000_0000
+        for k in range(1, 41):
+            rows.append(ev(k * S + S // 2 + c, "alloc", base + k * size, size, 10 + c))
+            if k % 5 == 0:
+                rows += [ev(k * S + S // 2 + 100 + c * 10 + j, "free", base + j * size) for j in range(k - 4, k + 1)]
+    return rows
+
+
+@pytest.mark.parametrize("top", [1, 3, 5, 11])
+def test_the_sawtooths_shown_under_top_are_those_a_cut_of_all_shows(top):
+    """Only the `top` biggest sawtooth findings are built: the same, in the same order, as
+    cutting the uncut result, and the total still counts every one."""
+    rows = many_sawtooths()
+    shown, everything = judged(rows, end_ns=43 * S, top=top), judged(rows, end_ns=43 * S, top=None)
+    assert len(everything.not_leaks) == 12 and {f.reason for f in everything.not_leaks} == {"sawtooth"}
+    assert shown.not_leaks == cut(everything, top).not_leaks
+    assert [f.stack_id for f in shown.not_leaks] == [13, 17, 21, 12, 16, 20, 11, 15, 19, 10, 14][:top]
+    assert shown.not_leaks_total == everything.not_leaks_total == 12
 
 
 def test_windows_stand_in_for_steps_when_there_are_no_step_marks():
@@ -488,3 +513,20 @@ def test_one_buffer_made_larger_each_step_then_released_is_a_requests_working_me
     (cache,) = result.not_leaks
     assert (cache.reason, cache.live_count, cache.released_before_end) == ("grows_within", 1, True)
     assert cache.slope_bytes_per_step == pytest.approx(24 * KiB)
+
+
+@pytest.mark.parametrize("processes", [1, 3, 8, 9, 40])
+def test_each_processes_first_python_allocation_is_the_same_by_either_way_of_finding_it(processes):
+    """leaks._first_python_ns: one masked pass per process up to a few, one groupby past
+    them; both give each wanted process's earliest allocation with Python frames, and leave
+    out a process that has none."""
+    from memprof.analysis import leaks as L
+    rng = np.random.default_rng(processes)
+    pid = rng.integers(100, 100 + processes + 2, 5000)  # two pids that are never wanted
+    ts = rng.permutation(5000).astype(np.int64) * 10
+    is_python = rng.random(5000) < 0.3
+    is_python[pid == 100] = False  # a wanted process that never ran Python
+    wanted = np.arange(100, 100 + processes)
+    pids, firsts = L._first_python_ns(pid, ts, is_python, wanted)
+    expected = {p: ts[is_python & (pid == p)].min() for p in wanted.tolist() if (is_python & (pid == p)).any()}
+    assert dict(zip(pids.tolist(), firsts.tolist())) == expected and list(pids) == sorted(expected)
