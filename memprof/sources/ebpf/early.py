@@ -109,7 +109,7 @@ def _compile(early: _Early) -> None:
             return  # the foreground compiles, on the main thread, as before
         with captured_stderr():
             try:
-                early.bpf = BPF(text=early.text, cflags=early.cflags)
+                early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
                 return
             _load_in_parallel(early.bpf, early.programs)
