@@ -67,6 +67,13 @@ class _Code:
     lines: list  # pylines ranges: (start, end, line)
 
 
+def learning_programs() -> tuple[tuple[str, str, int], ...]:
+    """(prog array, program, bcc program type) of the code-learning programs that
+    PythonFrames.install loads (sources/ebpf/early.py loads them ahead)."""
+    from bcc import BPF
+    return (("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("py_learn_up", "mp_py_learn_up", BPF.KPROBE))
+
+
 @dataclass
 class PythonFrames:
     """Per-process interpreter registration and stack resolution, over the BPF maps `bpf`."""
@@ -88,9 +95,7 @@ class PythonFrames:
 
     def install(self) -> None:
         """Put the code-learning programs where the allocation programs tail-call them."""
-        from bcc import BPF
-        for array, fn, kind in (("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT),
-                                ("py_learn_up", "mp_py_learn_up", BPF.KPROBE)):
+        for array, fn, kind in learning_programs():
             prog = load_program(self.bpf, fn, kind)
             self.bpf[array][ctypes.c_int(0)] = ctypes.c_int(prog.fd)
 

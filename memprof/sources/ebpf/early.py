@@ -78,10 +78,11 @@ def _programs_loaded_at_start(options, enabled) -> list[tuple[str, int]]:
     (library_probes: attached now, or verified for a library mapped later). The native
     family's depend on the interposer's choice, made later: they are loaded in the foreground."""
     from bcc import BPF
+    from memprof.sources.cpython.frames import learning_programs
     from memprof.sources.ebpf import kmem as K
     from memprof.sources.ebpf import uprobes as U
     programs = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
-    programs += [("mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("mp_py_learn_up", BPF.KPROBE)]
+    programs += [(fn, kind) for _, fn, kind in learning_programs()]
     for name, family in U.FAMILIES.items():
         if enabled(name):
             programs += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
