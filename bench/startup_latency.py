@@ -5,6 +5,11 @@
 - returning: the wall time of `record -q -- true`;
 - peak RSS: the recorder's (wait4's ru_maxrss of `record -q -- true`).
 
+Each is measured twice per repeat: warm (bcc's compiled program taken from memprof's cache,
+sources/ebpf/compiled_cache.py; a first run before the repeats makes sure the entry is
+there) and cold, as the first run after install is (MEMPROF_BPF_CACHE=0: bcc compiles;
+the true first run also writes the entry, 5-10 ms on the compile thread).
+
 The anchor is bcc's memleak tracing the kernel for one interval (`memleak-bpfcc 1 1`): its
 wall time less that 1 s interval, and its peak RSS. (`memleak-bpfcc -c CMD` is no anchor
 here: on this Debian it exits with "could not determine address of symbol malloc" after
@@ -32,18 +37,21 @@ TRUE = shutil.which("true")
 MEMLEAK = shutil.which("memleak-bpfcc")
 
 
-def latency(prefix: list[str]) -> float:
+COLD = {**os.environ, "MEMPROF_BPF_CACHE": "0"}
+
+
+def latency(prefix: list[str], env: dict | None = None) -> float:
     """Seconds from invoking `prefix + date` to date's first instruction."""
     t0 = time.time_ns()
-    out = subprocess.run([*prefix, DATE, "+%s%N"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*prefix, DATE, "+%s%N"], capture_output=True, text=True, check=True, env=env).stdout
     started = int(out.strip().splitlines()[0])
     return (started - t0) / 1e9
 
 
-def returning(argv: list[str]) -> tuple[float, int]:
+def returning(argv: list[str], env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS in bytes) of running `argv` to its end."""
     t0 = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - t0
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -63,14 +71,17 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="memprof-startup-"))
     memprof = [sys.executable, "-m", "memprof", "record", "-q", "--force"]
-    rows: dict[str, list[float]] = {k: [] for k in ("direct", "latency", "wall", "rss", "memleak_wall", "memleak_rss")}
+    rows: dict[str, list[float]] = {k: [] for k in ("direct", "latency", "wall", "rss", "latency_cold", "wall_cold",
+                                                    "rss_cold", "memleak_wall", "memleak_rss")}
     try:
+        returning([*memprof, "-o", str(tmp / "prime.memprof"), "--", TRUE])  # the cache entry, if absent
         for i in range(args.repeats):
             rows["direct"].append(latency([]))
-            rows["latency"].append(latency([*memprof, "-o", str(tmp / f"date{i}.memprof"), "--"]))
-            wall, rss = returning([*memprof, "-o", str(tmp / f"true{i}.memprof"), "--", TRUE])
-            rows["wall"].append(wall)
-            rows["rss"].append(rss)
+            for suffix, env in (("", None), ("_cold", COLD)):
+                rows["latency" + suffix].append(latency([*memprof, "-o", str(tmp / f"date{i}.memprof"), "--"], env))
+                wall, rss = returning([*memprof, "-o", str(tmp / f"true{i}.memprof"), "--", TRUE], env)
+                rows["wall" + suffix].append(wall)
+                rows["rss" + suffix].append(rss)
             if MEMLEAK:
                 wall, rss = returning([MEMLEAK, "1", "1"])
                 rows["memleak_wall"].append(wall - 1.0)
@@ -78,10 +89,12 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"median of {args.repeats}:")
-    print("  " + median_line("reaching the command: memprof record", rows["latency"], 1e3, "ms")
-          + f"; date directly {statistics.median(rows['direct']) * 1e3:.1f} ms")
-    print("  " + median_line("returning: memprof record -- true", rows["wall"], 1e3, "ms"))
-    print("  " + median_line("peak RSS: memprof record -- true", rows["rss"], 1e-6, "MB"))
+    for suffix, what in (("", "warm (compiled program from the cache)"), ("_cold", "cold (bcc compiles: a first run)")):
+        print(f"  {what}:")
+        print("    " + median_line("reaching the command: memprof record", rows["latency" + suffix], 1e3, "ms")
+              + f"; date directly {statistics.median(rows['direct']) * 1e3:.1f} ms")
+        print("    " + median_line("returning: memprof record -- true", rows["wall" + suffix], 1e3, "ms"))
+        print("    " + median_line("peak RSS: memprof record -- true", rows["rss" + suffix], 1e-6, "MB"))
     if MEMLEAK:
         print("  " + median_line("returning: memleak-bpfcc 1 1, less its 1 s interval", rows["memleak_wall"], 1e3, "ms"))
         print("  " + median_line("peak RSS: memleak-bpfcc 1 1", rows["memleak_rss"], 1e-6, "MB"))

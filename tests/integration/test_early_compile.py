@@ -11,6 +11,7 @@ import textwrap
 
 from memprof.sources.ebpf import early
 from memprof.sources.ebpf.loading import compile_program, program_source
+from memprof.sources.ebpf.compiled_cache import OFF_ENV as NO_CACHE
 from memprof.sources.ebpf.options import EbpfOptions
 
 
@@ -51,9 +52,10 @@ def test_an_early_compile_of_other_flags_is_released_and_not_used():
     assert early._pending is None
 
 
-def test_the_working_directory_stays_while_bcc_compiles():
+def test_the_working_directory_stays_while_bcc_compiles(monkeypatch):
     """bcc's compile changes the working directory into the kernel's build folder and back;
     on its thread of its own (unshare(CLONE_FS)), memprof's main thread never sees it."""
+    monkeypatch.setenv(NO_CACHE, "0")  # a compile, not the compiled_cache entry of an earlier one
     here, seen = os.getcwd(), set()
     options = EbpfOptions()
     early.begin(options)
@@ -79,7 +81,9 @@ def test_take_without_begin_is_none():
 
 
 def _run(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120)
+    """`script` in a Python of its own, compiling (the cache off): what it checks is the compile's."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, NO_CACHE: "0"})
 
 
 def test_memprofs_own_messages_reach_the_terminal_while_the_compile_has_fd_2():
@@ -118,7 +122,8 @@ def test_a_program_that_fails_to_compile_is_reported_once_by_the_foreground():
 
 
 def test_record_prints_no_compiler_text(run_memprof, tmp_path):
-    proc = run_memprof("record", "-o", str(tmp_path / "t.memprof"), "--", "true", cwd=tmp_path)
+    proc = run_memprof("record", "-o", str(tmp_path / "t.memprof"), "--", "true", cwd=tmp_path,
+                       env={**os.environ, NO_CACHE: "0"})  # compiling, not taking a cached object
     assert proc.returncode == 0, proc.stderr
     assert "loading probes" in proc.stderr
     assert "In file included" not in proc.stderr and "warning:" not in proc.stderr

@@ -104,15 +104,19 @@ def _own_working_directory() -> bool:
 
 def _compile(early: _Early) -> None:
     from bcc import BPF
+    from memprof.sources.ebpf import compiled_cache
     from memprof.sources.ebpf.bpfload import captured_stderr
     try:
         if not _own_working_directory():
             return  # the foreground compiles, on the main thread, as before
         with captured_stderr():
-            try:
-                early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
-            except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
-                return
+            early.bpf = compiled_cache.load(early.text, early.cflags)
+            if early.bpf is None:
+                try:
+                    early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
+                except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
+                    return
+                compiled_cache.store(early.bpf, early.text, early.cflags)
             _load_in_parallel(early.bpf, early.programs)
     except Exception:  # never a traceback from here: what failed is done again in the foreground
         pass

@@ -18,7 +18,7 @@ from memprof.sources.cpython.frames import python_cflags
 from memprof.sources.ebpf import kmem as K
 from memprof.sources.ebpf.bpfinfo import prog_stats
 from memprof.sources.ebpf import records as R
-from memprof.sources.ebpf import early
+from memprof.sources.ebpf import compiled_cache, early
 from memprof.sources.ebpf.bpfload import captured_stderr, is_load_failure, load_failure, load_program
 
 USER_STACK_DEPTH = 127  # frames kept per user stack (the kernel's perf_event_max_stack default)
@@ -51,13 +51,18 @@ def compile_program(options, enabled: Callable[[str], bool]):
         raise SourceUnavailableError("tracefs is not mounted (no kmem tracepoints found)", "mount -t tracefs nodev /sys/kernel/tracing")
     text, cflags = program_source(options, enabled)
     compiled = early.take(text, cflags)
-    if compiled is not None:
+    if compiled is None:
+        compiled = compiled_cache.load(text, cflags)
+    if compiled is not None:  # not `or`: bcc's BPF object is falsy until a table is read (its __len__)
         return compiled
     with captured_stderr() as diagnostics:
         try:
-            return BPF(text=text, cflags=cflags)
+            compiled = BPF(text=text.encode(), cflags=cflags)  # bytes: bcc warns of str
         except Exception as e:  # bcc raises bare Exception on compile failure
             failure = e
+    if compiled is not None:
+        compiled_cache.store(compiled, text, cflags)
+        return compiled
     if is_load_failure(failure):  # compiled; bcc then loads the classic tracepoint programs
         raise load_failure(failure) from failure
     first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))

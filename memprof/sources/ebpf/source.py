@@ -175,7 +175,8 @@ class EbpfSource:
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
             native_sample_bytes=self.options.native_sample_bytes, ring_buffer_bytes=self.options.ringbuf_bytes,
-            user_stack_sample_every=self.options.user_stack_every)
+            user_stack_sample_every=self.options.user_stack_every,
+            program_from_cache=getattr(self._bpf, "FROM_CACHE", False))  # compiled_cache.py: no compile this run
         self.stats.missed = self._tracepoints.missed(self._bpf, counters, self.stats.detail)
         costs = program_costs(self._bpf)
         if costs:

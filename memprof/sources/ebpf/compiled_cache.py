@@ -1,0 +1,290 @@
+"""bcc's compiled program kept across runs, so that a warm start compiles nothing (issue 24).
+
+bcc compiles memprof's program on every run (1.3-2.7 s, and ~270 MB of LLVM's memory), and
+its Python API has no cache of the compiled object. What the compile produces is small
+and plain: each program's instructions, whose only references are map file descriptors
+(ld_imm64 with BPF_PSEUDO_MAP_FD), the maps' definitions, and the BTF the task-storage
+maps need. `store` writes those, after a compile, to one JSON file (never a pickle) named
+by a hash of everything that decides the compile's output: the program text and flags,
+the kernel (release and build: tracepoint layouts and headers), the kernel headers bcc
+compiled against, and bcc itself. `load` rebuilds from that file a `CachedBPF`: bcc's own
+BPF class, its maps created and programs loaded by the bpf() system call instead of from a
+compiled module. Everything memprof does with a BPF object (tables, load_func, the
+attach_* calls, cleanup) works on it unchanged; bcc's tables and attach calls need only
+the map and program file descriptors.
+
+The cache is root's: /var/cache/memprof/bpf, made 0700, every folder on the way owned by
+root and writable by no one else, each file opened without following links and used only
+when root owns it and no one else can write it. Nothing it holds is trusted beyond what
+the kernel checks anyway: a program from the cache goes through the verifier like a
+compiled one. Any problem with an entry (absent, foreign, corrupt, a map the kernel
+refuses) makes `load` return None, and the caller compiles as before. MEMPROF_BPF_CACHE=0
+turns the cache off (benches measure the first run after install with it).
+"""
+from __future__ import annotations
+
+import base64
+import ctypes
+import hashlib
+import json
+import os
+import stat
+import struct
+import threading
+
+from memprof.sources.ebpf.bpfinfo import btf_raw, map_info
+
+CACHE_DIR = "/var/cache/memprof/bpf"
+FORMAT = 1  # bump when what an entry holds, or how it is read, changes
+KEEP_ENTRIES = 16  # a recording's options make one entry; older ones beyond this are removed
+OFF_ENV = "MEMPROF_BPF_CACHE"
+
+# bpf() commands and constants (include/uapi/linux/bpf.h)
+# what an instruction may name that the cache relocates, or refuses (include/uapi/linux/bpf.h)
+_LD_IMM64 = 0x18
+_PSEUDO_MAP_FD = 1
+_CALL = 0x85
+_PSEUDO_CALL = 1
+# Programs bcc's __init__ attaches by their names' prefix; the cache rebuilds only these two.
+_AUTOLOADED = (b"tracepoint__", b"raw_tracepoint__")
+_OTHER_AUTOLOADED = (b"kprobe__", b"kretprobe__", b"kfunc__", b"kretfunc__", b"lsm__")
+
+
+class NotCacheable(Exception):
+    """A compiled program this cache cannot rebuild (say, a BPF-to-BPF call): it is not stored."""
+
+
+def enabled() -> bool:
+    """Whether to use the cache: as root, unless MEMPROF_BPF_CACHE=0."""
+    return os.geteuid() == 0 and os.environ.get(OFF_ENV, "1") != "0"
+
+
+def cache_key(text: str, cflags: list[str]) -> str:
+    """The hash naming the entry for a compile of `text` with `cflags` on this machine."""
+    h = hashlib.sha256()
+    for part in (str(FORMAT), text, "\0".join(cflags), *_machine_inputs()):
+        h.update(part.encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+def _machine_inputs() -> list[str]:
+    """What, besides the text and flags, decides what bcc's compile produces here."""
+    uname = os.uname()
+    release = uname.release
+    inputs = [release, uname.version]
+    for path in (f"/lib/modules/{release}/build", f"/lib/modules/{release}/source", _loaded_libbcc()):
+        try:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+            inputs.append(f"{real}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            inputs.append(f"{path}:absent")
+    import bcc
+    inputs.append(f"bcc {getattr(bcc, '__version__', '?')}")
+    return inputs
+
+
+def _loaded_libbcc() -> str:
+    """The path of the libbcc this process uses (bcc's Python loads it by soname)."""
+    import bcc.libbcc  # noqa: F401  (its import loads libbcc)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(" ")[-1]
+            if "/libbcc.so" in path:
+                return path
+    return "libbcc.so.0"
+
+
+# -- the folder and its files -------------------------------------------------------------
+
+def _open_cache_dir(create: bool) -> int | None:
+    """A descriptor of CACHE_DIR when every folder on its path is root's and writable by
+    no one else (made 0700 where `create` and absent); None otherwise."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in CACHE_DIR.strip("/").split("/"):
+            try:
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+            if not _root_only(os.fstat(fd)):
+                return _closed(fd)
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            return _closed(fd)  # the cache's own folder: root's alone, not even readable by others
+        return fd
+    except OSError:
+        return _closed(fd)
+
+
+def _root_only(st: os.stat_result) -> bool:
+    return st.st_uid == 0 and not (st.st_mode & 0o022)
+
+
+def _closed(fd: int) -> None:
+    os.close(fd)
+    return None
+
+
+def _read_entry(key: str) -> dict | None:
+    dir_fd = _open_cache_dir(create=False)
+    if dir_fd is None:
+        return None
+    try:
+        fd = os.open(f"{key}.json", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return _closed(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _root_only(st):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            entry = json.loads(f.read())
+        return entry if isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.close(dir_fd)
+
+
+def _write_entry(key: str, entry: dict) -> None:
+    """Write `entry` as the file for `key`, whole or not at all (a temporary file renamed)."""
+    dir_fd = _open_cache_dir(create=True)
+    if dir_fd is None:
+        return
+    temporary = f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f)
+        os.replace(temporary, f"{key}.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        _drop_oldest(dir_fd)
+    except OSError:
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except OSError:
+            pass
+    finally:
+        os.close(dir_fd)
+
+
+def _drop_oldest(dir_fd: int) -> None:
+    names = [n for n in os.listdir(dir_fd) if n.endswith(".json")]
+    if len(names) <= KEEP_ENTRIES:
+        return
+    aged = sorted(names, key=lambda n: os.stat(n, dir_fd=dir_fd, follow_symlinks=False).st_mtime_ns)
+    for name in aged[:len(names) - KEEP_ENTRIES]:
+        os.unlink(name, dir_fd=dir_fd)
+
+
+# -- what a compile produced, as an entry ------------------------------------------------
+
+def store(bpf, text: str, cflags: list[str]) -> None:
+    """Keep what bcc compiled into `bpf` for the next run with the same `text` and `cflags`.
+    Never raises: a program the cache cannot rebuild, or a folder it may not use, is
+    simply not kept."""
+    if not enabled() or getattr(bpf, "module", None) is None:
+        return
+    try:
+        key = cache_key(text, cflags)
+        _write_entry(key, {"format": FORMAT, "key": key, **_export(bpf)})
+    except (NotCacheable, OSError, ValueError):
+        pass
+
+
+def _export(bpf) -> dict:
+    lib = _libbcc()
+    module = bpf.module
+    maps, index_of_fd, btf_ids = [], {}, set()
+    for map_id in range(lib.bpf_num_tables(module)):
+        name = lib.bpf_table_name(module, map_id)
+        fd = lib.bpf_table_fd_id(module, map_id)
+        info = map_info(fd)
+        if info.btf_key_type_id or info.btf_value_type_id:
+            btf_ids.add(info.btf_id)
+        index_of_fd[fd] = map_id
+        maps.append({"name": name.decode(), "type": info.type, "key_size": info.key_size,
+                     "value_size": info.value_size, "max_entries": info.max_entries, "flags": info.map_flags,
+                     "btf_key_type_id": info.btf_key_type_id, "btf_value_type_id": info.btf_value_type_id,
+                     "key_desc": lib.bpf_table_key_desc(module, name).decode(),
+                     "leaf_desc": lib.bpf_table_leaf_desc(module, name).decode()})
+    if len(btf_ids) > 1:
+        raise NotCacheable("maps typed by more than one BTF object")
+    functions = []
+    for i in range(lib.bpf_num_functions(module)):
+        name = lib.bpf_function_name(module, i)
+        if name.startswith(_OTHER_AUTOLOADED):
+            raise NotCacheable(f"{name!r} is attached by a prefix the cache does not rebuild")
+        insns = bpf.dump_func(name)
+        functions.append({"name": name.decode(), "insns": base64.b64encode(insns).decode(),
+                          "map_refs": _map_references(insns, index_of_fd)})
+    return {"license": lib.bpf_module_license(module).decode(), "kern_version": lib.bpf_module_kern_version(module),
+            "btf": base64.b64encode(btf_raw(btf_ids.pop())).decode() if btf_ids else None,
+            "maps": maps, "functions": functions}
+
+
+def _map_references(insns: bytes, index_of_fd: dict[int, int]) -> list[list[int]]:
+    """[instruction index, map index] of every map reference in `insns`; NotCacheable for
+    anything else that names a loading-time object (a BPF-to-BPF call, a map value)."""
+    refs = []
+    for i in range(0, len(insns) // 8):
+        code, regs, _off, imm = struct.unpack_from("<BBhi", insns, i * 8)
+        source = regs >> 4
+        if code == _LD_IMM64 and source == _PSEUDO_MAP_FD:
+            if imm not in index_of_fd:
+                raise NotCacheable(f"instruction {i} names fd {imm}, not one of the program's maps")
+            refs.append([i, index_of_fd[imm]])
+        elif code == _LD_IMM64 and source != 0:
+            raise NotCacheable(f"instruction {i} is a pseudo load of kind {source}")
+        elif code == _CALL and source == _PSEUDO_CALL:
+            raise NotCacheable("a BPF-to-BPF call")
+    return refs
+
+
+def load(text: str, cflags: list[str]):
+    """bcc's BPF object for `text` and `cflags` rebuilt from the cache (its maps created, the
+    programs bcc attaches on creation loaded and attached); None when there is no usable
+    entry or the kernel refuses any part of it: then compile."""
+    if not enabled():
+        return None
+    entry = _read_entry(cache_key(text, cflags))
+    if entry is None:
+        return None
+    from memprof.sources.ebpf.cached_bpf import CachedBPF  # bcc's BPF subclassed: imports bcc
+    try:
+        return CachedBPF(entry)  # which closes what it made when it fails
+    except Exception:  # a malformed entry, or bcc's bare Exception from an attach or a refusal
+        return None
+
+
+_lib = None
+
+
+def _libbcc():
+    """libbcc's module queries, declared on a handle of our own (bcc's declares fewer)."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(_loaded_libbcc())
+        for fn, res, args in (("bpf_num_tables", ctypes.c_ulonglong, [ctypes.c_void_p]),
+                              ("bpf_table_name", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]),
+                              ("bpf_table_fd_id", ctypes.c_int, [ctypes.c_void_p, ctypes.c_ulonglong]),
+                              ("bpf_table_key_desc", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_char_p]),
+                              ("bpf_table_leaf_desc", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_char_p]),
+                              ("bpf_num_functions", ctypes.c_ulonglong, [ctypes.c_void_p]),
+                              ("bpf_function_name", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]),
+                              ("bpf_module_license", ctypes.c_char_p, [ctypes.c_void_p]),
+                              ("bpf_module_kern_version", ctypes.c_uint, [ctypes.c_void_p])):
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, args
+        _lib = lib
+    return _lib
