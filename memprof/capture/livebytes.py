@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-import pandas as pd
 
 
 class LiveBytes:
@@ -17,8 +16,7 @@ class LiveBytes:
 
     def update(self, columns: dict) -> None:
         """`columns`: an events batch (layer and action as pandas Categoricals)."""
-        layer: pd.Categorical = columns["layer"]
-        action: pd.Categorical = columns["action"]
+        layer, action = columns["layer"], columns["action"]  # pandas Categoricals
         is_alloc = np.asarray(action == "alloc")
         memory = is_alloc | np.asarray(action == "free")
         if not memory.any():
@@ -28,6 +26,7 @@ class LiveBytes:
         keys = np.asarray(columns["addr"])[memory] | layer.codes[memory].astype(np.uint64)
         order = np.argsort(ts, kind="stable")
         keys, allocs = keys[order], is_alloc[memory][order]
+        import pandas as pd  # here, not at import: a recording imports it after the command starts (issue 24)
         sizes = np.asarray(pd.array(columns["size_bytes"])[memory].fillna(0), dtype=np.int64)[order]
         names = np.asarray(layer.categories, dtype=object)[layer.codes[memory][order]]
         _, last_rev = np.unique(keys[::-1], return_index=True)

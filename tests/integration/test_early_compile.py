@@ -136,3 +136,23 @@ def test_the_ring_buffer_is_the_size_asked_for(run_memprof, tmp_path):
     assert proc.returncode == 0, proc.stderr
     detail = json.loads((out / "meta.json").read_text())["sources"]["ebpf"]["detail"]
     assert detail["ring_buffer_bytes"] == 8 << 20
+
+
+def test_from_the_cache_the_late_families_load_behind_the_start():
+    """With bcc's compiled program in the cache, `take` returns once the programs attached
+    before the command are loaded; the torch and cuda families' are loaded on behind it, and
+    a foreground load (the first attach of such a library) waits for them."""
+    options = EbpfOptions()
+    text, cflags = program_source(options, _enabled(options))
+    compile_program(options, _enabled(options)).cleanup()  # compiles where the cache has no entry yet: stores it
+    early.begin(options)
+    pending = early._pending
+    assert pending.late and not set(pending.late) & set(pending.programs)
+    bpf = early.take(text, cflags)
+    try:
+        assert bpf is not None and bpf.FROM_CACHE and bpf.loads_behind
+        assert {name for name, _ in pending.programs} <= {name.decode() for name in bpf.funcs}
+        bpf.wait_behind()
+        assert {name for name, _ in pending.late} <= {name.decode() for name in bpf.funcs}
+    finally:
+        bpf.cleanup()

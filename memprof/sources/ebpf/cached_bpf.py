@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 from bcc import BPF
@@ -121,6 +122,9 @@ class CachedBPF(BPF):
         self.module = None
         self._map_fds: list[int] = []
         self._btf_fd: int | None = None
+        self._behind: threading.Thread | None = None
+        self._loading_lock = threading.Lock()
+        self._name_locks: dict[bytes, threading.Lock] = {}
         atexit.register(self.cleanup)
         self._license = entry["license"].encode()
         self._kern_version = int(entry["kern_version"])
@@ -149,19 +153,50 @@ class CachedBPF(BPF):
                 self.attach_raw_tracepoint(tp=name[len(b"raw_tracepoint__"):], fn_name=name)
 
     def load_func(self, func_name, prog_type, device=None, attach_type=-1):
-        func_name = func_name.encode() if isinstance(func_name, str) else func_name
-        if func_name in self.funcs:
-            return self.funcs[func_name]
-        function = self._functions.get(func_name)
-        if function is None:
-            raise Exception("Unknown program %s" % func_name)
+        """bcc's load_func, from the entry's instructions; it first waits for the loads going
+        on behind (`load_behind`), so that no program is loaded twice."""
         if device is not None or attach_type != -1:
             raise Exception(f"the BPF cache does not load {func_name!r} for a device or an attach type")
-        fd = load_program(prog_type, func_name, self._with_map_fds(function), self._license, self._kern_version,
-                          verifier_log=self._verifier_log)
-        fn = BPF.Function(self, func_name, fd)
-        self.funcs[func_name] = fn
-        return fn
+        self.wait_behind()
+        return self._load(func_name, prog_type, self._verifier_log)
+
+    def load_behind(self, programs: list[tuple[str, int]]) -> None:
+        """Load `programs` ((name, bcc program type)) on a thread, quietly: one the kernel
+        refuses is loaded again by the foreground call that needs it, which shows why."""
+        def load_all() -> None:
+            for name, kind in programs:
+                try:
+                    self._load(name, kind, verifier_log=False)
+                except Exception:  # bcc's bare Exception text, as load_func raises it
+                    pass
+        self._behind = threading.Thread(target=load_all, name="memprof-load-behind")
+        self._behind.start()
+
+    @property
+    def loads_behind(self) -> bool:
+        """Whether `load_behind` was given programs (LibraryProbes then leaves their check to it)."""
+        return self._behind is not None
+
+    def wait_behind(self) -> None:
+        behind = self._behind
+        if behind is not None and behind is not threading.current_thread():
+            behind.join()
+
+    def _load(self, func_name, prog_type, verifier_log: bool):
+        func_name = func_name.encode() if isinstance(func_name, str) else func_name
+        with self._loading_lock:  # the early loads run on several threads
+            lock = self._name_locks.setdefault(func_name, threading.Lock())
+        with lock:
+            if func_name in self.funcs:
+                return self.funcs[func_name]
+            function = self._functions.get(func_name)
+            if function is None:
+                raise Exception("Unknown program %s" % func_name)
+            fd = load_program(prog_type, func_name, self._with_map_fds(function), self._license, self._kern_version,
+                              verifier_log=verifier_log)
+            fn = BPF.Function(self, func_name, fd)
+            self.funcs[func_name] = fn
+            return fn
 
     def _with_map_fds(self, function: _Function) -> bytes:
         insns = bytearray(function.insns)
@@ -192,6 +227,7 @@ class CachedBPF(BPF):
         return table
 
     def close(self) -> None:
+        self.wait_behind()  # its loads use the maps closed here
         super().close()
         for fd in self._map_fds:
             os.close(fd)

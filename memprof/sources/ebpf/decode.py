@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where it is used: not before the recorded command starts (issue 24)
+    import pandas as pd
 
 from memprof.model import Action, Layer
 from memprof.model.schema import Mark
@@ -118,6 +120,7 @@ class MemoryDecoder:
 
 
 def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    import pandas as pd  # here, not at import: see above
     return pd.Categorical.from_codes(codes, dtype=_categorical_dtype(tuple(categories)))
 
 
@@ -125,9 +128,11 @@ def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
 def _categorical_dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
     """One dtype per category list, built once: building it validates the categories (an
     Index of strings), ~5 ms each time here, four columns a poll, every 20 ms."""
+    import pandas as pd
     return pd.CategoricalDtype(list(categories))
 
 
 def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
     """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
+    import pandas as pd
     return pd.arrays.IntegerArray(values.astype(np.int64), null_mask.astype(bool))

@@ -1,12 +1,15 @@
 """Compiling and loading the BPF program before the recorder asks for it (issue 24: start-up).
 
 bcc's compile (1.3-2.0 s on the project's VM) and the kernel's check of each program
-(~0.5 s for all) are C calls that release the GIL. `begin(options)` starts both on a thread
+(~0.5 s for all) are C calls that release the GIL; with bcc's compiled program in the
+cache (compiled_cache.py) the compile is ~40 ms of reading it and creating the maps. `begin(options)` starts both on a thread
 the moment `record` knows its options, so they overlap what start-up does meanwhile:
 importing the recorder (pyarrow, pandas), checking the output, finding the libraries to
 probe. `loading.compile_program` then takes the compiled object (`take`) when its text and
 flags are those it would compile; otherwise (the options changed, or `begin` never ran) it
-compiles as before.
+compiles as before. From a cached object, `take` waits only for the programs attached before
+the command starts; the torch and cuda families' are checked on behind it (CachedBPF.load_behind),
+and any foreground load waits for those first.
 
 Nothing of the thread reaches the terminal. While it runs, fd 2 is a file (clang's
 diagnostics, a refused program's verifier log), and memprof's own `sys.stderr` writes to a
@@ -35,7 +38,8 @@ _pending: "_Early | None" = None
 class _Early:
     text: str
     cflags: list[str]
-    programs: list[tuple[str, int]]  # (program, bcc program type) to load once compiled
+    programs: list[tuple[str, int]]  # (program, bcc program type) to load once compiled, before take returns
+    late: list[tuple[str, int]]  # the late families' programs: loaded after take returns, from a cached object
     done: threading.Event = field(default_factory=threading.Event)
     bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
 
@@ -51,7 +55,7 @@ def begin(options) -> None:
     from memprof.sources.ebpf.loading import program_source
     enabled = lambda family: family in options.families  # noqa: E731  (EbpfSource.enabled)
     text, cflags = program_source(options, enabled)
-    _pending = _Early(text, cflags, _programs_loaded_at_start(options, enabled))
+    _pending = _Early(text, cflags, *_programs_loaded_at_start(options, enabled))
     _keep_own_stderr_on_terminal()
     threading.Thread(target=_compile, args=(_pending,), name="memprof-compile").start()
 
@@ -72,21 +76,24 @@ def take(text: str, cflags: list[str]):
     return None
 
 
-def _programs_loaded_at_start(options, enabled) -> list[tuple[str, int]]:
-    """The programs EbpfSource.start loads whatever the command: the kmem tracepoints', the
-    code-learning pair (cpython/frames.py), and every program of the torch and cuda families
-    (library_probes: attached now, or verified for a library mapped later). The native
-    family's depend on the interposer's choice, made later: they are loaded in the foreground."""
+def _programs_loaded_at_start(options, enabled) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(before, late): the programs EbpfSource.start loads whatever the command. `before`:
+    the kmem tracepoints' and the code-learning pair (cpython/frames.py), attached before the
+    command starts. `late`: every program of the torch and cuda families (library_probes:
+    attached now if their library is already known, else verified for one mapped later).
+    The native family's depend on the interposer's choice, made later: they are loaded in
+    the foreground."""
     from bcc import BPF
     from memprof.sources.cpython.frames import learning_programs
     from memprof.sources.ebpf import kmem as K
     from memprof.sources.ebpf import uprobes as U
-    programs = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
-    programs += [(fn, kind) for _, fn, kind in learning_programs()]
+    before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
+    before += [(fn, kind) for _, fn, kind in learning_programs()]
+    late = []
     for name, family in U.FAMILIES.items():
         if enabled(name):
-            programs += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
-    return list(dict.fromkeys(programs))
+            late += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
+    return list(dict.fromkeys(before)), list(dict.fromkeys(late))
 
 
 CLONE_FS = 0x00000200  # <sched.h>: the working directory, root and umask
@@ -111,13 +118,17 @@ def _compile(early: _Early) -> None:
             return  # the foreground compiles, on the main thread, as before
         with captured_stderr():
             early.bpf = compiled_cache.load(early.text, early.cflags)
-            if early.bpf is None:
-                try:
-                    early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
-                except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
-                    return
-                compiled_cache.store(early.bpf, early.text, early.cflags)
-            _load_in_parallel(early.bpf, early.programs)
+            if early.bpf is not None:  # from the cache: the late families' loads go on behind, quietly
+                _load_in_parallel(early.bpf, early.programs)
+                early.bpf.load_behind(early.late)
+                return
+            try:
+                early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
+            except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
+                return
+            compiled_cache.store(early.bpf, early.text, early.cflags)
+            # bcc writes a refused program's verifier log to fd 2, captured only until take returns
+            _load_in_parallel(early.bpf, early.programs + early.late)
     except Exception:  # never a traceback from here: what failed is done again in the foreground
         pass
     finally:

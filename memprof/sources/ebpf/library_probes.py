@@ -88,6 +88,8 @@ class LibraryProbes:
         here (it reads Python frames); an allocation the target makes meanwhile is not seen.
         A refusal is left to the attach that needs the program, which reports it (mid-recording:
         in meta.json and the report's notes)."""
+        if getattr(self._bpf, "loads_behind", False):
+            return  # a cached object already loads them on a thread (early.py, CachedBPF.load_behind)
         probed = {family for _, family in self.probed}
         for name, family in self._families.items():
             if name in probed:
