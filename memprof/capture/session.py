@@ -20,6 +20,7 @@ from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
 from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent_reader.source import AgentOptions, AgentSource
+from memprof.sources.ebpf.decode import MemoryDecoder
 from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
 from memprof.sources.cpython.interp import python_file_in_maps
 from memprof.sources.symbols.procs import descendants, pid_alive, process_uids, read_comm
@@ -200,7 +201,8 @@ class Session:
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
         self.writer = None
-        self.compactor: Compactor | None = None
+        self.compactor: Compactor | None = None  # made at the first flush (_compactor_now)
+        self._fold_origin_ns = 0  # the recording's start, once _open_writer knows it
         self.child: GatedChild | None = None
         self.agent: AgentSource | None = None
         self.run_as = RunAs.from_sudo()
@@ -422,9 +424,15 @@ class Session:
         )
         owner_uid = self.owner.uid if self.owner else os.geteuid()
         self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
-        if req.max_size_bytes:
+        self._fold_origin_ns = meta.start_ns  # for the --max-size compactor, made at the first flush
+
+    def _compactor_now(self) -> Compactor | None:
+        """On `files`: the --max-size compactor (None without --max-size), made at its first
+        use rather than before the command starts: its import brings pandas (issue 24)."""
+        if self.compactor is None and self.request.max_size_bytes:
             from memprof.capture.compactor import Compactor
-            self.compactor = Compactor(self.writer, req.max_size_bytes, origin_ns=meta.start_ns)
+            self.compactor = Compactor(self.writer, self.request.max_size_bytes, origin_ns=self._fold_origin_ns)
+        return self.compactor
 
     def _start_ns(self) -> int:
         """The recording's start: when the source began to follow the target (its events are
@@ -437,6 +445,7 @@ class Session:
         _yield_to_target()  # before the sampler thread starts: it inherits it
         self.files.run(_yield_to_target)  # the file thread runs already
         self.source.prefetch_kernel_symbols()  # for the first flush, at SCHED_BATCH like the rest
+        MemoryDecoder.warm()  # pandas: imported once the command runs, before the first poll
         self.sampler.pids = (root,)
         self.sampler.start()
         start = time.monotonic()
@@ -543,7 +552,7 @@ class Session:
         """On `files`: write the flush, then fold old events if --max-size asks (the main loop
         changes `meta` only once this is done, see _flush)."""
         self.writer.flush()
-        if self.compactor is not None:
+        if self._compactor_now() is not None:
             self.compactor.after_flush()
 
     def _prepare_flush(self) -> None:
@@ -609,7 +618,7 @@ class Session:
         """On `files`: finalize the recording; then, under --max-size, say if it ended over
         the limit (capture/compactor.py)."""
         self.writer.finalize(end_ns)
-        if self.compactor is not None and self.compactor.at_end():
+        if self._compactor_now() is not None and self.compactor.at_end():
             self.writer.rewrite_meta()
 
     def _keep_exit_status(self, status: int | None) -> None:

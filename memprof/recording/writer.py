@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from memprof.errors import UsageError
 from memprof.model.meta import FOLDED_FORMAT_VERSION, RecordingMeta
@@ -191,6 +189,7 @@ class RecordingWriter:
         """`table` as the Parquet file `folder/name`, written under a temporary name and renamed."""
         final = folder / name
         tmp = folder / f".{final.name}.tmp"
+        import pyarrow.parquet as pq  # here: the recorder imports this module before the command starts
         with _create_exclusive(tmp) as f:
             pq.write_table(table, f, compression=COMPRESSION)
             f.flush()
@@ -373,6 +372,7 @@ def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
     if _is_scalar(value):
         indices = np.zeros(length, dtype=type_.index_type.to_pandas_dtype())
         return pa.DictionaryArray.from_arrays(indices, pa.array([value], type_.value_type))
+    import pandas as pd  # here, not at import (see _write_file); imported by then in any case
     if isinstance(value, pd.Categorical):
         # Codes and categories as they are: no string is touched (the hot path while recording).
         codes = np.asarray(value.codes)

@@ -153,11 +153,10 @@ class CachedBPF(BPF):
                 self.attach_raw_tracepoint(tp=name[len(b"raw_tracepoint__"):], fn_name=name)
 
     def load_func(self, func_name, prog_type, device=None, attach_type=-1):
-        """bcc's load_func, from the entry's instructions; it first waits for the loads going
-        on behind (`load_behind`), so that no program is loaded twice."""
+        """bcc's load_func, from the entry's instructions. A program the thread of
+        `load_behind` is loading is waited for, not loaded twice (one lock per program)."""
         if device is not None or attach_type != -1:
             raise Exception(f"the BPF cache does not load {func_name!r} for a device or an attach type")
-        self.wait_behind()
         return self._load(func_name, prog_type, self._verifier_log)
 
     def load_behind(self, programs: list[tuple[str, int]]) -> None:
@@ -169,7 +168,7 @@ class CachedBPF(BPF):
                     self._load(name, kind, verifier_log=False)
                 except Exception:  # bcc's bare Exception text, as load_func raises it
                     pass
-        self._behind = threading.Thread(target=load_all, name="memprof-load-behind")
+        self._behind = threading.Thread(target=load_all, name="memprof-load-behind", daemon=True)
         self._behind.start()
 
     @property

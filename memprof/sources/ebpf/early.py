@@ -8,8 +8,8 @@ importing the recorder (pyarrow, pandas), checking the output, finding the libra
 probe. `loading.compile_program` then takes the compiled object (`take`) when its text and
 flags are those it would compile; otherwise (the options changed, or `begin` never ran) it
 compiles as before. From a cached object, `take` waits only for the programs attached before
-the command starts; the torch and cuda families' are checked on behind it (CachedBPF.load_behind),
-and any foreground load waits for those first.
+the command starts; the torch and cuda families' are checked on behind it (CachedBPF.load_behind);
+a foreground load of a program that thread is loading waits for it.
 
 Nothing of the thread reaches the terminal. While it runs, fd 2 is a file (clang's
 diagnostics, a refused program's verifier log), and memprof's own `sys.stderr` writes to a
