@@ -79,6 +79,8 @@ def test_an_entry_rebuilds_the_instructions_and_maps_bcc_compiled(compiled, cach
     cached = C.load(text, cflags)
     try:
         assert cached is not None and cached.FROM_CACHE
+        # everything bcc's own __init__ gives a BPF object (a bcc upgrade that adds one fails here)
+        assert set(vars(bpf)) <= set(vars(cached)), set(vars(bpf)) - set(vars(cached))
         compiled_fds = _compiled_map_fds(bpf)
         cached_fds = {fd: i for i, fd in enumerate(cached._map_fds)}
         lib = C._libbcc()

@@ -141,6 +141,7 @@ class CachedBPF(BPF):
             self._trace_autoload()
         except BaseException:
             self.cleanup()  # what was made so far: no map, program or attachment outlives a failed entry
+            atexit.unregister(self.cleanup)
             raise
         self._verifier_log = True
 
@@ -177,6 +178,7 @@ class CachedBPF(BPF):
         return self._behind is not None
 
     def wait_behind(self) -> None:
+        """Block until the thread of `load_behind`, if any, has loaded what it was given."""
         behind = self._behind
         if behind is not None and behind is not threading.current_thread():
             behind.join()
@@ -198,6 +200,7 @@ class CachedBPF(BPF):
             return fn
 
     def _with_map_fds(self, function: _Function) -> bytes:
+        """The function's instructions with each map reference set to this object's map fd."""
         insns = bytearray(function.insns)
         for at, map_index in function.map_refs:
             struct.pack_into("<i", insns, at * 8 + 4, self._map_fds[map_index])

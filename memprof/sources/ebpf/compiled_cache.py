@@ -1,7 +1,7 @@
 """bcc's compiled program kept across runs, so that a warm start compiles nothing (issue 24).
 
-bcc compiles memprof's program on every run (1.3-2.7 s, and ~270 MB of LLVM's memory), and
-its Python API has no cache of the compiled object. What the compile produces is small
+bcc compiles memprof's program on every run (1.3-2.9 s on the project's VM, and LLVM's
+memory on top of the recorder's), and its Python API has no cache of the compiled object. What the compile produces is small
 and plain: each program's instructions, whose only references are map file descriptors
 (ld_imm64 with BPF_PSEUDO_MAP_FD), the maps' definitions, and the BTF the task-storage
 maps need. `store` writes those, after a compile, to one JSON file (never a pickle) named
@@ -39,14 +39,13 @@ FORMAT = 1  # bump when what an entry holds, or how it is read, changes
 KEEP_ENTRIES = 16  # a recording's options make one entry; older ones beyond this are removed
 OFF_ENV = "MEMPROF_BPF_CACHE"
 
-# bpf() commands and constants (include/uapi/linux/bpf.h)
-# what an instruction may name that the cache relocates, or refuses (include/uapi/linux/bpf.h)
+# What an instruction may name that the cache relocates, or refuses (include/uapi/linux/bpf.h).
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD = 1
 _CALL = 0x85
 _PSEUDO_CALL = 1
-# Programs bcc's __init__ attaches by their names' prefix; the cache rebuilds only these two.
-_AUTOLOADED = (b"tracepoint__", b"raw_tracepoint__")
+# Programs bcc's __init__ attaches by their names' prefix: CachedBPF rebuilds only the
+# tracepoint__ and raw_tracepoint__ ones, so an entry with any of these is not stored.
 _OTHER_AUTOLOADED = (b"kprobe__", b"kretprobe__", b"kfunc__", b"kretfunc__", b"lsm__")
 
 
@@ -108,7 +107,7 @@ def _open_cache_dir(create: bool) -> int | None:
                 next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    return None
+                    return _closed(fd)
                 try:
                     os.mkdir(part, 0o700, dir_fd=fd)
                 except FileExistsError:
@@ -199,7 +198,7 @@ def store(bpf, text: str, cflags: list[str]) -> None:
     try:
         key = cache_key(text, cflags)
         _write_entry(key, {"format": FORMAT, "key": key, **_export(bpf)})
-    except (NotCacheable, OSError, ValueError):
+    except Exception:  # NotCacheable, OSError, or anything bcc's module queries raise: the recording goes on
         pass
 
 
