@@ -48,8 +48,15 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
         _module_check("capstone", "pip install capstone (one uprobe per torch CPU allocation instead of two "
                       "traps: it finds c10::alloc_cpu's call to NUMAMove)"),
         _nvml_check(),
+        _compiled_cache_check(),
     ]
     return checks + python_checks(pythons)
+
+
+def _compiled_cache_check() -> Check:
+    from memprof.sources.ebpf import compiled_cache
+    ok, detail, fix = compiled_cache.state()
+    return Check("compiled-program cache", ok, detail, fix, required=False, absent="off")
 
 
 def recording_possible(checks: list[Check]) -> bool:

@@ -277,3 +277,18 @@ def test_a_recording_from_the_cache_finds_the_known_leak_as_a_compiled_one_does(
     for finding in (compiled_finding, cached_finding):
         assert (finding["live_count"], finding["live_bytes"]) == (257, 257 * PIPE_BUFFER_ARRAY_BYTES)
     assert functions(cached_finding) == functions(compiled_finding)
+
+
+def test_doctor_says_whether_a_warm_start_can_use_the_cache(compiled, cache_dir, monkeypatch):
+    bpf, text, cflags = compiled
+    ok, detail, _ = C.state()
+    assert ok and "not made yet" in detail
+    C.store(bpf, text, cflags)
+    ok, detail, _ = C.state()
+    assert ok and "1 compiled program(s) kept" in detail
+    os.chown(cache_dir.parent, NOBODY, NOBODY)
+    ok, detail, fix = C.state()
+    assert not ok and "not root's alone" in detail and str(cache_dir) in fix
+    monkeypatch.setenv(C.OFF_ENV, "0")
+    ok, detail, fix = C.state()
+    assert not ok and "every record compiles" in detail and C.OFF_ENV in fix

@@ -95,6 +95,26 @@ def _loaded_libbcc() -> str:
     return "libbcc.so.0"
 
 
+def state() -> tuple[bool, str, str]:
+    """(usable, in words, the remedy) for `memprof doctor`: whether a warm start can take
+    bcc's compiled program from the cache, and if not, why not and what to do."""
+    if os.geteuid() != 0:
+        return False, f"used by root only (you are uid {os.geteuid()})", "run memprof as root: sudo memprof …"
+    if os.environ.get(OFF_ENV, "1") == "0":
+        return False, f"off ({OFF_ENV}=0): every record compiles", f"unset {OFF_ENV}"
+    if not os.path.lexists(CACHE_DIR):
+        return True, f"{CACHE_DIR} not made yet: the first record compiles and keeps its program there", ""
+    dir_fd = _open_cache_dir(create=False)
+    if dir_fd is None:
+        return (False, f"{CACHE_DIR} is not root's alone (a folder on its path is another's, writable by others, "
+                "or a link): every record compiles", f"remove {CACHE_DIR} (root remakes it, 0700)")
+    try:
+        entries = sum(name.endswith(".json") for name in os.listdir(dir_fd))
+    finally:
+        os.close(dir_fd)
+    return True, f"{CACHE_DIR}: {entries} compiled program(s) kept (a record with the same options compiles nothing)", ""
+
+
 # -- the folder and its files -------------------------------------------------------------
 
 def _open_cache_dir(create: bool) -> int | None:
