@@ -1,6 +1,8 @@
-"""The bulk ring-buffer consumer, on a memfd laid out like a BPF ring buffer map:
-consumer page, producer page, then the data area twice (the kernel maps it twice so that a
-record crossing the end is contiguous; here the test writes both copies)."""
+"""The bulk ring-buffer consumer, on a memfd laid out like a BPF ring buffer map: consumer
+page, producer page, then the data area once. (The kernel maps the data area twice so that
+a record crossing the end is contiguous; the consumer maps one copy, to keep its resident
+size down, and joins a batch that wraps. The fake holds one copy only, so that a consumer
+reading past the end would read zeros and fail.)"""
 import mmap
 import os
 import struct
@@ -20,7 +22,7 @@ BUSY = 1 << 31
 class FakeRing:
     def __init__(self):
         self.fd = os.memfd_create("ring")
-        os.ftruncate(self.fd, 2 * PAGE + 2 * SIZE)
+        os.ftruncate(self.fd, 2 * PAGE + 2 * SIZE)  # the size of the kernel's area; the second copy stays zeros
         self.map = mmap.mmap(self.fd, 2 * PAGE + 2 * SIZE)
         self.prod = 0
 
@@ -29,11 +31,10 @@ class FakeRing:
         rec["ts_ns"], rec["addr"], rec["kind"] = ts, 0x1000 + ts, 1
         header = struct.pack("<II", EVENT_DTYPE.itemsize | (BUSY if busy else 0), 0)
         blob = header + rec.tobytes()
-        for copy in (0, SIZE):  # both mappings of the data area
-            start = 2 * PAGE + copy + (self.prod % SIZE)
-            end = min(start + len(blob), 2 * PAGE + 2 * SIZE)
-            self.map[start:end] = blob[: end - start]
-        if (self.prod % SIZE) + len(blob) > SIZE:  # wrapped: the tail is at the start of copy 0
+        start = 2 * PAGE + (self.prod % SIZE)
+        end = min(start + len(blob), 2 * PAGE + SIZE)
+        self.map[start:end] = blob[: end - start]
+        if (self.prod % SIZE) + len(blob) > SIZE:  # wrapped: the tail is at the start of the data area
             tail = blob[SIZE - (self.prod % SIZE):]
             self.map[2 * PAGE:2 * PAGE + len(tail)] = tail
         self.prod += STRIDE
@@ -41,7 +42,6 @@ class FakeRing:
 
     def commit(self, position: int) -> None:
         struct.pack_into("<I", self.map, 2 * PAGE + (position % SIZE), EVENT_DTYPE.itemsize)
-        struct.pack_into("<I", self.map, 2 * PAGE + SIZE + (position % SIZE), EVENT_DTYPE.itemsize)
 
 
 @pytest.fixture

@@ -3,9 +3,15 @@
 bcc's own consumer calls a Python function per record, which cannot keep up with millions
 of kernel events a second. The ring buffer's layout is kernel ABI (kernel/bpf/ringbuf.c):
 page 0 holds the consumer position (writable), page 1 the producer position, and the data
-area follows, mapped twice back to back so a record that wraps is still contiguous. Each
-record has an 8-byte header (u32 length with BUSY and DISCARD bits, u32 page offset) and is
-padded to 8 bytes. All our records have one size, so a batch is a strided numpy view.
+area follows, which the kernel maps twice back to back so a record that wraps is still
+contiguous. Each record has an 8-byte header (u32 length with BUSY and DISCARD bits, u32
+page offset) and is padded to 8 bytes. All our records have one size, so a batch is a
+strided numpy view.
+
+This consumer maps the data area once, not twice: the kernel fills in every page of the
+mapping at mmap, so the second copy would add the ring's whole size to the recorder's
+resident size (128 MB at the default) for the few batches that wrap, which are joined
+from their two pieces instead (issue 24: the recorder's size).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ class RingBufferConsumer:
         self._dtype = dtype
         self._stride = (_HEADER_BYTES + dtype.itemsize + 7) & ~7
         self._consumer = mmap.mmap(map_fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._producer = mmap.mmap(map_fd, _PAGE + 2 * size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=_PAGE)
+        self._producer = mmap.mmap(map_fd, _PAGE + size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=_PAGE)
         self._data = np.frombuffer(self._producer, dtype=np.uint8, offset=_PAGE)
 
     @property
@@ -55,8 +61,7 @@ class RingBufferConsumer:
             n = min(n, max_records)
         if n <= 0:
             return np.empty(0, dtype=self._dtype)
-        start = cons & self._mask
-        raw = self._data[start:start + n * self._stride].reshape(n, self._stride)
+        raw = self._span(cons & self._mask, n * self._stride).reshape(n, self._stride)
         lengths = raw[:, :4].copy().view("<u4").ravel()
         n = self._committed_prefix(lengths)
         if n == 0:
@@ -66,6 +71,14 @@ class RingBufferConsumer:
         records = np.ascontiguousarray(body).view(self._dtype).ravel()
         struct.pack_into("<Q", self._consumer, 0, cons + n * self._stride)
         return records
+
+    def _span(self, start: int, length: int) -> np.ndarray:
+        """`length` bytes of the data area from `start`: a view, or, for a batch that wraps
+        past the end, a copy of its two pieces joined (`length` never exceeds the ring)."""
+        end = start + length
+        if end <= self._size:
+            return self._data[start:end]
+        return np.concatenate((self._data[start:], self._data[:end - self._size]))
 
     @staticmethod
     def _committed_prefix(lengths: np.ndarray) -> int:
