@@ -96,6 +96,21 @@ build_preload() {
   make -s -C memprof/preload
 }
 
+# bcc compiles memprof's probes on a record's first start, then memprof keeps the compiled
+# program in root's /var/cache/memprof/bpf (sources/ebpf/compiled_cache.py). Recording
+# `true` once here does that first compile, so a user's first `record` with the default
+# options starts without one. Nothing is kept of the recording itself.
+warm_compiled_program() {
+  local tmp
+  tmp=$(mktemp -d /tmp/memprof-setup.XXXXXX)
+  if .venv/bin/python -m memprof record -q -o "$tmp/warm.memprof" -- true >/dev/null 2>"$tmp/err"; then
+    say "compiled the probes once (kept in /var/cache/memprof/bpf: records start without a compile)"
+  else
+    say "could not compile the probes ahead (records will, once): $(tail -n 1 "$tmp/err")"
+  fi
+  rm -rf "$tmp"
+}
+
 need_root "${1:-}"
 apt_install bpfcc-tools python3-bpfcc python3-venv gcc make libc6-dev
 # The HTML report's browser test: headless Chromium and its WebDriver (selenium drives it).
@@ -105,4 +120,5 @@ mount_tracefs
 make_venv
 build_examples
 build_preload
+warm_compiled_program
 say "ready"
