@@ -172,8 +172,8 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
 @click.option("--ring-buffer", default="128MiB", show_default=True, metavar="SIZE", callback=_ring_buffer,
               help="Kernel memory for events on their way to memprof (a power of two). A burst that outruns "
                    "memprof's reading waits there; once it is full, events are lost and counted (the summary "
-                   "and meta.json say how many). memprof's resident size counts it twice (the kernel maps it "
-                   "twice): 32MiB makes memprof about 200 MB smaller, but with two kernel-heavy processes on "
+                   "and meta.json say how many). memprof's resident size counts it once: 32MiB makes memprof "
+                   "about 96 MB smaller, but with two kernel-heavy processes on "
                    "two CPUs it lost up to 4 % of their events, and 64MiB up to 1 %, where the default lost "
                    "none (bench/RESULTS.md).")
 @click.option("--user-pages", is_flag=True, help="Also record user and page-cache pages (movable) in kernel_page.")
