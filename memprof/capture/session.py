@@ -20,7 +20,6 @@ from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
 from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent_reader.source import AgentOptions, AgentSource
-from memprof.sources.ebpf.decode import MemoryDecoder
 from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
 from memprof.sources.cpython.interp import python_file_in_maps
 from memprof.sources.symbols.procs import descendants, pid_alive, process_uids, read_comm
@@ -445,9 +444,9 @@ class Session:
         _yield_to_target()  # before the sampler thread starts: it inherits it
         self.files.run(_yield_to_target)  # the file thread runs already
         self.source.prefetch_kernel_symbols()  # for the first flush, at SCHED_BATCH like the rest
-        MemoryDecoder.warm()  # pandas: imported once the command runs, before the first poll
         self.sampler.pids = (root,)
         self.sampler.start()
+        self.source.warm_decoder()  # pandas, on a thread: imported once the command runs
         start = time.monotonic()
         deadline = start + self.request.duration_s if self.request.duration_s else None
         next_flush = next_status = start
@@ -459,7 +458,8 @@ class Session:
             while True:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()
-                if self._ingest() >= TEARDOWN_BURST:
+                self._ingest()
+                if self.source.last_drained >= TEARDOWN_BURST:  # drained, decoded or not yet
                     last_event = now
                 if now >= next_status:
                     self._report_status(now - start)
@@ -521,9 +521,10 @@ class Session:
             self.child.signal(info.si_signo)
         return info.si_signo
 
-    def _ingest(self) -> int:
-        """Decoded events of the ring buffer into the writer; returns how many."""
-        batch = self.source.poll()
+    def _ingest(self, last: bool = False) -> int:
+        """Decoded events of the ring buffer into the writer; returns how many. `last`: the
+        final one, which waits for the decoder if it still warms (EbpfSource.poll)."""
+        batch = self.source.poll(wait=last)
         if batch is None or batch.rows == 0:
             return 0
         cols = batch.columns
@@ -594,7 +595,7 @@ class Session:
             if self._flushing is not None:
                 self._collect_flush()
             self.sampler.stop()
-            self._ingest()
+            self._ingest(last=True)
             self._prepare_flush()
             self.on_phase(Phase(FINALIZING, frames=self._frames))
         except RecordingWriteError as e:

@@ -63,7 +63,7 @@ class MemoryDecoder:
     def warm() -> None:
         """Import pandas and build the columns' dtypes (~0.2 s here, the first dtype ~35 ms of
         it: pandas' string machinery warming up), which the first decode would otherwise do.
-        The session calls it once the command runs, before its first poll: not before the
+        EbpfSource.warm_decoder runs it on a thread once the command runs: not before the
         command (issue 24: start-up), and not inside a poll, where it would delay probing a
         library the target has just mapped."""
         for categories in (LAYER_NAMES, ACTION_NAMES, DEVICE_NAMES, MARK_NAMES):
