@@ -40,16 +40,19 @@ class ProgStats:
 def prog_stats(prog_fd: int) -> ProgStats:
     """Statistics of the program behind `prog_fd`. Raises OSError."""
     buf = ctypes.create_string_buffer(_INFO_LEN)
-    attr = _GetInfoAttr(prog_fd, _INFO_LEN, ctypes.addressof(buf))
-    if _libc.syscall(_SYS_BPF, _BPF_OBJ_GET_INFO_BY_FD, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _object_info(prog_fd, buf)
     raw = buf.raw
     return ProgStats(
         run_time_ns=int.from_bytes(raw[_RUN_TIME_NS:_RUN_TIME_NS + 8], "little"),
         run_cnt=int.from_bytes(raw[_RUN_CNT:_RUN_CNT + 8], "little"),
         recursion_misses=int.from_bytes(raw[_RECURSION_MISSES:_RECURSION_MISSES + 8], "little"),
     )
+
+
+def _object_info(fd: int, info) -> None:
+    """Fill `info` (a ctypes buffer or structure) with what the kernel says of the BPF object
+    behind `fd` (bpf(BPF_OBJ_GET_INFO_BY_FD)), as much as its size asks for. Raises OSError."""
+    bpf_call(_BPF_OBJ_GET_INFO_BY_FD, _GetInfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
 
 
 def bpf_call(cmd: int, attr: ctypes.Structure) -> int:
@@ -79,7 +82,7 @@ class _BtfInfo(ctypes.Structure):
 def map_info(fd: int) -> MapInfo:
     """The kernel's description of the map behind `fd`. Raises OSError."""
     info = MapInfo()
-    bpf_call(_BPF_OBJ_GET_INFO_BY_FD, _GetInfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
+    _object_info(fd, info)
     return info
 
 
@@ -89,10 +92,10 @@ def btf_raw(btf_id: int) -> bytes:
     fd = bpf_call(_BPF_BTF_GET_FD_BY_ID, ctypes.c_uint32(btf_id))
     try:
         info = _BtfInfo()
-        bpf_call(_BPF_OBJ_GET_INFO_BY_FD, _GetInfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
+        _object_info(fd, info)  # its size first
         raw = ctypes.create_string_buffer(info.btf_size)
         info = _BtfInfo(btf=ctypes.addressof(raw), btf_size=info.btf_size)
-        bpf_call(_BPF_OBJ_GET_INFO_BY_FD, _GetInfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
+        _object_info(fd, info)
         return raw.raw[:info.btf_size]
     finally:
         os.close(fd)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -67,8 +68,10 @@ def cache_key(text: str, cflags: list[str]) -> str:
     return h.hexdigest()
 
 
-def _machine_inputs() -> list[str]:
-    """What, besides the text and flags, decides what bcc's compile produces here."""
+@functools.lru_cache(maxsize=1)
+def _machine_inputs() -> tuple[str, ...]:
+    """What, besides the text and flags, decides what bcc's compile produces here: read once
+    per process (a cold start computes the key twice, to look the entry up and to store it)."""
     uname = os.uname()
     release = uname.release
     inputs = [release, uname.version]
@@ -81,7 +84,7 @@ def _machine_inputs() -> list[str]:
             inputs.append(f"{path}:absent")
     import bcc
     inputs.append(f"bcc {getattr(bcc, '__version__', '?')}")
-    return inputs
+    return tuple(inputs)
 
 
 def _loaded_libbcc() -> str:
