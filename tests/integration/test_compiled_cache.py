@@ -292,3 +292,22 @@ def test_doctor_says_whether_a_warm_start_can_use_the_cache(compiled, cache_dir,
     monkeypatch.setenv(C.OFF_ENV, "0")
     ok, detail, fix = C.state()
     assert not ok and "every record compiles" in detail and C.OFF_ENV in fix
+
+
+def _recorders_libraries(run_memprof, tmp_path: Path, name: str, env: dict) -> set[str]:
+    """Which of libbcc.so, libbcc_bpf.so and libLLVM the recorder has mapped while its command
+    runs: the command reads its parent's (the recorder's) maps."""
+    probe = "grep -oE 'lib(LLVM|bcc|bcc_bpf)[-.0-9]*\\.so' /proc/$PPID/maps | sort -u"
+    result = run_memprof("record", "-q", "-o", tmp_path / f"{name}.memprof", "--", "sh", "-c", probe,
+                         cwd=tmp_path, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_a_warm_start_never_loads_bccs_compiler_and_a_cold_one_does(run_memprof, tmp_path):
+    """bcc_import.py: from the cache, the recorder maps libbcc_bpf.so.0 alone (~60 MB less); a
+    compile maps the whole libbcc.so.0 with LLVM, and records as before."""
+    _recorders_libraries(run_memprof, tmp_path, "first", {})  # stores the entry where there was none
+    assert _recorders_libraries(run_memprof, tmp_path, "warm", {}) == {"libbcc_bpf.so"}
+    cold = _recorders_libraries(run_memprof, tmp_path, "cold", {C.OFF_ENV: "0"})
+    assert "libbcc.so" in cold and any(name.startswith("libLLVM") for name in cold), cold

@@ -33,6 +33,7 @@ import stat
 import struct
 import threading
 
+from memprof.sources.ebpf import bcc_import
 from memprof.sources.ebpf.bpfinfo import btf_raw, map_info
 
 CACHE_DIR = "/var/cache/memprof/bpf"
@@ -75,7 +76,7 @@ def _machine_inputs() -> tuple[str, ...]:
     uname = os.uname()
     release = uname.release
     inputs = [release, uname.version]
-    for path in (f"/lib/modules/{release}/build", f"/lib/modules/{release}/source", _loaded_libbcc()):
+    for path in (f"/lib/modules/{release}/build", f"/lib/modules/{release}/source", bcc_import.libbcc_path()):
         try:
             real = os.path.realpath(path)
             st = os.stat(real)
@@ -85,17 +86,6 @@ def _machine_inputs() -> tuple[str, ...]:
     import bcc
     inputs.append(f"bcc {getattr(bcc, '__version__', '?')}")
     return tuple(inputs)
-
-
-def _loaded_libbcc() -> str:
-    """The path of the libbcc this process uses (bcc's Python loads it by soname)."""
-    import bcc.libbcc  # noqa: F401  (its import loads libbcc)
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.rstrip("\n").split(" ")[-1]
-            if "/libbcc.so" in path:
-                return path
-    return "libbcc.so.0"
 
 
 def state() -> tuple[bool, str, str]:
@@ -297,7 +287,7 @@ def _libbcc():
     """libbcc's module queries, declared on a handle of our own (bcc's declares fewer)."""
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(_loaded_libbcc())
+        lib = ctypes.CDLL(bcc_import.libbcc_path())
         for fn, res, args in (("bpf_num_tables", ctypes.c_ulonglong, [ctypes.c_void_p]),
                               ("bpf_table_name", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]),
                               ("bpf_table_fd_id", ctypes.c_int, [ctypes.c_void_p, ctypes.c_ulonglong]),
