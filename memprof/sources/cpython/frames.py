@@ -39,8 +39,8 @@ class PythonOptions:
 
 def python_cflags(options: PythonOptions) -> list[str]:
     """-D constants of bpf/python.bpf.c (the thread pointer's place in task_struct from BTF)."""
-    from memprof.sources.ebpf.btf import load_cached
-    btf = load_cached()
+    from memprof.sources.ebpf.btf_answers import kernel_btf
+    btf = kernel_btf()
     fsbase = btf.member_offset("task_struct", "thread") + btf.member_offset("thread_struct", "fsbase")
     if options.max_frames & (options.max_frames - 1):
         raise ValueError("max_frames must be a power of two")

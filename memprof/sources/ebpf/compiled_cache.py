@@ -146,7 +146,10 @@ def _closed(fd: int) -> None:
     return None
 
 
-def _read_entry(key: str) -> dict | None:
+def read_entry(key: str) -> dict | None:
+    """The entry named `key` (a dict holding this FORMAT and that key), read only from a
+    regular file root owns and no one else may write, in a folder the same holds for; None
+    for anything else (absent, foreign, spoiled). Also used by btf_answers.py."""
     dir_fd = _open_cache_dir(create=False)
     if dir_fd is None:
         return None
@@ -170,7 +173,7 @@ def _read_entry(key: str) -> dict | None:
         os.close(dir_fd)
 
 
-def _write_entry(key: str, entry: dict) -> None:
+def write_entry(key: str, entry: dict) -> None:
     """Write `entry` as the file for `key`, whole or not at all (a temporary file renamed)."""
     dir_fd = _open_cache_dir(create=True)
     if dir_fd is None:
@@ -210,7 +213,7 @@ def store(bpf, text: str, cflags: list[str]) -> None:
         return
     try:
         key = cache_key(text, cflags)
-        _write_entry(key, {"format": FORMAT, "key": key, **_export(bpf)})
+        write_entry(key, {"format": FORMAT, "key": key, **_export(bpf)})
     except Exception:  # NotCacheable, OSError, or anything bcc's module queries raise: the recording goes on
         pass
 
@@ -270,7 +273,7 @@ def load(text: str, cflags: list[str]):
     entry or the kernel refuses any part of it: then compile."""
     if not enabled():
         return None
-    entry = _read_entry(cache_key(text, cflags))
+    entry = read_entry(cache_key(text, cflags))
     if entry is None:
         return None
     from memprof.sources.ebpf.cached_bpf import CachedBPF  # bcc's BPF subclassed: imports bcc

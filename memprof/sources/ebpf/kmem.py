@@ -53,9 +53,10 @@ def tracepoint_has_field(category: str, name: str, field_name: str) -> bool:
 
 def kmem_cflags(options: KmemOptions) -> list[str]:
     """-D constants of bpf/kmem.bpf.c, from the options and the running kernel's BTF."""
-    from memprof.sources.ebpf.btf import BtfError, load_cached
+    from memprof.sources.ebpf.btf import BtfError
+    from memprof.sources.ebpf.btf_answers import kernel_btf
     try:
-        btf = load_cached()
+        btf = kernel_btf()
         size_off = btf.member_offset("kmem_cache", "size")
         objsize_off = btf.member_offset("kmem_cache", "object_size")
     except BtfError as e:
@@ -74,8 +75,8 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
 def plan_attach() -> list[tuple[str, str]]:
     """(tracepoint, program) pairs for the kmem tracepoints this kernel has; each free
     tracepoint gets its backup program right after its main one (see bpf/README.md)."""
-    from memprof.sources.ebpf.btf import load_cached
-    btf = load_cached()
+    from memprof.sources.ebpf.btf_answers import kernel_btf
+    btf = kernel_btf()
     plan = []
     for tp in ALL_TRACEPOINTS:
         if not tracepoint_exists("kmem", tp):
