@@ -36,15 +36,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from memprof.analysis.compaction import fold_events
-from memprof.recording.reader import _read_part, _row_count, frame_of_tables
+from memprof.recording.parts import row_count
 from memprof.recording.writer import PART_NAME, TABLES, RecordingWriter, table_of
-from memprof.timeline import with_modules
 from memprof.units import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_WINDOW_NS = 1_000_000_000     # 1 s: live bytes are exact at every second's edge
 MAX_WINDOW_NS = 3600 * 1_000_000_000  # an hour: coarser windows would say little of growth
@@ -185,6 +187,10 @@ class Compactor:
     def _fold(self, folded: _Part | None, chunk: list[_Part]) -> tuple[_Folded, pd.DataFrame]:
         """Fold `chunk` with the folded part before it (if any) into a new folded part; what
         the fold left, and the folded part's frame (for a trial at a wider window)."""
+        # The folding machinery is pandas: imported at the first fold, which a recording under
+        # three quarters of its limit never makes (the recorder imports no pandas, issue 24).
+        from memprof.analysis.compaction import fold_events
+        from memprof.recording.reader import _read_part, frame_of_tables
         began = time.monotonic_ns()
         inputs = ([folded] if folded else []) + chunk
         tables = [_read_part(p.path, "events", TABLES["events"]) for p in inputs]
@@ -217,6 +223,7 @@ class Compactor:
         It does not where what is kept is live, or apart by step."""
         if not len(events):
             return False
+        from memprof.analysis.compaction import fold_events
         trial = fold_events(events, origin_ns=self.origin_ns, window_ns=2 * self.window_ns,
                             module=_module_codes(events))
         helps = len(trial.events) <= (1 - MIN_GAIN) * rows
@@ -276,6 +283,7 @@ def over_limit_note(max_bytes: int, sizes: _Sizes, at_s: float, window_ns: int,
 
 def _module_codes(events) -> np.ndarray:
     """Per row of `events` (time order), the code of the nn.Module running on its thread (-1: none)."""
+    from memprof.timeline import with_modules
     return with_modules(events)["module"].cat.codes.to_numpy().astype(np.int64)
 
 
@@ -299,7 +307,7 @@ def events_parts(folder: Path, rows_seen: dict[str, int]) -> list[_Part]:
         match = PART_NAME.match(entry.name)
         if match and entry.is_file(follow_symlinks=False):
             if entry.path not in rows_seen or match.group(2):
-                rows_seen[entry.path] = _row_count(Path(entry.path))
+                rows_seen[entry.path] = row_count(Path(entry.path))
             parts.append(_Part(int(match.group(1)), bool(match.group(2)), Path(entry.path), entry.stat().st_size,
                                rows_seen[entry.path]))
     present = {str(p.path) for p in parts}

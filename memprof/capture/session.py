@@ -446,7 +446,6 @@ class Session:
         self.source.prefetch_kernel_symbols()  # for the first flush, at SCHED_BATCH like the rest
         self.sampler.pids = (root,)
         self.sampler.start()
-        self.source.warm_decoder()  # pandas, on a thread: imported once the command runs
         start = time.monotonic()
         deadline = start + self.request.duration_s if self.request.duration_s else None
         next_flush = next_status = start
@@ -459,7 +458,7 @@ class Session:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()
                 self._ingest()
-                if self.source.last_drained >= TEARDOWN_BURST:  # drained, decoded or not yet
+                if self.source.last_drained >= TEARDOWN_BURST:  # memory and lifecycle records alike
                     last_event = now
                 if now >= next_status:
                     self._report_status(now - start)
@@ -521,10 +520,9 @@ class Session:
             self.child.signal(info.si_signo)
         return info.si_signo
 
-    def _ingest(self, last: bool = False) -> int:
-        """Decoded events of the ring buffer into the writer; returns how many. `last`: the
-        final one, which waits for the decoder if it still warms (EbpfSource.poll)."""
-        batch = self.source.poll(wait=last)
+    def _ingest(self) -> int:
+        """Decoded events of the ring buffer into the writer; returns how many."""
+        batch = self.source.poll()
         if batch is None or batch.rows == 0:
             return 0
         cols = batch.columns
@@ -595,7 +593,7 @@ class Session:
             if self._flushing is not None:
                 self._collect_flush()
             self.sampler.stop()
-            self._ingest(last=True)
+            self._ingest()
             self._prepare_flush()
             self.on_phase(Phase(FINALIZING, frames=self._frames))
         except RecordingWriteError as e:

@@ -25,6 +25,10 @@ from memprof.model.meta import (
 )
 from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.columns import column_filler
+from memprof.recording.parts import PART_ERRORS as _PART_ERRORS
+from memprof.recording.parts import corrupt_part as _corrupt_part
+from memprof.recording.parts import first_line as _first_line
+from memprof.recording.parts import row_count as _row_count
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
 
 NOT_FINALIZED_NOTE = "recording was not finalized (recorder killed?): data up to the last flush"
@@ -34,7 +38,6 @@ _NULLABLE_INTEGERS = {
     "events": ("size_bytes", "requested_bytes", "stack_id", "alloc_id", "step"),
     "frames": ("line",),
 }
-_ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
 MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
@@ -233,10 +236,6 @@ def _check_version(path: Path, version: Any) -> None:
     )
 
 
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
 def _damaged_hint() -> str:
     return "the recording is damaged or was not written by memprof; record again"
 
@@ -321,17 +320,6 @@ def _prefetched(parts: list[Path], name: str, schema: pa.Schema):
             del table
 
 
-# What pyarrow raises for a damaged part: its own errors, I/O, and undecodable names in the footer.
-_PART_ERRORS = (pa.ArrowException, OSError, UnicodeDecodeError)
-
-
-def _row_count(part: Path) -> int:
-    try:
-        return pq.ParquetFile(part).metadata.num_rows
-    except _PART_ERRORS as e:
-        raise _corrupt_part(part, e) from e
-
-
 def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     """One part, conformed to `schema`: missing nullable columns become nulls, extra ones are dropped."""
     try:
@@ -356,13 +344,6 @@ def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     except pa.ArrowException as e:
         raise _corrupt_part(part, e) from e
     return conformed
-
-
-def _corrupt_part(part: Path, error: Exception) -> BadRecordingError:
-    why = _first_line(error).replace(_ARROW_OPEN.format(part), "")
-    return BadRecordingError(f"{part}: truncated or corrupt Parquet part ({why})",
-                             "the recording was damaged after it was written; record again, "
-                             "or move this part away to read the rest")
 
 
 def _conform(table: pa.Table, field: pa.Field) -> pa.ChunkedArray | pa.Array:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from memprof.errors import UsageError
+from memprof.recording import arrow_build
 from memprof.model.meta import FOLDED_FORMAT_VERSION, RecordingMeta
 from memprof.model.schema import EVENTS_SCHEMA, FRAMES_SCHEMA, SAMPLES_SCHEMA, STACKS_SCHEMA
 
@@ -352,16 +354,22 @@ def _is_scalar(value: _Column) -> bool:
 
 
 def _to_array(field: pa.Field, value: _Column, length: int, where: str) -> pa.Array:
-    """Convert one column to `field.type` in bulk; ValueError names the column on failure."""
+    """Convert one column to `field.type` in bulk; ValueError names the column on failure.
+    numpy arrays, lists and scalars are built by arrow_build (pa.array would import pandas
+    into the recorder); anything else (a pandas column) goes to pa.array."""
     try:
         if value is None:
             return pa.nulls(length, field.type)
         if pa.types.is_dictionary(field.type):
             return _to_dictionary(field.type, value, length)
         if _is_scalar(value):
-            return pa.repeat(pa.scalar(value, field.type), length)
+            return arrow_build.repeated(value, field.type, length)
         if isinstance(value, (pa.Array, pa.ChunkedArray)):
             return _combine(value).cast(field.type)
+        if isinstance(value, arrow_build.CONVERTIBLE):
+            if pa.types.is_string(field.type):
+                return arrow_build.strings(value)
+            return arrow_build.numeric(value, field.type)
         # from_pandas: NaN in a float input (e.g. sizes with gaps) means null.
         return pa.array(value, type=field.type, from_pandas=True)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
@@ -370,16 +378,19 @@ def _to_array(field: pa.Field, value: _Column, length: int, where: str) -> pa.Ar
 
 def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
     if _is_scalar(value):
-        indices = np.zeros(length, dtype=type_.index_type.to_pandas_dtype())
-        return pa.DictionaryArray.from_arrays(indices, pa.array([value], type_.value_type))
-    import pandas as pd  # here, not at import (see _write_file); imported by then in any case
-    if isinstance(value, pd.Categorical):
-        # Codes and categories as they are: no string is touched (the hot path while recording).
+        return arrow_build.repeated(value, type_, length)
+    pd = sys.modules.get("pandas")  # a pandas Categorical can only come from a process that imported it
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        array = _combine(value)  # the recorder's (decode.py): codes and dictionary as they are
+    elif pd is not None and isinstance(value, pd.Categorical):
+        # Codes and categories as they are: no string is touched.
         codes = np.asarray(value.codes)
         array = pa.DictionaryArray.from_arrays(
             pa.array(codes, mask=codes < 0), pa.array(np.asarray(value.categories, dtype=object), type_.value_type))
-    elif isinstance(value, (pa.Array, pa.ChunkedArray)):
-        array = _combine(value)
+    elif isinstance(value, arrow_build.CONVERTIBLE) and all(v is None or isinstance(v, str) for v in value):
+        array = arrow_build.strings(value)
+        if array.null_count == len(array):
+            return pa.nulls(length, type_)  # as pa.array's null type below
     else:
         array = pa.array(value, from_pandas=True)
         if pa.types.is_null(array.type):

@@ -222,7 +222,7 @@ def test_a_fold_that_fails_stops_folding_and_loses_nothing(tmp_path, monkeypatch
     """Folding is an optimisation: if it fails, the recording goes on whole and says why."""
     def broken(*args, **kwargs):
         raise RuntimeError("simulated")
-    monkeypatch.setattr("memprof.capture.compactor.fold_events", broken)
+    monkeypatch.setattr("memprof.analysis.compaction.fold_events", broken)  # imported at the fold
     path = tmp_path / "r.memprof"
     compactor = write(path, 600_000)
     recording = open_recording(path)

@@ -1,6 +1,6 @@
-"""Ring-buffer records → events-table columns (MemoryDecoder.decode), no kernel needed."""
+"""Ring-buffer records → events-table columns (MemoryDecoder.decode), no kernel needed.
+Category and nullable columns are Arrow arrays (decode.py: the recorder imports no pandas)."""
 import numpy as np
-import pandas as pd
 
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import MemoryDecoder
@@ -36,14 +36,14 @@ def test_layers_actions_devices_and_sizes():
         dict(ts_ns=4, kind=R.USER_ALLOC, layer=CUDA, flags=R.FLAG_HOST, addr=0x20, size=4096, kstack_id=3),
         dict(ts_ns=5, kind=R.EXIT_MARK, pid=7, requested=0),
     ))
-    assert [None if pd.isna(x) else x for x in cols["layer"]] == \
+    assert cols["layer"].to_pylist() == \
         ["kernel_slab", "kernel_slab", "cuda_driver", "cuda_driver", None]  # a mark has no layer
-    assert list(cols["action"]) == ["alloc", "free", "alloc", "alloc", "mark"]
-    assert list(cols["device"]) == ["cpu", "cpu", "cuda", "cpu", "cpu"]  # pinned host memory is cpu
-    assert list(cols["size_bytes"].to_numpy(dtype=object, na_value=None)) == [64, None, 5 << 32, 4096, None]
-    assert list(cols["requested_bytes"].to_numpy(dtype=object, na_value=None)) == [50, None, 5 << 32, 4096, None]
-    assert list(cols["stack_id"].to_numpy(dtype=object, na_value=None)) == [101, None, 102, 103, None]
-    assert [None if pd.isna(x) else x for x in cols["category"]] == [None, None, None, None, "exit"]
+    assert cols["action"].to_pylist() == ["alloc", "free", "alloc", "alloc", "mark"]
+    assert cols["device"].to_pylist() == ["cpu", "cpu", "cuda", "cpu", "cpu"]  # pinned host memory is cpu
+    assert cols["size_bytes"].to_pylist() == [64, None, 5 << 32, 4096, None]
+    assert cols["requested_bytes"].to_pylist() == [50, None, 5 << 32, 4096, None]
+    assert cols["stack_id"].to_pylist() == [101, None, 102, 103, None]
+    assert cols["category"].to_pylist() == [None, None, None, None, "exit"]
     assert cols["pid"].tolist()[:2] == [7, 9]
 
 
@@ -61,6 +61,7 @@ def test_lifecycle_records_are_not_events_but_an_exec_is_a_mark():
     cols = _decode(_records(dict(ts_ns=1, kind=R.PROC_FORK, pid=5, tid=4), dict(ts_ns=2, kind=R.MAP_EXEC, pid=5),
                             dict(ts_ns=3, kind=R.PROC_EXIT, pid=5), dict(ts_ns=4, kind=R.PROC_EXEC, pid=6, tid=6)))
     # The exec ends the old image's user-space allocations (lifetimes.py): it is on the timeline.
-    assert cols["ts_ns"].tolist() == [4] and list(cols["action"]) == ["mark"]
-    assert list(cols["category"]) == ["exec"] and cols["pid"].tolist() == [6] and pd.isna(cols["layer"][0])
-    assert pd.isna(cols["size_bytes"][0]) and pd.isna(cols["stack_id"][0])
+    assert cols["ts_ns"].tolist() == [4] and cols["action"].to_pylist() == ["mark"]
+    assert cols["category"].to_pylist() == ["exec"] and cols["pid"].tolist() == [6]
+    assert cols["layer"].to_pylist() == [None]
+    assert cols["size_bytes"].to_pylist() == [None] and cols["stack_id"].to_pylist() == [None]

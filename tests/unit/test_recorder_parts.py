@@ -1,7 +1,7 @@
 """Pieces of `memprof record` that need no privileges: live bytes, stack interning, output
 names, executables, privileges, loss accounting, units."""
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 import pytest
 
 from memprof.analysis.loss import skipped_frees_by_layer
@@ -16,14 +16,16 @@ from memprof.units import format_bytes, parse_duration, parse_size
 
 
 def _batch(rows):
-    """rows: (ts, layer, action, addr, size)."""
+    """rows: (ts, layer, action, addr, size), as the decoder's Arrow columns (decode.py)."""
     ts, layer, action, addr, size = zip(*rows)
+    category = lambda values, names: pa.DictionaryArray.from_arrays(  # noqa: E731
+        pa.array([names.index(v) for v in values], pa.int8()), pa.array(names))
     return {
         "ts_ns": np.array(ts, dtype=np.int64),
-        "layer": pd.Categorical(layer, categories=["kernel_slab", "kernel_page"]),
-        "action": pd.Categorical(action, categories=["alloc", "free", "mark"]),
+        "layer": category(layer, ["kernel_slab", "kernel_page"]),
+        "action": category(action, ["alloc", "free", "mark"]),
         "addr": np.array(addr, dtype=np.uint64),
-        "size_bytes": pd.array([s if s else None for s in size], dtype="Int64"),
+        "size_bytes": pa.array([s if s else None for s in size], pa.int64()),
     }
 
 

@@ -1,7 +1,9 @@
-"""What `record` imports before the recorded command starts (issue 24: start-up): pandas
-costs ~0.2-0.3 s to import here and is needed only once events are decoded, so nothing on
-the way to the command may import it: not the recorder's modules, not the decoder's
-construction, not the recording package or its writer."""
+"""What `record` imports (issue 24: start-up and size): pandas costs ~0.25 s of CPU and ~45 MB
+to import here, and the recorder has no need of it: nothing on the way to the command may
+import it (not the recorder's modules, not the decoder's construction, not the recording
+package or its writer), and neither may decoding and writing events (the decoder's columns
+are Arrow arrays built from buffers, recording/arrow_build.py: pyarrow's own conversions
+import pandas). tests/integration/test_compiled_cache.py checks whole recordings."""
 from __future__ import annotations
 
 import subprocess
@@ -29,12 +31,28 @@ def test_the_recorder_imports_no_pandas_before_the_command_starts():
     assert "memprof.recording.reader" not in loaded and "memprof.capture.compactor" not in loaded
 
 
-def test_the_decoder_warms_pandas_when_asked():
-    loaded = _modules_after("""
+def test_decoding_and_writing_events_and_chains_import_no_pandas(tmp_path):
+    loaded = _modules_after(f"""
+        import numpy as np
+        from pathlib import Path
+        from memprof.model import RecordingMeta
+        from memprof.recording import RecordingWriter
+        from memprof.sources.ebpf import records as R
         from memprof.sources.ebpf.decode import MemoryDecoder
-        MemoryDecoder.warm()
+        recs = np.zeros(3, dtype=R.EVENT_DTYPE)
+        recs["kind"] = [R.SLAB_ALLOC, R.SLAB_FREE, R.EXIT_MARK]
+        recs["size"], recs["ts_ns"] = [64, 0, 0], [1, 2, 3]
+        batch = MemoryDecoder(lambda k, u, p, c, py: k.astype(np.int64)).decode(recs)
+        writer = RecordingWriter(Path({str(tmp_path / "r.memprof")!r}), RecordingMeta(command=["x"]))
+        writer.append("events", {{**batch.columns, "seq": range(3)}})
+        writer.append("frames", {{"frame_id": [1, 2], "kind": ["kernel", "python"], "function": ["f", None],
+                                  "module": ["vmlinux", None], "file": [None, "a.py"], "line": [None, 3]}})
+        writer.append("stacks", {{"stack_id": [1], "depth": [0], "frame_id": [1]}})
+        writer.append("samples", {{"ts_ns": [5], "metric": ["rss"], "device": [None], "value": [1.5]}})
+        writer.finalize(10)
     """)
-    assert "pandas" in loaded
+    assert "memprof.recording.writer" in loaded and "pyarrow.parquet" in loaded
+    assert "pandas" not in loaded
 
 
 def test_the_recording_package_still_gives_every_name():

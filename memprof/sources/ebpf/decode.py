@@ -2,20 +2,22 @@
 
 Array operations only: no Python object per event, since a kernel-heavy job makes over a
 million events a second. Kernel addresses are replaced by their images under the
-recording's key (addrkey.py) before they reach any table."""
+recording's key (addrkey.py) before they reach any table. The columns are numpy and pyarrow
+arrays (category columns as DictionaryArrays, nullable integers as masked Arrow arrays), what
+the writer stores as they are: the recorder never imports pandas (~45 MB and ~0.25 s of CPU
+beside the command, issue 24)."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
-
-if TYPE_CHECKING:  # pandas is imported where it is used: not before the recorded command starts (issue 24)
-    import pandas as pd
+import pyarrow as pa
 
 from memprof.model import Action, Layer
 from memprof.model.schema import Mark
+from memprof.recording import arrow_build
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.addrkey import AddressKey
 
@@ -58,16 +60,6 @@ class MemoryDecoder:
         # Drawn per recording, never saved: kernel addresses reach the events table only as
         # their images under it (see addrkey.py).
         self.address_key = address_key or AddressKey.generate()
-
-    @staticmethod
-    def warm() -> None:
-        """Import pandas and build the columns' dtypes (~0.2 s here, the first dtype ~35 ms of
-        it: pandas' string machinery warming up), which the first decode would otherwise do.
-        EbpfSource.warm_decoder runs it on a thread once the command runs: not before the
-        command (issue 24: start-up), and not inside a poll, where it would delay probing a
-        library the target has just mapped."""
-        for categories in (LAYER_NAMES, ACTION_NAMES, DEVICE_NAMES, MARK_NAMES):
-            _categorical_dtype(tuple(categories))
 
     def decode(self, recs: np.ndarray) -> EventBatch:
         """Columns of the events table for the memory records among `recs`."""
@@ -125,20 +117,18 @@ class MemoryDecoder:
         return weight
 
 
-def _categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
-    import pandas as pd  # here, not at import: see above
-    return pd.Categorical.from_codes(codes, dtype=_categorical_dtype(tuple(categories)))
+def _categorical(codes: np.ndarray, categories: list[str]) -> pa.DictionaryArray:
+    """A category column: int8 `codes` index `categories`, -1 is null."""
+    indices = arrow_build.numeric(codes, pa.int8(), mask=codes < 0)
+    return pa.DictionaryArray.from_arrays(indices, _dictionary(tuple(categories)))
 
 
 @functools.cache
-def _categorical_dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
-    """One dtype per category list, built once: building it validates the categories (an
-    Index of strings), ~5 ms each time here, four columns a poll, every 20 ms."""
-    import pandas as pd
-    return pd.CategoricalDtype(list(categories))
+def _dictionary(categories: tuple[str, ...]) -> pa.Array:
+    """One Arrow array per category list, built once (four columns a poll, every 20 ms)."""
+    return arrow_build.strings(categories)
 
 
-def _masked(values: np.ndarray, null_mask: np.ndarray) -> pd.arrays.IntegerArray:
+def _masked(values: np.ndarray, null_mask: np.ndarray) -> pa.Array:
     """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
-    import pandas as pd
-    return pd.arrays.IntegerArray(values.astype(np.int64), null_mask.astype(bool))
+    return arrow_build.numeric(values.astype(np.int64), pa.int64(), mask=null_mask.astype(bool))

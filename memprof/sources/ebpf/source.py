@@ -50,8 +50,6 @@ class EbpfSource:
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
         self._process_probes_detach: threading.Thread | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
-        self._warming: threading.Thread | None = None  # warm_decoder's
-        self._held: list[np.ndarray] = []  # drained records waiting for it
         self.last_drained = 0  # records the last poll drained (lifecycle ones too)
 
     def enabled(self, family: str) -> bool:
@@ -111,32 +109,14 @@ class EbpfSource:
         self._refresh_processes(only_stale=True)
 
     # ---- polling ----
-    def warm_decoder(self) -> None:
-        """Import pandas and build the decoder's dtypes (MemoryDecoder.warm, ~0.2-0.3 s) on a
-        thread, once the command runs. Until that is done, `poll` applies the lifecycle
-        records at once (a library the target maps is probed without waiting) and holds the
-        memory records back for the first decode after it."""
-        self._warming = threading.Thread(target=MemoryDecoder.warm, name="memprof-pandas", daemon=True)
-        self._warming.start()
-
-    def poll(self, wait: bool = False) -> EventBatch | None:
-        """Drain the ring buffer: memory events as columns; lifecycle events applied here.
-        None while the decoder warms (`warm_decoder`) unless `wait` (the last poll), which
-        waits for it: no record drained is ever dropped."""
+    def poll(self) -> EventBatch | None:
+        """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
         recs = self._ring.drain()
         self.last_drained = int(recs.size)
-        if recs.size:
-            self.stats.events += int(recs.size)
-            self._apply_lifecycle(recs)
-            self._held.append(recs)
-        if not self._held:
+        if recs.size == 0:
             return None
-        if self._warming is not None and self._warming.is_alive():
-            if not wait:
-                return None
-            self._warming.join()
-        recs = self._held[0] if len(self._held) == 1 else np.concatenate(self._held)
-        self._held = []
+        self.stats.events += int(recs.size)
+        self._apply_lifecycle(recs)
         return self.decoder.decode(recs)
 
     def _apply_lifecycle(self, recs: np.ndarray) -> None:

@@ -1,0 +1,154 @@
+"""Arrow arrays from numpy arrays and Python lists, and numpy arrays from Arrow ones, without
+pyarrow importing pandas (issue 24: the recorder's size and CPU).
+
+pyarrow imports pandas, when it is installed, the first time it converts a Python or numpy
+object (`pa.array`, `pa.scalar`, `Array.to_numpy`): ~45 MB and ~0.25 s of CPU in the
+recorder, beside the command it records. Built from buffers, an array never asks. These
+cover the column types of memprof's tables (model/schema.py): integers, floats and strings;
+any other input (a pandas object, say) is left to `pa.array` by the writer.
+
+Contracts: nulls are None in a list, `mask` True for an array, and NaN in a float column (as
+`pa.array(..., from_pandas=True)` reads it). A value that does not fit the type raises
+ValueError, as pa.array raises.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+CONVERTIBLE = (np.ndarray, list, tuple, range)  # what these functions take as values
+
+
+def numeric(values, type_: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:
+    """An Arrow array of integer or float `type_` from a numpy array or a sequence (None for
+    null). Raises ValueError where a value is not a number or does not fit `type_`."""
+    target = np.dtype(type_.to_pandas_dtype())
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        array = values
+    else:
+        array, nulls = _from_sequence(values, target)
+        if nulls is not None:
+            mask = nulls if mask is None else mask | nulls
+    if array.dtype.kind == "f":  # NaN is null, as from_pandas reads it, whatever the column's type
+        nan = np.isnan(array)
+        if nan.any():
+            mask = nan if mask is None else mask | nan
+            array = np.where(nan, 0, array)
+    if pa.types.is_floating(type_):
+        if array.dtype.kind not in "iufb":
+            raise ValueError(f"not a number column: {array.dtype}")
+        out = array.astype(target, copy=False)
+    else:
+        out = _integers(array, target, mask)
+    return _with_validity(type_, np.ascontiguousarray(out), mask)
+
+
+def _from_sequence(values, target: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
+    """A Python sequence (or an object array) as numbers, and its null mask (None: no nulls).
+    Integers go straight to `target`, exactly (a list mixing 0 and 2**64 - 1 would otherwise
+    become float64 in numpy's hands)."""
+    if isinstance(values, range):
+        return np.arange(values.start, values.stop, values.step, dtype=np.int64), None
+    items = list(values)
+    nulls = np.fromiter((v is None for v in items), bool, len(items))
+    if nulls.any():
+        items = [0 if v is None else v for v in items]
+    if target.kind in "iu" and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
+        try:
+            return np.array(items, dtype=target), nulls
+        except OverflowError as e:
+            raise ValueError(f"a value out of range for {target}: {e}") from e
+    array = np.asarray(items)
+    if array.dtype.kind not in "iufb":
+        raise ValueError(f"not a number: {array.dtype} values")
+    return array, nulls
+
+
+def _integers(array: np.ndarray, target: np.dtype, mask: np.ndarray | None) -> np.ndarray:
+    """`array` as integers of `target`; ValueError for a value that is not an integer or
+    does not fit (null slots, `mask` True, are not checked)."""
+    if array.dtype.kind == "b":
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"not an integer column: {array.dtype}")
+    valid = array if mask is None or not mask.any() else array[~mask]
+    if valid.size:
+        if array.dtype.kind == "f" and not np.all(np.isfinite(valid) & (valid == np.floor(valid))):
+            raise ValueError("a value is not an integer")
+        low, high = valid.min(), valid.max()
+        if array.dtype.kind == "f":  # float bounds exactly: float(2**63 - 1) rounds up to 2**63
+            top = 2.0 ** (8 * target.itemsize - (target.kind == "i"))
+            out = low < (-top if target.kind == "i" else 0.0) or high >= top
+        else:
+            info = np.iinfo(target)
+            out = low < info.min or high > info.max
+        if out:
+            raise ValueError(f"a value out of range for {target}: {low} to {high}")
+    return array.astype(target, copy=False)
+
+
+def strings(values: Sequence) -> pa.Array:
+    """A string array from a sequence of str (None for null). ValueError for any other value."""
+    encoded, offsets, nulls = [], np.zeros(len(values) + 1, np.int64), np.zeros(len(values), bool)
+    total = 0
+    for i, value in enumerate(values):
+        if value is None:
+            nulls[i] = True
+        elif isinstance(value, str):
+            try:
+                data = value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"not UTF-8 text: {value!r}") from e
+            encoded.append(data)
+            total += len(data)
+        else:
+            raise ValueError(f"not a string: {type(value).__name__} {value!r}")
+        offsets[i + 1] = total
+    type_ = pa.large_string() if total >= 2**31 else pa.string()
+    index = np.int64 if type_ == pa.large_string() else np.int32
+    buffers = [_validity(nulls), pa.py_buffer(offsets.astype(index)), pa.py_buffer(b"".join(encoded))]
+    array = pa.Array.from_buffers(type_, len(values), buffers, null_count=int(nulls.sum()))
+    return array if type_ == pa.string() else array.cast(pa.string())
+
+
+def dictionary(values: Sequence, type_: pa.DictionaryType) -> pa.Array:
+    """A dictionary array of `type_` from a sequence of str (None for null)."""
+    return strings(values).dictionary_encode().cast(type_)
+
+
+def repeated(value, type_: pa.DataType, length: int) -> pa.Array:
+    """`value` (a number or a str) `length` times, as `type_`."""
+    if pa.types.is_string(type_):
+        return strings([value] * length)
+    if pa.types.is_dictionary(type_):
+        return dictionary([value] * length, type_)
+    return numeric(np.full(length, value), type_)
+
+
+def to_numpy(array: pa.Array, null_as) -> np.ndarray:
+    """The values of a primitive (integer or float) Arrow array as numpy, nulls as `null_as`;
+    the indices for a dictionary array."""
+    if pa.types.is_dictionary(array.type):
+        array = array.indices
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    validity, data = array.buffers()[:2]
+    out = np.frombuffer(data, dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
+    if array.null_count:
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        out[bits[array.offset:array.offset + len(array)] == 0] = null_as
+    return out
+
+
+def _with_validity(type_: pa.DataType, values: np.ndarray, mask: np.ndarray | None) -> pa.Array:
+    nulls = int(mask.sum()) if mask is not None else 0
+    validity = _validity(mask) if nulls else None
+    return pa.Array.from_buffers(type_, values.size, [validity, pa.py_buffer(values)], null_count=nulls)
+
+
+def _validity(nulls: np.ndarray | None) -> pa.Buffer | None:
+    """Arrow's validity bitmap (1 = valid, least significant bit first) for null mask `nulls`."""
+    if nulls is None or not nulls.any():
+        return None
+    return pa.py_buffer(np.packbits(~nulls.astype(bool), bitorder="little"))

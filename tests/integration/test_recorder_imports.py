@@ -1,0 +1,53 @@
+"""What a whole recording loads into the recorder's process (issue 24: size and start-up),
+with real eBPF: no pandas, whatever the command and whether or not the status line (and its
+live bytes) is on; and the recording it writes reads back with the known numbers. Decoding
+and writing alone are checked without privileges in tests/unit/test_startup_imports.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_kernel import KERNEL_LEAK, PIPE_BUFFER_ARRAY_BYTES, pipe_info_finding
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _record_in_process(tmp_path: Path, args: list[str]) -> dict:
+    """`memprof record ARGS` run by memprof's own main() in a fresh interpreter; what it
+    exited with, and whether pandas was ever imported in that process."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from memprof.cli.main import main
+        sys.argv = ["memprof", "record", *{args!r}]
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        print(json.dumps({{"exit": code, "pandas": "pandas" in sys.modules}}), file=sys.__stdout__)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "status-line"])
+def test_a_recording_of_a_python_program_never_imports_pandas(tmp_path, quiet):
+    grow = "x = [bytearray(4096) for _ in range(2000)]; import json; json.dumps(list(range(1000)))"
+    out = _record_in_process(tmp_path, [*(["-q"] if quiet else []), "-o", "py.memprof", "--",
+                                        sys.executable, "-c", grow])
+    assert out == {"exit": 0, "pandas": False}
+
+
+def test_a_recording_without_pandas_finds_the_known_kernel_leak(tmp_path, leaks_json):
+    out = _record_in_process(tmp_path, ["-q", "-o", "leak.memprof", "--", KERNEL_LEAK])
+    assert out == {"exit": 0, "pandas": False}
+    finding = pipe_info_finding(leaks_json(tmp_path / "leak.memprof", "--layer", "kernel_slab", "--top", "1000"))
+    assert (finding["live_count"], finding["live_bytes"]) == (257, 257 * PIPE_BUFFER_ARRAY_BYTES)
