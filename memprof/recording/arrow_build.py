@@ -73,6 +73,8 @@ def _integers(array: np.ndarray, target: np.dtype, mask: np.ndarray | None) -> n
         array = array.astype(np.int64)
     if array.dtype.kind not in "iuf":
         raise ValueError(f"not an integer column: {array.dtype}")
+    if np.can_cast(array.dtype, target, "safe"):
+        return array.astype(target, copy=False)  # every value fits: the decoder's columns, no scan
     valid = array if mask is None or not mask.any() else array[~mask]
     if valid.size:
         if array.dtype.kind == "f" and not np.all(np.isfinite(valid) & (valid == np.floor(valid))):
@@ -151,4 +153,4 @@ def _validity(nulls: np.ndarray | None) -> pa.Buffer | None:
     """Arrow's validity bitmap (1 = valid, least significant bit first) for null mask `nulls`."""
     if nulls is None or not nulls.any():
         return None
-    return pa.py_buffer(np.packbits(~nulls.astype(bool), bitorder="little"))
+    return pa.py_buffer(np.packbits(np.logical_not(nulls), bitorder="little"))

@@ -131,4 +131,4 @@ def _dictionary(categories: tuple[str, ...]) -> pa.Array:
 
 def _masked(values: np.ndarray, null_mask: np.ndarray) -> pa.Array:
     """Nullable int64 column: `values` where `null_mask` is False, null elsewhere."""
-    return arrow_build.numeric(values.astype(np.int64), pa.int64(), mask=null_mask.astype(bool))
+    return arrow_build.numeric(values, pa.int64(), mask=null_mask)  # both already int64 and bool
