@@ -55,9 +55,11 @@ def _from_sequence(values, target: np.dtype) -> tuple[np.ndarray, np.ndarray | N
     nulls = np.fromiter((v is None for v in items), bool, len(items))
     if nulls.any():
         items = [0 if v is None else v for v in items]
+    # As Python ints: numpy casts a numpy scalar that does not fit (np.int64(-1) into uint64)
+    # without a word, where it refuses a Python int.
     if target.kind in "iu" and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
         try:
-            return np.array(items, dtype=target), nulls
+            return np.array([int(v) for v in items], dtype=target), nulls
         except OverflowError as e:
             raise ValueError(f"a value out of range for {target}: {e}") from e
     array = np.asarray(items)

@@ -31,6 +31,9 @@ def test_integers_that_need_all_64_bits_stay_exact():
         B.numeric([-1, 2**64 - 1], pa.uint64())
     with pytest.raises(ValueError):
         B.numeric([2**63], pa.int64())
+    with pytest.raises(ValueError):  # numpy would wrap a numpy scalar to 2**64 - 1 by itself
+        B.numeric([np.int64(-1)], pa.uint64())
+    assert B.numeric([np.uint64(2**64 - 1), None], pa.uint64()).to_pylist() == [2**64 - 1, None]
 
 
 def test_nan_is_null_in_float_and_integer_columns_as_from_pandas_reads_it():
