@@ -42,7 +42,7 @@ TEARDOWN_BURST = 8
 TEARDOWN_MAX_S = 2.0
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-if TYPE_CHECKING:  # imported where --max-size asks for it: it brings pandas, which a recording needs nowhere else
+if TYPE_CHECKING:  # imported where --max-size asks for it (its folding, at a first fold, brings pandas)
     from memprof.capture.compactor import Compactor
 
 _SI_KERNEL = 0x80  # si_code of signals the terminal driver sends (Ctrl-C): the child got its own
@@ -427,7 +427,7 @@ class Session:
 
     def _compactor_now(self) -> Compactor | None:
         """On `files`: the --max-size compactor (None without --max-size), made at its first
-        use rather than before the command starts: its import brings pandas (issue 24)."""
+        use, off the way to the command (issue 24: start-up)."""
         if self.compactor is None and self.request.max_size_bytes:
             from memprof.capture.compactor import Compactor
             self.compactor = Compactor(self.writer, self.request.max_size_bytes, origin_ns=self._fold_origin_ns)

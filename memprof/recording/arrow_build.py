@@ -110,11 +110,10 @@ def strings(values: Sequence) -> pa.Array:
         else:
             raise ValueError(f"not a string: {type(value).__name__} {value!r}")
         offsets[i + 1] = total
-    type_ = pa.large_string() if total >= 2**31 else pa.string()
-    index = np.int64 if type_ == pa.large_string() else np.int32
-    buffers = [_validity(nulls), pa.py_buffer(offsets.astype(index)), pa.py_buffer(b"".join(encoded))]
-    array = pa.Array.from_buffers(type_, len(values), buffers, null_count=int(nulls.sum()))
-    return array if type_ == pa.string() else array.cast(pa.string())
+    if total >= 2**31:  # a string column's 32-bit offsets (pa.array, cast to string, refused it too)
+        raise ValueError(f"{total:,} bytes of text in one batch: a string column holds less than 2 GiB")
+    buffers = [_validity(nulls), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(values), buffers, null_count=int(nulls.sum()))
 
 
 def dictionary(values: Sequence, type_: pa.DictionaryType) -> pa.Array:
@@ -147,8 +146,7 @@ def to_numpy(array: pa.Array, null_as) -> np.ndarray:
 
 def _with_validity(type_: pa.DataType, values: np.ndarray, mask: np.ndarray | None) -> pa.Array:
     nulls = int(mask.sum()) if mask is not None else 0
-    validity = _validity(mask) if nulls else None
-    return pa.Array.from_buffers(type_, values.size, [validity, pa.py_buffer(values)], null_count=nulls)
+    return pa.Array.from_buffers(type_, values.size, [_validity(mask), pa.py_buffer(values)], null_count=nulls)
 
 
 def _validity(nulls: np.ndarray | None) -> pa.Buffer | None:

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprof.model.schema import Action
-from memprof.recording.reader import _PART_ERRORS, _corrupt_part, _part_paths, _read_part, frame_of_tables
+from memprof.recording.parts import PART_ERRORS, corrupt_part
+from memprof.recording.reader import _part_paths, _read_part, frame_of_tables
 from memprof.recording.writer import TABLES
 
 PAIRED_ACTIONS = (Action.ALLOC.value, Action.FREE.value, Action.FREE_REQUESTED.value)
@@ -54,8 +55,8 @@ def event_parts(path: Path | str) -> list[EventPart]:
 def _part_of(part: Path) -> EventPart:
     try:
         metadata = pq.ParquetFile(part).metadata
-    except _PART_ERRORS as e:
-        raise _corrupt_part(part, e) from e
+    except PART_ERRORS as e:
+        raise corrupt_part(part, e) from e
     if metadata.num_rows == 0:
         return EventPart(part, 0, 0, 0)
     span = _ts_statistics(metadata)

@@ -15,7 +15,6 @@ parsed BTF itself (btf.load_cached). Both answer `member_offset` and
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 
@@ -46,11 +45,7 @@ def _key() -> str | None:
     except OSError:
         return None
     uname = os.uname()
-    h = hashlib.sha256()
-    for part in ("btf answers", str(compiled_cache.FORMAT), uname.release, uname.version, str(st.st_size)):
-        h.update(part.encode())
-        h.update(b"\0\0")
-    return h.hexdigest()
+    return compiled_cache.entry_key("btf answers", uname.release, uname.version, str(st.st_size))
 
 
 class RememberedBtf:

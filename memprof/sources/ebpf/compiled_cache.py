@@ -62,8 +62,13 @@ def enabled() -> bool:
 
 def cache_key(text: str, cflags: list[str]) -> str:
     """The hash naming the entry for a compile of `text` with `cflags` on this machine."""
+    return entry_key(text, "\0".join(cflags), *_machine_inputs())
+
+
+def entry_key(*parts: str) -> str:
+    """The name of an entry (a sha256) for what decides its content, `parts`, with FORMAT."""
     h = hashlib.sha256()
-    for part in (str(FORMAT), text, "\0".join(cflags), *_machine_inputs()):
+    for part in (str(FORMAT), *parts):
         h.update(part.encode())
         h.update(b"\0\0")
     return h.hexdigest()

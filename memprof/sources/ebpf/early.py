@@ -4,7 +4,7 @@ bcc's compile (1.3-2.0 s on the project's VM) and the kernel's check of each pro
 (~0.5 s for all) are C calls that release the GIL; with bcc's compiled program in the
 cache (compiled_cache.py) the compile is ~40 ms of reading it and creating the maps. `begin(options)` starts both on a thread
 the moment `record` knows its options, so they overlap what start-up does meanwhile:
-importing the recorder (pyarrow, pandas), checking the output, finding the libraries to
+importing the recorder (numpy, pyarrow), checking the output, finding the libraries to
 probe. `loading.compile_program` then takes the compiled object (`take`) when its text and
 flags are those it would compile; otherwise (the options changed, or `begin` never ran) it
 compiles as before. From a cached object, `take` waits only for the programs attached before

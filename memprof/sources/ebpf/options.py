@@ -1,6 +1,6 @@
 """What the eBPF source probes and how: the options `record` gives it.
 
-Kept apart from source.py, which imports numpy and pandas, so that `record` can build them
+Kept apart from source.py, which imports numpy and pyarrow, so that `record` can build them
 and start bcc's compile (early.py) before those imports (issue 24: start-up)."""
 from __future__ import annotations
 
