@@ -35,6 +35,7 @@
 #define PY_OWNED_BY_CSTACK 3        /* 3.12+: a shim frame the eval loop pushes at entry */
 #define PY_PAGE_BYTES    4096       /* frames are read from the start of their page at most */
 #define PY_FRAME_MAX     256        /* frame_read is below this */
+#define PY_CODE_HEAD_MAX 256        /* code_read is below this */
 
 /* Offsets of one interpreter (see memprof/sources/cpython/offsets_table.py); -1: no such field. */
 struct py_conf {
@@ -47,6 +48,8 @@ struct py_conf {
     s32 bytes_size, bytes_data;
     s32 minor;           /* 10..13 */
     s32 frame_read;      /* bytes of a frame to read: covers every frame field used */
+    s32 code_read;       /* bytes of a code object to read: its type and every code_ field but
+                          * code_adaptive (which is an address, never read) */
 };
 
 struct py_stack {
@@ -85,6 +88,7 @@ struct py_scratch {
     u64 window_start;
     u32 window_len;
     struct py_code code;
+    u8 code_head[PY_CODE_HEAD_MAX]; /* a code object's first code_read bytes */
     u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
     /* A walk or a learning is using this CPU's scratch. Programs nest: an interrupt that
      * allocates runs a kmem program inside whichever memprof program it interrupted, on the
@@ -234,20 +238,36 @@ static __always_inline void py_read_str(struct py_conf *c, u64 str, u8 *dst, con
         bpf_probe_read_user(dst, bytes, (void *)(data + skip));
 }
 
-/* First sight of a code object in this process: check it is one, copy what names it. */
+static __always_inline u64 head_u64(u8 *head, s32 off)
+{
+    return *(u64 *)(head + (off & 0xf8));
+}
+
+/* First sight of a code object in this process: check it is one, copy what names it.
+ * A learning meets mostly code objects it learned before (every new stack of an import
+ * repeats importlib's frames), and must still tell whether the address now holds another
+ * code object: one read of the object's head gives all it compares, where a read per field
+ * cost ~70 ns each (half of what Python frames cost `import torch`, bench/RESULTS.md). */
 static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s, u32 tgid, u64 code)
 {
     struct py_code_key key = {.code = code, .tgid = tgid};
-    s32 firstlineno = 0;
-    bpf_probe_read_user(&firstlineno, sizeof(firstlineno), (void *)(code + c->code_firstlineno));
-    u64 name = read_user_u64(code + (c->code_qualname >= 0 ? c->code_qualname : c->code_name));
-    u64 file = read_user_u64(code + c->code_filename);
-    u64 table = read_user_u64(code + c->code_linetable);
+    u32 read = c->code_read & (PY_CODE_HEAD_MAX - 1); /* the mask says so to the verifier */
+    if (read < 16)
+        return -1;
+    u8 *head = s->code_head;
+    if (bpf_probe_read_user(head, read, (void *)code) < 0) {
+        count(MP_CNT_PY_BAD_CODE);
+        return -1;
+    }
+    s32 firstlineno = *(s32 *)(head + (c->code_firstlineno & 0xfc));
+    u64 name = head_u64(head, c->code_qualname >= 0 ? c->code_qualname : c->code_name);
+    u64 file = head_u64(head, c->code_filename);
+    u64 table = head_u64(head, c->code_linetable);
     struct py_code *known = py_codes.lookup(&key);
     if (known && known->name_ptr == name && known->file_ptr == file && known->lines_ptr == table &&
         known->firstlineno == firstlineno)
         return 0;
-    if (read_user_u64(code + 8) != c->code_type) {
+    if (head_u64(head, 8) != c->code_type) {
         count(MP_CNT_PY_BAD_CODE);
         return -1;
     }

@@ -221,6 +221,7 @@ class PythonFrames:
         conf.minor = binary.version[1]
         frame_fields = [o[k] for k in ("frame_previous", "frame_code", "frame_instr", "frame_owner", "frame_is_entry")]
         conf.frame_read = max(frame_fields) + 8
+        conf.code_read = code_head_bytes(o)
         return conf
 
     # ---- stacks ----
@@ -297,6 +298,16 @@ class PythonFrames:
         name = decode_str(bytes(bytearray(leaf.name)), int(leaf.name_len), int(leaf.name_state), 0)
         file = decode_str(bytes(bytearray(leaf.file)), int(leaf.file_len), int(leaf.file_state), int(leaf.file_skip))
         return _Code(name or "<unknown>", file, lines)
+
+
+CODE_HEAD_FIELDS = ("code_filename", "code_name", "code_qualname", "code_firstlineno", "code_linetable")
+CODE_TYPE_END = 16  # ob_type, at 8: what tells a code object from what else lies at its address
+
+
+def code_head_bytes(offsets: dict) -> int:
+    """py_conf.code_read: bytes from a code object's start that cover its type and every field
+    the code learning reads (bpf/python.bpf.c reads them in one go). Absent fields are -1."""
+    return max([CODE_TYPE_END] + [offsets[k] + 8 for k in CODE_HEAD_FIELDS if offsets[k] >= 0])
 
 
 def python_runtimes(executable: str | None, process_maps: Sequence[Sequence[Mapping]] = ()) -> list[str]:
