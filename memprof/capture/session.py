@@ -15,6 +15,7 @@ from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
+from memprof.capture.kernel_live import KernelLiveAddresses
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -32,13 +33,13 @@ POLL_S = 0.02          # ring buffer drain period
 FLUSH_S = 0.25
 # After the target's tree has exited, the kernel still frees what it held: deferred fput,
 # RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
-# and on while they still come in bursts (a loaded machine runs deferred work late) — until
-# TEARDOWN_QUIET_S pass without a poll of TEARDOWN_BURST events or more, or TEARDOWN_MAX_S in
-# all. (A trickle of a few frees per 0.1 s goes on forever: other processes' frees of
-# addresses the filter also lets through.)
+# and on while they still come (a loaded machine runs deferred work late) — until
+# TEARDOWN_QUIET_S pass without a free of a kernel allocation the target still held
+# (capture/kernel_live.py), or TEARDOWN_MAX_S in all. Other frees are not counted: other
+# processes' frees of addresses the target once had, which the filter lets through by the
+# thousand, kept this waiting up to a second for nothing (bench/RESULTS.md).
 TEARDOWN_GRACE_S = 0.3
 TEARDOWN_QUIET_S = 0.2
-TEARDOWN_BURST = 8
 TEARDOWN_MAX_S = 2.0
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -168,12 +169,13 @@ def _asked_for_uprobes(options: EbpfOptions) -> str | None:
     return None
 
 
-def _teardown_over(since_exit_s: float, since_event_s: float) -> bool:
-    """Stop listening after the tree exited: the grace passed and frees stopped coming (or
-    the most we wait passed)."""
+def _teardown_over(since_exit_s: float, since_free_s: float) -> bool:
+    """Stop listening after the tree exited: the grace passed and the target's frees stopped
+    coming (or the most we wait passed). `since_free_s`: since the last free of a kernel
+    allocation the target still held."""
     if since_exit_s >= TEARDOWN_MAX_S:
         return True
-    return since_exit_s >= TEARDOWN_GRACE_S and since_event_s >= TEARDOWN_QUIET_S
+    return since_exit_s >= TEARDOWN_GRACE_S and since_free_s >= TEARDOWN_QUIET_S
 
 
 def anchor() -> ClockAnchor:
@@ -199,6 +201,9 @@ class Session:
         # Live bytes feed only the status line: without one, save the recorder's CPU
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
+        self.kernel_live = KernelLiveAddresses()  # what the teardown waits for
+        self._held_frees = 0  # frees of held kernel allocations in the last batch, once the tree exited
+        self._tree_gone = False
         self.writer = None
         self.compactor: Compactor | None = None  # made at the first flush (_compactor_now)
         self._fold_origin_ns = 0  # the recording's start, once _open_writer knows it
@@ -452,14 +457,14 @@ class Session:
         tree_gone_at = None
         write_error = None
         try:
-            last_event = start
+            last_free = start
             self._ingest()  # at once: what the target did since its release (a dlopen to probe, say)
             while True:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()
                 self._ingest()
-                if self.source.last_drained >= TEARDOWN_BURST:  # memory and lifecycle records alike
-                    last_event = now
+                if self._held_frees:
+                    last_free = now
                 if now >= next_status:
                     self._report_status(now - start)
                     next_status = now + 0.25
@@ -471,10 +476,11 @@ class Session:
                     break
                 if tree_gone_at is None and self._tree_exited(root):
                     tree_gone_at = now
+                    self._tree_gone = True
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
                     self.source.detach_process_probes()  # the kernel's last frees still come through kmem
-                if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_event):
+                if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_free):
                     break
         except RecordingWriteError as e:
             write_error = e
@@ -523,6 +529,7 @@ class Session:
     def _ingest(self) -> int:
         """Decoded events of the ring buffer into the writer; returns how many."""
         batch = self.source.poll()
+        self._held_frees = 0
         if batch is None or batch.rows == 0:
             return 0
         cols = batch.columns
@@ -530,6 +537,9 @@ class Session:
         self._seq += batch.rows
         if self.live is not None:
             self.live.update(cols)
+        if self._tree_gone:
+            self._held_frees = self.kernel_live.frees_of_held(cols)
+        self.kernel_live.update(cols)
         self.writer.append("events", cols)
         return batch.rows
 
