@@ -20,14 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _record_in_process(tmp_path: Path, args: list[str]) -> dict:
-    """`memprof record ARGS` run by memprof's own main() in a fresh interpreter; what it
-    exited with, and whether pandas was ever imported in that process."""
+    """`memprof record ARGS` run by memprof's click group in a fresh interpreter; what it
+    exited with, and whether pandas was ever imported in that process. (Not by main(), which
+    ends `record` with os._exit before anyone could ask.)"""
     script = textwrap.dedent(f"""
         import json, sys
-        from memprof.cli.main import main
+        from memprof.cli.main import cli
         sys.argv = ["memprof", "record", *{args!r}]
         try:
-            main()
+            cli(prog_name="memprof")
             code = 0
         except SystemExit as e:
             code = e.code
