@@ -27,10 +27,11 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
+from memprof.sources.symbols.elfsyms import defined_in, defined_symbol
 from memprof.sources.symbols.files import open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
@@ -165,6 +166,11 @@ def _runtime_file_cached(path: str, mtime_ns: int, size: int) -> str:
 # --- reading the file ---
 
 
+class Symbol(NamedTuple):
+    value: int  # its link-time address
+    size: int   # bytes
+
+
 class _Inspection:
     """The checks of inspect_python on one open file, in order (see the module docstring)."""
 
@@ -190,31 +196,26 @@ class _Inspection:
         if code_type is None:
             raise PythonLayoutError(f"{self.path} is not a CPython runtime (no PyCode_Type symbol)", _HINT_FILE)
         label = f"CPython {version[0]}.{version[1]}"
-        _expect(f"_PyRuntime is {runtime['st_size']} bytes, {label}'s layout has {offsets['sizeof_runtime']}",
-                runtime["st_size"] == offsets["sizeof_runtime"])
-        basicsize, expected = self.u64(code_type["st_value"] + _TP_BASICSIZE), _code_basicsize(offsets)
+        _expect(f"_PyRuntime is {runtime.size} bytes, {label}'s layout has {offsets['sizeof_runtime']}",
+                runtime.size == offsets["sizeof_runtime"])
+        basicsize, expected = self.u64(code_type.value + _TP_BASICSIZE), _code_basicsize(offsets)
         _expect(f"code objects are {basicsize} bytes, {label}'s layout has {expected}", basicsize == expected)
         if version[:2] >= (3, 13):
-            _check_debug_offsets(self.read(runtime["st_value"], _debug_struct(version).size), version, offsets)
+            _check_debug_offsets(self.read(runtime.value, _debug_struct(version).size), version, offsets)
         init = self.symbol("Py_InitializeFromConfig")
-        return PythonBinary(self.path, version, runtime["st_value"], code_type["st_value"], offsets,
-                            init["st_value"] if init is not None else 0)
+        return PythonBinary(self.path, version, runtime.value, code_type.value, offsets,
+                            init.value if init is not None else 0)
 
-    def symbol(self, name: str):
+    def symbol(self, name: str) -> Symbol | None:
         """The defined symbol `name` of .dynsym, else .symtab; None if neither defines it."""
-        for table in (".dynsym", ".symtab"):
-            section = self.elf.get_section_by_name(table)
-            found = section.get_symbol_by_name(name) if section is not None else None
-            for sym in found or ():
-                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
-                    return sym
-        return None
+        found = defined_symbol(self.elf, name)
+        return Symbol(*found) if found is not None else None
 
     def version(self) -> tuple[int, int, int]:
         """(3, minor, patch), with a minor the table knows; raises PythonLayoutError otherwise."""
         py_version = self.symbol("Py_Version")  # PY_VERSION_HEX, since 3.11
         if py_version is not None:
-            hexversion = self.u64(py_version["st_value"])
+            hexversion = self.u64(py_version.value)
             version = (hexversion >> 24, hexversion >> 16 & 0xFF, hexversion >> 8 & 0xFF)
         else:
             version = self._version_without_py_version()
@@ -306,8 +307,7 @@ def _libpython_needed(path: str, f) -> tuple[list[str], list[str]]:
     from elftools.elf.elffile import ELFFile
     elf = ELFFile(f)
     dynamic = elf.get_section_by_name(".dynamic")
-    dynsym = elf.get_section_by_name(".dynsym")
-    defined = dynsym is not None and any(s["st_shndx"] != "SHN_UNDEF" for s in dynsym.get_symbol_by_name("_PyRuntime") or ())
+    defined = defined_in(elf, ".dynsym", "_PyRuntime") is not None
     if dynamic is None or defined:
         return [], []
     tags = list(dynamic.iter_tags())

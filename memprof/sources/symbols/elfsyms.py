@@ -65,6 +65,7 @@ def demangle(name: str) -> str:
 
 
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_SHN_UNDEF = 0
 # Among aliases at one address (malloc / __libc_malloc) prefer global, then weak, then local.
 _BINDING_RANK = np.array([2, 0, 1] + [3] * 13, dtype=np.uint8)  # STB_LOCAL=0, GLOBAL=1, WEAK=2
 
@@ -116,6 +117,57 @@ def _sizes_within_sections(elf, syms: np.ndarray) -> np.ndarray:
     shndx = np.where(bounded, syms["shndx"], 0)
     end = ends[shndx]
     return np.where(bounded & (end > syms["value"]), end - syms["value"], sizes)
+
+
+def defined_symbol(elf, name: str) -> tuple[int, int] | None:
+    """(address, size) of the symbol `name` as `.dynsym`, else `.symtab`, defines it (not
+    undefined, not at 0); None when neither does. The string table is searched as bytes and
+    the symbols read with numpy: pyelftools' get_symbol_by_name makes a Python object of
+    every symbol in the table first (python3.11's 13,000: 0.2-0.4 s of every recorded Python
+    command's start, bench/RESULTS.md)."""
+    for section_name in (".dynsym", ".symtab"):
+        found = defined_in(elf, section_name, name)
+        if found is not None:
+            return found
+    return None
+
+
+def defined_in(elf, section_name: str, name: str) -> tuple[int, int] | None:
+    """defined_symbol() in the one symbol table `section_name`."""
+    section = elf.get_section_by_name(section_name)
+    if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+        return None
+    syms = _records(elf, section)
+    hits = syms[_named(elf, section, syms, name) & (syms["shndx"] != _SHN_UNDEF) & (syms["value"] != 0)]
+    return (int(hits[0]["value"]), int(hits[0]["size"])) if hits.size else None
+
+
+def symbol_indices(elf, section, name: str) -> np.ndarray:
+    """Indices in the symbol table `section` of its symbols named `name`, defined or not."""
+    syms = _records(elf, section)
+    return np.flatnonzero(_named(elf, section, syms, name))
+
+
+def _records(elf, section) -> np.ndarray:
+    dtype = _sym_dtype(elf.elfclass, elf.little_endian)
+    data = section.data()
+    return np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
+
+
+def _named(elf, section, syms: np.ndarray, name: str) -> np.ndarray:
+    offsets = string_offsets(elf.get_section(section["sh_link"]).data(), name.encode())
+    return np.isin(syms["name"], offsets) if offsets else np.zeros(len(syms), bool)
+
+
+def string_offsets(strtab: bytes, name: bytes) -> list[int]:
+    """Every offset in an ELF string table at which the string `name` starts. Not only after a
+    NUL: tables share tails, so a symbol named "free" may point into "cfree"."""
+    needle, found = name + b"\0", []
+    at = strtab.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = strtab.find(needle, at + 1)
+    return found
 
 
 class ElfSymbols:
