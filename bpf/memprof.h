@@ -54,6 +54,7 @@
 #define MP_FLAG_ASYNC         0x04  /* CUDA: stream-ordered (cuMemAllocAsync) */
 #define MP_FLAG_MANAGED       0x08  /* CUDA: unified memory */
 #define MP_FLAG_PHYSICAL      0x10  /* CUDA: a physical allocation (cuMemCreate), mapped separately */
+#define MP_FLAG_HELD          0x20  /* kernel frees: of an allocation the target held (see kmem.bpf.c) */
 
 struct mp_event {
     __u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */

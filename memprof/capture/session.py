@@ -15,7 +15,6 @@ from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.asuser import Owner, UserThread
-from memprof.capture.kernel_live import KernelLiveAddresses
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -35,9 +34,9 @@ FLUSH_S = 0.25
 # RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
 # and on while they still come (a loaded machine runs deferred work late) — until
 # TEARDOWN_QUIET_S pass without a free of a kernel allocation the target still held
-# (capture/kernel_live.py), or TEARDOWN_MAX_S in all. Other frees are not counted: other
-# processes' frees of addresses the target once had, which the filter lets through by the
-# thousand, kept this waiting up to a second for nothing (bench/RESULTS.md).
+# (MP_FLAG_HELD, bpf/kmem.bpf.c), or TEARDOWN_MAX_S in all. Other frees are not counted:
+# other processes' frees of addresses the target once had, which the address filter lets
+# through by the thousand, kept this waiting up to a second for nothing (bench/RESULTS.md).
 TEARDOWN_GRACE_S = 0.3
 TEARDOWN_QUIET_S = 0.2
 TEARDOWN_MAX_S = 2.0
@@ -201,9 +200,6 @@ class Session:
         # Live bytes feed only the status line: without one, save the recorder's CPU
         # (on a small machine it is the target's CPU too).
         self.live = LiveBytes() if on_status is not None else None
-        self.kernel_live = KernelLiveAddresses()  # what the teardown waits for
-        self._held_frees = 0  # frees of held kernel allocations in the last batch, once the tree exited
-        self._tree_gone = False
         self.writer = None
         self.compactor: Compactor | None = None  # made at the first flush (_compactor_now)
         self._fold_origin_ns = 0  # the recording's start, once _open_writer knows it
@@ -463,7 +459,7 @@ class Session:
                 self._wait_signal(POLL_S)
                 now = time.monotonic()
                 self._ingest()
-                if self._held_frees:
+                if self.source.last_held_frees:
                     last_free = now
                 if now >= next_status:
                     self._report_status(now - start)
@@ -476,7 +472,6 @@ class Session:
                     break
                 if tree_gone_at is None and self._tree_exited(root):
                     tree_gone_at = now
-                    self._tree_gone = True
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
                     self.source.detach_process_probes()  # the kernel's last frees still come through kmem
@@ -529,7 +524,6 @@ class Session:
     def _ingest(self) -> int:
         """Decoded events of the ring buffer into the writer; returns how many."""
         batch = self.source.poll()
-        self._held_frees = 0
         if batch is None or batch.rows == 0:
             return 0
         cols = batch.columns
@@ -537,9 +531,6 @@ class Session:
         self._seq += batch.rows
         if self.live is not None:
             self.live.update(cols)
-        if self._tree_gone:
-            self._held_frees = self.kernel_live.frees_of_held(cols)
-        self.kernel_live.update(cols)
         self.writer.append("events", cols)
         return batch.rows
 

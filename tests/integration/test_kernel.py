@@ -259,6 +259,28 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
         f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}\n{[(f['confirmed'], f['chain_missed_frees']) for f in named]}"
 
 
+def test_frees_flagged_held_are_the_frees_of_allocations_the_target_held(churn_recording):
+    """The teardown waits for frees flagged MP_FLAG_HELD (bpf/kmem.bpf.c); meta.json counts
+    them. Replaying the recording's kernel events gives the same count, up to the hashed
+    bits' rare sharing: a free counts when its address's last event was an allocation."""
+    from memprof.recording.reader import read_table
+    path, result = churn_recording
+    assert result.returncode == 0, result.stderr
+    events = read_table(path, "events")
+    kernel = events[events["layer"].astype(str).isin(["kernel_slab", "kernel_page"])].sort_values(["ts_ns", "seq"])
+    held, replayed = set(), 0
+    for layer, action, addr in zip(kernel["layer"].astype(str), kernel["action"].astype(str), kernel["addr"]):
+        key = (layer, int(addr))
+        if action == "alloc":
+            held.add(key)
+        elif action == "free" and key in held:
+            held.discard(key)
+            replayed += 1
+    flagged = read_meta(path)["sources"]["ebpf"]["detail"]["held_frees"]
+    assert replayed > 100_000  # 20,000 iterations of pipes and socketpairs
+    assert abs(flagged - replayed) <= replayed // 100, (flagged, replayed)
+
+
 def test_each_kind_of_page_keeps_its_own_stack(churn_recording):
     """Page allocations have no call site, so their cached stacks are keyed by the syscall's
     user stack pointer and the page's order and gfp flags. kernel_churn's write() into each

@@ -51,6 +51,7 @@ FLAG_HOST = 0x02
 FLAG_ASYNC = 0x04
 FLAG_MANAGED = 0x08
 FLAG_PHYSICAL = 0x10
+FLAG_HELD = 0x20  # kernel frees of an allocation the target held (bpf/kmem.bpf.c): the teardown's wait
 
 # Counter slots of the per-CPU `counters` array.
 CNT_RINGBUF_FULL = 0

@@ -51,6 +51,10 @@ class EbpfSource:
         self._process_probes_detach: threading.Thread | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
         self.last_drained = 0  # records the last poll drained (lifecycle ones too)
+        # Kernel frees, in the last poll and in all, of allocations the target held
+        # (MP_FLAG_HELD, bpf/kmem.bpf.c): what the teardown waits for.
+        self.last_held_frees = 0
+        self._held_frees = 0
 
     def enabled(self, family: str) -> bool:
         return family in self.options.families
@@ -113,6 +117,8 @@ class EbpfSource:
         """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
         recs = self._ring.drain()
         self.last_drained = int(recs.size)
+        self.last_held_frees = int(np.count_nonzero(recs["flags"] & R.FLAG_HELD))
+        self._held_frees += self.last_held_frees
         if recs.size == 0:
             return None
         self.stats.events += int(recs.size)
@@ -177,7 +183,7 @@ class EbpfSource:
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
             native_sample_bytes=self.options.native_sample_bytes, ring_buffer_bytes=self.options.ringbuf_bytes,
-            user_stack_sample_every=self.options.user_stack_every,
+            user_stack_sample_every=self.options.user_stack_every, held_frees=self._held_frees,
             program_from_cache=getattr(self._bpf, "FROM_CACHE", False))  # compiled_cache.py: no compile this run
         self.stats.missed = self._tracepoints.missed(self._bpf, counters, self.stats.detail)
         costs = program_costs(self._bpf)
