@@ -55,7 +55,11 @@ struct ustack_scratch {
 };
 BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_scratch, 1);
 BPF_ARRAY(tracked, u64, TRACKED_WORDS);
-BPF_ARRAY(addr_filter, u64, (1 << ADDR_BITS_LOG2) / 64);
+/* Two bitmaps in one array: the address filter's 2^ADDR_BITS_LOG2 bits, then the held bits'
+ * 2^HELD_BITS_LOG2 (see below). */
+#define HELD_BITS_LOG2 22
+#define ADDR_FILTER_WORDS ((1 << ADDR_BITS_LOG2) / 64)
+BPF_ARRAY(addr_filter, u64, ADDR_FILTER_WORDS + (1 << HELD_BITS_LOG2) / 64);
 BPF_PERCPU_ARRAY(counters, u64, MP_N_COUNTERS);
 /* A reuse key's latest stacks. `takes`: stacks taken at the key so far (saturating at
  * SITE_LEARN_TAKES); `mixed`: two kernel stacks taken at the key differed — one call site
@@ -117,31 +121,65 @@ static __always_inline void set_tracked(u32 tgid, int on)
         __sync_fetch_and_and(w, ~bit);
 }
 
-/* The address filter remembers every address the target was handed (multiplicative hash
- * into a bitmap, never cleared: collisions only let extra frees through, which user space
- * drops as unmatched). Frees happen in any context — RCU callbacks, kworkers — so they cannot
- * be filtered by process; this keeps unrelated frees out of the ring buffer. */
-static __always_inline u64 *addr_word(u64 addr, u64 *bit)
+/* The word holding `addr`'s bit in the bitmap of 2^bits_log2 bits that starts at word `base`
+ * of addr_filter (a multiplicative hash), and the bit (`*bit`). */
+static __always_inline u64 *bitmap_word(u64 addr, u32 bits_log2, u32 base, u64 *bit)
 {
-    u64 h = (addr * 0x9E3779B97F4A7C15ULL) >> (64 - ADDR_BITS_LOG2);
-    u32 idx = h >> 6;
+    u64 h = (addr * 0x9E3779B97F4A7C15ULL) >> (64 - bits_log2);
+    u32 idx = base + (u32)(h >> 6);
     *bit = 1ULL << (h & 63);
     return addr_filter.lookup(&idx);
 }
 
+static __always_inline void set_bit_once(u64 *w, u64 bit)
+{
+    if (w && !(*w & bit))
+        __sync_fetch_and_or(w, bit);
+}
+
+/* The address filter remembers every address the target was handed (never cleared:
+ * collisions only let extra frees through, which user space drops as unmatched). Frees
+ * happen in any context — RCU callbacks, kworkers — so they cannot be filtered by process;
+ * this keeps unrelated frees out of the ring buffer. */
 static __always_inline void remember_addr(u64 addr)
 {
     u64 bit;
-    u64 *w = addr_word(addr, &bit);
-    if (w && !(*w & bit))
-        __sync_fetch_and_or(w, bit);
+    u64 *w = bitmap_word(addr, ADDR_BITS_LOG2, 0, &bit);
+    set_bit_once(w, bit);
 }
 
 static __always_inline int maybe_ours(u64 addr)
 {
     u64 bit;
-    u64 *w = addr_word(addr, &bit);
+    u64 *w = bitmap_word(addr, ADDR_BITS_LOG2, 0, &bit);
     return w && (*w & bit);
+}
+
+/* Which kernel allocations the target still holds, for the teardown (capture/session.py):
+ * after the target's exit, memprof listens for the kernel's last frees of what it held. The
+ * address filter cannot tell those from other processes' frees of addresses the target once
+ * had — the kernel hands a freed address to its next taker at once — and those came by the
+ * thousand after a training run's exit, keeping the teardown waiting. A held bit is set at
+ * the target's allocation and cleared by the free that finds it set, which kmem.bpf.c flags
+ * MP_FLAG_HELD. The bits are hashed, so two held addresses can share one: then one free
+ * goes unflagged, or a foreign free is flagged. Only the teardown's wait reads the flag;
+ * every free is recorded either way. 2^22 bits (512 KiB). */
+static __always_inline void hold_addr(u64 addr)
+{
+    u64 bit;
+    u64 *w = bitmap_word(addr, HELD_BITS_LOG2, ADDR_FILTER_WORDS, &bit);
+    set_bit_once(w, bit);
+}
+
+/* 1 when `addr` was held (and is not any more). */
+static __always_inline int release_addr(u64 addr)
+{
+    u64 bit;
+    u64 *w = bitmap_word(addr, HELD_BITS_LOG2, ADDR_FILTER_WORDS, &bit);
+    if (!w || !(*w & bit))
+        return 0;
+    __sync_fetch_and_and(w, ~bit);
+    return 1;
 }
 
 static __always_inline struct mp_event *reserve(u8 kind)

@@ -12,46 +12,6 @@
  */
 #include "parts.h" /* what the parts give each other */
 
-/* Which kernel allocations the target still holds, for the teardown (capture/session.py):
- * after the target's exit, memprof listens for the kernel's last frees of what it held. The
- * address filter (common.bpf.c) cannot tell those from other processes' frees of addresses
- * the target once had — the kernel hands a freed address to its next taker at once — and
- * those came by the thousand after a training run's exit, keeping the teardown waiting.
- * Here a bit is set at the target's allocation and cleared by the free that finds it set,
- * which is flagged MP_FLAG_HELD. The bits are hashed, so two held addresses can share one:
- * then one free is not flagged, or a foreign free is. Only the teardown's wait reads the
- * flag; every free is recorded either way. 2^22 bits (512 KiB): a few hundred thousand held
- * allocations share a bit rarely. */
-#define HELD_BITS_LOG2 22
-BPF_ARRAY(held_filter, u64, (1 << HELD_BITS_LOG2) / 64);
-
-static __always_inline u64 *held_word(u64 addr, u64 *bit)
-{
-    u64 h = (addr * 0x9E3779B97F4A7C15ULL) >> (64 - HELD_BITS_LOG2);
-    u32 idx = h >> 6;
-    *bit = 1ULL << (h & 63);
-    return held_filter.lookup(&idx);
-}
-
-static __always_inline void hold(u64 addr)
-{
-    u64 bit;
-    u64 *w = held_word(addr, &bit);
-    if (w && !(*w & bit))
-        __sync_fetch_and_or(w, bit);
-}
-
-/* 1 when `addr` was held (and is not any more). */
-static __always_inline int release(u64 addr)
-{
-    u64 bit;
-    u64 *w = held_word(addr, &bit);
-    if (!w || !(*w & bit))
-        return 0;
-    __sync_fetch_and_and(w, ~bit);
-    return 1;
-}
-
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
     if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
@@ -66,7 +26,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     e->requested = req;
     fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site);
     remember_addr(ptr);
-    hold(ptr);
+    hold_addr(ptr);
     submit(e);
     py_learn_after_tp(ctx);
     return 0;
@@ -77,7 +37,7 @@ static __always_inline int emit_free(u64 addr, u8 kind, u32 size)
 {
     if (!addr || !maybe_ours(addr))
         return 0;
-    int held = release(addr); /* even when the record is lost: the address is not held now */
+    int held = release_addr(addr); /* even when the record is lost: the address is not held now */
     struct mp_event *e = reserve(kind);
     if (!e)
         return 0;
@@ -224,7 +184,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     e->call_site = 0;
     fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp));
     remember_addr(page);
-    hold(page);
+    hold_addr(page);
     submit(e);
     py_learn_after_tp(ctx);
     return 0;

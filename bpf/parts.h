@@ -25,6 +25,8 @@ static __always_inline int is_tracked(u32 tgid);
 static __always_inline void set_tracked(u32 tgid, int on);
 static __always_inline void remember_addr(u64 addr);
 static __always_inline int maybe_ours(u64 addr);
+static __always_inline void hold_addr(u64 addr);
+static __always_inline int release_addr(u64 addr);
 static __always_inline struct mp_event *reserve(u8 kind);
 static __always_inline void submit(struct mp_event *e);
 static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
