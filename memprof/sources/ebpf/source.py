@@ -50,7 +50,6 @@ class EbpfSource:
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
         self._process_probes_detach: threading.Thread | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
-        self.last_drained = 0  # records the last poll drained (lifecycle ones too)
         # Kernel frees, in the last poll and in all, of allocations the target held
         # (MP_FLAG_HELD, bpf/kmem.bpf.c): what the teardown waits for.
         self.last_held_frees = 0
@@ -116,7 +115,6 @@ class EbpfSource:
     def poll(self) -> EventBatch | None:
         """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
         recs = self._ring.drain()
-        self.last_drained = int(recs.size)
         self.last_held_frees = int(np.count_nonzero(recs["flags"] & R.FLAG_HELD))
         self._held_frees += self.last_held_frees
         if recs.size == 0:

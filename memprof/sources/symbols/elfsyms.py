@@ -87,10 +87,7 @@ def _symbol_table(elf) -> tuple[np.ndarray, bytes]:
     section = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
     if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
         return np.zeros(0, _sym_dtype(64, True)), b""
-    dtype = _sym_dtype(elf.elfclass, elf.little_endian)
-    data = section.data()
-    syms = np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
-    return syms, elf.get_section(section["sh_link"]).data()
+    return _records(elf, section), elf.get_section(section["sh_link"]).data()
 
 
 def _alias_rank(syms: np.ndarray, strtab: bytes) -> np.ndarray:
@@ -149,6 +146,7 @@ def symbol_indices(elf, section, name: str) -> np.ndarray:
 
 
 def _records(elf, section) -> np.ndarray:
+    """A symbol table section's entries as one numpy array (a view of its bytes)."""
     dtype = _sym_dtype(elf.elfclass, elf.little_endian)
     data = section.data()
     return np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
