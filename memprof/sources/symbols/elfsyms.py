@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+import weakref
 
 import numpy as np
 
@@ -82,25 +84,76 @@ def _sym_dtype(elfclass: int, little: bool) -> np.dtype:
     return np.dtype(fields)
 
 
-def _symbol_table(elf) -> tuple[np.ndarray, bytes]:
-    """(symbol records, string table) of `.symtab`, else `.dynsym`, else empty."""
+def _symbol_section(elf):
+    """`.symtab`, else `.dynsym`; None where the file has neither."""
     section = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
     if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
-        return np.zeros(0, _sym_dtype(64, True)), b""
-    return _records(elf, section), elf.get_section(section["sh_link"]).data()
+        return None
+    return section
 
 
-def _alias_rank(syms: np.ndarray, strtab: bytes) -> np.ndarray:
+def _alias_rank(syms: np.ndarray, strtab: StringTable) -> np.ndarray:
     """Sort key among symbols at one address, lowest wins: global, then weak, then local;
     fewer leading underscores (malloc over __libc_malloc); a symbol with a size."""
     if len(syms) == 0:
         return np.zeros(0, dtype=np.int64)
-    chars = np.frombuffer(strtab, dtype=np.uint8)
-    offsets = syms["name"].astype(np.int64)
-    under1 = chars[np.minimum(offsets, len(chars) - 1)] == ord("_")
-    under2 = under1 & (chars[np.minimum(offsets + 1, len(chars) - 1)] == ord("_"))
+    lead = strtab.leading_bytes(syms["name"].astype(np.int64), 2)
+    under1 = lead[:, 0] == ord("_")
+    under2 = under1 & (lead[:, 1] == ord("_"))
     binding = _BINDING_RANK[syms["info"] >> 4].astype(np.int64)
     return binding * 8 + (under1.astype(np.int64) + under2) * 2 + (syms["size"] == 0)
+
+
+class StringTable:
+    """An ELF string table read from its file when a name is wanted, not held in memory.
+
+    libtorch_cpu.so's `.strtab` is 84 MB of mangled C++ names, of which a recording names a
+    few thousand: held as bytes it was the recorder's largest object after the ring buffer
+    (issue 24, the recorder's size). Reads are `pread`s of `fd` (owned: closed when the table
+    is collected), so a file truncated under the recorder reads as short names, never as a
+    fault, as a mapping of it would.
+    """
+
+    _NAME_READ = 256      # bytes read for a name first; longer ones are read again, whole
+    _CHUNK = 1 << 22      # bytes per read when a pass touches every name (leading_bytes)
+
+    def __init__(self, fd: int, offset: int, size: int):
+        self._fd, self._offset, self.size = fd, offset, size
+        weakref.finalize(self, os.close, fd)
+
+    def string_at(self, start: int) -> bytes:
+        """The NUL-terminated string at `start` in the table, without its NUL; the rest of
+        the table where no NUL ends it; b"" outside the table."""
+        want = self._NAME_READ
+        while 0 <= start < self.size:
+            want = min(want, self.size - start)
+            data = os.pread(self._fd, want, self._offset + start)
+            end = data.find(b"\0")
+            if end >= 0:
+                return data[:end]
+            if len(data) < want or start + want >= self.size:
+                return data  # the table (or the file, truncated since) ends first
+            want *= 4
+        return b""
+
+    def leading_bytes(self, starts: np.ndarray, count: int) -> np.ndarray:
+        """The first `count` bytes of the strings at each of `starts` (int64), as a
+        (len(starts), count) uint8 array, 0 past the table's end. One pass over the table in
+        4 MiB reads, so the whole table is never in memory at once."""
+        out = np.zeros((len(starts), count), dtype=np.uint8)
+        order = np.argsort(starts, kind="stable")
+        ordered = starts[order]
+        for chunk_start in range(0, self.size, self._CHUNK):
+            lo, hi = np.searchsorted(ordered, [chunk_start, chunk_start + self._CHUNK])
+            if lo == hi:
+                continue
+            length = min(self._CHUNK + count, self.size - chunk_start)
+            data = np.frombuffer(os.pread(self._fd, length, self._offset + chunk_start), dtype=np.uint8)
+            at = ordered[lo:hi] - chunk_start
+            for k in range(count):
+                inside = at + k < len(data)
+                out[order[lo:hi][inside], k] = data[at[inside] + k]
+        return out
 
 
 def _sizes_within_sections(elf, syms: np.ndarray) -> np.ndarray:
@@ -182,7 +235,7 @@ class ElfSymbols:
         with open_binary(path) as f:
             elf = ELFFile(f)
             self._read_segments(elf)
-            self._read_symbols(elf)
+            self._read_symbols(elf, f.fileno())
 
     def _read_segments(self, elf) -> None:
         loads = sorted((s["p_offset"], s["p_filesz"], s["p_vaddr"])
@@ -190,8 +243,15 @@ class ElfSymbols:
         table = np.array(loads, dtype=np.uint64).reshape(-1, 3)
         self.seg_offset, self.seg_filesz, self.seg_vaddr = table[:, 0], table[:, 1], table[:, 2]
 
-    def _read_symbols(self, elf) -> None:
-        syms, self._strtab = _symbol_table(elf)
+    def _read_symbols(self, elf, fd: int) -> None:
+        section = _symbol_section(elf)
+        if section is None:
+            syms, where = np.zeros(0, _sym_dtype(64, True)), (0, 0)
+        else:
+            strings = elf.get_section(section["sh_link"])
+            syms, where = _records(elf, section), (strings["sh_offset"], strings["sh_size"])
+        # A descriptor of its own: `fd` closes when the constructor's `with` ends.
+        self._strtab = StringTable(os.dup(fd), *where)
         kind = syms["info"] & 0xF
         syms = syms[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
                     & (syms["shndx"] != 0)]  # SHN_UNDEF: imports, whose value may be a PLT stub
@@ -231,9 +291,7 @@ class ElfSymbols:
 
     def name(self, i: int) -> str:
         """Demangled name of symbol i."""
-        start = int(self.name_offsets[i])
-        end = self._strtab.find(b"\0", start)
-        return demangle(self._strtab[start:end if end >= 0 else None].decode("utf-8", "replace"))
+        return demangle(self._strtab.string_at(int(self.name_offsets[i])).decode("utf-8", "replace"))
 
 
 # --- User space ---

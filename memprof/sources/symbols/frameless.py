@@ -15,10 +15,13 @@ table (libtorch_cpu's .eh_frame is 17 MB: reading every entry takes seconds; one
 takes microseconds)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from memprof.sources.symbols.files import file_identity, open_binary
 
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _RSP = 7                  # DWARF register number of %rsp on x86-64
 _DATAREL_SDATA4 = 0x3B    # DW_EH_PE_datarel | DW_EH_PE_sdata4: the table encoding every linker here writes
 
@@ -29,24 +32,35 @@ class _EhFrame:
 
     def __init__(self, path: str):
         from elftools.dwarf.callframe import CallFrameInfo
+        from elftools.dwarf.structs import DWARFStructs
         from elftools.elf.elffile import ELFFile
         self._file = open_binary(path)
         elf = ELFFile(self._file)
         hdr, frame = elf.get_section_by_name(".eh_frame_hdr"), elf.get_section_by_name(".eh_frame")
         if hdr is None or frame is None or elf["e_machine"] != "EM_X86_64":
             raise ValueError("no .eh_frame_hdr")
-        self.starts, self.fde_offsets = _hdr_table(hdr.data(), hdr["sh_addr"], frame["sh_addr"])
-        dwarf = elf.get_dwarf_info(follow_links=False)
-        section = dwarf.eh_frame_sec  # the section's bytes, which CFI offsets count from
-        self._cfi = CallFrameInfo(stream=section.stream, size=section.size, address=section.address,
-                                  base_structs=dwarf.structs, for_eh_frame=True)
+        self._hdr_addr, self._frame_addr = hdr["sh_addr"], frame["sh_addr"]
+        self.starts, self.fde_offsets = _hdr_table(hdr.data())
+        # The entries are read from the file where they are needed: pyelftools'
+        # get_dwarf_info() would read the whole section (and any .debug_* ones) into memory
+        # first, 23 MB held for libtorch_cpu (issue 24, the recorder's size). The structs are
+        # the ones get_dwarf_info() builds for .eh_frame.
+        structs = DWARFStructs(little_endian=elf.little_endian, dwarf_format=32,
+                               address_size=elf.elfclass // 8)
+        self._cfi = CallFrameInfo(stream=_SectionStream(self._file, frame["sh_offset"], frame["sh_size"]),
+                                  size=frame["sh_size"], address=frame["sh_addr"],
+                                  base_structs=structs, for_eh_frame=True)
 
     def cfa_rule(self, vaddr: int):
         """The CFA rule in force at `vaddr` (pyelftools' CFARule), None where no FDE covers it."""
-        i = int(np.searchsorted(self.starts, vaddr, side="right")) - 1
+        # Clamped into the table's int32 range: an address beyond it finds the nearest entry,
+        # whose own range then rejects it, as the unclamped search would have.
+        relative = min(max(vaddr - self._hdr_addr, _INT32_MIN), _INT32_MAX)
+        i = int(np.searchsorted(self.starts, relative, side="right")) - 1
         if i < 0:
             return None
-        fde = self._cfi._parse_entry_at(int(self.fde_offsets[i]))  # one entry, not the section
+        fde_offset = int(self.fde_offsets[i]) + self._hdr_addr - self._frame_addr
+        fde = self._cfi._parse_entry_at(fde_offset)  # one entry, not the section
         start, size = fde["initial_location"], fde["address_range"]
         if not start <= vaddr < start + size:
             return None
@@ -58,14 +72,39 @@ class _EhFrame:
         return rule
 
 
-def _hdr_table(data: bytes, hdr_addr: int, frame_addr: int) -> tuple[np.ndarray, np.ndarray]:
-    """.eh_frame_hdr's binary-search table: (initial locations, FDE offsets in .eh_frame)."""
+class _SectionStream:
+    """A read-only stream over one section of `file`, whose positions count from the
+    section's start as pyelftools' section streams' do; reads stop at the section's end."""
+
+    def __init__(self, file, offset: int, size: int):
+        self._file, self._offset, self._size, self._pos = file, offset, size, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(self._size - self._pos, 0)
+        n = left if n is None or n < 0 else min(n, left)
+        data = os.pread(self._file.fileno(), n, self._offset + self._pos) if n else b""
+        self._pos += len(data)
+        return data
+
+
+def _hdr_table(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """.eh_frame_hdr's binary-search table: (initial locations, FDE offsets in .eh_frame),
+    both as int32 views of `data` counted from .eh_frame_hdr's address (the table's own
+    encoding, not widened: 425k entries in libtorch_cpu); `cfa_rule` adds it back."""
     version, _, count_enc, table_enc = data[0], data[1], data[2], data[3]
     if version != 1 or table_enc != _DATAREL_SDATA4 or count_enc != 0x03:  # udata4 count
         raise ValueError("an .eh_frame_hdr encoding memprof does not read")
     count = int.from_bytes(data[8:12], "little")
-    table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(count, 2).astype(np.int64)
-    return table[:, 0] + hdr_addr, table[:, 1] + hdr_addr - frame_addr
+    table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(count, 2)
+    return table[:, 0], table[:, 1]
 
 
 class FramelessFrames:

@@ -1,0 +1,118 @@
+"""The recorder's symbol readers read names and call-frame entries from the file when asked,
+and hold neither section in memory (issue 24: the recorder's peak size on the training bench,
+where libtorch_cpu's 84 MB string table and 23 MB .eh_frame were its largest objects after
+the ring buffer). Real files: a table written here, and torch's own libtorch_cpu.so."""
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from elftools.elf.elffile import ELFFile  # imported before any measure: modules are not what is held
+
+from memprof.sources.symbols import frameless
+from memprof.sources.symbols.elfsyms import ElfSymbols, StringTable
+
+STRINGS = [b"", b"malloc", b"__libc_malloc", b"_Z" + b"x" * 1000, b"tail"]
+
+
+def string_table(tmp_path: Path, strings: list[bytes], *, lead: bytes = b"HEADER", terminate_last: bool = True):
+    """A file of `lead`, then the NUL-separated `strings`: (StringTable over them, offsets)."""
+    offsets, body = [], b""
+    for i, s in enumerate(strings):
+        offsets.append(len(body))
+        body += s + (b"\0" if terminate_last or i < len(strings) - 1 else b"")
+    path = tmp_path / "strtab.bin"
+    path.write_bytes(lead + body)
+    return StringTable(os.open(path, os.O_RDONLY), len(lead), len(body)), offsets, path
+
+
+def test_names_are_read_whole_whatever_their_length(tmp_path):
+    table, offsets, _ = string_table(tmp_path, STRINGS)
+    assert [table.string_at(o) for o in offsets] == STRINGS
+    assert table.string_at(offsets[2] + 7) == b"malloc"  # a shared tail, as linkers write them
+
+
+def test_a_name_the_table_ends_without_nul_stops_at_the_table(tmp_path):
+    table, offsets, _ = string_table(tmp_path, STRINGS + [b"unended"], terminate_last=False)
+    assert table.string_at(offsets[-1]) == b"unended"
+    assert table.string_at(table.size) == b"" and table.string_at(-1) == b""
+
+
+def test_a_file_truncated_under_the_reader_reads_short_names_not_a_fault(tmp_path):
+    table, offsets, path = string_table(tmp_path, STRINGS)
+    os.truncate(path, len(b"HEADER") + offsets[3] + 10)
+    assert table.string_at(offsets[3]) == b"_Z" + b"x" * 8
+    assert table.string_at(offsets[4]) == b""
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 1 << 22])
+def test_leading_bytes_match_the_table_read_whole_across_chunk_edges(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(StringTable, "_CHUNK", chunk)
+    table, offsets, path = string_table(tmp_path, STRINGS)
+    whole = path.read_bytes()[len(b"HEADER"):]
+    starts = np.array(offsets + [table.size - 1, table.size + 5], dtype=np.int64)
+    expected = [[whole[s + k] if s + k < len(whole) else 0 for k in range(2)] for s in starts.tolist()]
+    assert table.leading_bytes(starts, 2).tolist() == expected
+
+
+def test_section_stream_counts_from_its_section_and_ends_with_it(tmp_path):
+    path = tmp_path / "file.bin"
+    path.write_bytes(b"0123456789abcdef")
+    with open(path, "rb") as f:
+        stream = frameless._SectionStream(f, 4, 8)  # "456789ab"
+        assert stream.read(3) == b"456" and stream.tell() == 3
+        stream.seek(6)
+        assert stream.read(10) == b"ab" and stream.read(1) == b""
+        stream.seek(-3, 2)
+        assert stream.read() == b"9ab"
+        stream.seek(1, 1)
+        assert stream.read(1) == b""
+
+
+torch = pytest.importorskip("torch")
+LIBTORCH_CPU = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+
+
+def held_after(build):
+    """(object built, bytes that tracemalloc still counts while it lives, peak bytes)."""
+    tracemalloc.start()
+    try:
+        built = build()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return built, held, peak
+
+
+def test_libtorch_symbols_are_held_without_their_string_table():
+    with open(LIBTORCH_CPU, "rb") as f:
+        elf = ELFFile(f)
+        strtab_bytes = elf.get_section_by_name(".strtab")["sh_size"]
+    assert strtab_bytes > 50 << 20  # what the test is about: a table too large to hold
+    symbols, held, peak = held_after(lambda: ElfSymbols(LIBTORCH_CPU))
+    assert len(symbols.values) > 300_000
+    # values, sizes and name offsets: 8 bytes each per symbol, and nothing of the table.
+    assert held < len(symbols.values) * 24 + (2 << 20)
+    assert peak < strtab_bytes / 2
+    assert symbols.name(int(np.searchsorted(symbols.values, symbols.values[1000]))) != ""
+
+
+def test_libtorch_call_frames_are_read_without_holding_eh_frame():
+    frames, held, _ = held_after(lambda: frameless._EhFrame(LIBTORCH_CPU))
+    entries = len(frames.starts)
+    assert entries > 100_000
+    # .eh_frame_hdr's table (8 bytes an entry, as the file has it) and pyelftools' headers.
+    assert held < entries * 8 + (2 << 20)
+    assert sum(rule is not None for rule in map(rule_or_none, [frames] * 50, frames.starts[::entries // 50][:50])) >= 40
+
+
+def rule_or_none(frames, start):
+    """The CFA rule at an entry's first instruction; None where pyelftools cannot decode the
+    entry (it does not know DW_CFA_GNU_args_size, which some of libtorch's use)."""
+    try:
+        return frames.cfa_rule(int(start) + frames._hdr_addr)
+    except ValueError:
+        return None
