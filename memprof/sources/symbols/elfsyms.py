@@ -124,8 +124,10 @@ class StringTable:
     def string_at(self, start: int) -> bytes:
         """The NUL-terminated string at `start` in the table, without its NUL; the rest of
         the table where no NUL ends it; b"" outside the table."""
+        if not 0 <= start < self.size:
+            return b""
         want = self._NAME_READ
-        while 0 <= start < self.size:
+        while True:
             want = min(want, self.size - start)
             data = os.pread(self._fd, want, self._offset + start)
             end = data.find(b"\0")
@@ -134,7 +136,6 @@ class StringTable:
             if len(data) < want or start + want >= self.size:
                 return data  # the table (or the file, truncated since) ends first
             want *= 4
-        return b""
 
     def leading_bytes(self, starts: np.ndarray, count: int) -> np.ndarray:
         """The first `count` bytes of the strings at each of `starts` (int64), as a
@@ -149,10 +150,10 @@ class StringTable:
                 continue
             length = min(self._CHUNK + count, self.size - chunk_start)
             data = np.frombuffer(os.pread(self._fd, length, self._offset + chunk_start), dtype=np.uint8)
-            at = ordered[lo:hi] - chunk_start
+            rows, at = order[lo:hi], ordered[lo:hi] - chunk_start
             for k in range(count):
                 inside = at + k < len(data)
-                out[order[lo:hi][inside], k] = data[at[inside] + k]
+                out[rows[inside], k] = data[at[inside] + k]
         return out
 
 
