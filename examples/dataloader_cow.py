@@ -8,7 +8,11 @@ reference counts of the row's list and floats, so the kernel copies each page it
 (copy-on-write, "copy-on-read" here): each worker's PSS grows with the rows it has read,
 while its heap (malloc, the Python allocator's arenas) does not, since nothing is
 allocated to hold them. A training step (a Linear layer, SGD) runs on each batch, paced to
-`--step-ms`, so the workers read the rows over a few seconds.
+`--step-ms` (150 ms: 100 steps in 15 s), so the workers read the rows over several seconds.
+Why that long: a recorder reads each process's PSS no more often than its CPU budget
+allows (memprof: once a second, and at most 2 % of a CPU; reading three ~200 MB processes
+whose pages are being copied took ~50 ms here, so a read every 2.5 s), and its advice wants
+at least four reads of each worker. At 80 ms a step a recording got 3 reads of one worker.
 
 `--numpy` keeps the same numbers in one float64 numpy array (ROWS x WIDTH): a row read is a
 view of the array's buffer, no reference count in it is written, and the workers' PSS stays
@@ -92,7 +96,7 @@ def main() -> None:
     parser.add_argument("--numpy", action="store_true", help="one numpy array instead of Python lists (the control)")
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--step-ms", type=float, default=80.0)
+    parser.add_argument("--step-ms", type=float, default=150.0)
     args = parser.parse_args()
 
     torch.manual_seed(0)

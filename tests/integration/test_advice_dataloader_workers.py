@@ -64,12 +64,15 @@ def getitem_line() -> int:
 
 def test_workers_reading_python_lists_get_the_advice_with_the_pss_they_gained(lists):
     data, stdout = lists
-    [advice], entry = rule_of(data)
+    given, entry = rule_of(data)
+    assert len(given) == 1, entry["why_not"]
+    [advice] = given
     assert entry["fired"] and "dataset=builtins.list" in stdout
     reads = measured(stdout)
     numbers = advice["numbers"]
     workers = {w["pid"]: w for w in numbers["workers"]}
-    assert set(workers) == set(reads) and len(workers) == 2  # the example's two workers, and no other process
+    # the example's two workers, and no other process
+    assert set(workers) == set(reads) and len(workers) == 2, (workers.keys(), reads.keys(), entry["why_not"])
     for pid, worker in workers.items():
         assert worker["comm"] == "pt_data_worker"
         assert worker["samples"] >= 4 and worker["r2"] >= 0.8
