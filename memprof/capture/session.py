@@ -177,6 +177,14 @@ def _teardown_over(since_exit_s: float, since_free_s: float) -> bool:
     return since_exit_s >= TEARDOWN_GRACE_S and since_free_s >= TEARDOWN_QUIET_S
 
 
+def _tree_exit_time(seen_s: float, last_exit_ns: int | None) -> float:
+    """When the tree exited (time.monotonic() seconds), which the teardown's grace counts
+    from: the kernel's stamp of its last process's exit when the source has one, else
+    `seen_s`, when the session noticed. A torch process's exit is noticed 40-110 ms after its
+    stamp: the kernel unmaps and closes what it held before the parent is told."""
+    return seen_s if last_exit_ns is None else min(seen_s, last_exit_ns / 1e9)
+
+
 def anchor() -> ClockAnchor:
     return ClockAnchor(monotonic_ns=time.monotonic_ns(), realtime_ns=time.time_ns())
 
@@ -471,7 +479,7 @@ class Session:
                         self.on_phase(Phase(STOPPING, why="interrupted" if self._stop_requested else "--duration reached"))
                     break
                 if tree_gone_at is None and self._tree_exited(root):
-                    tree_gone_at = now
+                    tree_gone_at = _tree_exit_time(now, self.source.last_exit_ns())
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
                     self.source.detach_process_probes()  # the kernel's last frees still come through kmem

@@ -2,6 +2,8 @@
 since each close waits out an RCU grace period (memprof/sources/ebpf/source.py)."""
 from __future__ import annotations
 
+import os
+import select
 import threading
 
 from memprof.sources.ebpf.source import detach_in_parallel
@@ -14,6 +16,7 @@ class FakeBcc:
     def __init__(self, tracepoints, uprobes, fail=()):
         self.tracepoint_fds = {key: 3 for key in tracepoints}
         self.uprobe_fds = {key: 4 for key in uprobes}
+        self.raw_tracepoint_fds = {}
         self.fail = set(fail)
         self.detached: list[bytes] = []
         self._lock = threading.Lock()
@@ -76,11 +79,13 @@ class FakeBccWithCleanup(FakeBcc):
         self.cleaned_up_after = list(self.detached)
 
 
-def test_process_probes_are_detached_when_the_tree_exits_and_stop_waits_for_them():
-    """EbpfSource.detach_process_probes detaches the perf-event probes (uprobes, sched and
-    syscall tracepoints) on a thread, while the session waits for the kernel's last frees;
-    stop() waits for that thread before bcc's cleanup(), and detaches nothing twice."""
+def test_process_probes_are_detached_when_the_tree_exits_and_stop_waits_for_them(monkeypatch):
+    """Without a holder (MEMPROF_PROBE_HOLDER=0, or fork failed), EbpfSource.detach_process_probes
+    detaches the perf-event probes (uprobes, sched and syscall tracepoints) on a thread, while
+    the session waits for the kernel's last frees; stop() waits for that thread before bcc's
+    cleanup(), and detaches nothing twice."""
     from memprof.sources.ebpf.source import EbpfSource
+    monkeypatch.setenv("MEMPROF_PROBE_HOLDER", "0")
     tracepoints, uprobes = [b"sched:sched_process_exit", b"syscalls:sys_enter_mmap"], [b"p__lib_0x10_1"]
     bpf = FakeBccWithCleanup(tracepoints, uprobes)
     source = EbpfSource()
@@ -102,3 +107,49 @@ def test_kernel_symbols_are_read_once_prefetched(monkeypatch):
     src.prefetch_kernel_symbols()
     assert src._kernel_symbols() == "kallsyms" and src._kernel_symbols() == "kallsyms"
     assert reads == [1]
+
+
+class PipeBcc:
+    """bcc's BPF object with pipes' write ends for its perf-event and raw tracepoint
+    descriptors: its detach methods close them as bcc's do, and a pipe's read end tells
+    when the last copy, the holder's included, is closed."""
+
+    def __init__(self):
+        self.read_ends = {}
+        self.tracepoint_fds, self.uprobe_fds, self.raw_tracepoint_fds = {}, {}, {}
+        for table, key in ((self.tracepoint_fds, b"sched:sched_process_fork"), (self.uprobe_fds, b"p__lib_0x10_1"),
+                           (self.raw_tracepoint_fds, b"sys_enter")):
+            self.read_ends[key], table[key] = os.pipe()
+
+    def detach_tracepoint(self, key) -> None:
+        os.close(self.tracepoint_fds.pop(key))
+
+    def detach_uprobe_event(self, key) -> None:
+        os.close(self.uprobe_fds.pop(key))
+
+    def cleanup(self) -> None:
+        for fd in self.raw_tracepoint_fds.values():
+            os.close(fd)
+        self.raw_tracepoint_fds = {}
+
+    def closed_everywhere(self, key, seconds: float) -> bool:
+        ready, _, _ = select.select([self.read_ends[key]], [], [], seconds)
+        return bool(ready) and os.read(self.read_ends[key], 1) == b""
+
+
+def test_a_holder_makes_the_last_closes_of_the_process_probes_then_of_the_kmem_links():
+    """EbpfSource.detach_process_probes hands the perf events and the kmem links to a forked
+    holder (probe_holder.py) and closes its own copies at once: the perf events are closed
+    everywhere soon after, the raw tracepoints' links only after stop()."""
+    from memprof.sources.ebpf.source import EbpfSource
+    bpf = PipeBcc()
+    source = EbpfSource()
+    source._bpf = bpf
+    source.detach_process_probes()
+    assert bpf.tracepoint_fds == {} and bpf.uprobe_fds == {}  # the recorder's copies: closed
+    assert bpf.closed_everywhere(b"sched:sched_process_fork", 5) and bpf.closed_everywhere(b"p__lib_0x10_1", 5)
+    assert not bpf.closed_everywhere(b"sys_enter", 0.3)  # the kmem side still reports frees
+    source.stop()
+    assert bpf.closed_everywhere(b"sys_enter", 5)
+    for fd in bpf.read_ends.values():
+        os.close(fd)

@@ -1,5 +1,5 @@
 """When `record` stops listening after the target's tree has exited."""
-from memprof.capture.session import TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _teardown_over
+from memprof.capture.session import TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _teardown_over, _tree_exit_time
 
 
 def test_waits_the_grace_even_when_quiet():
@@ -13,3 +13,20 @@ def test_goes_on_while_frees_still_arrive():
 
 def test_stops_at_the_most_whatever_arrives():
     assert _teardown_over(TEARDOWN_MAX_S, since_free_s=0)
+
+
+def test_the_grace_counts_from_the_kernels_stamp_of_the_exit():
+    assert _tree_exit_time(10.5, last_exit_ns=10_400_000_000) == 10.4
+    assert _tree_exit_time(10.5, last_exit_ns=None) == 10.5  # no exit polled: when it was noticed
+    assert _tree_exit_time(10.5, last_exit_ns=11_000_000_000) == 10.5  # never later than noticed
+
+
+def test_the_last_exit_is_the_latest_stamp_of_the_tree():
+    from memprof.sources.ebpf.source import EbpfSource
+    source = EbpfSource()
+    assert source.last_exit_ns() is None
+    for pid, ppid, start in ((100, None, 1), (101, 100, 2), (102, 100, 3)):
+        source.processes.add(pid, ppid, start)
+    source.processes.exit_(101, 50)
+    source.processes.exit_(100, 40)
+    assert source.last_exit_ns() == 50

@@ -142,6 +142,11 @@ class Tracepoints:
             missed[tp] = missed.get(tp, 0) + skipped
         return missed
 
+    @property
+    def link_fds(self) -> list[int]:
+        """The attached programs' link descriptors."""
+        return list(self._link_fds)
+
     def detach(self) -> None:
         for fd in self._link_fds:
             os.close(fd)

@@ -22,6 +22,7 @@ from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
 from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
 from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
+from memprof.sources.ebpf.probe_holder import Holder, hold
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 from memprof.sources.symbols.procs import ProcessTable
 from memprof.sources.symbols.stacks import StackInterner, UserStack
@@ -48,7 +49,7 @@ class EbpfSource:
         self._libraries: LibraryProbes | None = None
         self._python: PythonFrames | None = None
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
-        self._process_probes_detach: threading.Thread | None = None  # detach_process_probes()
+        self._process_probes_detach: threading.Thread | Holder | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
         # Kernel frees, in the last poll and in all, of allocations the target held
         # (MP_FLAG_HELD, bpf/kmem.bpf.c): what the teardown waits for.
@@ -203,28 +204,49 @@ class EbpfSource:
     def live_tgids(self) -> list[int]:
         return self.processes.live()
 
+    def last_exit_ns(self) -> int | None:
+        """When the last of the tree's processes exited, as the kernel stamped it
+        (sched_process_exit, CLOCK_MONOTONIC ns); None before any exit was polled."""
+        return max((i.exit_ns for i in self.processes.procs.values() if i.exit_ns is not None), default=None)
+
     def detach_process_probes(self) -> None:
-        """The target's whole tree has exited: detach, on a thread, the probes only its
-        processes reach (uprobes; the sched, syscall and signal tracepoints, which filter on
-        tracked pids). Each detach waits out an RCU grace period in the kernel (~0.3 s for
-        all, here), which now passes while the session waits for the kernel's last frees;
-        the kmem tracepoints that report those stay attached until stop()."""
-        if self._bpf is not None and self._process_probes_detach is None:
-            self._process_probes_detach = threading.Thread(target=detach_in_parallel, args=(self._bpf,),
-                                                           name="memprof-detach", daemon=True)
-            self._process_probes_detach.start()
+        """The target's whole tree has exited: detach the probes only its processes reach
+        (uprobes; the sched, syscall and signal tracepoints, which filter on tracked pids);
+        the kmem tracepoints that report the kernel's last frees stay attached until stop().
+        Each perf event's last close waits out RCU grace periods in the kernel (~0.4 s for
+        all, here): a forked holder makes those closes (probe_holder.py), and this returns
+        at once. Without a holder (fork failed, MEMPROF_PROBE_HOLDER=0) they run on a
+        thread while the session waits for the last frees, and stop() joins it."""
+        if self._bpf is None or self._process_probes_detach is not None:
+            return
+        holder = hold(perf_event_fds(self._bpf), later=[*self._tracepoints.link_fds, *self._bpf.raw_tracepoint_fds.values()])
+        if holder is not None:
+            detach_each(self._bpf)  # reference drops: the holder keeps each event open
+            holder.release_first()
+            self._process_probes_detach = holder
+            return
+        self._process_probes_detach = threading.Thread(target=detach_in_parallel, args=(self._bpf,),
+                                                       name="memprof-detach", daemon=True)
+        self._process_probes_detach.start()
 
     def stop(self) -> None:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
-        self._tracepoints.detach()
-        if self._process_probes_detach is not None:
+        self._tracepoints.detach()  # a reference drop too, when a holder holds the links
+        if isinstance(self._process_probes_detach, Holder):
+            self._process_probes_detach.release_later()
+        elif isinstance(self._process_probes_detach, threading.Thread):
             self._process_probes_detach.join()
         if self._bpf is not None:
             detach_in_parallel(self._bpf)
             self._bpf.cleanup()
             self._bpf = None
+
+
+def perf_event_fds(bpf) -> list[int]:
+    """The descriptors of bcc's perf-event probes (tracepoints, uprobes)."""
+    return [*bpf.tracepoint_fds.values(), *bpf.uprobe_fds.values()]
 
 
 def detach_in_parallel(bpf) -> None:
@@ -234,20 +256,31 @@ def detach_in_parallel(bpf) -> None:
     kernel: 6 tracepoints took 0.46 s of `record -- true` (cProfile, bench/RESULTS.md). The
     closes are ctypes calls, which release the GIL, so they overlap. Best effort: what fails
     here is left to cleanup(), which raises as before."""
-    jobs = [(bpf.detach_tracepoint, key) for key in list(bpf.tracepoint_fds)]
-    jobs += [(bpf.detach_uprobe_event, key) for key in list(bpf.uprobe_fds)]
+    jobs = _detach_jobs(bpf)
     if len(jobs) < 2:
         return
-
-    def detach(job) -> None:
-        method, key = job
-        try:
-            method(key)
-        except Exception:  # bcc raises bare Exception; cleanup() meets the probe again
-            pass
-
     with ThreadPoolExecutor(max_workers=min(32, len(jobs)), thread_name_prefix="memprof-detach") as pool:
-        list(pool.map(detach, jobs))
+        list(pool.map(_detach, jobs))
+
+
+def detach_each(bpf) -> None:
+    """Detach bcc's perf-event probes one after the other: for closes that do not wait (a
+    holder keeps each event open, probe_holder.py). Best effort, as detach_in_parallel."""
+    for job in _detach_jobs(bpf):
+        _detach(job)
+
+
+def _detach_jobs(bpf) -> list[tuple]:
+    return [(bpf.detach_tracepoint, key) for key in list(bpf.tracepoint_fds)] + \
+        [(bpf.detach_uprobe_event, key) for key in list(bpf.uprobe_fds)]
+
+
+def _detach(job) -> None:
+    method, key = job
+    try:
+        method(key)
+    except Exception:  # bcc raises bare Exception; cleanup() meets the probe again
+        pass
 
 
 def _exit_reason(why: int) -> str:

@@ -1,0 +1,106 @@
+"""Detach bcc's perf-event probes without waiting for the kernel: a forked holder makes the
+last close of each, after `record` has let go of its own copies.
+
+Closing the last reference to a perf event (a tracepoint, a uprobe) waits out RCU grace
+periods in the kernel, 60-110 ms each here, and the kernel serializes them (event_mutex):
+the process probes' detach took 0.40-0.44 s after a torch command's exit, 0.11-0.15 s of it
+after the teardown's 0.3 s grace (bench/RESULTS.md). A perf event's file is shared by fork,
+so a forked child that holds the descriptors turns the recorder's closes into plain
+reference drops; the child, which nobody waits for, pays the waits. Disabling the event
+(bcc's close does PERF_EVENT_IOC_DISABLE first) stops it at once, so nothing runs the
+programs after the recorder's detach returns, though the kernel tears them down up to a
+second later.
+
+The holder is a fork, not an executed helper, so that root runs no program by path; it
+calls only os functions (no lock another thread of the recorder could have held at the
+fork) and closes every other descriptor first, so that it keeps neither the kmem probes,
+nor the maps, nor the recording's files. It also holds the kmem tracepoints' links, whose
+closes took 56-67 ms of `stop()` (a tracepoint's unregistering patches kernel text), and
+closes them once the recorder has closed its own copies at the end of the teardown; until
+then the recorder still reads their events.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+HOLDER_ENV = "MEMPROF_PROBE_HOLDER"  # "0": close in the recorder, as before (benches compare)
+
+
+class Holder:
+    """A forked process holding two groups of descriptors: it closes the `first` at
+    `release_first()`, the `later` at `release_later()` (or when the recorder dies: the
+    pipe it waits on reads EOF), then exits. Reaped by a daemon thread, so that an
+    in-process caller collects no zombie."""
+
+    def __init__(self, pid: int, go: int):
+        self.pid = pid
+        self._go = go  # the write end of the pipe the holder waits on
+        threading.Thread(target=_reap, args=(pid,), name="memprof-holder-reap", daemon=True).start()
+
+    def release_first(self) -> None:
+        """The recorder's copies of the first group are closed: the holder closes its own."""
+        if self._go >= 0:
+            os.write(self._go, _FIRST)
+
+    def release_later(self) -> None:
+        """The recorder's copies of the later group are closed too: the holder closes the rest."""
+        if self._go >= 0:
+            os.close(self._go)
+            self._go = -1
+
+
+_FIRST = b"1"
+
+
+def hold(first: list[int], later: list[int] = ()) -> Holder | None:
+    """A forked holder of `first` and `later` (each open in this process), or None when the
+    holder is off (MEMPROF_PROBE_HOLDER=0), there is nothing to hold, or fork failed
+    (EAGAIN, ENOMEM): the caller then closes them itself, waiting as before."""
+    if not first or os.environ.get(HOLDER_ENV, "1") == "0":
+        return None
+    wait_end, go_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(wait_end)
+        os.close(go_end)
+        return None
+    if pid == 0:
+        _holder(wait_end, list(first), list(later))  # never returns
+    os.close(wait_end)
+    return Holder(pid, go_end)
+
+
+def _holder(wait_end: int, first: list[int], later: list[int]) -> None:
+    """The forked child: keep only its groups and the pipe's read end; close `first` once
+    the recorder says so (or the pipe reads EOF), `later` at EOF; exit. The closes are the
+    final ones, which wait."""
+    try:
+        _close_all_but(sorted({wait_end, *first, *later}))
+        said = os.read(wait_end, 1)
+        for fd in first:
+            os.close(fd)
+        while said:
+            said = os.read(wait_end, 1)
+        for fd in later:
+            if fd not in first:
+                os.close(fd)
+    finally:
+        os._exit(0)
+
+
+def _close_all_but(keep: list[int]) -> None:
+    """Close every descriptor of this process except `keep` (ascending)."""
+    low = 0
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped by someone else (a caller waiting for any child)
+        pass
