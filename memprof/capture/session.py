@@ -31,7 +31,8 @@ POLL_S = 0.02          # ring buffer drain period
 # what was measured under load).
 FLUSH_S = 0.25
 # After the target's tree has exited, the kernel still frees what it held: deferred fput,
-# RCU callbacks. Keep listening at least TEARDOWN_GRACE_S so those frees are on the timeline,
+# RCU callbacks. Keep listening at least TEARDOWN_GRACE_S after the exit (the kernel's stamp
+# of it: _tree_exit_time) so those frees are on the timeline,
 # and on while they still come (a loaded machine runs deferred work late) — until
 # TEARDOWN_QUIET_S pass without a free of a kernel allocation the target still held
 # (MP_FLAG_HELD, bpf/kmem.bpf.c), or TEARDOWN_MAX_S in all. Other frees are not counted:
@@ -180,8 +181,8 @@ def _teardown_over(since_exit_s: float, since_free_s: float) -> bool:
 def _tree_exit_time(seen_s: float, last_exit_ns: int | None) -> float:
     """When the tree exited (time.monotonic() seconds), which the teardown's grace counts
     from: the kernel's stamp of its last process's exit when the source has one, else
-    `seen_s`, when the session noticed. A torch process's exit is noticed 40-110 ms after its
-    stamp: the kernel unmaps and closes what it held before the parent is told."""
+    `seen_s`, when the session noticed. A torch process's exit was noticed 37-111 ms after
+    its stamp (bench/RESULTS.md, "After the command's exit")."""
     return seen_s if last_exit_ns is None else min(seen_s, last_exit_ns / 1e9)
 
 

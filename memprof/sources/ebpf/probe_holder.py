@@ -6,10 +6,11 @@ periods in the kernel, 60-110 ms each here, and the kernel serializes them (even
 the process probes' detach took 0.40-0.44 s after a torch command's exit, 0.11-0.15 s of it
 after the teardown's 0.3 s grace (bench/RESULTS.md). A perf event's file is shared by fork,
 so a forked child that holds the descriptors turns the recorder's closes into plain
-reference drops; the child, which nobody waits for, pays the waits. Disabling the event
-(bcc's close does PERF_EVENT_IOC_DISABLE first) stops it at once, so nothing runs the
-programs after the recorder's detach returns, though the kernel tears them down up to a
-second later.
+reference drops; the child, which nobody waits for, pays the waits. bcc's close disables
+each event first (PERF_EVENT_IOC_DISABLE), but a tracepoint's program stays in its
+tracepoint's program array until the last close: until the holder exits (0.5-0.8 s after
+`record` returns, here) memprof's programs may still run, as during the recording, and find
+no tracked process; what they write to the ring buffer nobody reads.
 
 The holder is a fork, not an executed helper, so that root runs no program by path; it
 calls only os functions (no lock another thread of the recorder could have held at the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 HOLDER_ENV = "MEMPROF_PROBE_HOLDER"  # "0": close in the recorder, as before (benches compare)
 
@@ -61,7 +63,12 @@ def hold(first: list[int], later: list[int] = ()) -> Holder | None:
         return None
     wait_end, go_end = os.pipe()
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork in a threaded process: past the interpreter's own
+            # at-fork handlers the child here makes only os calls (module docstring), so it
+            # takes no lock another thread may have held.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
     except OSError:
         os.close(wait_end)
         os.close(go_end)
