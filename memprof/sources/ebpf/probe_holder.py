@@ -3,7 +3,7 @@ last close of each, after `record` has let go of its own copies.
 
 Closing the last reference to a perf event (a tracepoint, a uprobe) waits out RCU grace
 periods in the kernel, 60-110 ms each here, and the kernel serializes them (event_mutex):
-the process probes' detach took 0.40-0.44 s after a torch command's exit, 0.11-0.15 s of it
+the process probes' detach took 0.40-0.44 s after a torch command's exit, 0.11-0.14 s of it
 after the teardown's 0.3 s grace (bench/RESULTS.md). A perf event's file is shared by fork,
 so a forked child that holds the descriptors turns the recorder's closes into plain
 reference drops; the child, which nobody waits for, pays the waits. bcc's close disables

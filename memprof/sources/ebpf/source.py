@@ -219,7 +219,8 @@ class EbpfSource:
         thread while the session waits for the last frees, and stop() joins it."""
         if self._bpf is None or self._process_probes_detach is not None:
             return
-        holder = hold(perf_event_fds(self._bpf), later=[*self._tracepoints.link_fds, *self._bpf.raw_tracepoint_fds.values()])
+        links = [*self._tracepoints.link_fds, *self._bpf.raw_tracepoint_fds.values()]
+        holder = hold(perf_event_fds(self._bpf), later=links)
         if holder is not None:
             detach_each(self._bpf)  # reference drops: the holder keeps each event open
             holder.release_first()
@@ -234,14 +235,15 @@ class EbpfSource:
             self._ring.close()
             self._ring = None
         self._tracepoints.detach()  # a reference drop too, when a holder holds the links
-        if isinstance(self._process_probes_detach, Holder):
-            self._process_probes_detach.release_later()
-        elif isinstance(self._process_probes_detach, threading.Thread):
+        if isinstance(self._process_probes_detach, threading.Thread):
             self._process_probes_detach.join()
         if self._bpf is not None:
             detach_in_parallel(self._bpf)
             self._bpf.cleanup()
             self._bpf = None
+        if isinstance(self._process_probes_detach, Holder):
+            # Once every copy of the recorder's is closed, so that the holder's are the last.
+            self._process_probes_detach.release_later()
 
 
 def perf_event_fds(bpf) -> list[int]:
