@@ -365,7 +365,7 @@ def _to_array(field: pa.Field, value: _Column, length: int, where: str) -> pa.Ar
         if _is_scalar(value):
             return arrow_build.repeated(value, field.type, length)
         if isinstance(value, (pa.Array, pa.ChunkedArray)):
-            return _combine(value).cast(field.type)
+            return _cast(_combine(value), field.type)
         if isinstance(value, arrow_build.CONVERTIBLE):
             if pa.types.is_string(field.type):
                 return arrow_build.strings(value)
@@ -401,7 +401,15 @@ def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
     limit = np.iinfo(type_.index_type.to_pandas_dtype()).max + 1
     if len(array.dictionary) > limit:
         raise ValueError(f"{len(array.dictionary)} distinct values, a category column holds at most {limit}")
-    return array.cast(type_)
+    return _cast(array, type_)
+
+
+def _cast(array: pa.Array, type_: pa.DataType) -> pa.Array:
+    """`array` as `type_`. The recorder's columns come typed already (decode.py), and
+    Array.cast dispatches through pyarrow.compute even then: its import took 0.1 s of the
+    recorder's first poll (the flush thread's sort imports it later, off the polling
+    thread), and each call ~20 µs of every poll."""
+    return array if array.type == type_ else array.cast(type_)
 
 
 def _combine(value: pa.Array | pa.ChunkedArray) -> pa.Array:

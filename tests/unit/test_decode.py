@@ -65,3 +65,16 @@ def test_lifecycle_records_are_not_events_but_an_exec_is_a_mark():
     assert cols["category"].to_pylist() == ["exec"] and cols["pid"].tolist() == [6]
     assert cols["layer"].to_pylist() == [None]
     assert cols["size_bytes"].to_pylist() == [None] and cols["stack_id"].to_pylist() == [None]
+
+
+def test_category_columns_come_in_the_schemas_own_types():
+    """The writer stores an Arrow column of the schema's exact type as it is; any other type
+    is cast, and Array.cast imports pyarrow.compute (0.1 s of the first poll)."""
+    from memprof.recording.writer import TABLES
+    cols = _decode(_records(dict(ts_ns=1, kind=R.SLAB_ALLOC, layer=SLAB, addr=0x10, size=64, kstack_id=1),
+                            dict(ts_ns=5, kind=R.EXIT_MARK, pid=7)))
+    schema = TABLES["events"]
+    dictionaries = [field for field in schema if str(field.type).startswith("dictionary")]
+    assert {field.name for field in dictionaries} == {"layer", "action", "device", "category"}
+    for field in dictionaries:
+        assert cols[field.name].type == field.type, field.name

@@ -65,3 +65,24 @@ def test_the_recording_package_still_gives_every_name():
         from memprof.recording import open_recording, RecordingWriter  # noqa: F401
     """)
     assert "memprof.recording.reader" in loaded
+
+
+def test_appending_a_polls_events_imports_no_pyarrow_compute(tmp_path):
+    """The decoder's columns are of the schema's own types, so the writer's append casts
+    nothing: Array.cast imports pyarrow.compute (~0.1 s, on the first poll after the command
+    starts), which only the flush's sort needs, on its own thread."""
+    loaded = _modules_after(f"""
+        import numpy as np
+        from pathlib import Path
+        from memprof.model import RecordingMeta
+        from memprof.recording import RecordingWriter
+        from memprof.sources.ebpf import records as R
+        from memprof.sources.ebpf.decode import MemoryDecoder
+        recs = np.zeros(3, dtype=R.EVENT_DTYPE)
+        recs["kind"] = [R.SLAB_ALLOC, R.SLAB_FREE, R.EXIT_MARK]
+        recs["size"], recs["ts_ns"] = [64, 0, 0], [1, 2, 3]
+        batch = MemoryDecoder(lambda k, u, p, c, py: k.astype(np.int64)).decode(recs)
+        writer = RecordingWriter(Path({str(tmp_path / "r.memprof")!r}), RecordingMeta(command=["x"]))
+        writer.append("events", {{**batch.columns, "seq": range(3)}})
+    """)
+    assert "memprof.recording.writer" in loaded and "pyarrow.compute" not in loaded

@@ -87,7 +87,7 @@ class MemoryDecoder:
             "pid": mem["pid"].astype(np.int32),
             "tid": mem["tid"].astype(np.int32),
             "stack_id": _masked(stack_ids, ~is_alloc),
-            "category": _categorical(mark_index, MARK_NAMES),
+            "category": _categorical(mark_index, MARK_NAMES, pa.int32()),  # the schema's: labels are many
             "weight": self.weights(is_alloc, layer, size),
         }
         return EventBatch(columns, int(mem.size))
@@ -117,9 +117,10 @@ class MemoryDecoder:
         return weight
 
 
-def _categorical(codes: np.ndarray, categories: list[str]) -> pa.DictionaryArray:
-    """A category column: int8 `codes` index `categories`, -1 is null."""
-    indices = arrow_build.numeric(codes, pa.int8(), mask=codes < 0)
+def _categorical(codes: np.ndarray, categories: list[str], index_type: pa.DataType = pa.int8()) -> pa.DictionaryArray:
+    """A category column: `codes` index `categories`, -1 is null; indices of the schema's
+    `index_type`, so that the writer stores the array as it is (recording/writer.py)."""
+    indices = arrow_build.numeric(codes, index_type, mask=codes < 0)
     return pa.DictionaryArray.from_arrays(indices, _dictionary(tuple(categories)))
 
 
