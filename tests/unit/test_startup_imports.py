@@ -31,26 +31,33 @@ def test_the_recorder_imports_no_pandas_before_the_command_starts():
     assert "memprof.recording.reader" not in loaded and "memprof.capture.compactor" not in loaded
 
 
+def _events_appended(path) -> str:
+    """Code that decodes three records and appends them to a new recording at `path`, as
+    the recorder's polls do (a RecordingWriter named `writer` is left open)."""
+    return f"""
+import numpy as np
+from pathlib import Path
+from memprof.model import RecordingMeta
+from memprof.recording import RecordingWriter
+from memprof.sources.ebpf import records as R
+from memprof.sources.ebpf.decode import MemoryDecoder
+recs = np.zeros(3, dtype=R.EVENT_DTYPE)
+recs["kind"] = [R.SLAB_ALLOC, R.SLAB_FREE, R.EXIT_MARK]
+recs["size"], recs["ts_ns"] = [64, 0, 0], [1, 2, 3]
+batch = MemoryDecoder(lambda k, u, p, c, py: k.astype(np.int64)).decode(recs)
+writer = RecordingWriter(Path({str(path)!r}), RecordingMeta(command=["x"]))
+writer.append("events", {{**batch.columns, "seq": range(3)}})
+"""
+
+
 def test_decoding_and_writing_events_and_chains_import_no_pandas(tmp_path):
-    loaded = _modules_after(f"""
-        import numpy as np
-        from pathlib import Path
-        from memprof.model import RecordingMeta
-        from memprof.recording import RecordingWriter
-        from memprof.sources.ebpf import records as R
-        from memprof.sources.ebpf.decode import MemoryDecoder
-        recs = np.zeros(3, dtype=R.EVENT_DTYPE)
-        recs["kind"] = [R.SLAB_ALLOC, R.SLAB_FREE, R.EXIT_MARK]
-        recs["size"], recs["ts_ns"] = [64, 0, 0], [1, 2, 3]
-        batch = MemoryDecoder(lambda k, u, p, c, py: k.astype(np.int64)).decode(recs)
-        writer = RecordingWriter(Path({str(tmp_path / "r.memprof")!r}), RecordingMeta(command=["x"]))
-        writer.append("events", {{**batch.columns, "seq": range(3)}})
-        writer.append("frames", {{"frame_id": [1, 2], "kind": ["kernel", "python"], "function": ["f", None],
-                                  "module": ["vmlinux", None], "file": [None, "a.py"], "line": [None, 3]}})
-        writer.append("stacks", {{"stack_id": [1], "depth": [0], "frame_id": [1]}})
-        writer.append("samples", {{"ts_ns": [5], "metric": ["rss"], "device": [None], "value": [1.5]}})
+    loaded = _modules_after(_events_appended(tmp_path / "r.memprof") + textwrap.dedent("""
+        writer.append("frames", {"frame_id": [1, 2], "kind": ["kernel", "python"], "function": ["f", None],
+                                 "module": ["vmlinux", None], "file": [None, "a.py"], "line": [None, 3]})
+        writer.append("stacks", {"stack_id": [1], "depth": [0], "frame_id": [1]})
+        writer.append("samples", {"ts_ns": [5], "metric": ["rss"], "device": [None], "value": [1.5]})
         writer.finalize(10)
-    """)
+    """))
     assert "memprof.recording.writer" in loaded and "pyarrow.parquet" in loaded
     assert "pandas" not in loaded
 
@@ -71,18 +78,5 @@ def test_appending_a_polls_events_imports_no_pyarrow_compute(tmp_path):
     """The decoder's columns are of the schema's own types, so the writer's append casts
     nothing: Array.cast imports pyarrow.compute (~0.1 s, on the first poll after the command
     starts), which only the flush's sort needs, on its own thread."""
-    loaded = _modules_after(f"""
-        import numpy as np
-        from pathlib import Path
-        from memprof.model import RecordingMeta
-        from memprof.recording import RecordingWriter
-        from memprof.sources.ebpf import records as R
-        from memprof.sources.ebpf.decode import MemoryDecoder
-        recs = np.zeros(3, dtype=R.EVENT_DTYPE)
-        recs["kind"] = [R.SLAB_ALLOC, R.SLAB_FREE, R.EXIT_MARK]
-        recs["size"], recs["ts_ns"] = [64, 0, 0], [1, 2, 3]
-        batch = MemoryDecoder(lambda k, u, p, c, py: k.astype(np.int64)).decode(recs)
-        writer = RecordingWriter(Path({str(tmp_path / "r.memprof")!r}), RecordingMeta(command=["x"]))
-        writer.append("events", {{**batch.columns, "seq": range(3)}})
-    """)
+    loaded = _modules_after(_events_appended(tmp_path / "r.memprof"))
     assert "memprof.recording.writer" in loaded and "pyarrow.compute" not in loaded
