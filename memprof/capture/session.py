@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
+from memprof.quiet_threads import FORWARDED_SIGNALS
 from memprof.asuser import Owner, UserThread
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
@@ -42,7 +43,6 @@ TEARDOWN_GRACE_S = 0.3
 TEARDOWN_QUIET_S = 0.2
 TEARDOWN_MAX_S = 2.0
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 if TYPE_CHECKING:  # imported where --max-size asks for it (its folding, at a first fold, brings pandas)
     from memprof.capture.compactor import Compactor
 

@@ -6,6 +6,8 @@ import os
 import select
 import threading
 
+import pytest
+
 from memprof.sources.ebpf.source import detach_in_parallel
 
 
@@ -151,5 +153,24 @@ def test_a_holder_makes_the_last_closes_of_the_process_probes_then_of_the_kmem_l
     assert not bpf.closed_everywhere(b"sys_enter", 0.3)  # the kmem side still reports frees
     source.stop()
     assert bpf.closed_everywhere(b"sys_enter", 5)
+    for fd in bpf.read_ends.values():
+        os.close(fd)
+
+
+def test_the_holder_is_released_even_when_bccs_cleanup_raises():
+    from memprof.sources.ebpf.source import EbpfSource
+
+    class FailingCleanup(PipeBcc):
+        def cleanup(self) -> None:
+            super().cleanup()
+            raise Exception("Failed to detach BPF from uprobe")  # as bcc raises
+
+    bpf = FailingCleanup()
+    source = EbpfSource()
+    source._bpf = bpf
+    source.detach_process_probes()
+    with pytest.raises(Exception, match="Failed to detach"):
+        source.stop()
+    assert bpf.closed_everywhere(b"sys_enter", 5)  # the holder let go of the links all the same
     for fd in bpf.read_ends.values():
         os.close(fd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import time
 
 from memprof.sources.ebpf import probe_holder
@@ -84,3 +85,15 @@ def test_a_failed_fork_leaves_no_descriptor_behind(monkeypatch):
     before = set(os.listdir("/proc/self/fd"))
     assert probe_holder.hold([0]) is None
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_killed_holder_makes_its_release_a_no_op():
+    """Its exit closed its copies; the recorder must not fail on the pipe it leaves."""
+    r, w = os.pipe()
+    holder = probe_holder.hold([w])
+    os.close(w)
+    os.kill(holder.pid, signal.SIGKILL)
+    assert eof_within(r, 5)  # the kernel closed the holder's copy at its death
+    holder.release_first()  # EPIPE inside, not raised
+    holder.release_later()
+    os.close(r)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from bcc import BPF
 from bcc import table as T
 
+from memprof.quiet_threads import start_quiet
 from memprof.sources.ebpf.bpfinfo import bpf_call
 
 _MAP_CREATE, _PROG_LOAD, _BTF_LOAD = 0, 5, 18  # bpf() commands (include/uapi/linux/bpf.h)
@@ -169,8 +170,7 @@ class CachedBPF(BPF):
                     self._load(name, kind, verifier_log=False)
                 except Exception:  # bcc's bare Exception text, as load_func raises it
                     pass
-        self._behind = threading.Thread(target=load_all, name="memprof-load-behind", daemon=True)
-        self._behind.start()
+        self._behind = start_quiet(threading.Thread(target=load_all, name="memprof-load-behind", daemon=True))
 
     @property
     def loads_behind(self) -> bool:

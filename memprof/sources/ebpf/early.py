@@ -30,6 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from memprof.quiet_threads import start_quiet
+
 LOAD_THREADS = 4
 _pending: "_Early | None" = None
 
@@ -57,7 +59,7 @@ def begin(options) -> None:
     text, cflags = program_source(options, enabled)
     _pending = _Early(text, cflags, *_programs_loaded_at_start(options, enabled))
     _keep_own_stderr_on_terminal()
-    threading.Thread(target=_compile, args=(_pending,), name="memprof-compile").start()
+    start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
 
 
 def take(text: str, cflags: list[str]):

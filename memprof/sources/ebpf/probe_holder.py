@@ -43,7 +43,10 @@ class Holder:
     def release_first(self) -> None:
         """The recorder's copies of the first group are closed: the holder closes its own."""
         if self._go >= 0:
-            os.write(self._go, _FIRST)
+            try:
+                os.write(self._go, _FIRST)
+            except BrokenPipeError:  # the holder was killed: its exit closed its copies already
+                pass
 
     def release_later(self) -> None:
         """The recorder's copies of the later group are closed too: the holder closes the rest."""

@@ -234,16 +234,19 @@ class EbpfSource:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
-        self._tracepoints.detach()  # a reference drop too, when a holder holds the links
-        if isinstance(self._process_probes_detach, threading.Thread):
-            self._process_probes_detach.join()
-        if self._bpf is not None:
-            detach_in_parallel(self._bpf)
-            self._bpf.cleanup()
-            self._bpf = None
-        if isinstance(self._process_probes_detach, Holder):
-            # Once every copy of the recorder's is closed, so that the holder's are the last.
-            self._process_probes_detach.release_later()
+        try:
+            self._tracepoints.detach()  # a reference drop too, when a holder holds the links
+            if isinstance(self._process_probes_detach, threading.Thread):
+                self._process_probes_detach.join()
+            if self._bpf is not None:
+                detach_in_parallel(self._bpf)
+                self._bpf.cleanup()
+                self._bpf = None
+        finally:
+            if isinstance(self._process_probes_detach, Holder):
+                # After every copy of the recorder's is closed, so that the holder's are the
+                # last; and even when cleanup() raised, so that it never outlives its purpose.
+                self._process_probes_detach.release_later()
 
 
 def perf_event_fds(bpf) -> list[int]:

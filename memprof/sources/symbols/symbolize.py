@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from memprof.errors import NoPrivilegeError
+from memprof.quiet_threads import start_quiet
 from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
 from memprof.sources.symbols.files import file_identity
 
@@ -300,8 +301,8 @@ class SymbolPrewarm:
 
     def __init__(self, user: UserSymbolizer, paths: Sequence[str]):
         self.user = user
-        self._thread = threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols", daemon=True)
-        self._thread.start()
+        self._thread = start_quiet(threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols",
+                                                    daemon=True))
 
     def _read(self, paths: list[str]) -> None:
         for path in paths:
