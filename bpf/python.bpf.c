@@ -16,7 +16,7 @@
  * is (code object, instruction index); the chain is interned by a 64-bit hash into
  * `py_stacks`, and the event carries the hash. A code object is read once per process, the
  * first time a new chain holds it (in a program of its own, entered by tail call after the
- * event is submitted): its type is checked against
+ * event is submitted, which learns a few frames a run and tail-calls itself): its type is checked against
  * PyCode_Type (anything else is not named, and counted), and its name, file, first line and
  * line table are copied into `py_codes`, so that user space can name frames and compute
  * lines even after the process has exited.
@@ -36,6 +36,12 @@
 #define PY_PAGE_BYTES    4096       /* frames are read from the start of their page at most */
 #define PY_FRAME_MAX     256        /* frame_read is below this */
 #define PY_CODE_HEAD_MAX 256        /* code_read is below this */
+/* A learning run learns this many frames, then tail-calls itself for the next ones: the
+ * verifier then checks PY_LEARN_PER_RUN copies of py_learn_code, not PY_MAX_FRAMES (which
+ * took it 93-103 ms a program here, on the start's path). At most PY_LEARN_RUNS runs, well
+ * under the kernel's 33 tail calls a chain. */
+#define PY_LEARN_RUNS    16
+#define PY_LEARN_PER_RUN ((PY_MAX_FRAMES + PY_LEARN_RUNS - 1) / PY_LEARN_RUNS)
 
 /* Offsets of one interpreter (see memprof/sources/cpython/offsets_table.py); -1: no such field. */
 struct py_conf {
@@ -90,6 +96,7 @@ struct py_scratch {
     struct py_code code;
     u8 code_head[PY_CODE_HEAD_MAX]; /* a code object's first code_read bytes */
     u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
+    u32 learn_from;  /* ... from this frame on (the earlier ones were, by an earlier run) */
     /* A walk or a learning is using this CPU's scratch. Programs nest: an interrupt that
      * allocates runs a kmem program inside whichever memprof program it interrupted, on the
      * same CPU, and its walk would overwrite the depth and frames of the one it interrupted
@@ -390,11 +397,16 @@ static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 
         return 0;
     }
     s->learn = 1;
+    s->learn_from = 0;
     return hash;
 }
 
-/* Learn the code objects of the stack py_stack_id() just interned. */
-static __always_inline int py_learn_codes(void)
+/* Learn the code objects of the stack py_stack_id() just interned, PY_LEARN_PER_RUN frames a
+ * run, then tail-calls the same program (`raw_tp`: the raw tracepoint one) for the rest. Between runs the scratch is not
+ * busy: an interrupt's event that walks then may replace the stack (and its learning)
+ * before the rest of this one is learned, whose frames then stay unnamed (user space counts
+ * them), as an event that finds the scratch busy goes without frames. */
+static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
 {
     u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
     struct py_scratch *s = py_scratch.lookup(&zero);
@@ -402,18 +414,35 @@ static __always_inline int py_learn_codes(void)
     if (!s || !c || !s->learn || s->busy) /* busy: nested in a walk or a learning (see `busy`) */
         return 0;
     s->busy = 1;
-    s->learn = 0;
-    for (int i = 0; i < PY_MAX_FRAMES; i++) {
-        if (i >= s->stack.depth)
+    u32 from = s->learn_from, depth = s->stack.depth;
+    for (int k = 0; k < PY_LEARN_PER_RUN; k++) {
+        u32 i = from + k;
+        if (i >= depth) /* depth <= PY_MAX_FRAMES */
             break;
-        py_learn_code(c, s, tgid, s->stack.code[i & (PY_MAX_FRAMES - 1)]);
+        /* `from` is a map value, unknown to the verifier: the index is masked, and the
+         * barrier keeps clang from dropping the mask or folding it into a pointer it steps */
+        u32 at = i & (PY_MAX_FRAMES - 1);
+        asm volatile("" : "+r"(at));
+        py_learn_code(c, s, tgid, s->stack.code[at]);
     }
+    u32 next = from + PY_LEARN_PER_RUN;
+    int more = next < depth && next < PY_MAX_FRAMES;
+    s->learn = more;
+    s->learn_from = next;
     s->busy = 0;
+    if (more) {
+        if (raw_tp)
+            py_learn_tp.call(ctx, 0);
+        else
+            py_learn_up.call(ctx, 0);
+        s->learn = 0; /* the tail call failed: the rest stay unlearned */
+        count(MP_CNT_PY_LEARN_CUT);
+    }
     return 0;
 }
 
-int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(); }
-int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(); }
+int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(ctx, 1); }
+int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(ctx, 0); }
 
 /* ---- registration at interpreter start ----
  * User space registers a process once it has read its maps, which for a shared build (a

@@ -35,3 +35,16 @@ def test_absent_fields_do_not_count():
     assert code_head_bytes(offsets) == 16
     offsets["code_linetable"] = 136
     assert code_head_bytes(offsets) == 144
+
+
+def test_a_learning_chain_of_runs_fits_the_kernels_tail_call_limit():
+    """Learning a stack of the default 64 frames takes ceil(64 / PY_LEARN_PER_RUN) runs, each
+    after the first a tail call, and the allocation program's call into the first is one
+    more: the kernel stops a chain at 33 (MAX_TAIL_CALL_CNT), and the later frames would stay
+    unnamed."""
+    from memprof.sources.cpython.frames import PythonOptions
+    runs_cap = _c_define("PY_LEARN_RUNS")
+    max_frames = PythonOptions().max_frames
+    per_run = -(-max_frames // runs_cap)  # the C's PY_LEARN_PER_RUN
+    assert 1 + -(-max_frames // per_run) <= 33
+    assert per_run <= 8  # the verifier checks per_run copies of the learning: the point of the chain

@@ -195,6 +195,7 @@ class EbpfSource:
                 "events_without_thread_state": total(R.CNT_PY_NO_THREAD),
                 "not_code_objects": total(R.CNT_PY_BAD_CODE),
                 "map_full": total(R.CNT_PY_MAP_FULL),
+                "learnings_cut": total(R.CNT_PY_LEARN_CUT),
                 **self._python.stats}
         return self.stats
 
