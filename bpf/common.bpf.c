@@ -182,13 +182,9 @@ static __always_inline int release_addr(u64 addr)
     return 1;
 }
 
-static __always_inline struct mp_event *reserve(u8 kind)
+/* An event of `kind` by the calling thread, stamped now, with no address, size or stacks. */
+static __always_inline void init_event(struct mp_event *e, u8 kind)
 {
-    struct mp_event *e = events.ringbuf_reserve(sizeof(struct mp_event));
-    if (!e) {
-        count(MP_CNT_RINGBUF_FULL);
-        return 0;
-    }
     u64 id = bpf_get_current_pid_tgid();
     e->ts_ns = bpf_ktime_get_ns();
     e->pid = id >> 32;
@@ -204,6 +200,18 @@ static __always_inline struct mp_event *reserve(u8 kind)
     e->pad = 0;
     e->ustack = 0;
     e->py_stack = 0;
+}
+
+/* A record of `kind` reserved in the ring buffer (see init_event); NULL, counted, when the
+ * ring is full. */
+static __always_inline struct mp_event *reserve(u8 kind)
+{
+    struct mp_event *e = events.ringbuf_reserve(sizeof(struct mp_event));
+    if (!e) {
+        count(MP_CNT_RINGBUF_FULL);
+        return 0;
+    }
+    init_event(e, kind);
     return e;
 }
 
@@ -212,6 +220,14 @@ static __always_inline struct mp_event *reserve(u8 kind)
 static __always_inline void submit(struct mp_event *e)
 {
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+/* An event built outside the ring (an allocation's, on the BPF stack or in the Python walk's
+ * scratch: it outlives its program there, see python.bpf.c's emit_alloc) copied into it. */
+static __always_inline void output(struct mp_event *e)
+{
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) < 0)
+        count(MP_CNT_RINGBUF_FULL);
 }
 
 /* Stacks are expensive (an unwind per event); take them for one allocation in
@@ -304,7 +320,6 @@ static __always_inline u64 hash_user_stack(struct ustack_trace *buf, void *ctx, 
 static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
                                             u64 skip)
 {
-    e->py_stack = py_stack_id();
     struct site_key key = {.call_site = call_site, .user_sp = PT_REGS_SP(ctx), .tgid = e->pid, .layer = e->layer};
     if (!stack_sample_due(mask)) {
         struct site_stack *cached = site_stacks.lookup(&key);
@@ -423,8 +438,9 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
         cached->takes++;
 }
 
-/* Native stacks are sampled; the Python stack is read for every event (it is what a reused
- * native stack cannot tell apart: one C call path runs every Python function). `site`: the
+/* Native stacks are sampled; the Python stack is read for every event (by emit_alloc, in
+ * python.bpf.c: it is what a reused native stack cannot tell apart, one C call path runs
+ * every Python function). `site`: the
  * kernel call site, or for page allocations (which have none) a stand-in from the order and
  * gfp flags, see PAGE_SITE. The reuse key (site, user stack pointer, the word there) cannot
  * tell sibling kernel paths apart (a pipe's two files, both through alloc_empty_file in one
@@ -436,7 +452,6 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
  * churn went from 2.2x to 4.5x (bench/RESULTS.md). */
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
 {
-    e->py_stack = py_stack_id();
     struct user_entry entry = task_user_entry();
     u64 user_sp = entry.sp, word_at_sp = 0;
     if (user_sp && bpf_probe_read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)

@@ -16,9 +16,8 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
 {
     if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
         return 0;
-    struct mp_event *e = reserve(MP_SLAB_ALLOC);
-    if (!e)
-        return 0;
+    struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
+    init_event(e, MP_SLAB_ALLOC);
     e->layer = MP_LAYER_KERNEL_SLAB;
     e->addr = ptr;
     e->call_site = call_site;
@@ -27,8 +26,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site);
     remember_addr(ptr);
     hold_addr(ptr);
-    submit(e);
-    py_learn_after_tp(ctx);
+    emit_alloc(ctx, e, 1);
     return 0;
 }
 
@@ -174,9 +172,8 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     u32 gfp = (u32)ctx->args[2];
     if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32))
         return 0;
-    struct mp_event *e = reserve(MP_PAGE_ALLOC);
-    if (!e)
-        return 0;
+    struct mp_event ev, *e = &ev;
+    init_event(e, MP_PAGE_ALLOC);
     e->layer = MP_LAYER_KERNEL_PAGE;
     e->addr = page;
     e->size = PAGE_BYTES(order);
@@ -185,8 +182,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp));
     remember_addr(page);
     hold_addr(page);
-    submit(e);
-    py_learn_after_tp(ctx);
+    emit_alloc(ctx, e, 1);
     return 0;
 }
 

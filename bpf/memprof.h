@@ -32,7 +32,8 @@
 #define MP_CNT_SCRATCH_BUSY  12  /* an event nested in another program's use of a per-CPU scratch (an
                                   * interrupt's allocation): it went without Python frames or its own user stack */
 #define MP_CNT_SITE_MIXED    13  /* a reuse key led to two kernel stacks: its events take their own */
-#define MP_CNT_PY_LEARN_CUT  14  /* a learning's tail call to its next run failed: the stack's later frames stay unnamed */
+#define MP_CNT_PY_TAIL_FAILED 14 /* a tail call of the Python walk or learning failed: an event went without Python
+                                  * frames, a stack was cut short, or its later frames stay unnamed */
 #define MP_N_COUNTERS        15
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */

@@ -27,8 +27,10 @@ static __always_inline void remember_addr(u64 addr);
 static __always_inline int maybe_ours(u64 addr);
 static __always_inline void hold_addr(u64 addr);
 static __always_inline int release_addr(u64 addr);
+static __always_inline void init_event(struct mp_event *e, u8 kind);
 static __always_inline struct mp_event *reserve(u8 kind);
 static __always_inline void submit(struct mp_event *e);
+static __always_inline void output(struct mp_event *e);
 static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
                                             u64 skip);
 static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site);
@@ -38,9 +40,7 @@ static __always_inline void note_syscall_start(void *ctx);
  * Maps memprof.bpf.c uses (a process's or thread's interpreter state, forgotten when it
  * exits or execs):
  *   maps: py_procs, py_threads */
-static __always_inline u64 py_stack_id(void);
-static __always_inline void py_learn_after_tp(void *ctx);
-static __always_inline void py_learn_after_up(void *ctx);
+static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp);
 static __always_inline u64 read_user_u64(u64 addr);
 
 /* == kmem.bpf.c, uprobes.bpf.c, memprof.bpf.c: programs only, nothing for other parts == */

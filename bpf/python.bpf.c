@@ -1,13 +1,16 @@
 /* Python frames of the allocating thread, read from the target's CPython at the event.
- * A part of the program text (after common.bpf.c; kmem.bpf.c and uprobes.bpf.c call
- * py_stack_id()).
+ * A part of the program text (after common.bpf.c; kmem.bpf.c and uprobes.bpf.c hand their
+ * finished allocation events to emit_alloc()).
  *
  * User space (memprof/sources/cpython/frames.py) finds each tracked process's interpreter, confirms
  * its struct layout (memprof/sources/cpython/interp.py) and writes a `struct py_conf` into
  * `py_procs`. A process without one gets no Python frames — never frames read with offsets
  * that were not confirmed.
  *
- * Per event: the thread's own PyThreadState (found by pthread_self(), which on x86-64 glibc
+ * Per event, in programs of their own entered by tail call from the allocation program
+ * (emit_alloc; one program verified once, where a walk inlined into each allocation program
+ * made the kernel's check of each ~100 ms here, most of them on the start's path): the
+ * thread's own PyThreadState (found by pthread_self(), which on x86-64 glibc
  * is the thread pointer, task->thread.fsbase, and which CPython stores as
  * tstate->thread_id; cached per thread), then its frame chain, innermost first, no strings.
  * Since 3.11 a thread's frames are pushed one above the other on its data stack, so the
@@ -26,7 +29,9 @@
  */
 #include "parts.h" /* what the parts give each other */
 
-#define PY_MAX_THREADS   256        /* thread-state list entries walked to find a thread */
+#define PY_MAX_THREADS   256        /* thread-state list entries walked to find a thread, */
+#define PY_THREADS_PER_RUN 64       /* ... this many a run of the walk (see PY_WALK_RUNS) */
+#define PY_THREAD_RUNS   (PY_MAX_THREADS / PY_THREADS_PER_RUN)
 #define PY_NAME_BYTES    128
 #define PY_FILE_BYTES    256        /* the tail of long paths is kept: it names the file */
 #define PY_LINES_BYTES   2048       /* line table bytes copied; longer tables are cut */
@@ -42,6 +47,14 @@
  * under the kernel's 33 tail calls a chain. */
 #define PY_LEARN_RUNS    16
 #define PY_LEARN_PER_RUN ((PY_MAX_FRAMES + PY_LEARN_RUNS - 1) / PY_LEARN_RUNS)
+/* The walk the same way: PY_WALK_PER_RUN frames a run (8 of 64), at most PY_WALK_RUNS runs,
+ * after at most PY_THREAD_RUNS runs of the search for the thread's state (a thread's first
+ * event; the search alone was 16,000 of the 20,000 instructions the verifier processed in a
+ * walk program here). With the allocation program's call into the walk and the learning's
+ * runs, a chain makes at most 1 + (PY_THREAD_RUNS + PY_WALK_RUNS - 1) + 1 + (PY_LEARN_RUNS
+ * - 1) = 28 tail calls of the kernel's 33. */
+#define PY_WALK_RUNS     8
+#define PY_WALK_PER_RUN  ((PY_MAX_FRAMES + PY_WALK_RUNS - 1) / PY_WALK_RUNS)
 
 /* Offsets of one interpreter (see memprof/sources/cpython/offsets_table.py); -1: no such field. */
 struct py_conf {
@@ -97,6 +110,16 @@ struct py_scratch {
     u8 code_head[PY_CODE_HEAD_MAX]; /* a code object's first code_read bytes */
     u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
     u32 learn_from;  /* ... from this frame on (the earlier ones were, by an earlier run) */
+    /* The walk, across its runs: the allocation event it completes and outputs, the next
+     * frame to read (0: the chain's end), the hash so far, and the runs made (0: none). */
+    struct mp_event event;
+    u64 walk_frame;
+    u64 walk_hash;
+    u32 walk_runs;
+    u32 walking;     /* `event` waits for its Python stack */
+    u64 thread_cursor; /* the next thread state to compare while searching (0: not searching) */
+    u32 search_runs;
+    u32 pad2;
     /* A walk or a learning is using this CPU's scratch. Programs nest: an interrupt that
      * allocates runs a kmem program inside whichever memprof program it interrupted, on the
      * same CPU, and its walk would overwrite the depth and frames of the one it interrupted
@@ -120,32 +143,12 @@ BPF_TASK_STORAGE(py_threads, struct py_thread);
 BPF_TABLE("lru_hash", u64, struct py_stack, py_stacks, PY_STACK_ENTRIES);
 BPF_TABLE("lru_hash", struct py_code_key, struct py_code, py_codes, PY_CODE_ENTRIES);
 BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
-/* The code-learning programs, entered by tail call (one array per calling program type: the
- * kernel ties a program array to one type). Learning 64 code objects is too many branches for
- * the verifier inside an allocation program; in its own program it fits. */
+/* The walk's and the code learning's programs, entered by tail call (one array per calling
+ * program type: the kernel ties a program array to one type). */
+BPF_PROG_ARRAY(py_walk_tp, 1);
+BPF_PROG_ARRAY(py_walk_up, 1);
 BPF_PROG_ARRAY(py_learn_tp, 1);
 BPF_PROG_ARRAY(py_learn_up, 1);
-
-/* After the event is submitted: learn a new stack's code objects (py_learn_after_*() do not
- * return when the tail call is made). */
-static __always_inline int py_learning_due(void)
-{
-    u32 zero = 0;
-    struct py_scratch *s = py_scratch.lookup(&zero);
-    return s && s->learn;
-}
-
-static __always_inline void py_learn_after_tp(void *ctx)
-{
-    if (py_learning_due())
-        py_learn_tp.call(ctx, 0);
-}
-
-static __always_inline void py_learn_after_up(void *ctx)
-{
-    if (py_learning_due())
-        py_learn_up.call(ctx, 0);
-}
 
 static __always_inline u64 read_user_u64(u64 addr)
 {
@@ -162,28 +165,43 @@ static __always_inline u64 thread_pointer(void)
     return fsbase;
 }
 
-/* The calling thread's own PyThreadState: not the GIL holder's (PyTorch releases the GIL
- * inside ops, ctypes around foreign calls). 0 when the thread has none. */
-static __always_inline u64 py_thread_state(struct py_conf *c)
+/* The calling thread's own PyThreadState (not the GIL holder's: PyTorch releases the GIL
+ * inside ops, ctypes around foreign calls) as cached for this thread; 0 when it is not, and
+ * then py_search_threads looks for it. */
+static __always_inline u64 py_cached_thread_state(void)
 {
-    u64 self = thread_pointer();
     struct py_thread *cached = py_threads.task_storage_get(bpf_get_current_task_btf(), 0,
                                                            BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (cached && cached->tstate && cached->fsbase == self)
-        return cached->tstate;
+    return cached && cached->tstate && cached->fsbase == thread_pointer() ? cached->tstate : 0;
+}
+
+/* The interpreter's first thread state: where a search begins. */
+static __always_inline u64 py_first_thread_state(struct py_conf *c)
+{
     u64 interp = read_user_u64(c->interp_head);
-    u64 t = interp ? read_user_u64(interp + c->interp_tstate_head) : 0;
-    for (int i = 0; i < PY_MAX_THREADS && t; i++) {
+    return interp ? read_user_u64(interp + c->interp_tstate_head) : 0;
+}
+
+/* PY_THREADS_PER_RUN entries of the interpreter's thread-state list from `*cursor` on: the
+ * calling thread's state when one of them is it (cached for the thread, `*cursor` 0), else 0
+ * with `*cursor` at the next entry (0: the list's end). */
+static __always_inline u64 py_search_threads(struct py_conf *c, u64 *cursor)
+{
+    u64 self = thread_pointer(), t = *cursor;
+    for (int i = 0; i < PY_THREADS_PER_RUN && t; i++) {
         if (read_user_u64(t + c->tstate_thread_id) == self) {
+            struct py_thread *cached = py_threads.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                                   BPF_LOCAL_STORAGE_GET_F_CREATE);
             if (cached) {
                 cached->tstate = t;
                 cached->fsbase = self;
             }
+            *cursor = 0;
             return t;
         }
         t = read_user_u64(t + c->tstate_next);
     }
-    count(MP_CNT_PY_NO_THREAD);
+    *cursor = t;
     return 0;
 }
 
@@ -322,52 +340,91 @@ static __always_inline u32 py_lasti(struct py_conf *c, u8 *frame, u64 code)
     return lasti;
 }
 
-static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 tgid);
-
-/* The id (hash) of the calling thread's Python stack, 0 when it has none we can read (or
- * when this event interrupted another's use of the scratch: see `busy`). */
-static __always_inline u64 py_stack_id(void)
+/* The allocation event `e`, finished but for its Python stack, to the ring buffer. When its
+ * process has Python frames to read, `e` is copied into this CPU's scratch and the walk
+ * program (py_walk_tp or py_walk_up, `raw_tp` says which) completes and outputs it: there,
+ * the scratch is busy from here until the event is out. An event that finds the scratch busy
+ * (an interrupt's allocation nested in a walk or a learning) goes without Python frames, and
+ * is counted: a nested walk would overwrite the interrupted one's depth and frames. A failed
+ * tail call, counted too, outputs the event here, without them. */
+static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp)
 {
-    u64 pid_tgid = bpf_get_current_pid_tgid();
-    u32 tgid = pid_tgid >> 32;
-    struct py_conf *c = py_procs.lookup(&tgid);
-    if (!c)
-        return 0;
-    u32 zero = 0;
-    struct py_scratch *s = py_scratch.lookup(&zero);
-    if (!s)
-        return 0;
-    if (s->busy) {
+    u32 zero = 0, tgid = e->pid;
+    struct py_scratch *s = py_procs.lookup(&tgid) ? py_scratch.lookup(&zero) : 0;
+    if (s && s->busy) {
         count(MP_CNT_SCRATCH_BUSY);
-        return 0;
+        s = 0;
     }
-    s->busy = 1;
-    u64 id = py_walk(c, s, tgid);
-    s->busy = 0;
-    return id;
+    if (s) {
+        s->busy = 1;
+        s->walking = 1;
+        s->walk_runs = 0;
+        s->search_runs = 0;
+        s->thread_cursor = 0;
+        s->event = *e;
+        if (raw_tp)
+            py_walk_tp.call(ctx, 0);
+        else
+            py_walk_up.call(ctx, 0);
+        s->walking = 0;
+        s->busy = 0;
+        count(MP_CNT_PY_TAIL_FAILED);
+    }
+    output(e);
 }
 
-/* py_stack_id's walk, with the scratch held. */
-static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 tgid)
+/* The walk's first step: its stack emptied, and the thread's top frame found through its
+ * cached state, or else a search for the state begun (thread_cursor). */
+static __always_inline void py_walk_start(struct py_conf *c, struct py_scratch *s, u32 tgid)
 {
-    u64 tstate = py_thread_state(c);
-    if (!tstate)
-        return 0;
-    u64 frame = py_top_frame(c, tstate);
-    u64 hash = 0xcbf29ce484222325ULL ^ tgid;
+    s->window_len = 0; /* what an earlier event read is stale */
+    s->stack.depth = 0;
+    s->walk_hash = 0xcbf29ce484222325ULL ^ tgid;
+    s->walk_frame = 0;
+    s->thread_cursor = 0;
+    s->search_runs = 0;
+    u64 tstate = py_cached_thread_state();
+    if (tstate)
+        s->walk_frame = py_top_frame(c, tstate);
+    else if (!(s->thread_cursor = py_first_thread_state(c)))
+        count(MP_CNT_PY_NO_THREAD);
+}
+
+/* One run of the search for the thread's state: the top frame once found; counted when the
+ * list ends or PY_MAX_THREADS entries were compared without it. */
+static __always_inline void py_walk_search(struct py_conf *c, struct py_scratch *s)
+{
+    u64 cursor = s->thread_cursor;
+    u64 tstate = py_search_threads(c, &cursor);
+    s->search_runs++;
+    if (!tstate && cursor && s->search_runs >= PY_THREAD_RUNS)
+        cursor = 0;
+    s->thread_cursor = cursor;
+    if (tstate)
+        s->walk_frame = py_top_frame(c, tstate);
+    else if (!cursor)
+        count(MP_CNT_PY_NO_THREAD);
+}
+
+/* Up to PY_WALK_PER_RUN frames from s->walk_frame on, appended to s->stack and hashed into
+ * s->walk_hash; s->walk_frame is left at the next one (0: the chain's end, or memory that
+ * cannot be read). */
+static __always_inline void py_walk_frames(struct py_conf *c, struct py_scratch *s)
+{
+    u64 frame = s->walk_frame, hash = s->walk_hash;
     u32 read = c->frame_read;
     if (read == 0 || read >= PY_FRAME_MAX)
-        return 0;
-    s->window_len = 0; /* what an earlier event read is stale */
+        frame = 0;
     /* The depth lives in the map value, not in a register: the verifier then does not
      * follow every (iteration, depth) pair apart, which it would for a precise register.
      * (A volatile read: a frame found in the window makes no helper call that would make
      * clang reload it.) */
-    s->stack.depth = 0;
-    for (int i = 0; i < PY_MAX_FRAMES && frame; i++) {
+    for (int i = 0; i < PY_WALK_PER_RUN && frame; i++) {
         u8 *fr = py_frame_at(c, s, frame, read);
-        if (!fr)
+        if (!fr) {
+            frame = 0;
             break;
+        }
         u64 previous = frame_field_u64(fr, c->frame_previous);
         u32 d = *(volatile u32 *)&s->stack.depth;
         if (c->frame_owner >= 0 && fr[c->frame_owner & 0xff] == PY_OWNED_BY_CSTACK) {
@@ -386,8 +443,16 @@ static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 
         hash = (hash ^ lasti) * 0x100000001b3ULL;
         frame = previous;
     }
-    u32 depth = s->stack.depth;
-    if (depth == 0)
+    s->walk_frame = frame;
+    s->walk_hash = hash;
+}
+
+/* The walked stack's id (its hash), interned into py_stacks, and marked for learning when it
+ * is new; 0 when it has no frames. */
+static __always_inline u64 py_intern(struct py_scratch *s, u32 tgid)
+{
+    u64 hash = s->walk_hash;
+    if (s->stack.depth == 0)
         return 0;
     if (py_stacks.lookup(&hash))
         return hash;
@@ -401,7 +466,52 @@ static __always_inline u64 py_walk(struct py_conf *c, struct py_scratch *s, u32 
     return hash;
 }
 
-/* Learn the code objects of the stack py_stack_id() just interned, PY_LEARN_PER_RUN frames a
+/* One run of the walk (see emit_alloc): the next PY_WALK_PER_RUN frames, then a tail call
+ * of itself while frames remain (PY_MAX_FRAMES at most, shim frames included, as one loop
+ * read them); at the end, the event out with its stack's id, the scratch free, and a new
+ * stack's learning entered. A failed tail call ends the stack where it is (counted). */
+static __always_inline int py_walk_run(void *ctx, const int raw_tp)
+{
+    u32 zero = 0;
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    if (!s || !s->busy || !s->walking) /* entered only by emit_alloc's tail call, and our own */
+        return 0;
+    u32 tgid = s->event.pid;
+    struct py_conf *c = py_procs.lookup(&tgid);
+    if (c) {
+        if (s->walk_runs == 0 && s->search_runs == 0 && !s->thread_cursor)
+            py_walk_start(c, s, tgid);
+        if (s->thread_cursor) {
+            py_walk_search(c, s);
+        } else {
+            py_walk_frames(c, s);
+            s->walk_runs++;
+        }
+        if (s->thread_cursor || (s->walk_frame && s->walk_runs < PY_WALK_RUNS)) {
+            if (raw_tp)
+                py_walk_tp.call(ctx, 0);
+            else
+                py_walk_up.call(ctx, 0);
+            count(MP_CNT_PY_TAIL_FAILED);
+        }
+        s->event.py_stack = py_intern(s, tgid);
+    }
+    s->walking = 0;
+    output(&s->event);
+    s->busy = 0;
+    if (s->learn) {
+        if (raw_tp)
+            py_learn_tp.call(ctx, 0);
+        else
+            py_learn_up.call(ctx, 0);
+    }
+    return 0;
+}
+
+int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx, 1); }
+int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
+
+/* Learn the code objects of the stack py_walk_run() just interned, PY_LEARN_PER_RUN frames a
  * run, then tail-calls the same program (`raw_tp`: the raw tracepoint one) for the rest. Between runs the scratch is not
  * busy: an interrupt's event that walks then may replace the stack (and its learning)
  * before the rest of this one is learned, whose frames then stay unnamed (user space counts
@@ -436,7 +546,7 @@ static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
         else
             py_learn_up.call(ctx, 0);
         s->learn = 0; /* the tail call failed: the rest stay unlearned */
-        count(MP_CNT_PY_LEARN_CUT);
+        count(MP_CNT_PY_TAIL_FAILED);
     }
     return 0;
 }

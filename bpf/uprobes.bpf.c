@@ -94,9 +94,8 @@ static __always_inline int filters_frees(u8 layer)
 static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 flags, s8 device, u64 addr, u64 size,
                                             u64 call_site, u64 skip)
 {
-    struct mp_event *e = reserve(MP_USER_ALLOC);
-    if (!e)
-        return;
+    struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
+    init_event(e, MP_USER_ALLOC);
     e->addr = addr;
     e->size = size;
     e->layer = layer;
@@ -105,8 +104,7 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 fl
     fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK, call_site, skip);
     if (filters_frees(layer))
         remember_addr(addr ^ layer);
-    submit(e);
-    py_learn_after_up(ctx);
+    emit_alloc(ctx, e, 0);
 }
 
 static __always_inline void emit_user_free(u8 layer, u64 addr, u8 flags)

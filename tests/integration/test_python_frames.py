@@ -172,7 +172,7 @@ def test_meta_names_the_interpreter_and_counts_frames(venv_recording):
     notes = python["interpreters"]
     assert any(n["frames"] and n["version"].startswith(f"3.{sys.version_info.minor}.") for n in notes.values()), notes
     assert python["frames"] > 0 and python["not_code_objects"] == 0 and python["map_full"] == 0, python
-    assert python["learnings_cut"] == 0, python  # every learning's chain of runs reached its end
+    assert python["tail_calls_failed"] == 0, python  # every walk's and learning's chain of runs reached its end
 
 
 # ---- other CPython minor versions ----

@@ -156,8 +156,9 @@ def test_every_declaration_matches_its_definition_and_is_used(owner):
 
 def test_the_checks_see_the_known_dependencies():
     """The parser finds what the parts are known to use from each other."""
-    assert _uses("kmem.bpf.c", "common.bpf.c")[0] >= {"reserve", "submit", "fill_stacks", "is_tracked"}
-    assert "py_stack_id" in _uses("common.bpf.c", "python.bpf.c")[0]
+    assert _uses("kmem.bpf.c", "common.bpf.c")[0] >= {"reserve", "submit", "init_event", "fill_stacks", "is_tracked"}
+    assert "emit_alloc" in _uses("kmem.bpf.c", "python.bpf.c")[0]
+    assert "output" in _uses("python.bpf.c", "common.bpf.c")[0]
     assert "count" in _uses("python.bpf.c", "common.bpf.c")[0]
     assert _uses("memprof.bpf.c", "python.bpf.c")[1] == {"py_procs", "py_threads"}
 

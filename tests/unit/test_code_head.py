@@ -37,14 +37,18 @@ def test_absent_fields_do_not_count():
     assert code_head_bytes(offsets) == 144
 
 
-def test_a_learning_chain_of_runs_fits_the_kernels_tail_call_limit():
-    """Learning a stack of the default 64 frames takes ceil(64 / PY_LEARN_PER_RUN) runs, each
-    after the first a tail call, and the allocation program's call into the first is one
-    more: the kernel stops a chain at 33 (MAX_TAIL_CALL_CNT), and the later frames would stay
-    unnamed."""
+def test_a_walk_and_its_learning_fit_the_kernels_tail_call_limit():
+    """An allocation program enters the walk by tail call, the walk's runs (the thread-state
+    search's, then the frames') and the learning's runs follow each other by tail call, and
+    the walk's last run enters the learning: the kernel stops a chain at 33 tail calls
+    (MAX_TAIL_CALL_CNT), and an event would then go with a cut stack or unnamed frames."""
     from memprof.sources.cpython.frames import PythonOptions
-    runs_cap = _c_define("PY_LEARN_RUNS")
     max_frames = PythonOptions().max_frames
-    per_run = -(-max_frames // runs_cap)  # the C's PY_LEARN_PER_RUN
-    assert 1 + -(-max_frames // per_run) <= 33
-    assert per_run <= 8  # the verifier checks per_run copies of the learning: the point of the chain
+    walk_runs, learn_runs = _c_define("PY_WALK_RUNS"), _c_define("PY_LEARN_RUNS")
+    search_runs = _c_define("PY_MAX_THREADS") // _c_define("PY_THREADS_PER_RUN")
+    walk_per_run, learn_per_run = -(-max_frames // walk_runs), -(-max_frames // learn_runs)  # the C's *_PER_RUN
+    assert walk_per_run * walk_runs >= max_frames and learn_per_run * learn_runs >= max_frames
+    tail_calls = 1 + (search_runs + walk_runs - 1) + 1 + (learn_runs - 1)
+    assert tail_calls <= 33, tail_calls
+    # the verifier checks one run's copies: the point of the chains
+    assert walk_per_run <= 8 and learn_per_run <= 8 and _c_define("PY_THREADS_PER_RUN") <= 64

@@ -67,11 +67,14 @@ class _Code:
     lines: list  # pylines ranges: (start, end, line)
 
 
-def learning_programs() -> tuple[tuple[str, str, int], ...]:
-    """(prog array, program, bcc program type) of the code-learning programs that
-    PythonFrames.install loads (sources/ebpf/early.py loads them ahead)."""
+def tail_called_programs() -> tuple[tuple[str, str, int], ...]:
+    """(prog array, program, bcc program type) of the Python walk's and code learning's
+    programs, which the allocation programs enter by tail call (bpf/python.bpf.c's
+    emit_alloc), one of each per calling program type. PythonFrames.install loads them;
+    sources/ebpf/early.py loads them ahead."""
     from bcc import BPF
-    return (("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("py_learn_up", "mp_py_learn_up", BPF.KPROBE))
+    return (("py_walk_tp", "mp_py_walk_tp", BPF.RAW_TRACEPOINT), ("py_walk_up", "mp_py_walk_up", BPF.KPROBE),
+            ("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("py_learn_up", "mp_py_learn_up", BPF.KPROBE))
 
 
 @dataclass
@@ -94,8 +97,10 @@ class PythonFrames:
                                                    "stacks_evicted": 0})
 
     def install(self) -> None:
-        """Put the code-learning programs where the allocation programs tail-call them."""
-        for array, fn, kind in learning_programs():
+        """Put the walk's and the code learning's programs where the allocation programs
+        tail-call them. Before any process is tracked: until then no allocation program gets
+        as far as the tail call (a failed one is counted, `tail_calls_failed`)."""
+        for array, fn, kind in tail_called_programs():
             prog = load_program(self.bpf, fn, kind)
             self.bpf[array][ctypes.c_int(0)] = ctypes.c_int(prog.fd)
 

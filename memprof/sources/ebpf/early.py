@@ -80,17 +80,17 @@ def take(text: str, cflags: list[str]):
 
 def _programs_loaded_at_start(options, enabled) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(before, late): the programs EbpfSource.start loads whatever the command. `before`:
-    the kmem tracepoints' and the code-learning pair (cpython/frames.py), attached before the
+    the kmem tracepoints' and the Python walk's and learning's (cpython/frames.py), attached before the
     command starts. `late`: every program of the torch and cuda families (library_probes:
     attached now if their library is already known, else verified for one mapped later).
     The native family's depend on the interposer's choice, made later: they are loaded in
     the foreground."""
     from bcc import BPF
-    from memprof.sources.cpython.frames import learning_programs
+    from memprof.sources.cpython.frames import tail_called_programs
     from memprof.sources.ebpf import kmem as K
     from memprof.sources.ebpf import uprobes as U
     before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
-    before += [(fn, kind) for _, fn, kind in learning_programs()]
+    before += [(fn, kind) for _, fn, kind in tail_called_programs()]
     late = []
     for name, family in U.FAMILIES.items():
         if enabled(name):

@@ -195,7 +195,7 @@ class EbpfSource:
                 "events_without_thread_state": total(R.CNT_PY_NO_THREAD),
                 "not_code_objects": total(R.CNT_PY_BAD_CODE),
                 "map_full": total(R.CNT_PY_MAP_FULL),
-                "learnings_cut": total(R.CNT_PY_LEARN_CUT),
+                "tail_calls_failed": total(R.CNT_PY_TAIL_FAILED),
                 **self._python.stats}
         return self.stats
 
