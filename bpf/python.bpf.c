@@ -113,6 +113,8 @@ struct py_scratch {
     /* The walk, across its runs: the allocation event it completes and outputs, the next
      * frame to read (0: the chain's end), the hash so far, and the runs made (0: none). */
     struct mp_event event;
+    struct py_conf conf; /* the event's process's, copied once: its runs and the learning's
+                          * read it here rather than look it up again */
     u64 walk_frame;
     u64 walk_hash;
     u32 walk_runs;
@@ -350,7 +352,8 @@ static __always_inline u32 py_lasti(struct py_conf *c, u8 *frame, u64 code)
 static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp)
 {
     u32 zero = 0, tgid = e->pid;
-    struct py_scratch *s = py_procs.lookup(&tgid) ? py_scratch.lookup(&zero) : 0;
+    struct py_conf *c = py_procs.lookup(&tgid);
+    struct py_scratch *s = c ? py_scratch.lookup(&zero) : 0;
     if (s && s->busy) {
         count(MP_CNT_SCRATCH_BUSY);
         s = 0;
@@ -362,6 +365,7 @@ static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int 
         s->search_runs = 0;
         s->thread_cursor = 0;
         s->event = *e;
+        s->conf = *c;
         if (raw_tp)
             py_walk_tp.call(ctx, 0);
         else
@@ -477,25 +481,23 @@ static __always_inline int py_walk_run(void *ctx, const int raw_tp)
     if (!s || !s->busy || !s->walking) /* entered only by emit_alloc's tail call, and our own */
         return 0;
     u32 tgid = s->event.pid;
-    struct py_conf *c = py_procs.lookup(&tgid);
-    if (c) {
-        if (s->walk_runs == 0 && s->search_runs == 0 && !s->thread_cursor)
-            py_walk_start(c, s, tgid);
-        if (s->thread_cursor) {
-            py_walk_search(c, s);
-        } else {
-            py_walk_frames(c, s);
-            s->walk_runs++;
-        }
-        if (s->thread_cursor || (s->walk_frame && s->walk_runs < PY_WALK_RUNS)) {
-            if (raw_tp)
-                py_walk_tp.call(ctx, 0);
-            else
-                py_walk_up.call(ctx, 0);
-            count(MP_CNT_PY_TAIL_FAILED);
-        }
-        s->event.py_stack = py_intern(s, tgid);
+    struct py_conf *c = &s->conf;
+    if (s->walk_runs == 0 && s->search_runs == 0 && !s->thread_cursor)
+        py_walk_start(c, s, tgid);
+    if (s->thread_cursor) {
+        py_walk_search(c, s);
+    } else {
+        py_walk_frames(c, s);
+        s->walk_runs++;
     }
+    if (s->thread_cursor || (s->walk_frame && s->walk_runs < PY_WALK_RUNS)) {
+        if (raw_tp)
+            py_walk_tp.call(ctx, 0);
+        else
+            py_walk_up.call(ctx, 0);
+        count(MP_CNT_PY_TAIL_FAILED);
+    }
+    s->event.py_stack = py_intern(s, tgid);
     s->walking = 0;
     output(&s->event);
     s->busy = 0;
@@ -520,9 +522,9 @@ static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
 {
     u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
     struct py_scratch *s = py_scratch.lookup(&zero);
-    struct py_conf *c = py_procs.lookup(&tgid);
-    if (!s || !c || !s->learn || s->busy) /* busy: nested in a walk or a learning (see `busy`) */
+    if (!s || !s->learn || s->busy) /* busy: nested in a walk or a learning (see `busy`) */
         return 0;
+    struct py_conf *c = &s->conf; /* the walk's copy: this thread's process's */
     s->busy = 1;
     u32 from = s->learn_from, depth = s->stack.depth;
     for (int k = 0; k < PY_LEARN_PER_RUN; k++) {
