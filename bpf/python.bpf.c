@@ -41,19 +41,20 @@
 #define PY_PAGE_BYTES    4096       /* frames are read from the start of their page at most */
 #define PY_FRAME_MAX     256        /* frame_read is below this */
 #define PY_CODE_HEAD_MAX 256        /* code_read is below this */
-/* A learning run learns this many frames, then tail-calls itself for the next ones: the
- * verifier then checks PY_LEARN_PER_RUN copies of py_learn_code, not PY_MAX_FRAMES (which
- * took it 93-103 ms a program here, on the start's path). At most PY_LEARN_RUNS runs, well
- * under the kernel's 33 tail calls a chain. */
-#define PY_LEARN_RUNS    16
+/* A learning run learns PY_LEARN_PER_RUN frames (8 of 64), then tail-calls itself for the
+ * next ones: the verifier then checks that many copies of py_learn_code, not PY_MAX_FRAMES
+ * (which took it 93-103 ms a program here, on the start's path). At most PY_LEARN_RUNS runs.
+ * Fewer, longer runs cost the verifier more once; more, shorter ones cost every new stack a
+ * run's set-up more. */
+#define PY_LEARN_RUNS    8
 #define PY_LEARN_PER_RUN ((PY_MAX_FRAMES + PY_LEARN_RUNS - 1) / PY_LEARN_RUNS)
-/* The walk the same way: PY_WALK_PER_RUN frames a run (8 of 64), at most PY_WALK_RUNS runs,
+/* The walk the same way: PY_WALK_PER_RUN frames a run (16 of 64), at most PY_WALK_RUNS runs,
  * after at most PY_THREAD_RUNS runs of the search for the thread's state (a thread's first
  * event; the search alone was 16,000 of the 20,000 instructions the verifier processed in a
  * walk program here). With the allocation program's call into the walk and the learning's
  * runs, a chain makes at most 1 + (PY_THREAD_RUNS + PY_WALK_RUNS - 1) + 1 + (PY_LEARN_RUNS
- * - 1) = 28 tail calls of the kernel's 33. */
-#define PY_WALK_RUNS     8
+ * - 1) = 16 tail calls of the kernel's 33. */
+#define PY_WALK_RUNS     4
 #define PY_WALK_PER_RUN  ((PY_MAX_FRAMES + PY_WALK_RUNS - 1) / PY_WALK_RUNS)
 
 /* Offsets of one interpreter (see memprof/sources/cpython/offsets_table.py); -1: no such field. */

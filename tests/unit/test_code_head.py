@@ -51,4 +51,4 @@ def test_a_walk_and_its_learning_fit_the_kernels_tail_call_limit():
     tail_calls = 1 + (search_runs + walk_runs - 1) + 1 + (learn_runs - 1)
     assert tail_calls <= 33, tail_calls
     # the verifier checks one run's copies: the point of the chains
-    assert walk_per_run <= 8 and learn_per_run <= 8 and _c_define("PY_THREADS_PER_RUN") <= 64
+    assert walk_per_run <= 16 and learn_per_run <= 8 and _c_define("PY_THREADS_PER_RUN") <= 64
