@@ -33,6 +33,7 @@ unit:
 # same run (bcc's memleak-bpfcc, memray: installed on first use); results in bench/RESULTS.md.
 bench: setup
 	$(PY) bench/startup_latency.py                                  # start-up, peak RSS: memleak
+	$(PY) bench/verifier_load.py                                    # start-up: the verifier's work per program
 	$(PY) bench/churn_overhead.py                                   # kernel churn: memleak
 	$(PY) bench/train_overhead.py --runs baseline,control,memprof,memray  # whole process and loop: memray
 	$(PY) bench/native_cost.py                                      # +native, whole commands: memray --native
