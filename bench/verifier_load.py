@@ -22,9 +22,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_BPF_PROG_LOAD = 5
 _LOG_STATS = 4  # BPF_LOG_STATS: the verifier's summary lines only
 _LOG_BYTES = 1 << 20
 _PROCESSED = re.compile(r"processed (\d+) insns")
@@ -33,28 +33,37 @@ _TIME = re.compile(r"verification time (\d+) usec")
 
 def _child(out: str, command: list[str]) -> None:
     """One recording whose cached programs are loaded with the verifier's statistics; one
-    `VERIFIED name instructions processed usec` line per program on stderr."""
+    `VERIFIED name instructions processed usec` line per program on stderr. memprof's own
+    loader (cached_bpf.load_program) builds each load; only its system call is wrapped, to
+    ask for the statistics and read them."""
     sys.path.insert(0, os.environ.get("PYTHONPATH") or os.path.dirname(HERE))
     report = open(os.dup(2), "w", buffering=1)  # early.py points fd 2 at a file while it loads
     from memprof.sources.ebpf import cached_bpf
-    from memprof.sources.ebpf.bpfinfo import bpf_call
+    real_call, real_load = cached_bpf.bpf_call, cached_bpf.load_program
+    # The program each loading thread loads (start-up loads on several at once), by its whole
+    # name: the kernel's keeps 15 bytes of it.
+    loading = threading.local()
 
-    def load_with_stats(prog_type, name, insns, license, kern_version, verifier_log=True):
-        code = ctypes.create_string_buffer(insns, len(insns))
-        licence = ctypes.create_string_buffer(license)
+    def load_named(prog_type, name, *args, **kwargs):
+        loading.name = name
+        return real_load(prog_type, name, *args, **kwargs)
+
+    def call_with_stats(command: int, attr):
+        if command != cached_bpf._PROG_LOAD or attr.log_level:  # a retry for the refusal's log: as it is
+            return real_call(command, attr)
         log = ctypes.create_string_buffer(_LOG_BYTES)
-        attr = cached_bpf._ProgLoadAttr(
-            prog_type=prog_type, insn_cnt=len(insns) // 8, insns=ctypes.addressof(code),
-            license=ctypes.addressof(licence), kern_version=kern_version, prog_name=name[:15],
-            log_level=_LOG_STATS, log_size=_LOG_BYTES, log_buf=ctypes.addressof(log))
-        fd = bpf_call(_BPF_PROG_LOAD, attr)  # raises as the original does when refused
+        attr.log_level, attr.log_size, attr.log_buf = _LOG_STATS, _LOG_BYTES, ctypes.addressof(log)
+        try:
+            fd = real_call(command, attr)
+        finally:
+            attr.log_level, attr.log_size, attr.log_buf = 0, 0, 0
         text = log.value.decode(errors="replace")
         processed, usec = _PROCESSED.search(text), _TIME.search(text)
-        print(f"VERIFIED {name.decode()} {len(insns) // 8} {processed[1] if processed else -1} "
+        print(f"VERIFIED {loading.name.decode()} {attr.insn_cnt} {processed[1] if processed else -1} "
               f"{usec[1] if usec else -1}", file=report, flush=True)
         return fd
 
-    cached_bpf.load_program = load_with_stats
+    cached_bpf.bpf_call, cached_bpf.load_program = call_with_stats, load_named
     from cli.main import main
     sys.argv = ["memprof", "record", "-q", "--force", "-o", out, "--", *command]
     main()

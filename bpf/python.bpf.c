@@ -9,7 +9,7 @@
  *
  * Per event, in programs of their own entered by tail call from the allocation program
  * (emit_alloc; one program verified once, where a walk inlined into each allocation program
- * made the kernel's check of each ~100 ms here, most of them on the start's path): the
+ * made the kernel's check of each 52-129 ms here, most of them on the start's path): the
  * thread's own PyThreadState (found by pthread_self(), which on x86-64 glibc
  * is the thread pointer, task->thread.fsbase, and which CPython stores as
  * tstate->thread_id; cached per thread), then its frame chain, innermost first, no strings.
@@ -43,7 +43,7 @@
 #define PY_CODE_HEAD_MAX 256        /* code_read is below this */
 /* A learning run learns PY_LEARN_PER_RUN frames (8 of 64), then tail-calls itself for the
  * next ones: the verifier then checks that many copies of py_learn_code, not PY_MAX_FRAMES
- * (which took it 93-103 ms a program here, on the start's path). At most PY_LEARN_RUNS runs.
+ * (which took it 107-129 ms a program here, on the start's path: bench/verifier_load.py). At most PY_LEARN_RUNS runs.
  * Fewer, longer runs cost the verifier more once; more, shorter ones cost every new stack a
  * run's set-up more. */
 #define PY_LEARN_RUNS    8
@@ -152,6 +152,24 @@ BPF_PROG_ARRAY(py_walk_tp, 1);
 BPF_PROG_ARRAY(py_walk_up, 1);
 BPF_PROG_ARRAY(py_learn_tp, 1);
 BPF_PROG_ARRAY(py_learn_up, 1);
+
+/* Tail calls into the walk's and the learning's programs of the caller's type (`raw_tp`: a
+ * raw tracepoint's, else a uprobe's). They return only when the call failed. */
+static __always_inline void py_enter_walk(void *ctx, const int raw_tp)
+{
+    if (raw_tp)
+        py_walk_tp.call(ctx, 0);
+    else
+        py_walk_up.call(ctx, 0);
+}
+
+static __always_inline void py_enter_learning(void *ctx, const int raw_tp)
+{
+    if (raw_tp)
+        py_learn_tp.call(ctx, 0);
+    else
+        py_learn_up.call(ctx, 0);
+}
 
 static __always_inline u64 read_user_u64(u64 addr)
 {
@@ -362,15 +380,11 @@ static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int 
     if (s) {
         s->busy = 1;
         s->walking = 1;
-        s->walk_runs = 0;
+        s->walk_runs = 0; /* no run made: the first begins the walk */
         s->search_runs = 0;
-        s->thread_cursor = 0;
         s->event = *e;
         s->conf = *c;
-        if (raw_tp)
-            py_walk_tp.call(ctx, 0);
-        else
-            py_walk_up.call(ctx, 0);
+        py_enter_walk(ctx, raw_tp);
         s->walking = 0;
         s->busy = 0;
         count(MP_CNT_PY_TAIL_FAILED);
@@ -387,7 +401,6 @@ static __always_inline void py_walk_start(struct py_conf *c, struct py_scratch *
     s->walk_hash = 0xcbf29ce484222325ULL ^ tgid;
     s->walk_frame = 0;
     s->thread_cursor = 0;
-    s->search_runs = 0;
     u64 tstate = py_cached_thread_state();
     if (tstate)
         s->walk_frame = py_top_frame(c, tstate);
@@ -483,7 +496,7 @@ static __always_inline int py_walk_run(void *ctx, const int raw_tp)
         return 0;
     u32 tgid = s->event.pid;
     struct py_conf *c = &s->conf;
-    if (s->walk_runs == 0 && s->search_runs == 0 && !s->thread_cursor)
+    if (s->walk_runs == 0 && s->search_runs == 0)
         py_walk_start(c, s, tgid);
     if (s->thread_cursor) {
         py_walk_search(c, s);
@@ -492,22 +505,15 @@ static __always_inline int py_walk_run(void *ctx, const int raw_tp)
         s->walk_runs++;
     }
     if (s->thread_cursor || (s->walk_frame && s->walk_runs < PY_WALK_RUNS)) {
-        if (raw_tp)
-            py_walk_tp.call(ctx, 0);
-        else
-            py_walk_up.call(ctx, 0);
+        py_enter_walk(ctx, raw_tp);
         count(MP_CNT_PY_TAIL_FAILED);
     }
     s->event.py_stack = py_intern(s, tgid);
     s->walking = 0;
     output(&s->event);
     s->busy = 0;
-    if (s->learn) {
-        if (raw_tp)
-            py_learn_tp.call(ctx, 0);
-        else
-            py_learn_up.call(ctx, 0);
-    }
+    if (s->learn)
+        py_enter_learning(ctx, raw_tp);
     return 0;
 }
 
@@ -515,8 +521,7 @@ int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx,
 int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
 
 /* Learn the code objects of the stack py_walk_run() just interned, PY_LEARN_PER_RUN frames a
- * run, then tail-calls the same program (`raw_tp`: the raw tracepoint one) for the rest. Between runs the scratch is not
- * busy: an interrupt's event that walks then may replace the stack (and its learning)
+ * run, then tail-call the same program for the rest. Between runs the scratch is not busy: an interrupt's event that walks then may replace the stack (and its learning)
  * before the rest of this one is learned, whose frames then stay unnamed (user space counts
  * them), as an event that finds the scratch busy goes without frames. */
 static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
@@ -544,10 +549,7 @@ static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
     s->learn_from = next;
     s->busy = 0;
     if (more) {
-        if (raw_tp)
-            py_learn_tp.call(ctx, 0);
-        else
-            py_learn_up.call(ctx, 0);
+        py_enter_learning(ctx, raw_tp);
         s->learn = 0; /* the tail call failed: the rest stay unlearned */
         count(MP_CNT_PY_TAIL_FAILED);
     }

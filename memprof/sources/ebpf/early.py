@@ -80,8 +80,8 @@ def take(text: str, cflags: list[str]):
 
 def _programs_loaded_at_start(options, enabled) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(before, late): the programs EbpfSource.start loads whatever the command. `before`:
-    the kmem tracepoints' and the Python walk's and learning's (cpython/frames.py), attached before the
-    command starts. `late`: every program of the torch and cuda families (library_probes:
+    the kmem tracepoints' and the Python walk's and learning's (cpython/frames.py), in place
+    before the command starts. `late`: every program of the torch and cuda families (library_probes:
     attached now if their library is already known, else verified for one mapped later).
     The native family's depend on the interposer's choice, made later: they are loaded in
     the foreground."""
