@@ -8,6 +8,7 @@
 Each is measured twice per repeat: warm (bcc's compiled program taken from memprof's cache,
 sources/ebpf/compiled_cache.py; a first run before the repeats makes sure the entry is
 there) and cold, as the first run after install is (MEMPROF_BPF_CACHE=0: bcc compiles;
+MEMPROF_SYMBOL_CACHE=0: libraries' and the kernel's symbols are read from their files;
 the true first run also writes the entry, 5-10 ms on the compile thread).
 
 The anchor is bcc's memleak tracing the kernel for one interval (`memleak-bpfcc 1 1`): its
@@ -37,7 +38,7 @@ TRUE = shutil.which("true")
 MEMLEAK = shutil.which("memleak-bpfcc")
 
 
-COLD = {**os.environ, "MEMPROF_BPF_CACHE": "0"}
+COLD = {**os.environ, "MEMPROF_BPF_CACHE": "0", "MEMPROF_SYMBOL_CACHE": "0"}
 
 
 def latency(prefix: list[str], env: dict | None = None) -> float:

@@ -49,6 +49,7 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
                       "traps: it finds c10::alloc_cpu's call to NUMAMove)"),
         _nvml_check(),
         _compiled_cache_check(),
+        _symbol_cache_check(),
     ]
     return checks + python_checks(pythons)
 
@@ -57,6 +58,12 @@ def _compiled_cache_check() -> Check:
     from memprof.sources.ebpf import compiled_cache
     ok, detail, fix = compiled_cache.state()
     return Check("compiled-program cache", ok, detail, fix, required=False, absent="off")
+
+
+def _symbol_cache_check() -> Check:
+    from memprof.sources.symbols import symbol_cache
+    ok, detail, fix = symbol_cache.state()
+    return Check("symbol cache", ok, detail, fix, required=False, absent="off")
 
 
 def recording_possible(checks: list[Check]) -> bool:

@@ -5,7 +5,6 @@ every loaded program's name (bpf(BPF_PROG_GET_NEXT_ID), BPF_PROG_GET_FD_BY_ID,
 BPF_OBJ_GET_INFO_BY_FD)."""
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -14,44 +13,19 @@ import time
 
 import pytest
 
-from memprof.sources.ebpf.bpfinfo import bpf_call
+from memprof.sources.ebpf.bpfinfo import loaded_program_ids, program_info
 
 pytestmark = pytest.mark.integration
 
-_PROG_GET_NEXT_ID, _PROG_GET_FD_BY_ID, _OBJ_GET_INFO_BY_FD = 11, 13, 15
-_INFO_NAME = slice(64, 80)  # struct bpf_prog_info's name[BPF_OBJ_NAME_LEN]
 # memprof's programs: its own functions, and bcc's names for the TRACEPOINT_PROBE /
 # RAW_TRACEPOINT_PROBE functions it auto-attaches (cut to 15 characters by the kernel).
 OURS = (b"mp_", b"tracepoint__", b"raw_tracepoint_")
 
 
-class _NextId(ctypes.Structure):
-    _fields_ = [("start_id", ctypes.c_uint32), ("next_id", ctypes.c_uint32), ("open_flags", ctypes.c_uint32)]
-
-
-class _Info(ctypes.Structure):
-    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
-
-
 def loaded_program_names() -> list[bytes]:
     """The names of every BPF program loaded in the kernel now."""
-    names, attr = [], _NextId(0, 0, 0)
-    while True:
-        try:
-            bpf_call(_PROG_GET_NEXT_ID, attr)
-        except FileNotFoundError:  # ENOENT: no program after start_id
-            return names
-        attr.start_id = attr.next_id
-        try:
-            fd = bpf_call(_PROG_GET_FD_BY_ID, _NextId(attr.next_id, 0, 0))
-        except FileNotFoundError:  # freed between the two calls
-            continue
-        try:
-            info = ctypes.create_string_buffer(96)
-            bpf_call(_OBJ_GET_INFO_BY_FD, _Info(fd, ctypes.sizeof(info), ctypes.addressof(info)))
-            names.append(info.raw[_INFO_NAME].rstrip(b"\0"))
-        finally:
-            os.close(fd)
+    infos = (program_info(prog_id) for prog_id in loaded_program_ids())
+    return [info.name for info in infos if info is not None]
 
 
 def ours_loaded() -> list[bytes]:

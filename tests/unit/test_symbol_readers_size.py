@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile  # imported before any measure: modules are not what is held
 
-from memprof.sources.symbols import frameless
+from memprof.sources.symbols import frameless, symbol_cache
 from memprof.sources.symbols.elfsyms import ElfSymbols, StringTable
 
 STRINGS = [b"", b"malloc", b"__libc_malloc", b"_Z" + b"x" * 1000, b"tail"]
@@ -87,7 +87,12 @@ def held_after(build):
     return built, held, peak
 
 
-def test_libtorch_symbols_are_held_without_their_string_table():
+@pytest.mark.parametrize("kept", [False, True], ids=["read", "kept across runs"])
+def test_libtorch_symbols_are_held_without_their_string_table(kept, monkeypatch):
+    if not kept:
+        monkeypatch.setenv(symbol_cache.OFF_ENV, "0")
+    else:
+        ElfSymbols(LIBTORCH_CPU)  # kept in the cache (as root), if not already
     with open(LIBTORCH_CPU, "rb") as f:
         elf = ELFFile(f)
         strtab_bytes = elf.get_section_by_name(".strtab")["sh_size"]

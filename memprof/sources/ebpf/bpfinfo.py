@@ -99,3 +99,130 @@ def btf_raw(btf_id: int) -> bytes:
         return raw.raw[:info.btf_size]
     finally:
         os.close(fd)
+
+
+# -- every loaded program's code, as kallsyms names it ------------------------------------
+
+_BPF_PROG_GET_NEXT_ID = 11
+_BPF_PROG_GET_FD_BY_ID = 13
+# Program types whose attachment makes code kallsyms names and no program's info does: the
+# trampolines of fentry/fexit/fmod_ret (TRACING), freplace (EXT), LSM and struct_ops.
+TRAMPOLINE_PROGRAM_TYPES = frozenset({26, 27, 28, 29})
+
+
+class ProgInfo(ctypes.Structure):  # struct bpf_prog_info, up to prog_tags (include/uapi/linux/bpf.h)
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
+                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32),
+                ("nr_map_ids", ctypes.c_uint32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16),
+                ("ifindex", ctypes.c_uint32), ("gpl_compatible", ctypes.c_uint32), ("netns_dev", ctypes.c_uint64),
+                ("netns_ino", ctypes.c_uint64), ("nr_jited_ksyms", ctypes.c_uint32),
+                ("nr_jited_func_lens", ctypes.c_uint32), ("jited_ksyms", ctypes.c_uint64),
+                ("jited_func_lens", ctypes.c_uint64), ("btf_id", ctypes.c_uint32),
+                ("func_info_rec_size", ctypes.c_uint32), ("func_info", ctypes.c_uint64),
+                ("nr_func_info", ctypes.c_uint32), ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
+                ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
+                ("line_info_rec_size", ctypes.c_uint32), ("jited_line_info_rec_size", ctypes.c_uint32),
+                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64)]
+
+
+class _IdAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("next_id", ctypes.c_uint32), ("open_flags", ctypes.c_uint32)]
+
+
+def loaded_program_ids() -> list[int]:
+    """The ids of every BPF program loaded in the kernel now (bpf(BPF_PROG_GET_NEXT_ID))."""
+    ids, attr = [], _IdAttr(0, 0, 0)
+    while True:
+        try:
+            bpf_call(_BPF_PROG_GET_NEXT_ID, attr)
+        except FileNotFoundError:  # ENOENT: no program after this id
+            return ids
+        ids.append(attr.next_id)
+        attr.id = attr.next_id
+
+
+def program_symbols() -> list[tuple[int, str]] | None:
+    """(start address, kallsyms name) of every loaded BPF program's functions, as kallsyms
+    names them: "bpf_prog_" + the function's tag in hex + "_" + its name in the program's
+    BTF where it has one (bcc's compile), else the program's name as the kernel keeps it
+    (15 characters at most). None where a loaded program's type makes trampolines, which
+    only kallsyms names, or where the kernel hides the addresses or a name cannot be read.
+    A program unloaded meanwhile is left out. Raises OSError (no privilege for bpf())."""
+    symbols, btfs = [], {}
+    for prog_id in loaded_program_ids():
+        fd = _open_program(prog_id)
+        if fd is None:
+            continue
+        try:
+            found = _symbols_of(fd, btfs)
+        finally:
+            os.close(fd)
+        if found is None:
+            return None
+        symbols.extend(found)
+    return symbols
+
+
+def program_info(prog_id: int) -> ProgInfo | None:
+    """What the kernel says of program `prog_id` (its counts, not its arrays); None where it
+    was unloaded meanwhile. Raises OSError."""
+    fd = _open_program(prog_id)
+    if fd is None:
+        return None
+    try:
+        info = ProgInfo()
+        _object_info(fd, info)
+        return info
+    finally:
+        os.close(fd)
+
+
+def _open_program(prog_id: int) -> int | None:
+    try:
+        return bpf_call(_BPF_PROG_GET_FD_BY_ID, _IdAttr(prog_id, 0, 0))
+    except FileNotFoundError:  # unloaded since its id was listed
+        return None
+
+
+def _symbols_of(prog_fd: int, btfs: dict) -> list[tuple[int, str]] | None:
+    """The kallsyms symbols of one program's functions; `btfs` holds the BTF objects read
+    so far, by id (bcc's programs share one)."""
+    info = ProgInfo()
+    _object_info(prog_fd, info)  # the counts first
+    if info.type in TRAMPOLINE_PROGRAM_TYPES:
+        return None
+    count = info.nr_jited_ksyms
+    if count == 0:
+        return []  # not JIT-compiled: no code of its own in kallsyms
+    if (count > 1 and info.nr_prog_tags != count) or (info.nr_func_info and info.nr_func_info < count):
+        return None
+    named_by_btf = info.nr_func_info > 0 and info.btf_id != 0
+    starts, tags = (ctypes.c_uint64 * count)(), (ctypes.c_uint8 * (8 * count))()
+    funcs = (ctypes.c_uint32 * (2 * info.nr_func_info))()  # struct bpf_func_info: insn_off, type_id
+    program_name, btf_id = info.name.decode("utf-8", "replace"), info.btf_id
+    info = ProgInfo(nr_jited_ksyms=count, jited_ksyms=ctypes.addressof(starts),
+                    nr_prog_tags=count if count > 1 else 0, prog_tags=ctypes.addressof(tags),
+                    nr_func_info=len(funcs) // 2 if named_by_btf else 0, func_info_rec_size=8,
+                    func_info=ctypes.addressof(funcs))
+    _object_info(prog_fd, info)
+    if not any(starts):
+        return None  # addresses hidden (kptr_restrict): only kallsyms, read as root, has them
+    function_tags = [bytes(tags[8 * i:8 * i + 8]).hex() for i in range(count)] if count > 1 else [bytes(info.tag).hex()]
+    names = _btf_names(btf_id, [funcs[2 * i + 1] for i in range(count)], btfs) if named_by_btf else [program_name] * count
+    if names is None:
+        return None
+    return [(int(start), f"bpf_prog_{tag}_{name}" if name else f"bpf_prog_{tag}")
+            for start, tag, name in zip(starts, function_tags, names)]
+
+
+def _btf_names(btf_id: int, type_ids: list[int], btfs: dict) -> list[str] | None:
+    """The names of `type_ids` (functions) in the BTF object `btf_id`; None where unreadable."""
+    from memprof.sources.ebpf.btf import Btf, BtfError
+    try:
+        if btf_id not in btfs:
+            btfs[btf_id] = Btf(btf_raw(btf_id), origin=f"BTF object {btf_id}")
+        return [btfs[btf_id].type_name(type_id) for type_id in type_ids]
+    except (OSError, BtfError):
+        return None

@@ -95,6 +95,12 @@ class Btf:
 
     # ----- public look-ups -------------------------------------------------------------
 
+    def type_name(self, tid: int) -> str:
+        """The name of type `tid` ("" for an anonymous one); BtfError where there is no such type."""
+        if not 0 < tid < len(self._starts):
+            raise BtfError(f"type id {tid} out of range in {self._origin}")
+        return self._name(int(self._name_offs[tid - 1]))
+
     def has_type(self, name: str, kind: str = "struct") -> bool:
         """Whether a type `name` of `kind` ("struct", "union", "typedef", "enum", "func",
         … — BTF kind names in lower case) exists. Unknown `kind` raises ValueError."""

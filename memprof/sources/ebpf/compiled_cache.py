@@ -13,9 +13,9 @@ compiled module. Everything memprof does with a BPF object (tables, load_func, t
 attach_* calls, cleanup) works on it unchanged; bcc's tables and attach calls need only
 the map and program file descriptors.
 
-The cache is root's: /var/cache/memprof/bpf, made 0700, every folder on the way owned by
-root and writable by no one else, each file opened without following links and used only
-when root owns it and no one else can write it. Nothing it holds is trusted beyond what
+The cache is root's: /var/cache/memprof/bpf, with sources/root_cache.py's rules (made 0700,
+every folder on the way owned by root and writable by no one else, each file opened without
+following links and used only when root owns it and no one else can write it). Nothing it holds is trusted beyond what
 the kernel checks anyway: a program from the cache goes through the verifier like a
 compiled one. Any problem with an entry (absent, foreign, corrupt, a map the kernel
 refuses) makes `load` return None, and the caller compiles as before. MEMPROF_BPF_CACHE=0
@@ -29,10 +29,9 @@ import functools
 import hashlib
 import json
 import os
-import stat
 import struct
-import threading
 
+from memprof.sources import root_cache
 from memprof.sources.ebpf import bcc_import
 from memprof.sources.ebpf.bpfinfo import btf_raw, map_info
 
@@ -96,59 +95,15 @@ def _machine_inputs() -> tuple[str, ...]:
 def state() -> tuple[bool, str, str]:
     """(usable, in words, the remedy) for `memprof doctor`: whether a warm start can take
     bcc's compiled program from the cache, and if not, why not and what to do."""
-    if os.geteuid() != 0:
-        return False, f"used by root only (you are uid {os.geteuid()})", "run memprof as root: sudo memprof …"
-    if os.environ.get(OFF_ENV, "1") == "0":
-        return False, f"off ({OFF_ENV}=0): every record compiles", f"unset {OFF_ENV}"
-    if not os.path.lexists(CACHE_DIR):
-        return True, f"{CACHE_DIR} not made yet: the first record compiles and keeps its program there", ""
-    dir_fd = _open_cache_dir(create=False)
-    if dir_fd is None:
-        return (False, f"{CACHE_DIR} is not root's alone (a folder on its path is another's, writable by others, "
-                "or a link): every record compiles", f"remove {CACHE_DIR} (root remakes it, 0700)")
-    try:
-        entries = sum(name.endswith(".json") for name in os.listdir(dir_fd))
-    finally:
-        os.close(dir_fd)
-    return True, f"{CACHE_DIR}: {entries} compiled program(s) kept (a record with the same options compiles nothing)", ""
+    return root_cache.folder_state(CACHE_DIR, OFF_ENV, ".json", "compiled program(s) kept (a record with the "
+                                   "same options compiles nothing)", "every record compiles")
 
 
 # -- the folder and its files -------------------------------------------------------------
 
 def _open_cache_dir(create: bool) -> int | None:
-    """A descriptor of CACHE_DIR when every folder on its path is root's and writable by
-    no one else (made 0700 where `create` and absent); None otherwise."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in CACHE_DIR.strip("/").split("/"):
-            try:
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    return _closed(fd)
-                try:
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-            if not _root_only(os.fstat(fd)):
-                return _closed(fd)
-        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-            return _closed(fd)  # the cache's own folder: root's alone, not even readable by others
-        return fd
-    except OSError:
-        return _closed(fd)
-
-
-def _root_only(st: os.stat_result) -> bool:
-    return st.st_uid == 0 and not (st.st_mode & 0o022)
-
-
-def _closed(fd: int) -> None:
-    os.close(fd)
-    return None
+    """A descriptor of CACHE_DIR when it is root's alone (sources/root_cache.py); None otherwise."""
+    return root_cache.open_folder(CACHE_DIR, create)
 
 
 def read_entry(key: str) -> dict | None:
@@ -159,22 +114,15 @@ def read_entry(key: str) -> dict | None:
     if dir_fd is None:
         return None
     try:
-        fd = os.open(f"{key}.json", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError:
-        return _closed(dir_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _root_only(st):
+        f = root_cache.open_entry(dir_fd, f"{key}.json")
+        if f is None:
             return None
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
+        with f:
             entry = json.loads(f.read())
         return entry if isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key else None
     except (OSError, ValueError):
         return None
     finally:
-        if fd >= 0:
-            os.close(fd)
         os.close(dir_fd)
 
 
@@ -183,29 +131,13 @@ def write_entry(key: str, entry: dict) -> None:
     dir_fd = _open_cache_dir(create=True)
     if dir_fd is None:
         return
-    temporary = f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f)
-        os.replace(temporary, f"{key}.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        _drop_oldest(dir_fd)
+        if root_cache.write_entry(dir_fd, f"{key}.json", lambda f: f.write(json.dumps(entry).encode())):
+            root_cache.drop_oldest(dir_fd, ".json", KEEP_ENTRIES)
     except OSError:
-        try:
-            os.unlink(temporary, dir_fd=dir_fd)
-        except OSError:
-            pass
+        pass
     finally:
         os.close(dir_fd)
-
-
-def _drop_oldest(dir_fd: int) -> None:
-    names = [n for n in os.listdir(dir_fd) if n.endswith(".json")]
-    if len(names) <= KEEP_ENTRIES:
-        return
-    aged = sorted(names, key=lambda n: os.stat(n, dir_fd=dir_fd, follow_symlinks=False).st_mtime_ns)
-    for name in aged[:len(names) - KEEP_ENTRIES]:
-        os.unlink(name, dir_fd=dir_fd)
 
 
 # -- what a compile produced, as an entry ------------------------------------------------

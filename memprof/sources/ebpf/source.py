@@ -17,6 +17,7 @@ import numpy as np
 
 from memprof.model import SourceStats
 from memprof.sources.cpython.frames import PythonFrames
+from memprof.sources.ebpf import bpfinfo
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
@@ -26,7 +27,7 @@ from memprof.sources.ebpf.probe_holder import Holder, hold
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
 from memprof.sources.symbols.procs import ProcessTable
 from memprof.sources.symbols.stacks import StackInterner, UserStack
-from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer
+from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, UserSymbolizer, load_kernel_symbols
 
 class EbpfSource:
     """Compile, attach, poll and account for every eBPF probe family.
@@ -86,17 +87,18 @@ class EbpfSource:
 
     def prefetch_kernel_symbols(self) -> None:
         """Read kallsyms on a thread of its own, from now: once the command runs, so that the
-        first flush finds it read (~0.12 s here) and the command never waits for it. It must
-        come after the start's programs are loaded: kallsyms names them, and they top every
-        kernel stack (dropped by name)."""
+        first flush finds it read (0.15-0.26 s of CPU here; 20-30 ms where its lasting part was
+        kept, symbolize.load_kernel_symbols) and the command never waits for it. It must come
+        after the start's programs are loaded: they top every kernel stack (dropped by name),
+        and kallsyms, or their program info, names them only once they are."""
         if self._kallsyms is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-kallsyms")
-            self._kallsyms = pool.submit(KernelSymbols.load)
+            self._kallsyms = pool.submit(load_kernel_symbols, _program_symbols)
             pool.shutdown(wait=False)
 
     def _kernel_symbols(self) -> KernelSymbols:
         """kallsyms, as prefetched (an error reading it is raised here, as a direct read's would be)."""
-        return self._kallsyms.result() if self._kallsyms is not None else KernelSymbols.load()
+        return self._kallsyms.result() if self._kallsyms is not None else load_kernel_symbols(_program_symbols)
 
     def track(self, pid: int, before_exec: bool = False) -> None:
         """Follow `pid` (and its future children). `before_exec`: it is memprof's own gated
@@ -293,3 +295,12 @@ def _exit_reason(why: int) -> str:
     if why == R.EXIT_WHY_FINALIZE:
         return "python finalize"
     return f"signal {why}" if why else "exit_group"
+
+
+def _program_symbols() -> list[tuple[int, str]] | None:
+    """The loaded BPF programs' kallsyms symbols from the kernel's program info, or None
+    (read kallsyms whole) where it cannot give them all."""
+    try:
+        return bpfinfo.program_symbols()
+    except OSError:
+        return None

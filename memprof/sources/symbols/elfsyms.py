@@ -13,6 +13,7 @@ import weakref
 
 import numpy as np
 
+from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.files import open_binary
 
 def first_of_each_start(starts: np.ndarray) -> np.ndarray:
@@ -118,7 +119,7 @@ class StringTable:
     _CHUNK = 1 << 22      # bytes per read when a pass touches every name (leading_bytes)
 
     def __init__(self, fd: int, offset: int, size: int):
-        self._fd, self._offset, self.size = fd, offset, size
+        self._fd, self.offset, self.size = fd, offset, size
         weakref.finalize(self, os.close, fd)
 
     def string_at(self, start: int) -> bytes:
@@ -129,7 +130,7 @@ class StringTable:
         want = self._NAME_READ
         while True:
             want = min(want, self.size - start)
-            data = os.pread(self._fd, want, self._offset + start)
+            data = os.pread(self._fd, want, self.offset + start)
             end = data.find(b"\0")
             if end >= 0:
                 return data[:end]
@@ -149,7 +150,7 @@ class StringTable:
             if lo == hi:
                 continue
             length = min(self._CHUNK + count, self.size - chunk_start)
-            data = np.frombuffer(os.pread(self._fd, length, self._offset + chunk_start), dtype=np.uint8)
+            data = np.frombuffer(os.pread(self._fd, length, self.offset + chunk_start), dtype=np.uint8)
             rows, at = order[lo:hi], ordered[lo:hi] - chunk_start
             for k in range(count):
                 inside = at + k < len(data)
@@ -228,15 +229,53 @@ class ElfSymbols:
     Symbols come from `.symtab`, else `.dynsym` (stripped libraries). They are read with numpy
     straight from the section bytes rather than one pyelftools object per symbol: libtorch has
     hundreds of thousands. Names stay undecoded until an address resolves to them.
+
+    A file whose names fill CACHED_STRTAB_BYTES or more has its arrays kept across runs
+    (symbol_cache.py, as root) and taken from there while the file is unchanged: the read is
+    what costs, not the arrays.
     """
 
+    # Tables this large take 0.1 s or more to read (libtorch_cpu.so: 84 MB, 0.28 s); the
+    # interpreter's, libc's and libstdc++'s (40-300 kB) take 5-25 ms, less than a kept entry
+    # would save them.
+    CACHED_STRTAB_BYTES = 4 << 20
+    _ARRAYS = {"seg_offset": np.dtype(np.uint64), "seg_filesz": np.dtype(np.uint64),
+               "seg_vaddr": np.dtype(np.uint64), "values": np.dtype(np.uint64), "sizes": np.dtype(np.uint64),
+               "name_offsets": np.dtype(np.int64), "strtab": np.dtype(np.int64)}
+
     def __init__(self, path: str):
+        with open_binary(path) as f:
+            entry = symbol_cache.file_key(os.fstat(f.fileno()))
+            if not self._take_kept(symbol_cache.load(entry, self._ARRAYS), f.fileno()):
+                self._read(f)
+                if self._strtab.size >= self.CACHED_STRTAB_BYTES:
+                    symbol_cache.store(entry, self._kept())
+
+    def _read(self, f) -> None:
         from elftools.elf.elffile import ELFFile  # import here: only symbolization needs it
 
-        with open_binary(path) as f:
-            elf = ELFFile(f)
-            self._read_segments(elf)
-            self._read_symbols(elf, f.fileno())
+        elf = ELFFile(f)
+        self._read_segments(elf)
+        self._read_symbols(elf, f.fileno())
+
+    def _kept(self) -> dict[str, np.ndarray]:
+        where = np.array([self._strtab.offset, self._strtab.size], dtype=np.int64)
+        return {"seg_offset": self.seg_offset, "seg_filesz": self.seg_filesz, "seg_vaddr": self.seg_vaddr,
+                "values": self.values, "sizes": self.sizes, "name_offsets": self.name_offsets, "strtab": where}
+
+    def _take_kept(self, kept: dict[str, np.ndarray] | None, fd: int) -> bool:
+        """Take the arrays of a kept entry, if they are shaped as _read's would be."""
+        if kept is None or len(kept["strtab"]) != 2:
+            return False
+        segments = {len(kept[field]) for field in ("seg_offset", "seg_filesz", "seg_vaddr")}
+        symbols = {len(kept[field]) for field in ("values", "sizes", "name_offsets")}
+        if len(segments) != 1 or len(symbols) != 1 or np.any(kept["values"][1:] <= kept["values"][:-1]):
+            return False
+        self.seg_offset, self.seg_filesz, self.seg_vaddr = kept["seg_offset"], kept["seg_filesz"], kept["seg_vaddr"]
+        self.values, self.sizes, self.name_offsets = kept["values"], kept["sizes"], kept["name_offsets"]
+        offset, size = (int(v) for v in kept["strtab"])
+        self._strtab = StringTable(os.dup(fd), offset, size)
+        return True
 
     def _read_segments(self, elf) -> None:
         loads = sorted((s["p_offset"], s["p_filesz"], s["p_vaddr"])

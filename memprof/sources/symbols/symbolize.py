@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from memprof.errors import NoPrivilegeError
 from memprof.quiet_threads import start_quiet
+from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
 from memprof.sources.symbols.files import file_identity
 
@@ -119,6 +120,39 @@ class KernelSymbols:
     def __len__(self) -> int:
         return len(self.starts)
 
+    def lasting(self) -> "KernelSymbols":
+        """These symbols less the transient ones (BPF programs, trampolines)."""
+        keep = np.array([m != _TRANSIENT_MODULE and not m.startswith(_TRANSIENT_PREFIX) for m in self.modules],
+                        dtype=bool)
+        return KernelSymbols(self.starts[keep], self.names[keep], self.modules[keep])
+
+    def with_symbols(self, symbols: Sequence[tuple[int, str]], module: str) -> "KernelSymbols":
+        """These symbols and `symbols` ((start, name) pairs) of `module`."""
+        starts = np.array([start for start, _ in symbols], dtype=np.uint64)
+        names = np.array([name for _, name in symbols], dtype=object)
+        return KernelSymbols(np.concatenate([self.starts, starts]), np.concatenate([self.names, names]),
+                             np.concatenate([self.modules, np.array([module] * len(symbols), dtype=object)]))
+
+    def kept(self) -> dict[str, np.ndarray]:
+        """The arrays symbol_cache.py keeps: names and module names as newline-separated UTF-8."""
+        module_names = sorted(set(self.modules.tolist()))
+        index = {name: i for i, name in enumerate(module_names)}
+        return {"starts": self.starts, "names": _joined(self.names.tolist()),
+                "module_ids": np.array([index[m] for m in self.modules.tolist()], dtype=np.uint32),
+                "modules": _joined(module_names)}
+
+    @classmethod
+    def from_kept(cls, kept: dict[str, np.ndarray]) -> "KernelSymbols | None":
+        """The symbols `kept()` gave, or None where the arrays do not fit together."""
+        names, module_names = _split(kept["names"]), _split(kept["modules"])
+        ids, count = kept["module_ids"], len(kept["starts"])
+        if names is None or module_names is None or len(names) != count or len(ids) != count:
+            return None
+        if count and int(ids.max()) >= len(module_names):
+            return None
+        modules = np.array(module_names, dtype=object)[ids] if count else np.zeros(0, dtype=object)
+        return cls(kept["starts"], np.array(names, dtype=object), modules)
+
     def resolve(self, addrs) -> list[KFrame]:
         """One KFrame per address (array-like of uint64), in order."""
         addrs = _as_addrs(addrs)
@@ -130,6 +164,65 @@ class KernelSymbols:
             KFrame(self.names[i], self.modules[i], int(off)) if ok else KFrame(UNKNOWN, UNKNOWN, int(a))
             for i, ok, off, a in zip(idx.tolist(), known.tolist(), offsets.tolist(), addrs.tolist())
         ]
+
+
+def _joined(texts: list[str]) -> np.ndarray:
+    return np.frombuffer("\n".join(texts).encode("utf-8"), dtype=np.uint8)
+
+
+def _split(blob: np.ndarray) -> list[str] | None:
+    try:
+        text = blob.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text.split("\n") if text else []
+
+
+# kallsyms "modules" whose symbols live only as long as what made them: BPF programs and
+# trampolines ([bpf]), ftrace's and kprobes' trampolines ([__builtin__ftrace], ...). The rest,
+# the kernel's and its modules' text, stays as it is until a module loads or unloads.
+_TRANSIENT_MODULE = "bpf"
+_TRANSIENT_PREFIX = "__builtin__"
+_KEPT_KERNEL = {"starts": np.dtype(np.uint64), "names": np.dtype(np.uint8), "module_ids": np.dtype(np.uint32),
+                "modules": np.dtype(np.uint8)}
+
+
+def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) -> KernelSymbols:
+    """kallsyms as `KernelSymbols.load` reads it, without reading it where its lasting part
+    (the kernel's and modules' text) was kept in this boot with these modules
+    (symbol_cache.py): then the BPF programs' symbols come from `programs()`, (start,
+    name) pairs as kallsyms would name them, or None where only kallsyms can name the code
+    (a trampoline): then kallsyms is read whole, as without a kept entry. kallsyms takes
+    0.15-0.19 s of CPU to read and parse here (121,000 lines), a kept entry ~10 ms."""
+    entry = _kernel_entry()
+    kept = symbol_cache.load(entry, _KEPT_KERNEL) if entry else None
+    lasting = KernelSymbols.from_kept(kept) if kept is not None else None
+    extra = programs() if lasting is not None else None
+    if extra is not None:
+        return lasting.with_symbols(extra, _TRANSIENT_MODULE)
+    symbols = KernelSymbols.load()
+    if entry and kept is None and len(symbols):
+        symbol_cache.store(entry, symbols.lasting().kept())
+    return symbols
+
+
+def _kernel_entry() -> str | None:
+    """The kept kernel symbols' entry name: this boot, this kernel, its modules (name, size,
+    address); None where the boot cannot be told (nothing is kept)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    try:
+        with open("/proc/modules") as f:
+            modules = [" ".join(line.split()[:2] + line.split()[5:6]) for line in f]
+    except FileNotFoundError:
+        modules = ["no modules"]  # a kernel built without loadable modules
+    except OSError:
+        return None
+    uname = os.uname()
+    return symbol_cache.key("kallsyms", boot, uname.release, uname.version, *modules)
 
 
 # --- Process mappings ---
@@ -291,8 +384,9 @@ class SymbolPrewarm:
 
     The recorder starts one while bcc compiles its programs (1.3-2 s here, on a thread of
     sources/ebpf/early.py, in ctypes calls that release the GIL), so that the first flushes after the target starts do not read
-    them: libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.2 s to read and sort, and
-    reading them while the target runs competes with it for what the CPUs share. `user` must
+    them: libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.3 s to read and sort (~10 ms
+    where symbol_cache.py kept them from an earlier run), and reading them while the target
+    runs competes with it for what the CPUs share. `user` must
     not be used by anyone else before `wait()` returns; files that cannot be read are
     remembered as such, exactly as `UserSymbolizer.symbols_for` would.
 

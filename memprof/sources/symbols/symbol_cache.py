@@ -1,0 +1,100 @@
+"""Symbol tables kept across runs, so that a warm recorder does not read them again (issue 24).
+
+Reading libtorch_cpu.so's symbol table (342,000 functions among 84 MB of names, sorted and
+ranked) takes ~0.28 s of CPU, and the recorder does it in every recording of a torch
+command, beside the command's own start on a 2-vCPU machine. What the read produces is a few
+numpy arrays (8 MB for libtorch_cpu.so): this cache keeps them in one `.npz` entry per
+file, named by a hash of what tells that file from any other (device, inode, size, mtime
+and ctime: the kernel sets ctime on any change and no user can set it back) and FORMAT.
+Names are not kept: they are read from the file itself when an address needs one.
+
+The cache is root's: /var/cache/memprof/symbols, with sources/root_cache.py's rules. An
+entry is loaded with allow_pickle=False and used only when its arrays have the types and
+shapes a read would give (`load` checks them); anything else reads as no entry, and the
+caller reads the file. MEMPROF_SYMBOL_CACHE=0 turns it off (the benches' first run after
+install turns it off with the BPF cache).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from typing import Mapping
+
+import numpy as np
+
+from memprof.sources import root_cache
+
+CACHE_DIR = "/var/cache/memprof/symbols"
+FORMAT = 1  # bump when what an entry holds, or how the arrays are computed, changes
+KEEP_ENTRIES = 32  # one per large file; the oldest beyond this are removed
+OFF_ENV = "MEMPROF_SYMBOL_CACHE"
+_SUFFIX = ".npz"
+
+
+def enabled() -> bool:
+    """Whether to use the cache: as root, unless MEMPROF_SYMBOL_CACHE=0."""
+    return os.geteuid() == 0 and os.environ.get(OFF_ENV, "1") != "0"
+
+
+def state() -> tuple[bool, str, str]:
+    """(usable, in words, the remedy) for `memprof doctor`."""
+    return root_cache.folder_state(CACHE_DIR, OFF_ENV, _SUFFIX, "symbol table(s) kept (a record reads them "
+                                   "there, not in the files)",
+                                   "every record reads libtorch's and the kernel's symbols again (~0.45 s of CPU)")
+
+
+def key(kind: str, *parts: object) -> str:
+    """An entry's name: a sha256 of FORMAT, `kind` and `parts` (what decides its content)."""
+    h = hashlib.sha256()
+    for part in (str(FORMAT), kind, *map(str, parts)):
+        h.update(part.encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+def file_key(st: os.stat_result) -> str:
+    """The entry's name for the symbols of the file `st` describes (fstat of the descriptor
+    the caller reads, so the entry and the names read later are of one file)."""
+    return key("elf", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def load(name: str, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray] | None:
+    """The arrays of entry `name`, when it holds exactly the 1-D arrays `expected` names, of
+    those dtypes; None otherwise (absent, foreign, off, spoiled)."""
+    if not enabled():
+        return None
+    dir_fd = root_cache.open_folder(CACHE_DIR, create=False)
+    if dir_fd is None:
+        return None
+    try:
+        f = root_cache.open_entry(dir_fd, name + _SUFFIX)
+        if f is None:
+            return None
+        with f, np.load(f, allow_pickle=False) as npz:
+            if set(npz.files) != set(expected):
+                return None
+            arrays = {field: npz[field] for field in expected}
+        if any(a.dtype != expected[field] or a.ndim != 1 for field, a in arrays.items()):
+            return None
+        return arrays
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+    finally:
+        os.close(dir_fd)
+
+
+def store(name: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Keep `arrays` as entry `name` (never raises: a folder it may not use keeps nothing)."""
+    if not enabled():
+        return
+    dir_fd = root_cache.open_folder(CACHE_DIR, create=True)
+    if dir_fd is None:
+        return
+    try:
+        if root_cache.write_entry(dir_fd, name + _SUFFIX, lambda f: np.savez(f, **arrays)):
+            root_cache.drop_oldest(dir_fd, _SUFFIX, KEEP_ENTRIES)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
