@@ -6,7 +6,7 @@
 # fit it; with WHAT=tree the "before" side is REV's whole tree (for a change to both).
 # BENCH names another bench that takes --repeats (default: bench/churn_overhead.py
 # --no-memleak), e.g. BENCH=bench/startup_latency.py.
-#   usage (as root, from the repository root): [BENCH=…] sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
+#   usage (as root, from the repository root): [BENCH=…] [BENCH_FROM_TREE=1] sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
 set -eu
 rev=$1 rounds=${2:-2} repeats=${3:-3} what=${4:-bpf} bench=${BENCH:-bench/churn_overhead.py --no-memleak}
 work=$(mktemp -d /tmp/memprof-before-after.XXXXXX)
@@ -26,6 +26,11 @@ case $what in
     tree) git archive "$rev" | tar xf - -C "$work/before" ;;
     *) echo "WHAT must be bpf or tree, not $what" >&2; exit 2 ;;
 esac
+# BENCH_FROM_TREE=1: both sides run the working tree's bench/ (one instrument for both, when
+# the bench itself changed since REV and still runs against REV's memprof).
+if [ "${BENCH_FROM_TREE:-0}" = 1 ]; then
+    rm -rf "$work/before/bench" && cp -r "$work/after/bench" "$work/before/bench"
+fi
 # Both sides' modules compiled to bytecode first, as an installed memprof's are: this
 # environment sets PYTHONDONTWRITEBYTECODE, so each run of a fresh copy compiled every module
 # it imported from source (~40 ms for the start-up imports alone, measured 2026-12-03).

@@ -12,7 +12,12 @@ recording's meta.json, whose times are CLOCK_MONOTONIC like this script's:
 - after: from that exit to `record` returning — the teardown's wait for the kernel's last
   frees, the final flush, detaching, and leaving the process;
 - bpf: with --bpf-stats, the summed run time of memprof's BPF programs (meta.json's
-  prog_ns_per_run × prog_runs), which the "during" part contains.
+  prog_ns_per_run × prog_runs), which the "during" part contains;
+- CPU: user and system seconds of `record` and all it waited for (the command among them;
+  wait4's rusage), against the command's alone: what recording costs the machine, the BPF
+  programs included (they run in the command's context). Less noisy than the wall times on
+  a shared host. The recorder's own share (meta.json's recorder_cpu_ns, where the recorder
+  writes it) by phase: before its loop, while the command runs, after its exit.
 
 Medians of REPEATS runs, alternating.
 
@@ -24,6 +29,7 @@ The default command is the training bench's: examples/train.py --steps 300 --sta
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -38,17 +44,29 @@ MEMPROF = [sys.executable, "-m", "memprof"]  # the memprof on sys.path: bench/bp
 DEFAULT_CMD = [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "300", "--start-wait", "0", "--hold", "0"]
 
 
-def run_alone(cmd: list[str]) -> float:
+def run_alone(cmd: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s: user and system of the command and what it waited for)."""
     t0 = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.monotonic() - t0
+    cpu = _run_for_cpu(cmd, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t0, cpu
+
+
+def _run_for_cpu(cmd: list[str], **popen) -> float:
+    """Run `cmd` to its end: its CPU seconds, user and system, with its waited-for children's
+    (wait4's rusage). Raises CalledProcessError on a nonzero exit, as check=True would."""
+    proc = subprocess.Popen(cmd, **popen)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_recorded(cmd: list[str], out: Path) -> dict[str, float]:
     """One recorded run's phases, in seconds (bpf: 0 without bpf stats)."""
     t0 = time.monotonic_ns()
-    subprocess.run([*MEMPROF, "record", "-q", "-o", str(out), "--", *cmd], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cpu = _run_for_cpu([*MEMPROF, "record", "-q", "-o", str(out), "--", *cmd],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t1 = time.monotonic_ns()
     meta = read_meta(out)
     start = int(meta["start_ns"])
@@ -57,8 +75,10 @@ def run_recorded(cmd: list[str], out: Path) -> dict[str, float]:
     detail = ebpf.get("detail", ebpf)
     per_run, runs = detail.get("prog_ns_per_run") or {}, detail.get("prog_runs") or {}
     bpf_ns = sum(ns * runs.get(name, 0) for name, ns in per_run.items())
+    own = meta.get("recorder_cpu_ns") or {}
     return {"whole": (t1 - t0) / 1e9, "before": (start - t0) / 1e9, "during": (exit_ns - start) / 1e9,
-            "after": (t1 - exit_ns) / 1e9, "bpf": bpf_ns / 1e9}
+            "after": (t1 - exit_ns) / 1e9, "bpf": bpf_ns / 1e9, "cpu": cpu,
+            **{f"own_{phase}": own[phase] / 1e9 for phase in ("before", "during", "after") if phase in own}}
 
 
 def main() -> None:
@@ -83,9 +103,10 @@ def main() -> None:
     report(alone, recorded)
 
 
-def report(alone: list[float], recorded: list[dict[str, float]]) -> None:
+def report(alone: list[tuple[float, float]], recorded: list[dict[str, float]]) -> None:
     med = lambda key: statistics.median(r[key] for r in recorded)  # noqa: E731
-    base = statistics.median(alone)
+    base = statistics.median(wall for wall, _ in alone)
+    base_cpu = statistics.median(cpu for _, cpu in alone)
     print(f"command: median of {len(alone)} alternating runs")
     print(f"unprofiled          {base:7.3f} s")
     print(f"recorded, whole     {med('whole'):7.3f} s  {med('whole') / base:.2f}x")
@@ -95,6 +116,10 @@ def report(alone: list[float], recorded: list[dict[str, float]]) -> None:
           f"{max(r['after'] for r in recorded):.3f})")
     if med("bpf"):
         print(f"  BPF programs       {med('bpf'):7.3f} s  (inside 'during')")
+    print(f"CPU, recorded       {med('cpu'):7.3f} s  (+{med('cpu') - base_cpu:.3f} s over unprofiled, {base_cpu:.3f} s)")
+    if all("own_during" in r for r in recorded):
+        print(f"  the recorder's own {med('own_before'):7.3f} s before its loop, {med('own_during'):.3f} s during, "
+              f"{statistics.median(r.get('own_after', 0.0) for r in recorded):.3f} s after")
 
 
 if __name__ == "__main__":

@@ -186,6 +186,22 @@ def _tree_exit_time(seen_s: float, last_exit_ns: int | None) -> float:
     return seen_s if last_exit_ns is None else min(seen_s, last_exit_ns / 1e9)
 
 
+def _cpu_phases(marks: list[int]) -> dict[str, int]:
+    """meta.recorder_cpu_ns from `marks`, the process CPU clock read at the loop's start and
+    where the tree's exit was seen (absent where the recording stopped otherwise: then
+    "during" runs to now, and there is no "after"), and from the clock now. {} where the
+    loop never began."""
+    now = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+    if not marks:
+        return {}
+    phases = {"before": marks[0]}
+    ends = [*marks[1:2], now]
+    phases["during"] = ends[0] - marks[0]
+    if len(ends) == 2:
+        phases["after"] = now - ends[0]
+    return phases
+
+
 def anchor() -> ClockAnchor:
     return ClockAnchor(monotonic_ns=time.monotonic_ns(), realtime_ns=time.time_ns())
 
@@ -224,6 +240,7 @@ class Session:
         self._flushing: Future | None = None
         self._interrupted = False
         self._stop_requested = False
+        self._cpu_marks: list[int] = []  # the process CPU clock at the loop's start and the tree's exit
 
     # ---- entry points ----
     def run(self) -> RecordResult:
@@ -451,6 +468,7 @@ class Session:
 
     # ---- the loop ----
     def _loop(self, root: int) -> RecordResult:
+        self._cpu_marks = [time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)]  # meta.recorder_cpu_ns
         _yield_to_target()  # before the sampler thread starts: it inherits it
         self.files.run(_yield_to_target)  # the file thread runs already
         self.source.prefetch_kernel_symbols()  # for the first flush, at SCHED_BATCH like the rest
@@ -484,6 +502,7 @@ class Session:
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
                     self.source.detach_process_probes()  # the kernel's last frees still come through kmem
+                    self._cpu_marks.append(time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID))
                 if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_free):
                     break
         except RecordingWriteError as e:
@@ -611,6 +630,7 @@ class Session:
         finally:
             meta = self.writer.meta
             meta.end_ns = time.monotonic_ns()
+            meta.recorder_cpu_ns = _cpu_phases(self._cpu_marks)
             meta.clock_anchors.append(anchor())
             if self.child is not None:
                 meta.exit_status = self.child.poll()

@@ -168,6 +168,12 @@ class RecordingMeta:
     # peak), unmatched_frees_dropped (frees of allocations never seen: analysis/compaction.py).
     # Empty: nothing was folded.
     folds: list[dict[str, Any]] = field(default_factory=list)
+    # The recorder's own CPU time (all its threads, user and system; not the command's), in
+    # ns: "before" from its start to its recording loop (the command runs from about then),
+    # "during" until it saw the tree exit, "after" from then to the end (where it stopped for
+    # another reason, --duration or a signal, "during" runs to the end and there is no "after").
+    # What memprof itself costs the machine, beside what its probes cost the command.
+    recorder_cpu_ns: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -453,6 +453,22 @@ def test_duration_stops_recording_but_waits_for_the_command(tmp_path, run_mempro
     meta = read_meta(recording)
     assert meta["status"] == "complete"
     assert 1.0 <= (meta["end_ns"] - meta["start_ns"]) / 1e9 < 2.5
+    assert set(meta["recorder_cpu_ns"]) == {"before", "during"}  # stopped by --duration: no "after"
+
+
+def test_meta_says_the_recorders_own_cpu_by_phase(churn_recording):
+    """The recorder's CPU (its threads', not the command's): its start-up before its loop
+    (imports, the programs' loads: well over 50 ms here), its work while the command made
+    ~800,000 events (draining, decoding and writing them: more than the start's), and its
+    work after the exit; those two no more than this machine's 2 CPUs could give in the
+    recording's wall time."""
+    path, result = churn_recording
+    assert result.returncode == 0, result.stderr
+    meta = read_meta(path)
+    cpu = meta["recorder_cpu_ns"]
+    assert set(cpu) == {"before", "during", "after"}, cpu
+    assert cpu["before"] > 50e6 and cpu["during"] > 50e6 and cpu["after"] > 0, cpu
+    assert cpu["during"] + cpu["after"] <= os.cpu_count() * (meta["end_ns"] - meta["start_ns"]), cpu
 
 
 # Holds 31 pipes, made on one line, until it exits. A Python command: the bug below showed in 4

@@ -1,5 +1,6 @@
 """When `record` stops listening after the target's tree has exited."""
-from memprof.capture.session import TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _teardown_over, _tree_exit_time
+from memprof.capture.session import (TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _cpu_phases, _teardown_over,
+                                     _tree_exit_time)
 
 
 def test_waits_the_grace_even_when_quiet():
@@ -30,3 +31,15 @@ def test_the_last_exit_is_the_latest_stamp_of_the_tree():
     source.processes.exit_(101, 50)
     source.processes.exit_(100, 40)
     assert source.last_exit_ns() == 50
+
+
+def test_the_recorders_cpu_phases_come_from_its_marks():
+    """meta.recorder_cpu_ns: "before" is the clock at the loop's start, "during" to the exit's
+    mark, "after" from it to now; with no exit mark "during" runs to now; no loop, nothing."""
+    import time
+    now = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+    phases = _cpu_phases([now - 300, now - 100])
+    assert phases["before"] == now - 300 and phases["during"] == 200 and phases["after"] >= 100
+    stopped = _cpu_phases([now - 300])
+    assert set(stopped) == {"before", "during"} and stopped["during"] >= 300
+    assert _cpu_phases([]) == {}
