@@ -103,12 +103,12 @@ def test_process_probes_are_detached_when_the_tree_exits_and_stop_waits_for_them
 def test_kernel_symbols_are_read_once_prefetched(monkeypatch):
     from memprof.sources.ebpf import source as S
     reads = []
-    monkeypatch.setattr(S.KernelSymbols, "load", classmethod(lambda cls: reads.append(1) or "kallsyms"))
+    monkeypatch.setattr(S, "load_kernel_symbols", lambda programs: reads.append(programs) or "kallsyms")
     src = S.EbpfSource()
     src.prefetch_kernel_symbols()
     src.prefetch_kernel_symbols()
     assert src._kernel_symbols() == "kallsyms" and src._kernel_symbols() == "kallsyms"
-    assert reads == [1]
+    assert reads == [S._program_symbols]  # once, naming the programs from their info
 
 
 class PipeBcc:

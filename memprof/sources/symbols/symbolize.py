@@ -286,15 +286,25 @@ def snapshot_maps(pid: int) -> str | None:
         return None
 
 
-def _containing_mapping(maps: Sequence[Mapping], addrs: np.ndarray) -> np.ndarray:
-    """Index into `maps` (sorted, non-overlapping) of the mapping holding each address, or -1."""
-    if not maps:
-        return np.full(len(addrs), -1, dtype=np.int64)
-    starts = np.array([m.start for m in maps], dtype=np.uint64)
-    ends = np.array([m.end for m in maps], dtype=np.uint64)
-    which = np.searchsorted(starts, addrs, side="right") - 1
-    inside = (which >= 0) & (addrs < ends[np.maximum(which, 0)])
-    return np.where(inside, which, -1)
+class _MapsIndex:
+    """One snapshot of mappings, sorted by start, with their bounds as arrays: built once per
+    snapshot, not per look-up (a torch process maps ~1,000 ranges; sorting them and building
+    the arrays for each of a flush's ~2,000 native stacks, twice, took ~0.3 s of the
+    recorder's CPU while the training bench ran, issue 24)."""
+
+    def __init__(self, maps: Sequence[Mapping]):
+        self.source = maps  # held: the snapshot this index is of (and its id stays its own)
+        self.maps = sorted(maps, key=lambda m: m.start)
+        self.starts = np.array([m.start for m in self.maps], dtype=np.uint64)
+        self.ends = np.array([m.end for m in self.maps], dtype=np.uint64)
+
+    def containing(self, addrs: np.ndarray) -> np.ndarray:
+        """Index into `maps` (sorted, non-overlapping) of the mapping holding each address, or -1."""
+        if not self.maps:
+            return np.full(len(addrs), -1, dtype=np.int64)
+        which = np.searchsorted(self.starts, addrs, side="right") - 1
+        inside = (which >= 0) & (addrs < self.ends[np.maximum(which, 0)])
+        return np.where(inside, which, -1)
 
 
 class UserSymbolizer:
@@ -308,6 +318,14 @@ class UserSymbolizer:
 
     def __init__(self):
         self._cache: dict[str, tuple[tuple, ElfSymbols | None]] = {}
+        self._index: _MapsIndex | None = None  # of the latest snapshot resolved against
+
+    def _indexed(self, maps: Sequence[Mapping]) -> _MapsIndex:
+        """The index of the snapshot `maps`, kept while the same snapshot (the same object:
+        a snapshot is never changed in place, a new one is a new list) comes again."""
+        if self._index is None or self._index.source is not maps:
+            self._index = _MapsIndex(maps)
+        return self._index
 
     def symbols_for(self, path: str) -> ElfSymbols | None:
         """The symbol table of the file now at `path`, or None if unreadable or not ELF."""
@@ -325,14 +343,15 @@ class UserSymbolizer:
         return table
 
     def resolve(self, maps: Sequence[Mapping], addrs) -> list[UFrame]:
-        """One UFrame per address (array-like of uint64), in order. `maps` as from parse_maps.
+        """One UFrame per address (array-like of uint64), in order. `maps` as from parse_maps:
+        a snapshot, never changed in place (its sorted index is kept while it comes again).
 
         Each distinct address is resolved once; equal addresses share one UFrame object.
         """
         addrs = _as_addrs(addrs)
         unique, inverse = np.unique(addrs, return_inverse=True)
-        maps = sorted(maps, key=lambda m: m.start)
-        which = _containing_mapping(maps, unique)
+        index = self._indexed(maps)
+        maps, which = index.maps, index.containing(unique)
         frames = [UFrame(UNKNOWN, UNKNOWN, a) if m < 0 else None
                   for a, m in zip(unique.tolist(), which.tolist())]
         # unique is sorted and mappings are disjoint, so each mapping's addresses are one run.
@@ -345,8 +364,8 @@ class UserSymbolizer:
     def file_address(self, maps: Sequence[Mapping], addr: int) -> tuple[str, int] | None:
         """(file path, ELF virtual address) of a user address, None where no readable ELF
         file's loaded bytes hold it."""
-        maps = sorted(maps, key=lambda m: m.start)
-        which = int(_containing_mapping(maps, _as_addrs([addr]))[0])
+        index = self._indexed(maps)
+        maps, which = index.maps, int(index.containing(_as_addrs([addr]))[0])
         if which < 0 or not maps[which].path.startswith("/") or maps[which].deleted:
             return None
         mapping = maps[which]
