@@ -13,7 +13,7 @@ compiled module. Everything memprof does with a BPF object (tables, load_func, t
 attach_* calls, cleanup) works on it unchanged; bcc's tables and attach calls need only
 the map and program file descriptors.
 
-The cache is root's: /var/cache/memprof/bpf, with sources/root_cache.py's rules (made 0700,
+The cache is root's: /var/cache/memprof/bpf, with memprof/root_cache.py's rules (made 0700,
 every folder on the way owned by root and writable by no one else, each file opened without
 following links and used only when root owns it and no one else can write it). Nothing it holds is trusted beyond what
 the kernel checks anyway: a program from the cache goes through the verifier like a
@@ -31,7 +31,7 @@ import json
 import os
 import struct
 
-from memprof.sources import root_cache
+from memprof import root_cache
 from memprof.sources.ebpf import bcc_import
 from memprof.sources.ebpf.bpfinfo import btf_raw, map_info
 
@@ -102,7 +102,7 @@ def state() -> tuple[bool, str, str]:
 # -- the folder and its files -------------------------------------------------------------
 
 def _open_cache_dir(create: bool) -> int | None:
-    """A descriptor of CACHE_DIR when it is root's alone (sources/root_cache.py); None otherwise."""
+    """A descriptor of CACHE_DIR when it is root's alone (memprof/root_cache.py); None otherwise."""
     return root_cache.open_folder(CACHE_DIR, create)
 
 

@@ -8,7 +8,7 @@ file, named by a hash of what tells that file from any other (device, inode, siz
 and ctime: the kernel sets ctime on any change and no user can set it back) and FORMAT.
 Names are not kept: they are read from the file itself when an address needs one.
 
-The cache is root's: /var/cache/memprof/symbols, with sources/root_cache.py's rules. An
+The cache is root's: /var/cache/memprof/symbols, with memprof/root_cache.py's rules. An
 entry is loaded with allow_pickle=False and used only when its arrays have the types and
 shapes a read would give (`load` checks them); anything else reads as no entry, and the
 caller reads the file. MEMPROF_SYMBOL_CACHE=0 turns it off (the benches' first run after
@@ -23,7 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
-from memprof.sources import root_cache
+from memprof import root_cache
 
 CACHE_DIR = "/var/cache/memprof/symbols"
 FORMAT = 1  # bump when what an entry holds, or how the arrays are computed, changes
