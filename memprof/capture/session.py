@@ -191,15 +191,14 @@ def _cpu_phases(marks: list[int]) -> dict[str, int]:
     where the tree's exit was seen (absent where the recording stopped otherwise: then
     "during" runs to now, and there is no "after"), and from the clock now. {} where the
     loop never began."""
-    now = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
     if not marks:
         return {}
-    phases = {"before": marks[0]}
-    ends = [*marks[1:2], now]
-    phases["during"] = ends[0] - marks[0]
-    if len(ends) == 2:
-        phases["after"] = now - ends[0]
-    return phases
+    now = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+    loop_start = marks[0]
+    if len(marks) == 1:
+        return {"before": loop_start, "during": now - loop_start}
+    exit_seen = marks[1]
+    return {"before": loop_start, "during": exit_seen - loop_start, "after": now - exit_seen}
 
 
 def anchor() -> ClockAnchor:

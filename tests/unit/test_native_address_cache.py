@@ -96,3 +96,22 @@ def test_python_frames_keep_their_ids_and_entries_across_stacks():
     # No eval-loop frame in these native stacks: the Python frames go after the native ones.
     assert [f for f, _ in a[1:]] == ["leaf_a", "main"] and [f for f, _ in b[1:]] == ["leaf_b", "main"]
     assert [name for name in interned.names.values() if name[0] == "main"] == [("main", None)]  # one frame, shared
+
+
+def test_each_processes_mappings_are_indexed_once_while_ranks_alternate():
+    """Two processes' snapshots resolved in turn (a job's ranks in one flush) keep one index
+    each; past the bound the oldest goes; a snapshot's index resolves as a fresh one would."""
+    from memprof.sources.symbols import symbolize
+    symbols = UserSymbolizer()
+    rank0, rank1 = parse_maps(open("/proc/self/maps").read()), parse_maps(open("/proc/self/maps").read())
+    addrs = np.array([address_of("malloc")], dtype=np.uint64)
+    for maps in (rank0, rank1, rank0, rank1):
+        [frame] = symbols.resolve(maps, addrs)
+        assert frame.function == "malloc"
+    assert [index.source for index in symbols._indexes.values()] == [rank0, rank1]  # one each, not four
+    assert all(index.source is maps for index, maps in zip(symbols._indexes.values(), (rank0, rank1)))
+    snapshots = [list(rank0) for _ in range(symbolize._KEPT_INDEXES + 1)]
+    for maps in snapshots:
+        symbols.resolve(maps, addrs)
+    assert len(symbols._indexes) == symbolize._KEPT_INDEXES
+    assert all(index.source is not snapshots[0] for index in symbols._indexes.values())  # the oldest went

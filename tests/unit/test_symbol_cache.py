@@ -90,7 +90,8 @@ def test_a_changed_file_is_read_again_not_taken_from_its_old_entry(cache_dir, ke
     assert len(entries(cache_dir)) == 2
 
 
-@pytest.mark.parametrize("spoil", ["garbage", "truncated", "wrong dtype", "missing array", "unsorted"])
+@pytest.mark.parametrize("spoil", ["garbage", "truncated", "wrong dtype", "missing array", "unsorted",
+                                   "names outside the file"])
 def test_a_spoiled_entry_reads_the_file_instead(cache_dir, keep_small, spoil):
     read = ElfSymbols(LIBC)
     [entry] = entries(cache_dir)
@@ -104,6 +105,8 @@ def test_a_spoiled_entry_reads_the_file_instead(cache_dir, keep_small, spoil):
             arrays["values"] = arrays["values"].astype(np.float64)
         elif spoil == "missing array":
             del arrays["sizes"]
+        elif spoil == "names outside the file":
+            arrays["strtab"] = np.array([-8, arrays["strtab"][1]], dtype=np.int64)
         else:
             arrays["values"] = arrays["values"][::-1].copy()
         with open(entry, "wb") as f:

@@ -245,8 +245,9 @@ class ElfSymbols:
 
     def __init__(self, path: str):
         with open_binary(path) as f:
-            entry = symbol_cache.file_key(os.fstat(f.fileno()))
-            if not self._take_kept(symbol_cache.load(entry, self._ARRAYS), f.fileno()):
+            st = os.fstat(f.fileno())
+            entry = symbol_cache.file_key(st)
+            if not self._take_kept(symbol_cache.load(entry, self._ARRAYS), f.fileno(), st.st_size):
                 self._read(f)
                 if self._strtab.size >= self.CACHED_STRTAB_BYTES:
                     symbol_cache.store(entry, self._kept())
@@ -263,9 +264,13 @@ class ElfSymbols:
         return {"seg_offset": self.seg_offset, "seg_filesz": self.seg_filesz, "seg_vaddr": self.seg_vaddr,
                 "values": self.values, "sizes": self.sizes, "name_offsets": self.name_offsets, "strtab": where}
 
-    def _take_kept(self, kept: dict[str, np.ndarray] | None, fd: int) -> bool:
-        """Take the arrays of a kept entry, if they are shaped as _read's would be."""
+    def _take_kept(self, kept: dict[str, np.ndarray] | None, fd: int, file_size: int) -> bool:
+        """Take the arrays of a kept entry, if they are shaped as _read's would be (the
+        names' table inside the file of `file_size` bytes, the symbols ascending)."""
         if kept is None or len(kept["strtab"]) != 2:
+            return False
+        offset, size = (int(v) for v in kept["strtab"])
+        if not (0 <= offset and 0 <= size and offset + size <= file_size):
             return False
         segments = {len(kept[field]) for field in ("seg_offset", "seg_filesz", "seg_vaddr")}
         symbols = {len(kept[field]) for field in ("values", "sizes", "name_offsets")}
@@ -273,7 +278,6 @@ class ElfSymbols:
             return False
         self.seg_offset, self.seg_filesz, self.seg_vaddr = kept["seg_offset"], kept["seg_filesz"], kept["seg_vaddr"]
         self.values, self.sizes, self.name_offsets = kept["values"], kept["sizes"], kept["name_offsets"]
-        offset, size = (int(v) for v in kept["strtab"])
         self._strtab = StringTable(os.dup(fd), offset, size)
         return True
 

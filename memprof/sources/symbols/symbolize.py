@@ -193,7 +193,7 @@ def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) ->
     (symbol_cache.py): then the BPF programs' symbols come from `programs()`, (start,
     name) pairs as kallsyms would name them, or None where only kallsyms can name the code
     (a trampoline): then kallsyms is read whole, as without a kept entry. kallsyms takes
-    0.15-0.19 s of CPU to read and parse here (121,000 lines), a kept entry ~10 ms."""
+    0.15-0.26 s of CPU to read and parse here (121,000 lines), a kept entry 20-30 ms."""
     entry = _kernel_entry()
     kept = symbol_cache.load(entry, _KEPT_KERNEL) if entry else None
     lasting = KernelSymbols.from_kept(kept) if kept is not None else None
@@ -307,6 +307,9 @@ class _MapsIndex:
         return np.where(inside, which, -1)
 
 
+_KEPT_INDEXES = 16  # snapshots of mappings indexed at once (UserSymbolizer._indexed)
+
+
 class UserSymbolizer:
     """Resolves user-space addresses against a process's mappings.
 
@@ -318,14 +321,19 @@ class UserSymbolizer:
 
     def __init__(self):
         self._cache: dict[str, tuple[tuple, ElfSymbols | None]] = {}
-        self._index: _MapsIndex | None = None  # of the latest snapshot resolved against
+        self._indexes: dict[int, _MapsIndex] = {}  # by id() of the snapshot each holds
 
     def _indexed(self, maps: Sequence[Mapping]) -> _MapsIndex:
         """The index of the snapshot `maps`, kept while the same snapshot (the same object:
-        a snapshot is never changed in place, a new one is a new list) comes again."""
-        if self._index is None or self._index.source is not maps:
-            self._index = _MapsIndex(maps)
-        return self._index
+        a snapshot is never changed in place, a new one is a new list) comes again. One per
+        process of a flush (a job's ranks alternate), the oldest dropped past _KEPT_INDEXES;
+        an index holds its snapshot, so that snapshot's id() is not reused while it is kept."""
+        index = self._indexes.get(id(maps))
+        if index is None or index.source is not maps:
+            while len(self._indexes) >= _KEPT_INDEXES:
+                del self._indexes[next(iter(self._indexes))]
+            index = self._indexes[id(maps)] = _MapsIndex(maps)
+        return index
 
     def symbols_for(self, path: str) -> ElfSymbols | None:
         """The symbol table of the file now at `path`, or None if unreadable or not ELF."""
