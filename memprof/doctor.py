@@ -56,14 +56,18 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
 
 def _compiled_cache_check() -> Check:
     from memprof.sources.ebpf import compiled_cache
-    ok, detail, fix = compiled_cache.state()
-    return Check("compiled-program cache", ok, detail, fix, required=False, absent="off")
+    return _cache_check("compiled-program cache", compiled_cache.state())
 
 
 def _symbol_cache_check() -> Check:
     from memprof.sources.symbols import symbol_cache
-    ok, detail, fix = symbol_cache.state()
-    return Check("symbol cache", ok, detail, fix, required=False, absent="off")
+    return _cache_check("symbol cache", symbol_cache.state())
+
+
+def _cache_check(title: str, state: tuple[bool, str, str]) -> Check:
+    """A cache folder's state (root_cache.folder_state) as an optional check."""
+    ok, detail, fix = state
+    return Check(title, ok, detail, fix, required=False, absent="off")
 
 
 def recording_possible(checks: list[Check]) -> bool:

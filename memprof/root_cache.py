@@ -13,10 +13,56 @@ users, not a corrupt file.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def entry_name(*parts: object) -> str:
+    """The name of an entry (a sha256, hex) for what decides its content, `parts` (each
+    taken as its str(); callers put their format's version first)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(str(part).encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+def read(folder: str, name: str, parse: Callable[[BinaryIO], T]) -> T | None:
+    """`parse` of the entry `name` in the cache folder `folder`, where both are root's alone
+    (open_folder, open_entry); None where either is not, or absent. What `parse` raises
+    propagates: what an entry holds is the caller's to judge."""
+    dir_fd = open_folder(folder, create=False)
+    if dir_fd is None:
+        return None
+    try:
+        f = open_entry(dir_fd, name)
+        if f is None:
+            return None
+        with f:
+            return parse(f)
+    finally:
+        os.close(dir_fd)
+
+
+def keep(folder: str, name: str, write: Callable[[BinaryIO], None], suffix: str, keep_entries: int) -> None:
+    """Make the entry `name` in the cache folder `folder` (made 0700 where absent) from what
+    `write` writes, whole or not at all, then drop the `*suffix` entries beyond the newest
+    `keep_entries`. Never raises OSError: a folder it may not use keeps nothing."""
+    dir_fd = open_folder(folder, create=True)
+    if dir_fd is None:
+        return
+    try:
+        if write_entry(dir_fd, name, write):
+            drop_oldest(dir_fd, suffix, keep_entries)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
 def open_folder(path: str, create: bool) -> int | None:

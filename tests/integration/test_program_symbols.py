@@ -5,38 +5,27 @@ of its kernel stacks (sources/symbols/symbolize.py load_kernel_symbols). Real eB
 program loaded here by the bpf() system call, and the real /proc/kallsyms."""
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 
 import pytest
 
-from memprof.sources.ebpf.bpfinfo import bpf_call, program_symbols
+from memprof.sources.ebpf.bpfinfo import program_symbols
+from memprof.sources.ebpf.cached_bpf import load_program
 from memprof.sources.symbols.symbolize import KernelSymbols, load_kernel_symbols
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="bpf() and kallsyms' addresses need root")]
 
-_BPF_PROG_LOAD = 5
 _SOCKET_FILTER = 1
 # r0 = 0; exit
 _RETURN_ZERO = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
 
 
-class _LoadAttr(ctypes.Structure):
-    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
-                ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
-                ("prog_name", ctypes.c_char * 16)]
-
-
 @pytest.fixture
 def loaded_program():
-    """The name of a program loaded for this test (closed after it)."""
-    insns = ctypes.create_string_buffer(_RETURN_ZERO, len(_RETURN_ZERO))
-    license_text = ctypes.create_string_buffer(b"GPL")
-    fd = bpf_call(_BPF_PROG_LOAD, _LoadAttr(prog_type=_SOCKET_FILTER, insn_cnt=2, insns=ctypes.addressof(insns),
-                                            license=ctypes.addressof(license_text), prog_name=b"mp_symtest"))
+    """The name of a program loaded for this test by memprof's own loader (closed after it)."""
+    fd = load_program(_SOCKET_FILTER, b"mp_symtest", _RETURN_ZERO, b"GPL", 0)
     yield "mp_symtest"
     os.close(fd)
 

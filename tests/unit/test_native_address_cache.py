@@ -115,3 +115,17 @@ def test_each_processes_mappings_are_indexed_once_while_ranks_alternate():
         symbols.resolve(maps, addrs)
     assert len(symbols._indexes) == symbolize._KEPT_INDEXES
     assert all(index.source is not snapshots[0] for index in symbols._indexes.values())  # the oldest went
+
+
+def test_the_addresses_of_only_the_latest_processes_are_kept(monkeypatch):
+    """A long job's processes come and go: what is known of them is bounded, the oldest
+    process's dropped first, and a process seen again resolves again."""
+    from memprof.sources.symbols import stacks as stacks_module
+    monkeypatch.setattr(stacks_module, "_KEPT_PROCESSES", 2)
+    maps = parse_maps(open("/proc/self/maps").read())
+    interner = Interned({}, [maps]).interner
+    for pid in (101, 102, 103):
+        interner._known_native(pid, maps)[address_of("malloc")] = pid
+    assert list(interner._native) == [102, 103]
+    assert interner._known_native(101, maps) == {}  # seen again: nothing kept of it
+    assert list(interner._native) == [103, 101]

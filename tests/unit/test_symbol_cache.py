@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from memprof.sources.symbols import symbol_cache as S
-from memprof.sources.symbols import symbolize
 from memprof.sources.symbols.elfsyms import ElfSymbols
-from memprof.sources.symbols.symbolize import KernelSymbols, load_kernel_symbols
+from memprof.sources.symbols.symbolize import KernelSymbols, kernel_entry_name, load_kernel_symbols
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the cache serves root")
 
@@ -223,11 +222,23 @@ def test_kallsyms_is_read_whole_where_the_programs_cannot_be_named(cache_dir, mo
     assert reads == [1]
 
 
-def test_kallsyms_is_kept_per_boot_and_modules(cache_dir, monkeypatch):
-    load_kernel_symbols(lambda: [])
-    monkeypatch.setattr(symbolize, "_kernel_entry", lambda: S.key("kallsyms", "another boot"))
-    load_kernel_symbols(lambda: [])
-    assert len(entries(cache_dir)) == 2
+MODULES = "nf_tables 372736 3 nft_chain_nat, Live 0xffffffffc0a00000\nfuse 176128 1 - Live 0xffffffffc0900000\n"
+
+
+def test_kallsyms_is_kept_per_boot_kernel_and_modules_text():
+    """Another boot, kernel build, module or module address names another entry; a module's
+    use count and state, which change while its text stays, do not."""
+    name = kernel_entry_name("boot-a\n", MODULES, "6.18.44", "#1 SMP")
+    assert name == kernel_entry_name("boot-a", MODULES.replace(" 3 ", " 7 ").replace("Live", "Loading"),
+                                     "6.18.44", "#1 SMP")
+    others = [kernel_entry_name("boot-b", MODULES, "6.18.44", "#1 SMP"),
+              kernel_entry_name("boot-a", MODULES, "6.18.45", "#1 SMP"),
+              kernel_entry_name("boot-a", MODULES, "6.18.44", "#2 SMP"),
+              kernel_entry_name("boot-a", MODULES.replace("0xffffffffc0900000", "0xffffffffc0800000"), "6.18.44",
+                                "#1 SMP"),
+              kernel_entry_name("boot-a", MODULES.splitlines()[0], "6.18.44", "#1 SMP"),
+              kernel_entry_name("boot-a", None, "6.18.44", "#1 SMP")]
+    assert len({name, *others}) == 1 + len(others)
 
 
 def test_a_spoiled_kallsyms_entry_reads_kallsyms(cache_dir):

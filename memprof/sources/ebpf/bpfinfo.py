@@ -14,13 +14,6 @@ _SYS_BPF = 321  # x86-64
 _BPF_OBJ_GET_INFO_BY_FD = 15
 _BPF_BTF_GET_FD_BY_ID = 19
 
-# Offsets in struct bpf_prog_info (include/uapi/linux/bpf.h); the struct only ever grows,
-# and the kernel fills as much as info_len asks for.
-_INFO_LEN = 232
-_RUN_TIME_NS = 192
-_RUN_CNT = 200
-_RECURSION_MISSES = 208
-
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -39,14 +32,8 @@ class ProgStats:
 
 def prog_stats(prog_fd: int) -> ProgStats:
     """Statistics of the program behind `prog_fd`. Raises OSError."""
-    buf = ctypes.create_string_buffer(_INFO_LEN)
-    _object_info(prog_fd, buf)
-    raw = buf.raw
-    return ProgStats(
-        run_time_ns=int.from_bytes(raw[_RUN_TIME_NS:_RUN_TIME_NS + 8], "little"),
-        run_cnt=int.from_bytes(raw[_RUN_CNT:_RUN_CNT + 8], "little"),
-        recursion_misses=int.from_bytes(raw[_RECURSION_MISSES:_RECURSION_MISSES + 8], "little"),
-    )
+    info = _counts(prog_fd)
+    return ProgStats(run_time_ns=info.run_time_ns, run_cnt=info.run_cnt, recursion_misses=info.recursion_misses)
 
 
 def _object_info(fd: int, info) -> None:
@@ -110,7 +97,7 @@ _BPF_PROG_GET_FD_BY_ID = 13
 TRAMPOLINE_PROGRAM_TYPES = frozenset({26, 27, 28, 29})
 
 
-class ProgInfo(ctypes.Structure):  # struct bpf_prog_info, up to prog_tags (include/uapi/linux/bpf.h)
+class ProgInfo(ctypes.Structure):  # struct bpf_prog_info, up to recursion_misses (include/uapi/linux/bpf.h)
     _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
                 ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
                 ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
@@ -124,7 +111,8 @@ class ProgInfo(ctypes.Structure):  # struct bpf_prog_info, up to prog_tags (incl
                 ("nr_func_info", ctypes.c_uint32), ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
                 ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
                 ("line_info_rec_size", ctypes.c_uint32), ("jited_line_info_rec_size", ctypes.c_uint32),
-                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64)]
+                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64), ("run_time_ns", ctypes.c_uint64),
+                ("run_cnt", ctypes.c_uint64), ("recursion_misses", ctypes.c_uint64)]
 
 
 class _IdAttr(ctypes.Structure):
@@ -172,11 +160,17 @@ def program_info(prog_id: int) -> ProgInfo | None:
     if fd is None:
         return None
     try:
-        info = ProgInfo()
-        _object_info(fd, info)
-        return info
+        return _counts(fd)
     finally:
         os.close(fd)
+
+
+def _counts(prog_fd: int) -> ProgInfo:
+    """What the kernel says of the program behind `prog_fd`, without its arrays (their counts
+    only). Raises OSError."""
+    info = ProgInfo()
+    _object_info(prog_fd, info)
+    return info
 
 
 def _open_program(prog_id: int) -> int | None:
@@ -189,8 +183,7 @@ def _open_program(prog_id: int) -> int | None:
 def _symbols_of(prog_fd: int, btfs: dict) -> list[tuple[int, str]] | None:
     """The kallsyms symbols of one program's functions; `btfs` holds the BTF objects read
     so far, by id (bcc's programs share one)."""
-    info = ProgInfo()
-    _object_info(prog_fd, info)  # the counts first
+    info = _counts(prog_fd)
     if info.type in TRAMPOLINE_PROGRAM_TYPES:
         return None
     count = info.nr_jited_ksyms

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import ctypes
 import functools
-import hashlib
 import json
 import os
 import struct
@@ -66,11 +65,7 @@ def cache_key(text: str, cflags: list[str]) -> str:
 
 def entry_key(*parts: str) -> str:
     """The name of an entry (a sha256) for what decides its content, `parts`, with FORMAT."""
-    h = hashlib.sha256()
-    for part in (str(FORMAT), *parts):
-        h.update(part.encode())
-        h.update(b"\0\0")
-    return h.hexdigest()
+    return root_cache.entry_name(FORMAT, *parts)
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,43 +96,20 @@ def state() -> tuple[bool, str, str]:
 
 # -- the folder and its files -------------------------------------------------------------
 
-def _open_cache_dir(create: bool) -> int | None:
-    """A descriptor of CACHE_DIR when it is root's alone (memprof/root_cache.py); None otherwise."""
-    return root_cache.open_folder(CACHE_DIR, create)
-
-
 def read_entry(key: str) -> dict | None:
     """The entry named `key` (a dict holding this FORMAT and that key), read only from a
     regular file root owns and no one else may write, in a folder the same holds for; None
     for anything else (absent, foreign, spoiled). Also used by btf_answers.py."""
-    dir_fd = _open_cache_dir(create=False)
-    if dir_fd is None:
-        return None
     try:
-        f = root_cache.open_entry(dir_fd, f"{key}.json")
-        if f is None:
-            return None
-        with f:
-            entry = json.loads(f.read())
-        return entry if isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key else None
+        entry = root_cache.read(CACHE_DIR, f"{key}.json", lambda f: json.loads(f.read()))
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(dir_fd)
+    return entry if isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key else None
 
 
 def write_entry(key: str, entry: dict) -> None:
     """Write `entry` as the file for `key`, whole or not at all (a temporary file renamed)."""
-    dir_fd = _open_cache_dir(create=True)
-    if dir_fd is None:
-        return
-    try:
-        if root_cache.write_entry(dir_fd, f"{key}.json", lambda f: f.write(json.dumps(entry).encode())):
-            root_cache.drop_oldest(dir_fd, ".json", KEEP_ENTRIES)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    root_cache.keep(CACHE_DIR, f"{key}.json", lambda f: f.write(json.dumps(entry).encode()), ".json", KEEP_ENTRIES)
 
 
 # -- what a compile produced, as an entry ------------------------------------------------

@@ -246,6 +246,9 @@ class ElfSymbols:
     def __init__(self, path: str):
         with open_binary(path) as f:
             st = os.fstat(f.fileno())
+            if st.st_size < self.CACHED_STRTAB_BYTES:  # its names cannot fill that: never kept
+                self._read(f)
+                return
             entry = symbol_cache.file_key(st)
             if not self._take_kept(symbol_cache.load(entry, self._ARRAYS), f.fileno(), st.st_size):
                 self._read(f)

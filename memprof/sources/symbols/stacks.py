@@ -206,6 +206,11 @@ class StackInterner:
         snapshot, not once per stack (~0.4 s of the recorder's CPU on the training bench)."""
         held = self._native.get(pid)
         if held is None or held[0] is not maps:
+            # A long job's processes come and go (data loader workers each epoch): keep the
+            # latest _KEPT_PROCESSES; a process dropped and seen again only resolves again.
+            self._native.pop(pid, None)
+            while len(self._native) >= _KEPT_PROCESSES:
+                del self._native[next(iter(self._native))]
             held = self._native[pid] = (maps, {})
         return held[1]
 
@@ -253,7 +258,8 @@ class StackInterner:
 
 _PYTHON = FrameKind.PYTHON.value
 _NATIVE = FrameKind.NATIVE.value
-_ENTRY = operator.itemgetter(1)  # of a (frame id, entry) item: merge_chain's entry()
+_ENTRY = operator.itemgetter(1)
+_KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)  # of a (frame id, entry) item: merge_chain's entry()
 
 
 def _stack_rows(stack_ids: np.ndarray, chains: list[list[int]]) -> dict[str, np.ndarray]:

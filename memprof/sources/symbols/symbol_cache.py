@@ -16,7 +16,6 @@ install turns it off with the BPF cache).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import zipfile
 from typing import Mapping
@@ -46,11 +45,7 @@ def state() -> tuple[bool, str, str]:
 
 def key(kind: str, *parts: object) -> str:
     """An entry's name: a sha256 of FORMAT, `kind` and `parts` (what decides its content)."""
-    h = hashlib.sha256()
-    for part in (str(FORMAT), kind, *map(str, parts)):
-        h.update(part.encode())
-        h.update(b"\0\0")
-    return h.hexdigest()
+    return root_cache.entry_name(FORMAT, kind, *parts)
 
 
 def file_key(st: os.stat_result) -> str:
@@ -64,37 +59,23 @@ def load(name: str, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray] |
     those dtypes; None otherwise (absent, foreign, off, spoiled)."""
     if not enabled():
         return None
-    dir_fd = root_cache.open_folder(CACHE_DIR, create=False)
-    if dir_fd is None:
-        return None
     try:
-        f = root_cache.open_entry(dir_fd, name + _SUFFIX)
-        if f is None:
-            return None
-        with f, np.load(f, allow_pickle=False) as npz:
-            if set(npz.files) != set(expected):
-                return None
-            arrays = {field: npz[field] for field in expected}
-        if any(a.dtype != expected[field] or a.ndim != 1 for field, a in arrays.items()):
-            return None
-        return arrays
+        arrays = root_cache.read(CACHE_DIR, name + _SUFFIX, lambda f: _arrays(f, expected))
     except (OSError, ValueError, zipfile.BadZipFile, EOFError):
         return None
-    finally:
-        os.close(dir_fd)
+    if arrays is None or any(a.dtype != expected[field] or a.ndim != 1 for field, a in arrays.items()):
+        return None
+    return arrays
+
+
+def _arrays(f, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray] | None:
+    with np.load(f, allow_pickle=False) as npz:
+        if set(npz.files) != set(expected):
+            return None
+        return {field: npz[field] for field in expected}
 
 
 def store(name: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Keep `arrays` as entry `name` (never raises: a folder it may not use keeps nothing)."""
-    if not enabled():
-        return
-    dir_fd = root_cache.open_folder(CACHE_DIR, create=True)
-    if dir_fd is None:
-        return
-    try:
-        if root_cache.write_entry(dir_fd, name + _SUFFIX, lambda f: np.savez(f, **arrays)):
-            root_cache.drop_oldest(dir_fd, _SUFFIX, KEEP_ENTRIES)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    if enabled():
+        root_cache.keep(CACHE_DIR, name + _SUFFIX, lambda f: np.savez(f, **arrays), _SUFFIX, KEEP_ENTRIES)

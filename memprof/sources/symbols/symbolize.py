@@ -207,22 +207,31 @@ def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) ->
 
 
 def _kernel_entry() -> str | None:
-    """The kept kernel symbols' entry name: this boot, this kernel, its modules (name, size,
-    address); None where the boot cannot be told (nothing is kept)."""
+    """The kept kernel symbols' entry name for this boot (kernel_entry_name); None where the
+    boot cannot be told (nothing is kept)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            boot = f.read()
     except OSError:
         return None
     try:
         with open("/proc/modules") as f:
-            modules = [" ".join(line.split()[:2] + line.split()[5:6]) for line in f]
+            modules = f.read()
     except FileNotFoundError:
-        modules = ["no modules"]  # a kernel built without loadable modules
+        modules = None  # a kernel built without loadable modules
     except OSError:
         return None
     uname = os.uname()
-    return symbol_cache.key("kallsyms", boot, uname.release, uname.version, *modules)
+    return kernel_entry_name(boot, modules, uname.release, uname.version)
+
+
+def kernel_entry_name(boot_id: str, modules: str | None, release: str, version: str) -> str:
+    """The entry name of kallsyms' lasting part: the boot, the kernel's build, and each
+    loaded module's name, size and address from /proc/modules' text (`modules`; None: no
+    modules), not its use count or state, which change while its text stays."""
+    loaded = ["no modules"] if modules is None else [
+        " ".join(fields[:2] + fields[5:6]) for fields in map(str.split, modules.splitlines())]
+    return symbol_cache.key("kallsyms", boot_id.strip(), release, version, *loaded)
 
 
 # --- Process mappings ---
