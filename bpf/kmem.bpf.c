@@ -9,12 +9,34 @@
  *   PAGE_SKIP_GFP         page allocations with any of these gfp bits are not recorded
  *                         (movable = user and page-cache pages, which RSS accounts for)
  *   PAGE_SHIFT_BYTES      log2 of the page size
+ *   TASK_STACK_OFF        offset of `stack` (the kernel stack's lowest address) in task_struct
  */
 #include "parts.h" /* what the parts give each other */
 
+/* 1 when the program runs on the current task's own kernel stack, between its lowest address
+ * and its pt_regs: the task's own work (a system call, a page fault). 0 in an interrupt, which
+ * x86-64 runs on the CPU's interrupt stack: hard interrupts, the softirqs started on their way
+ * out or by local_bh_enable(), and the BPF allocator's irq_work refilling memprof's own maps;
+ * NMIs and machine checks on stacks of their own. Such an allocation is not the interrupted
+ * task's though bpf_get_current_pid_tgid() names it: a TCP ACK for whichever socket the packet
+ * was for, a network card's receive buffers. Charged to the task, they were false leaks of
+ * whatever job had the CPU when the network was busy. They are counted, not recorded. (Frees
+ * in an interrupt are recorded: RCU callbacks free the task's files and sockets there.)
+ * `ctx`: the raw tracepoint's context, which lives on the stack the program runs on. */
+static __always_inline int on_task_stack(void *ctx)
+{
+    struct task_struct *task = bpf_get_current_task_btf();
+    void *top = (void *)bpf_task_pt_regs(task);
+    void *bottom = *(void **)((char *)task + TASK_STACK_OFF); /* a BTF load: no helper call */
+    if (bottom <= ctx && ctx < top) /* compared, never computed with: no address_of() */
+        return 1;
+    count(MP_CNT_IRQ_ALLOCS);
+    return 0;
+}
+
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
-    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !on_task_stack(ctx))
         return 0;
     struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
     init_event(e, MP_SLAB_ALLOC);
@@ -170,7 +192,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     u64 page = ctx->args[0];
     u32 order = (u32)ctx->args[1];
     u32 gfp = (u32)ctx->args[2];
-    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !on_task_stack(ctx))
         return 0;
     struct mp_event ev, *e = &ev;
     init_event(e, MP_PAGE_ALLOC);

@@ -36,9 +36,9 @@ def test_kind_codes_match_the_c_defines():
     assert int(defines["MP_PROC_EXEC"]) == R.PROC_EXEC
     assert int(defines["MP_PROC_EXIT"]) == R.PROC_EXIT
     assert int(defines["MP_EXIT_MARK"]) == R.EXIT_MARK
-    assert int(defines["MP_CNT_RINGBUF_FULL"]) == R.CNT_RINGBUF_FULL
-    assert int(defines["MP_CNT_NESTED_FREES"]) == R.CNT_NESTED_FREES
-    assert int(defines["MP_CNT_SCRATCH_BUSY"]) == R.CNT_SCRATCH_BUSY
-    assert int(defines["MP_CNT_SITE_MIXED"]) == R.CNT_SITE_MIXED
+    counters = {name: value for name, value in vars(R).items() if name.startswith("CNT_")}
+    for name, value in counters.items():
+        assert int(defines[f"MP_{name}"]) == value, name
+    assert int(defines["MP_N_COUNTERS"]) == max(counters.values()) + 1
     for i, tp in enumerate(R.FREE_TRACEPOINTS):
         assert int(defines[f"MP_TP_{tp.upper().removeprefix('MM_')}"]) == i

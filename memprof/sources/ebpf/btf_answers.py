@@ -1,7 +1,7 @@
 """What memprof asks of the running kernel's BTF, kept across runs (issue 24: start-up).
 
-The program's -D constants and the kmem attach plan need four answers from the kernel's BTF
-(two struct member offsets for kmem, two for the thread pointer, the kmem tracepoints'
+The program's -D constants and the kmem attach plan need a few answers from the kernel's BTF
+(three struct member offsets for kmem, two for the thread pointer, the kmem tracepoints'
 parameters); parsing /sys/kernel/btf/vmlinux to find them takes ~70 ms of `record`'s main
 thread before the compile (or the cached program's loads) can begin. The answers are kept
 in an entry of compiled_cache's folder, with the same rules (root's alone, read with

@@ -59,14 +59,16 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         btf = kernel_btf()
         size_off = btf.member_offset("kmem_cache", "size")
         objsize_off = btf.member_offset("kmem_cache", "object_size")
+        task_stack_off = btf.member_offset("task_struct", "stack")
     except BtfError as e:
-        raise SourceUnavailableError(f"cannot read struct kmem_cache from BTF: {e.message}", e.hint) from e
+        raise SourceUnavailableError(f"cannot read struct kmem_cache or task_struct from BTF: {e.message}", e.hint) from e
     skip = 0 if options.include_user_pages else _GFP_MOVABLE
     return [
         f"-DSTACK_SAMPLE_MASK={options.slab_stack_every - 1}",
         f"-DPAGE_STACK_SAMPLE_MASK={options.page_stack_every - 1}",
         f"-DKMEM_CACHE_SIZE_OFF={size_off}",
         f"-DKMEM_CACHE_OBJSIZE_OFF={objsize_off}",
+        f"-DTASK_STACK_OFF={task_stack_off}",
         f"-DPAGE_SKIP_GFP={skip:#x}",
         f"-DPAGE_SHIFT_BYTES={mmap.PAGESIZE.bit_length() - 1}",
     ]
