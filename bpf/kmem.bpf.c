@@ -13,30 +13,51 @@
  */
 #include "parts.h" /* what the parts give each other */
 
-/* 1 when the program runs on the current task's own kernel stack, between its lowest address
- * and its pt_regs: the task's own work (a system call, a page fault). 0 in an interrupt, which
- * x86-64 runs on the CPU's interrupt stack: hard interrupts, the softirqs started on their way
- * out or by local_bh_enable(), and the BPF allocator's irq_work refilling memprof's own maps;
- * NMIs and machine checks on stacks of their own. Such an allocation is not the interrupted
- * task's though bpf_get_current_pid_tgid() names it: a TCP ACK for whichever socket the packet
- * was for, a network card's receive buffers. Charged to the task, they were false leaks of
- * whatever job had the CPU when the network was busy. They are counted, not recorded. (Frees
- * in an interrupt are recorded: RCU callbacks free the task's files and sockets there.)
- * `ctx`: the raw tracepoint's context, which lives on the stack the program runs on. */
-static __always_inline int on_task_stack(void *ctx)
+/* [start, end) of the kernel's interrupt entry stubs (asm_common_interrupt and the
+ * asm_sysvec_* after it), from kallsyms at start (kmem.py, interrupt_entry_text); {0, 0}
+ * where they were not found. */
+BPF_ARRAY(irq_entry_text, u64, 2);
+
+/* 1 when the program runs in the current task's own work (a system call, a page fault), 0
+ * in an interrupt: hard interrupts, the softirqs run on their way out or by
+ * local_bh_enable(), the BPF allocator's irq_work refilling memprof's own maps, NMIs. Such
+ * an allocation is not the interrupted task's though bpf_get_current_pid_tgid() names it: a
+ * TCP ACK for whichever socket the packet was for, a network card's receive buffers.
+ * Charged to the task, they were false leaks of whatever job had the CPU while the network
+ * was busy. They are counted, not recorded. (Frees in an interrupt are recorded: RCU
+ * callbacks free the task's files and sockets there.) Two ways in, on x86-64:
+ * - an interrupt of kernel code runs on the CPU's interrupt stack (NMIs and machine checks
+ *   on stacks of their own): the program's context, which lives on the stack it runs on,
+ *   is then outside the task's stack, from task_struct.stack up to its pt_regs;
+ * - an interrupt of user code runs on the task's stack, right below its pt_regs, whose
+ *   orig_ax is then -1 (a system call's is its number) and the word below them the
+ *   return address into the entry stub that called the handler.
+ * The stack's bounds and orig_ax are BTF loads; only a non-syscall entry (an interrupt or
+ * a page fault) reads the return address. */
+static __always_inline int in_task_work(void *ctx)
 {
     struct task_struct *task = bpf_get_current_task_btf();
-    void *top = (void *)bpf_task_pt_regs(task);
-    void *bottom = *(void **)((char *)task + TASK_STACK_OFF); /* a BTF load: no helper call */
-    if (bottom <= ctx && ctx < top) /* compared, never computed with: no address_of() */
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    void *bottom = *(void **)((char *)task + TASK_STACK_OFF);
+    if (!(bottom <= ctx && ctx < (void *)regs))
+        goto interrupt; /* compared, never computed with: no address_of() */
+    if ((long)regs->orig_ax >= 0)
         return 1;
+    u32 first = 0, last = 1;
+    u64 *start = irq_entry_text.lookup(&first), *end = irq_entry_text.lookup(&last);
+    u64 returns_to = 0;
+    if (!start || !end || bpf_probe_read_kernel(&returns_to, sizeof(returns_to), (char *)regs - sizeof(u64)) < 0)
+        return 1;
+    if (returns_to < *start || returns_to >= *end)
+        return 1;
+interrupt:
     count(MP_CNT_IRQ_ALLOCS);
     return 0;
 }
 
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
-    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !on_task_stack(ctx))
+    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !in_task_work(ctx))
         return 0;
     struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
     init_event(e, MP_SLAB_ALLOC);
@@ -192,7 +213,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     u64 page = ctx->args[0];
     u32 order = (u32)ctx->args[1];
     u32 gfp = (u32)ctx->args[2];
-    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !on_task_stack(ctx))
+    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !in_task_work(ctx))
         return 0;
     struct mp_event ev, *e = &ev;
     init_event(e, MP_PAGE_ALLOC);

@@ -366,6 +366,57 @@ def test_allocations_in_an_interrupt_are_not_charged_to_the_task_it_interrupted(
     assert read_meta(recording)["sources"]["ebpf"]["detail"]["interrupt_allocations"] > 0
 
 
+_SPIN_ON_CPU0 = """
+import os, sys, time
+os.sched_setaffinity(0, {0})
+print("spinning", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:  # the vDSO's clock: no system call, the CPU stays in user space
+    pass
+"""
+
+_DELAYED_ACKS_ON_CPU0 = """
+import os, socket, sys, time
+os.sched_setaffinity(0, {0})
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+client = socket.create_connection(server.getsockname()); peer, _ = server.accept()
+for _ in range(int(sys.argv[1])):
+    client.send(b"x"); time.sleep(0.05)  # never read: the delayed-ACK timer sends each ACK
+"""
+
+
+def test_a_timer_softirq_that_interrupts_user_code_is_not_charged_to_it(tmp_path, run_memprof):
+    """An interrupt of user code runs its handler, and the softirqs on its way out, on the
+    task's own stack. Here an unrecorded process on CPU 0 sends a byte every 50 ms over TCP
+    to itself and never reads it, so each ACK is sent ~40 ms later by the delayed-ACK timer,
+    in a timer softirq on CPU 0, while the recorded command spins in user space there. The
+    ACKs' allocations (`__alloc_skb <- __tcp_send_ack <- tcp_delack_timer`) were charged to
+    the spinner: 20 of them in one unsampled recording at 085f486."""
+    from memprof.recording import open_recording
+    acks = subprocess.Popen([sys.executable, "-c", _DELAYED_ACKS_ON_CPU0, "40"])
+    try:
+        recording = tmp_path / "spin.memprof"
+        result = run_memprof("record", "-q", "-o", recording, "--stack-every", "1", "--page-stack-every", "1",
+                             "--", sys.executable, "-c", _SPIN_ON_CPU0, "1.5", cwd=tmp_path)
+    finally:
+        acks.wait(timeout=30)
+    assert result.returncode == 0, result.stderr
+    rec = open_recording(recording)
+    events = rec.events
+    kernel = events[events["layer"].isin(["kernel_slab", "kernel_page"]).to_numpy()
+                    & (events["action"] == "alloc").to_numpy()]
+    interrupted = {}
+    for stack_id, count in kernel["stack_id"].value_counts().items():
+        frames = [f["function"] for f in rec.stack_frames(int(stack_id))]
+        if {"asm_sysvec_apic_timer_interrupt", "asm_common_interrupt", "handle_softirqs"} & set(frames):
+            interrupted[" <- ".join(frames[:6])] = int(count)
+    assert not interrupted, interrupted
+    assert len(kernel) > 500  # the interpreter's own start-up is still recorded
+    detail = read_meta(recording)["sources"]["ebpf"]["detail"]
+    assert detail["interrupt_entry_text_found"] is True
+    assert detail["interrupt_allocations"] > 0
+
+
 # ---- 3. the process tree ----
 
 @pytest.mark.parametrize("command, held", [

@@ -108,9 +108,17 @@ class Tracepoints:
     def __init__(self):
         self.attached: list[tuple[str, str]] = []  # (tracepoint, program)
         self._link_fds: list[int] = []
+        self.interrupt_entry_text = (0, 0)
 
     def attach(self, bpf) -> None:
+        """Attach every kmem program, after telling them where the kernel's interrupt entry
+        stubs are (bpf/kmem.bpf.c, in_task_work); `interrupt_entry_text` in the detail says
+        whether it was found: without it, interrupts of user code are charged to the task."""
         from bcc.libbcc import lib
+        self.interrupt_entry_text = K.read_interrupt_entry_text()
+        table = bpf["irq_entry_text"]
+        for slot, address in enumerate(self.interrupt_entry_text):
+            table[ctypes.c_int(slot)] = ctypes.c_ulonglong(address)
         for tp, fn in K.plan_attach():
             prog = load_program(bpf, fn, bpf.RAW_TRACEPOINT)
             fd = lib.bpf_attach_raw_tracepoint(prog.fd, tp.encode())

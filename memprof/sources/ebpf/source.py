@@ -71,6 +71,7 @@ class EbpfSource:
         if self.enabled("kmem"):
             self._tracepoints.attach(self._bpf)
             self.stats.detail["tracepoints"] = self._tracepoints.names()
+            self.stats.detail["interrupt_entry_text_found"] = any(self._tracepoints.interrupt_entry_text)
         self._libraries = LibraryProbes(self._bpf, self.options, self.stats.detail)
         self._libraries.attach_known(known)
         self._libraries.verify_programs_of_late_families()
