@@ -40,7 +40,7 @@ static __always_inline int in_task_work(void *ctx)
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     void *bottom = *(void **)((char *)task + TASK_STACK_OFF);
     if (!(bottom <= ctx && ctx < (void *)regs))
-        goto interrupt; /* compared, never computed with: no address_of() */
+        goto interrupt; /* compared, never computed with: no address_in() */
     if ((long)regs->orig_ax >= 0)
         return 1;
     u32 first = 0, last = 1;
