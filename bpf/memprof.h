@@ -34,8 +34,8 @@
 #define MP_CNT_SITE_MIXED    13  /* a reuse key led to two kernel stacks: its events take their own */
 #define MP_CNT_PY_TAIL_FAILED 14 /* a tail call of the Python walk or learning failed: an event went without Python
                                   * frames, a stack was cut short, or its later frames stay unnamed */
-#define MP_CNT_IRQ_ALLOCS    15  /* kernel allocations made in an interrupt (off the task's own stack) while a
-                                  * tracked task was current: not the task's, not recorded (kmem.bpf.c) */
+#define MP_CNT_IRQ_ALLOCS    15  /* kernel allocations made in an interrupt while a tracked task was current:
+                                  * not the task's, not recorded (kmem.bpf.c, in_task_work) */
 #define MP_N_COUNTERS        16
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */

@@ -44,6 +44,7 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
     checks += [
         Check("uprobes", os.path.exists("/sys/bus/event_source/devices/uprobe"), "uprobe PMU",
               "a kernel with CONFIG_UPROBES", required=False),
+        _interrupt_entry_check(),
         _module_check("torch", "pip install torch (for PyTorch targets and the CPU allocator layer)"),
         _module_check("capstone", "pip install capstone (one uprobe per torch CPU allocation instead of two "
                       "traps: it finds c10::alloc_cpu's call to NUMAMove)"),
@@ -52,6 +53,19 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
         _symbol_cache_check(),
     ]
     return checks + python_checks(pythons)
+
+
+def _interrupt_entry_check() -> Check:
+    """Whether the kmem programs can tell an interrupt of user code from the task's own work
+    (bpf/kmem.bpf.c, in_task_work): its entry stubs' addresses, from kallsyms."""
+    from memprof.sources.ebpf.kmem import read_interrupt_entry_text
+    start, end = read_interrupt_entry_text()
+    if start:
+        return Check("interrupt entries", True, f"{end - start} bytes of entry stubs at {start:#x} (kallsyms): "
+                     "allocations of interrupts are not charged to the process", required=False)
+    return Check("interrupt entries", False, "asm_common_interrupt not found in kallsyms: allocations made in an "
+                 "interrupt of the process's user code are charged to it",
+                 "run as root (kallsyms hides addresses from others); an x86-64 kernel", required=False)
 
 
 def _compiled_cache_check() -> Check:

@@ -71,3 +71,14 @@ def test_unprivileged_doctor_blames_permission_not_the_kernel():
     assert "unreadable" in rows["tracefs"]
     assert "unchecked" in rows["kmem tracepoints"]
     assert not [name for name in rows if name.startswith("tracepoint ")]
+
+
+def test_interrupt_entries_say_whether_interrupts_of_user_code_are_told_apart(monkeypatch):
+    monkeypatch.setattr(kmem, "read_interrupt_entry_text", lambda: (0xffffffff81000d40, 0xffffffff81000f70))
+    found = doctor._interrupt_entry_check()
+    assert (found.ok, found.required) == (True, False)
+    assert "560 bytes of entry stubs at 0xffffffff81000d40" in found.detail
+    monkeypatch.setattr(kmem, "read_interrupt_entry_text", lambda: (0, 0))
+    missing = doctor._interrupt_entry_check()
+    assert (missing.ok, missing.required, missing.status) == (False, False, "absent")
+    assert "charged to it" in missing.detail and missing.fix

@@ -80,6 +80,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
 _INTERRUPT_STUBS = ("asm_common_interrupt", "asm_spurious_interrupt")
 _INTERRUPT_STUB_PREFIX = "asm_sysvec_"
 _KALLSYMS_HEAD_LINES = 1024  # the entry stubs are within the first ~60 lines here
+_TEXT_TYPES = frozenset("tTwW")  # kallsyms' types of code symbols
 
 
 def _is_interrupt_stub(name: str) -> bool:
@@ -92,13 +93,14 @@ def interrupt_entry_text(lines) -> tuple[int, int]:
     enough): from asm_common_interrupt over the stubs that follow it by address, to the next
     other symbol. An interrupt that hits user space runs its handler, and the softirqs on its
     way out, on the task's own stack with the stub's return address just below the task's
-    pt_regs; bpf/kmem.bpf.c tells such allocations from the task's by it. (0, 0) where the
-    stubs are not found or another symbol sits between them: then only interrupts on their
-    own stacks are told apart."""
+    pt_regs; bpf/kmem.bpf.c tells such allocations from the task's by it. The range ends at
+    the first other symbol. (0, 0) where asm_common_interrupt is not found once with an
+    address (kallsyms shows others zeros), or nothing follows the stubs in `lines`: then only
+    interrupts on stacks of their own are told apart."""
     symbols = []
     for line in lines:
         parts = line.split()
-        if len(parts) >= 3 and parts[1] in "tTwW":
+        if len(parts) >= 3 and parts[1] in _TEXT_TYPES:
             try:
                 symbols.append((int(parts[0], 16), parts[2]))
             except ValueError:
