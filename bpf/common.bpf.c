@@ -48,7 +48,7 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_STACK_TRACE(stacks, STACK_ENTRIES);
 BPF_TABLE("lru_hash", u64, struct ustack_trace, ustacks, USTACK_ENTRIES);
 /* The user stack being taken on this CPU; `busy` while it is (see python.bpf.c's py_scratch:
- * an interrupt's allocation nested in the taking goes without a stack of its own). */
+ * an event nested in the taking goes without a stack of its own). */
 struct ustack_scratch {
     struct ustack_trace trace;
     u32 busy;
@@ -362,7 +362,7 @@ static __always_inline u64 address_in(u64 *slot, void *p)
  * (two calls from __sys_socketpair), first and second. Depth is counted from the system
  * call's start, as the kernel moves each call's frames by a random offset below its fixed
  * pt_regs (CONFIG_RANDOMIZE_KSTACK_OFFSET). Outside a system call seen starting (its thread
- * and user return address `user_ip` do not match: a page fault, an interrupt's stack, a call
+ * and user return address `user_ip` do not match: a page fault, a call
  * begun before memprof attached) the position within the 16 KiB stack stands in, which no
  * random offset moves there. Each sub-key learns its own stacks, so only cost, not truth, is
  * at stake: a sub-key found mixed again takes a kernel stack per event. `ctx`: the raw

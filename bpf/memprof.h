@@ -29,8 +29,8 @@
 #define MP_CNT_PY_BAD_CODE    9  /* a frame chain led to something that is not a code object: dropped */
 #define MP_CNT_PY_MAP_FULL   10  /* py_stacks or py_codes had no room: the event has no Python frames */
 #define MP_CNT_PY_RELEARNED  11  /* a code object's address now holds another one: user space drops its cache */
-#define MP_CNT_SCRATCH_BUSY  12  /* an event nested in another program's use of a per-CPU scratch (an
-                                  * interrupt's allocation): it went without Python frames or its own user stack */
+#define MP_CNT_SCRATCH_BUSY  12  /* an event nested in another program's use of a per-CPU scratch: it went
+                                  * without Python frames or its own user stack */
 #define MP_CNT_SITE_MIXED    13  /* a reuse key led to two kernel stacks: its events take their own */
 #define MP_CNT_PY_TAIL_FAILED 14 /* a tail call of the Python walk or learning failed: an event went without Python
                                   * frames, a stack was cut short, or its later frames stay unnamed */

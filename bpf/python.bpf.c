@@ -123,11 +123,11 @@ struct py_scratch {
     u64 thread_cursor; /* the next thread state to compare while searching (0: not searching) */
     u32 search_runs;
     u32 pad2;
-    /* A walk or a learning is using this CPU's scratch. Programs nest: an interrupt that
-     * allocates runs a kmem program inside whichever memprof program it interrupted, on the
-     * same CPU, and its walk would overwrite the depth and frames of the one it interrupted
-     * (which would store a stack of duplicated frames under its hash). The nested event goes
-     * without Python frames instead, and is counted. */
+    /* A walk or a learning is using this CPU's scratch. Programs can nest on a CPU, and a
+     * nested walk would overwrite the depth and frames of the one it interrupted (which
+     * would store a stack of duplicated frames under its hash). The nested event goes
+     * without Python frames instead, and is counted. (An interrupt's allocation, the usual
+     * way in, stops at kmem.bpf.c's in_task_work before any walk; the guard stays.) */
     u32 busy;
 };
 
@@ -365,7 +365,7 @@ static __always_inline u32 py_lasti(struct py_conf *c, u8 *frame, u64 code)
  * process has Python frames to read, `e` is copied into this CPU's scratch and the walk
  * program (py_walk_tp or py_walk_up, `raw_tp` says which) completes and outputs it: there,
  * the scratch is busy from here until the event is out. An event that finds the scratch busy
- * (an interrupt's allocation nested in a walk or a learning) goes without Python frames, and
+ * (one nested in a walk or a learning) goes without Python frames, and
  * is counted: a nested walk would overwrite the interrupted one's depth and frames. A failed
  * tail call, counted too, outputs the event here, without them. */
 static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp)
@@ -521,7 +521,7 @@ int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx,
 int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
 
 /* Learn the code objects of the stack py_walk_run() just interned, PY_LEARN_PER_RUN frames a
- * run, then tail-call the same program for the rest. Between runs the scratch is not busy: an interrupt's event that walks then may replace the stack (and its learning)
+ * run, then tail-call the same program for the rest. Between runs the scratch is not busy: a nested event that walks then may replace the stack (and its learning)
  * before the rest of this one is learned, whose frames then stay unnamed (user space counts
  * them), as an event that finds the scratch busy goes without frames. */
 static __always_inline int py_learn_codes(void *ctx, const int raw_tp)

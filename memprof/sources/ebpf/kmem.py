@@ -80,41 +80,32 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
 _INTERRUPT_STUBS = ("asm_common_interrupt", "asm_spurious_interrupt")
 _INTERRUPT_STUB_PREFIX = "asm_sysvec_"
 _KALLSYMS_HEAD_LINES = 1024  # the entry stubs are within the first ~60 lines here
-_TEXT_TYPES = frozenset("tTwW")  # kallsyms' types of code symbols
 
 
 def _is_interrupt_stub(name: str) -> bool:
-    name = name.removeprefix("__pfx_")
     return name in _INTERRUPT_STUBS or name.startswith(_INTERRUPT_STUB_PREFIX)
 
 
 def interrupt_entry_text(lines) -> tuple[int, int]:
     """[start, end) of the kernel's interrupt entry stubs, from kallsyms `lines` (its head is
-    enough): from asm_common_interrupt over the stubs that follow it by address, to the next
-    other symbol. An interrupt that hits user space runs its handler, and the softirqs on its
-    way out, on the task's own stack with the stub's return address just below the task's
-    pt_regs; bpf/kmem.bpf.c tells such allocations from the task's by it. The range ends at
-    the first other symbol. (0, 0) where asm_common_interrupt is not found once with an
-    address (kallsyms shows others zeros), or nothing follows the stubs in `lines`: then only
-    interrupts on stacks of their own are told apart."""
-    symbols = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] in _TEXT_TYPES:
-            try:
-                symbols.append((int(parts[0], 16), parts[2]))
-            except ValueError:
-                continue
-    symbols.sort()
-    starts = [i for i, (addr, name) in enumerate(symbols) if name == "asm_common_interrupt" and addr]
-    if len(starts) != 1:
+    enough): from asm_common_interrupt over the stubs that follow it by address, up to the
+    next other symbol. An interrupt that hits user space runs its handler, and the softirqs
+    on its way out, on the task's own stack with the stub's return address just below the
+    task's pt_regs; bpf/kmem.bpf.c tells such allocations from the task's by it. (0, 0) where
+    asm_common_interrupt is not found once with an address (kallsyms shows others zeros), or
+    nothing follows the stubs in `lines`: then only interrupts on stacks of their own are
+    told apart."""
+    from memprof.sources.symbols.symbolize import KernelSymbols  # its parse: text symbols, no __pfx_ twins
+    table = KernelSymbols.from_lines(lines)
+    names = table.names.tolist()
+    if names.count("asm_common_interrupt") != 1:
         return 0, 0
-    i = starts[0]
-    while i + 1 < len(symbols) and _is_interrupt_stub(symbols[i + 1][1]):
-        i += 1
-    if i + 1 >= len(symbols):
+    first = last = names.index("asm_common_interrupt")
+    while last + 1 < len(names) and _is_interrupt_stub(names[last + 1]):
+        last += 1
+    if last + 1 >= len(names):
         return 0, 0
-    return symbols[starts[0]][0], symbols[i + 1][0]
+    return int(table.starts[first]), int(table.starts[last + 1])
 
 
 def read_interrupt_entry_text(path: str = "/proc/kallsyms") -> tuple[int, int]:

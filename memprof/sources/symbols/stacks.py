@@ -258,8 +258,8 @@ class StackInterner:
 
 _PYTHON = FrameKind.PYTHON.value
 _NATIVE = FrameKind.NATIVE.value
-_ENTRY = operator.itemgetter(1)
-_KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)  # of a (frame id, entry) item: merge_chain's entry()
+_ENTRY = operator.itemgetter(1)  # of a (frame id, entry) item: merge_chain's entry()
+_KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)
 
 
 def _stack_rows(stack_ids: np.ndarray, chains: list[list[int]]) -> dict[str, np.ndarray]:

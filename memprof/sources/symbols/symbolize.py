@@ -98,7 +98,8 @@ class KernelSymbols:
 
     @classmethod
     def from_lines(cls, lines: Iterable[str]) -> "KernelSymbols":
-        """Parse kallsyms lines (trailing newlines allowed)."""
+        """Parse kallsyms lines (trailing newlines allowed); a line that is not a text
+        symbol with a hex address is skipped."""
         starts, names, modules = [], [], []
         module_names: dict[str, str] = {}  # one str per module, not one per symbol
         for line in lines:
@@ -107,7 +108,10 @@ class KernelSymbols:
             if len(parts) != 3 or parts[1] not in _KERNEL_TEXT_TYPES:
                 continue
             name, _, module = parts[2].rstrip("\n").partition("\t")
-            start = int(parts[0], 16)
+            try:
+                start = int(parts[0], 16)
+            except ValueError:
+                continue
             if start == 0 or name.startswith(_KERNEL_PADDING_PREFIX):
                 continue
             starts.append(start)
