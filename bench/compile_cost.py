@@ -5,13 +5,20 @@ too noisy to tell 0.2 s apart, so this reads clang's and LLVM's -ftime-report, w
 the compiler's own work (front end, IR passes, code generation), and sums their totals, for
 the default families and for `--sources +native`, alternating, REPEATS times each.
 
-    sudo .venv/bin/python bench/compile_cost.py [--repeats R]
+--fresh times what a cold `record` pays instead: each compile in a new interpreter, the wall
+time of bcc's BPF() call alone (no -ftime-report, whose timers cost time of their own). That
+includes what bcc does around LLVM, such as its front end's look-ups in kallsyms, which
+LLVM's totals leave out.
+
+    sudo .venv/bin/python bench/compile_cost.py [--repeats R] [--fresh]
 """
 from __future__ import annotations
 
 import argparse
 import re
 import statistics
+import subprocess
+import sys
 import time
 
 from memprof.sources.ebpf import loading
@@ -34,17 +41,44 @@ def compile_seconds(families: tuple[str, ...]) -> tuple[float, float]:
     return sum(map(float, totals)), wall
 
 
+_FRESH = """
+import sys, time
+from bcc import BPF
+from memprof.sources.ebpf import loading
+from memprof.sources.ebpf.bpfload import captured_stderr
+from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
+source = EbpfSource(EbpfOptions(families=tuple(sys.argv[1:])))
+text, cflags = loading.program_source(source.options, source.enabled)
+t0 = time.perf_counter()
+with captured_stderr():
+    BPF(text=text.encode(), cflags=cflags).cleanup()
+print(time.perf_counter() - t0)
+"""
+
+
+def fresh_compile_seconds(families: tuple[str, ...]) -> tuple[float, float]:
+    """(nan, wall seconds of bcc's BPF() call) for one compile in a new interpreter."""
+    out = subprocess.run([sys.executable, "-c", _FRESH, *families], check=True, capture_output=True, text=True).stdout
+    return float("nan"), float(out.split()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--fresh", action="store_true", help="each compile in a new interpreter, its wall time only")
     args = ap.parse_args()
+    measure = fresh_compile_seconds if args.fresh else compile_seconds
     variants = {"default sources": DEFAULT_FAMILIES, "+native": (*DEFAULT_FAMILIES, "native")}
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, families in variants.items():
-            seen[name].append(compile_seconds(families))
+            seen[name].append(measure(families))
     for name, runs in seen.items():
         llvm, wall = zip(*runs)
+        if args.fresh:
+            print(f"{name}: wall {statistics.median(wall):.3f} s (min {min(wall):.3f}, max {max(wall):.3f}), "
+                  f"a new interpreter per compile")
+            continue
         print(f"{name}: LLVM's totals {statistics.median(llvm):.3f} s (min {min(llvm):.3f}, max {max(llvm):.3f}); "
               f"wall {statistics.median(wall):.3f} s")
 

@@ -458,7 +458,7 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
 {
     struct user_entry entry = task_user_entry();
     u64 user_sp = entry.sp, word_at_sp = 0;
-    if (user_sp && bpf_probe_read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
+    if (user_sp && read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
         word_at_sp = 0; /* not resident: the key and the stack go without it */
     struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
     struct site_stack *cached = site_stacks.lookup(&key);

@@ -19,6 +19,15 @@
 
 #include "memprof.h"
 
+/* == every part: reading user memory ==
+ * bpf_probe_read_user under a name of bcc's front end does not know. The front end checks
+ * each call it sees to bpf_probe_read_user against kallsyms (to fall back to bpf_probe_read
+ * on kernels before 5.5), and bcc 0.26's KSyms::resolve_name rebuilds its map of all the
+ * kernel's symbols (~120,000 here) at every such check, as kallsyms repeats names and its
+ * "already built" test compares counts: ~35 ms a call site, 0.3-0.4 s of every compile with
+ * the parts' ten sites (bench/RESULTS.md). memprof needs a 5.11+ kernel (task storage). */
+static long (*read_user)(void *dst, u32 size, const void *unsafe_ptr) = (void *)BPF_FUNC_probe_read_user;
+
 /* == common.bpf.c: the ring buffer, the stack maps, the process and address filters == */
 static __always_inline void count(u32 slot);
 static __always_inline int is_tracked(u32 tgid);

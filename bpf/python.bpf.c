@@ -174,7 +174,7 @@ static __always_inline void py_enter_learning(void *ctx, const int raw_tp)
 static __always_inline u64 read_user_u64(u64 addr)
 {
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    read_user(&v, sizeof(v), (void *)addr);
     return v;
 }
 
@@ -252,7 +252,7 @@ static __always_inline u8 *py_frame_at(struct py_conf *c, struct py_scratch *s, 
     /* below + read < PY_PAGE_BYTES + PY_FRAME_MAX; the mask says so to the verifier */
     u32 len = (below + read) & (2 * PY_PAGE_BYTES - 1);
     s->window_len = 0;
-    if (bpf_probe_read_user(s->window, len, (void *)(frame - below)) < 0)
+    if (read_user(s->window, len, (void *)(frame - below)) < 0)
         return 0;
     s->window_start = frame - below;
     s->window_len = len;
@@ -266,7 +266,7 @@ static __always_inline void py_read_str(struct py_conf *c, u64 str, u8 *dst, con
 {
     u64 len = read_user_u64(str + c->unicode_length);
     u32 state = 0;
-    bpf_probe_read_user(&state, sizeof(state), (void *)(str + c->unicode_state));
+    read_user(&state, sizeof(state), (void *)(str + c->unicode_state));
     u32 kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
     *len_out = len;
     *state_out = state;
@@ -281,7 +281,7 @@ static __always_inline void py_read_str(struct py_conf *c, u64 str, u8 *dst, con
     }
     *skip_out = skip;
     if (bytes > 0 && bytes <= cap)
-        bpf_probe_read_user(dst, bytes, (void *)(data + skip));
+        read_user(dst, bytes, (void *)(data + skip));
 }
 
 static __always_inline u64 head_u64(u8 *head, s32 off)
@@ -301,7 +301,7 @@ static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s
     if (read < 16)
         return -1;
     u8 *head = s->code_head;
-    if (bpf_probe_read_user(head, read, (void *)code) < 0) {
+    if (read_user(head, read, (void *)code) < 0) {
         count(MP_CNT_PY_BAD_CODE);
         return -1;
     }
@@ -335,7 +335,7 @@ static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s
     if (n > PY_LINES_BYTES)
         n = PY_LINES_BYTES;
     if (n > 0 && n <= PY_LINES_BYTES)
-        bpf_probe_read_user(pc->lines, n, (void *)(table + c->bytes_data));
+        read_user(pc->lines, n, (void *)(table + c->bytes_data));
     if (py_codes.update(&key, pc) < 0)
         count(MP_CNT_PY_MAP_FULL);
     return 0;

@@ -140,11 +140,11 @@ static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
         if (rc != 0)
             return 0; /* failed: nothing allocated */
         addr = 0;
-        bpf_probe_read_user(&addr, sizeof(addr), (void *)p.out_ptr);
+        read_user(&addr, sizeof(addr), (void *)p.out_ptr);
     }
     if (p.pitch_ptr) {
         u64 pitch = 0;
-        bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p.pitch_ptr);
+        read_user(&pitch, sizeof(pitch), (void *)p.pitch_ptr);
         size = pitch * p.size;
     }
     if (!addr || addr == (u64)-1) /* NULL, or MAP_FAILED: nothing changed */
@@ -206,7 +206,7 @@ int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, 
 {
     /* prop->location.id: CUmemAllocationProp { type, requestedHandleTypes, location {type, id}, … } */
     s32 device = -1;
-    bpf_probe_read_user(&device, sizeof(device), (void *)(PT_REGS_PARM3(ctx) + 12));
+    read_user(&device, sizeof(device), (void *)(PT_REGS_PARM3(ctx) + 12));
     CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_PHYSICAL, (s8)device);
     return 0;
 }

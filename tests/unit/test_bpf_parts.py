@@ -173,3 +173,16 @@ def test_the_readme_table_says_what_each_part_uses():
             functions, maps, _ = _uses(user, owner) if owner != user else (set(), set(), set())
             cells.append(", ".join(sorted(functions) + [f"map {m}" for m in sorted(maps)]) or "—")
         assert table[user] == tuple(cells), f"bpf/README.md, Parts: write | `{user}` | {cells[0]} | {cells[1]} |"
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_no_part_calls_bcc_probe_read_user_by_its_name(part):
+    """bcc's front end looks each call of bpf_probe_read_user up in kallsyms, rebuilding its
+    map of every kernel symbol each time (~35 ms a call site): parts call parts.h's
+    read_user, the same helper under another name."""
+    assert not re.search(r"\bbpf_probe_read_user(?:_str)?\s*\(", _part(part)), part
+
+
+def test_read_user_is_the_kernels_probe_read_user_helper():
+    code = _code(HEADER.read_text())
+    assert re.search(r"\(\*read_user\)\([^)]*\)\s*=\s*\(void \*\)BPF_FUNC_probe_read_user;", code)
