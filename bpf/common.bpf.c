@@ -382,15 +382,12 @@ static __always_inline u64 kernel_depth(void *ctx, u64 user_ip)
     return KDEPTH_FROM_SYSCALL | (ordinal << 16) | (a->stack - here);
 }
 
-/* At a tracked thread's system call entry (kmem.bpf.c's raw sys_enter program, `ctx` its
- * context): note where the call began on the kernel stack, after the kernel moved it by its
- * random offset, and start its count of events at mixed keys — what kernel_depth() counts
- * from. */
-static __always_inline void note_syscall_start(void *ctx)
+/* At a tracked thread's system call entry (memprof.bpf.c's raw sys_enter program, `ctx` its
+ * context, `pid_tgid` the thread's): note where the call began on the kernel stack, after
+ * the kernel moved it by its random offset, and start its count of events at mixed keys —
+ * what kernel_depth() counts from. */
+static __always_inline void note_syscall_start(void *ctx, u64 pid_tgid)
 {
-    u64 pid_tgid = bpf_get_current_pid_tgid();
-    if (!is_tracked(pid_tgid >> 32))
-        return;
     u32 zero = 0;
     struct syscall_anchor *a = syscall_anchors.lookup(&zero);
     if (a) {

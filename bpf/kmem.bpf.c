@@ -190,14 +190,6 @@ int mp_kmem_cache_free_nested(struct bpf_raw_tracepoint_args *ctx)
     return on_nested_free(MP_TP_KMEM_CACHE_FREE, ctx->args[1], MP_SLAB_FREE, 0);
 }
 
-/* Every system call of a tracked thread notes where it began on the kernel stack: see
- * kernel_depth() in common.bpf.c, which keys sibling kernel paths apart from it. */
-RAW_TRACEPOINT_PROBE(sys_enter)
-{
-    note_syscall_start(ctx);
-    return 0;
-}
-
 #define PAGE_BYTES(order) (1U << (PAGE_SHIFT_BYTES + ((order) & 31)))
 /* Page allocations have no call site. Within one syscall path (one user stack pointer) the
  * kinds of page a kernel path takes differ in order and gfp flags: a pipe's data page is

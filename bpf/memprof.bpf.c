@@ -1,14 +1,25 @@
-/* memprof's BPF program, last part: follows the process tree (fork/exec/exit) and marks the
- * moment a process begins to exit. memprof/sources/ebpf/loading.py joins the program text from
- * common.bpf.c, the chosen families (kmem.bpf.c, uprobes.bpf.c) and this file, so that
- * every family shares one ring buffer, one stack map and one process filter.
+/* memprof's BPF program, last part: follows the process tree (fork/exec/exit), notes each
+ * system call's start for the kmem family, and marks the moment a process begins to exit.
+ * memprof/sources/ebpf/loading.py joins the program text from common.bpf.c, the chosen
+ * families (kmem.bpf.c, uprobes.bpf.c) and this file, so that every family shares one ring
+ * buffer, one stack map and one process filter.
+ *
+ * Every program here is a raw tracepoint: bcc compiles each classic tracepoint program
+ * (TRACEPOINT_PROBE) at ~80 ms more than the same program on a raw tracepoint, and six of
+ * them were a third of every compile (bench/RESULTS.md). A raw tracepoint passes the
+ * tracepoint's own arguments (its TP_PROTO, in ctx->args), not the classic event's fields:
+ * what a field held is read from the structure it came from, at offsets from BTF.
  *
  * Constants:
- *   HAVE_EXIT_GROUP_DEAD  sched_process_exit has the group_dead field (6.x+)
+ *   HAVE_EXIT_GROUP_DEAD  sched_process_exit passes group_dead (6.16+)
+ *   TASK_PID_OFF          offset of `pid` (the thread's id) in task_struct
+ *   TASK_TI_STATUS_OFF    offset of thread_info.status in task_struct (x86-64: TS_COMPAT)
+ *   SIGACTION_HANDLER_OFF offset of sa.sa_handler in struct k_sigaction
+ *   MP_KMEM_FAMILY        the kmem family is compiled (kernel_depth() needs the anchor)
  */
 #include "parts.h" /* what the parts give each other */
 
-/* ---- process tree: fork/exec/exit are rare, classic tracepoints are fine ---- */
+/* ---- process tree: fork/exec/exit are rare ---- */
 
 static __always_inline void lifecycle(u8 kind, u32 pid, u32 other)
 {
@@ -19,61 +30,6 @@ static __always_inline void lifecycle(u8 kind, u32 pid, u32 other)
     e->pid = pid;
     e->tid = other;
     submit(e);
-}
-
-/* A new task of a tracked process is tracked. Threads get a bit too (their tid), cleared
- * when they exit; only tgids are ever tested. */
-TRACEPOINT_PROBE(sched, sched_process_fork)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!is_tracked(tgid))
-        return 0;
-    set_tracked(args->child_pid, 1);
-    lifecycle(MP_PROC_FORK, args->child_pid, tgid);
-    return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_process_exec)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (is_tracked(tgid)) {
-        /* The old image's interpreter is gone: no frames until user space finds the new one. */
-        py_procs.delete(&tgid);
-        py_threads.task_storage_delete(bpf_get_current_task_btf());
-        lifecycle(MP_PROC_EXEC, tgid, args->old_pid);
-    }
-    return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_process_exit)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, pid = (u32)id;
-    if (!is_tracked(tgid))
-        return 0;
-#ifdef HAVE_EXIT_GROUP_DEAD
-    int group_dead = args->group_dead;
-#else
-    int group_dead = pid == tgid;
-#endif
-    if (pid != tgid)
-        set_tracked(pid, 0);
-    if (group_dead) {
-        py_procs.delete(&tgid);
-        lifecycle(MP_PROC_EXIT, tgid, pid);
-        set_tracked(tgid, 0);
-    }
-    return 0;
-}
-
-/* A library mapped executable (dlopen, lazy loading as torch does for libcuda): user space
- * re-reads the process's maps at its next poll and probes allocators that just appeared. */
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if ((args->prot & 0x4 /* PROT_EXEC */) && (long)args->fd >= 0 && is_tracked(tgid))
-        lifecycle(MP_MAP_EXEC, tgid, 0);
-    return 0;
 }
 
 /* The moment a process begins to exit, before the kernel's teardown frees what it held. */
@@ -90,9 +46,93 @@ static __always_inline void exit_mark(u32 why)
     submit(e);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+/* sched_process_fork(struct task_struct *parent, struct task_struct *child), in the parent:
+ * a new task of a tracked process is tracked. Threads get a bit too (their tid), cleared
+ * when they exit; only tgids are ever tested. */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
-    exit_mark(0);
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_tracked(tgid))
+        return 0;
+    u32 child = 0;
+    if (bpf_probe_read_kernel(&child, sizeof(child), (char *)ctx->args[1] + TASK_PID_OFF) < 0 || !child)
+        return 0;
+    set_tracked(child, 1);
+    lifecycle(MP_PROC_FORK, child, tgid);
+    return 0;
+}
+
+/* sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm) */
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (is_tracked(tgid)) {
+        /* The old image's interpreter is gone: no frames until user space finds the new one. */
+        py_procs.delete(&tgid);
+        py_threads.task_storage_delete(bpf_get_current_task_btf());
+        lifecycle(MP_PROC_EXEC, tgid, (u32)ctx->args[1]);
+    }
+    return 0;
+}
+
+/* sched_process_exit(struct task_struct *p[, bool group_dead]), in the exiting thread. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, pid = (u32)id;
+    if (!is_tracked(tgid))
+        return 0;
+#ifdef HAVE_EXIT_GROUP_DEAD
+    int group_dead = (int)(ctx->args[1] & 1);
+#else
+    int group_dead = pid == tgid;
+#endif
+    if (pid != tgid)
+        set_tracked(pid, 0);
+    if (group_dead) {
+        py_procs.delete(&tgid);
+        lifecycle(MP_PROC_EXIT, tgid, pid);
+        set_tracked(tgid, 0);
+    }
+    return 0;
+}
+
+/* x86-64 system call numbers (the raw sys_enter tracepoint passes the number, not a name). */
+#define MP_NR_MMAP 9
+#define MP_NR_EXIT_GROUP 231
+#define MP_PROT_EXEC 0x4
+#define MP_TS_COMPAT 0x0002 /* thread_info.status: a 32-bit system call, numbered otherwise */
+
+/* sys_enter(struct pt_regs *regs, long id), at every system call of every task: a tracked
+ * thread's call notes where it began on the kernel stack (kernel_depth() in common.bpf.c,
+ * which keys sibling kernel paths apart from it), and two calls matter to the process tree:
+ * - mmap of an executable file (dlopen, lazy loading as torch does for libcuda): user space
+ *   re-reads the process's maps at its next poll and probes allocators that just appeared;
+ * - exit_group: the process begins to exit.
+ * Their arguments are the task's registers at entry (pt_regs, BTF loads: rdx is mmap's
+ * prot, r8 its fd). A 32-bit call has other numbers and is left out, as the classic
+ * syscalls tracepoints did. */
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if (!is_tracked(pid_tgid >> 32))
+        return 0;
+#ifdef MP_KMEM_FAMILY
+    note_syscall_start(ctx, pid_tgid);
+#endif
+    long nr = (long)ctx->args[1];
+    if (nr != MP_NR_MMAP && nr != MP_NR_EXIT_GROUP)
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    if (*(u32 *)((char *)task + TASK_TI_STATUS_OFF) & MP_TS_COMPAT)
+        return 0;
+    if (nr == MP_NR_EXIT_GROUP) {
+        exit_mark(0);
+        return 0;
+    }
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    if ((regs->dx & MP_PROT_EXEC) && (long)regs->r8 >= 0)
+        lifecycle(MP_MAP_EXEC, pid_tgid >> 32, 0);
     return 0;
 }
 
@@ -102,12 +142,17 @@ TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
     (1ULL << 14) | (1ULL << 15) | (1ULL << 24) | (1ULL << 25) | (1ULL << 26) | (1ULL << 27) | \
     (1ULL << 31))
 
-TRACEPOINT_PROBE(signal, signal_deliver)
+/* signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka): a signal
+ * that kills (SIGKILL, or one whose action is the default and the default terminates). */
+RAW_TRACEPOINT_PROBE(signal_deliver)
 {
-    int sig = args->sig;
-    if (sig <= 0 || sig >= 64)
+    int sig = (int)ctx->args[0];
+    if (sig <= 0 || sig >= 64 || !is_tracked(bpf_get_current_pid_tgid() >> 32))
         return 0;
-    if (sig == 9 || (args->sa_handler == 0 && ((MP_FATAL_DEFAULT >> sig) & 1)))
+    u64 handler = 1;
+    if (sig != 9 && bpf_probe_read_kernel(&handler, sizeof(handler), (char *)ctx->args[2] + SIGACTION_HANDLER_OFF) < 0)
+        return 0;
+    if (sig == 9 || (handler == 0 && ((MP_FATAL_DEFAULT >> sig) & 1)))
         exit_mark(sig);
     return 0;
 }

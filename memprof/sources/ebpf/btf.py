@@ -55,7 +55,8 @@ _INT_SPELLING = {
 }
 _MAX_DEPTH = 64
 _NO_BTF_HINT = (
-    "this kernel has no BTF (CONFIG_DEBUG_INFO_BTF); memprof falls back to classic tracepoints"
+    "this kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which memprof's probes need: they read kernel "
+    "structures at the offsets it gives; run a kernel built with CONFIG_DEBUG_INFO_BTF=y"
 )
 
 

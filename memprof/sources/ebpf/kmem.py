@@ -42,15 +42,6 @@ def tracepoint_exists(category: str, name: str) -> bool:
     return bool(root) and os.path.isdir(os.path.join(root, "events", category, name))
 
 
-def tracepoint_has_field(category: str, name: str, field_name: str) -> bool:
-    root = tracefs_root()
-    try:
-        with open(os.path.join(root or "", "events", category, name, "format")) as f:
-            return f" {field_name};" in f.read()
-    except OSError:
-        return False
-
-
 def kmem_cflags(options: KmemOptions) -> list[str]:
     """-D constants of bpf/kmem.bpf.c, from the options and the running kernel's BTF."""
     from memprof.sources.ebpf.btf import BtfError

@@ -63,7 +63,7 @@ def compile_program(options, enabled: Callable[[str], bool]):
     if compiled is not None:
         compiled_cache.store(compiled, text, cflags)
         return compiled
-    if is_load_failure(failure):  # compiled; bcc then loads the classic tracepoint programs
+    if is_load_failure(failure):  # compiled; bcc then loads the raw tracepoint programs it attaches itself
         raise load_failure(failure) from failure
     first_error = next((line for line in diagnostics.text().splitlines() if "error" in line), str(failure))
     raise SourceUnavailableError(f"could not compile the eBPF probes: {first_error}",
@@ -91,13 +91,31 @@ def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
         f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
         f"-DUSER_STACK_SAMPLE_MASK={o.user_stack_every - 1}",
     ]
-    if K.tracepoint_has_field("sched", "sched_process_exit", "group_dead"):
-        flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
+    flags += process_tree_cflags()
     # The user-space families' programs are compiled only where they may be used (bpf/uprobes.bpf.c).
-    flags += [f"-DMP_{family.upper()}_FAMILY=1" for family in ("cuda", "native") if enabled(family)]
+    flags += [f"-DMP_{family.upper()}_FAMILY=1" for family in ("kmem", "cuda", "native") if enabled(family)]
     if enabled("kmem"):
         flags += K.kmem_cflags(o.kmem)
     flags += python_cflags(o.python)
+    return flags
+
+
+def process_tree_cflags() -> list[str]:
+    """-D constants of bpf/memprof.bpf.c's raw tracepoints, from the running kernel's BTF:
+    where the fields the classic tracepoints gave are, and whether sched_process_exit passes
+    group_dead. SourceUnavailableError where the BTF does not say."""
+    from memprof.sources.ebpf.btf import BtfError
+    from memprof.sources.ebpf.btf_answers import kernel_btf
+    try:
+        btf = kernel_btf()
+        flags = [f"-DTASK_PID_OFF={btf.member_offset('task_struct', 'pid')}",
+                 f"-DTASK_TI_STATUS_OFF={btf.member_offset('task_struct', 'thread_info') + btf.member_offset('thread_info', 'status')}",
+                 f"-DSIGACTION_HANDLER_OFF={btf.member_offset('k_sigaction', 'sa') + btf.member_offset('sigaction', 'sa_handler')}"]
+        exit_params = btf.raw_tracepoint_params("sched_process_exit")
+    except BtfError as e:
+        raise SourceUnavailableError(f"cannot read the process tree's tracepoints from BTF: {e.message}", e.hint) from e
+    if exit_params[1:2] == ["bool"]:
+        flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
     return flags
 
 
