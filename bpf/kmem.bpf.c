@@ -10,6 +10,7 @@
  *                         (movable = user and page-cache pages, which RSS accounts for)
  *   PAGE_SHIFT_BYTES      log2 of the page size
  *   TASK_STACK_OFF        offset of `stack` (the kernel stack's lowest address) in task_struct
+ *   KMEM_CACHE_ALLOC_TAKES_CACHE  kmem_cache_alloc passes the cache, not the sizes (6.0+)
  */
 #include "parts.h" /* what the parts give each other */
 
@@ -140,6 +141,10 @@ int mp_kmalloc(struct bpf_raw_tracepoint_args *ctx)
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
 
+/* One of the two kmem_cache_alloc programs is compiled, the one this kernel's prototype
+ * takes (kmem.py, KMEM_CACHE_ALLOC_TAKES_CACHE): each inlines the whole event path, ~40 ms
+ * of every compile. */
+#ifdef KMEM_CACHE_ALLOC_TAKES_CACHE
 /* kmem_cache_alloc(call_site, ptr, struct kmem_cache *s, gfp_flags, node) since 6.0;
  * the sizes live in the cache, at offsets read from BTF. */
 int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
@@ -161,12 +166,13 @@ int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
 #endif
     return on_slab_alloc(ctx, ctx->args[0], ptr, size, object_size);
 }
-
+#else
 /* kmem_cache_alloc before 6.0 carried the sizes: (call_site, ptr, bytes_req, bytes_alloc, gfp) */
 int mp_kmem_cache_alloc_sized(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
+#endif
 
 /* kfree(call_site, ptr) and kmem_cache_free(call_site, ptr, …): one program each, so the
  * kernel's per-program miss counters say which tracepoint lost events. */

@@ -51,10 +51,11 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         size_off = btf.member_offset("kmem_cache", "size")
         objsize_off = btf.member_offset("kmem_cache", "object_size")
         task_stack_off = btf.member_offset("task_struct", "stack")
+        takes_cache = _takes_cache(btf.raw_tracepoint_params("kmem_cache_alloc"))
     except BtfError as e:
         raise SourceUnavailableError(f"cannot read struct kmem_cache or task_struct from BTF: {e.message}", e.hint) from e
     skip = 0 if options.include_user_pages else _GFP_MOVABLE
-    return [
+    return [*(["-DKMEM_CACHE_ALLOC_TAKES_CACHE=1"] if takes_cache else []),
         f"-DSTACK_SAMPLE_MASK={options.slab_stack_every - 1}",
         f"-DPAGE_STACK_SAMPLE_MASK={options.page_stack_every - 1}",
         f"-DKMEM_CACHE_SIZE_OFF={size_off}",
@@ -132,7 +133,13 @@ def _program_for(tp: str, params: list[str]) -> str:
         return "mp_kmalloc"
     if tp.startswith("kmem_cache_alloc"):
         # Since 6.0 the cache pointer replaced the sizes in the prototype.
-        return "mp_kmem_cache_alloc" if "struct kmem_cache *" in params[2] else "mp_kmem_cache_alloc_sized"
+        return "mp_kmem_cache_alloc" if _takes_cache(params) else "mp_kmem_cache_alloc_sized"
     if tp == "mm_page_alloc":
         return "mp_page_alloc"
     raise ValueError(f"no program for tracepoint {tp}")
+
+
+def _takes_cache(params: list[str]) -> bool:
+    """Whether kmem_cache_alloc's raw tracepoint `params` pass the cache (since 6.0) rather
+    than the sizes: which of the two programs is compiled and attached."""
+    return len(params) > 2 and "struct kmem_cache *" in params[2]
