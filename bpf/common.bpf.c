@@ -9,6 +9,7 @@
  *   USTACK_DEPTH, USTACK_ENTRIES  frames kept per user stack, user stacks kept
  *   TRACKED_WORDS         u64 words of the tgid bitmap (pid_max / 64 + 1)
  *   ADDR_BITS_LOG2        log2 of the bits in the allocated-address filter
+ *   TASK_NVCSW_OFF, TASK_NIVCSW_OFF  offsets of the context-switch counts in task_struct
  */
 #include <uapi/linux/ptrace.h>
 #include "memprof.h"
@@ -83,8 +84,11 @@ struct syscall_anchor {
     u64 here; /* kernel_depth()'s own address_in() slot (only task work reaches it: no nesting) */
     u64 mixed_events;
     u64 user_ip; /* the call's return address in user space: a later fault or interrupt has another */
+    u64 user_sp;
+    u64 switches; /* the thread's context switches at the call's start (see word_at_user_sp) */
+    u64 word_at_sp; /* the word at user_sp, once an event of the call read it */
     u32 tid;
-    u32 pad;
+    u32 word_read;
 };
 BPF_PERCPU_ARRAY(syscall_anchors, struct syscall_anchor, 1);
 
@@ -242,14 +246,20 @@ struct user_entry {
 /* The task's user instruction and stack pointers at kernel entry (pt_regs' ip and sp: two
  * loads, no unwinding, no user memory access). A loop reaching one syscall through one call
  * path does so at one stack depth, two paths (a helper and its caller) at two — with or
- * without frame pointers. bpf_task_pt_regs() gives a typed (BTF) pointer, so these are plain
- * loads the kernel guards against faults itself, not a bpf_probe_read_kernel() call each:
- * ~20-40 ns less per event (bench/RESULTS.md). */
-static __always_inline struct user_entry task_user_entry(void)
+ * without frame pointers. `regs` is bpf_task_pt_regs()'s typed (BTF) pointer, which an
+ * event's program takes once (a helper call) and hands on: these are plain loads the kernel
+ * guards against faults itself, not a bpf_probe_read_kernel() call each: ~20-40 ns less per
+ * event (bench/RESULTS.md). */
+static __always_inline struct user_entry task_user_entry(struct pt_regs *regs)
 {
-    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
     struct user_entry entry = {.ip = regs->ip, .sp = regs->sp};
     return entry;
+}
+
+/* How many times the task has been switched out, voluntarily or not (BTF loads). */
+static __always_inline u64 task_switches(struct task_struct *task)
+{
+    return *(unsigned long *)((char *)task + TASK_NVCSW_OFF) + *(unsigned long *)((char *)task + TASK_NIVCSW_OFF);
 }
 
 /* Take a sample tick: 1 when this allocation takes its own stacks (one in mask + 1). */
@@ -385,17 +395,23 @@ static __always_inline u64 kernel_depth(void *ctx, u64 user_ip)
 /* At a tracked thread's system call entry (memprof.bpf.c's raw sys_enter program, `ctx` its
  * context, `pid_tgid` the thread's): note where the call began on the kernel stack, after
  * the kernel moved it by its random offset, and start its count of events at mixed keys —
- * what kernel_depth() counts from. */
+ * what kernel_depth() counts from — and what word_at_user_sp() checks before it takes the
+ * word at the user stack pointer from here. */
 static __always_inline void note_syscall_start(void *ctx, u64 pid_tgid)
 {
     u32 zero = 0;
     struct syscall_anchor *a = syscall_anchors.lookup(&zero);
-    if (a) {
-        a->tid = (u32)pid_tgid;
-        address_in(&a->stack, ctx);
-        a->user_ip = task_user_entry().ip;
-        a->mixed_events = 0;
-    }
+    if (!a)
+        return;
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct user_entry entry = task_user_entry((struct pt_regs *)bpf_task_pt_regs(task));
+    a->tid = (u32)pid_tgid;
+    address_in(&a->stack, ctx);
+    a->user_ip = entry.ip;
+    a->user_sp = entry.sp;
+    a->switches = task_switches(task);
+    a->word_read = 0;
+    a->mixed_events = 0;
 }
 
 /* The current kernel stack's id in `stacks`, or < 0. The map keeps one stack per bucket
@@ -439,6 +455,34 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
         cached->takes++;
 }
 
+/* The word at the user stack pointer of `entry` (0 where it is not resident), which keys
+ * two callers of one frameless wrapper apart (see struct site_key). A user read costs ~70 ns
+ * (bpf/README.md) and a system call makes several allocations (a pipe2 five, a socketpair
+ * ten) at one user stack pointer, which does not move while the call runs: the call's first
+ * event reads the word into the system call's anchor, and its later events take it there.
+ * The anchor is per CPU: it is this call's only while it names this thread, this entry, and
+ * the thread's context-switch count at the call's start. A thread switched out since (it
+ * may have moved to another CPU, whose anchor may hold an earlier call of its own from the
+ * same place, reached through another caller) reads the word itself. So does an event
+ * outside a system call seen starting (a page fault). */
+static __always_inline u64 word_at_user_sp(struct task_struct *task, struct user_entry entry)
+{
+    u64 word = 0;
+    u32 zero = 0;
+    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
+    int this_call = a && a->tid == (u32)bpf_get_current_pid_tgid() && a->user_ip == entry.ip &&
+                    a->user_sp == entry.sp && a->switches == task_switches(task);
+    if (this_call && a->word_read)
+        return a->word_at_sp;
+    if (entry.sp && read_user(&word, sizeof(word), (void *)entry.sp) < 0)
+        word = 0; /* not resident: the key and the stack go without it */
+    if (this_call) {
+        a->word_at_sp = word;
+        a->word_read = 1;
+    }
+    return word;
+}
+
 /* Native stacks are sampled; the Python stack is read for every event (by emit_alloc, in
  * python.bpf.c: it is what a reused native stack cannot tell apart, one C call path runs
  * every Python function). `site`: the
@@ -451,12 +495,11 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
  * user stack.
  * An unwind per event would be the simple answer, and costs 2.2 µs per event here: kernel
  * churn went from 2.2x to 4.5x (bench/RESULTS.md). */
-static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site)
+static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
+                                        struct task_struct *task, struct pt_regs *regs)
 {
-    struct user_entry entry = task_user_entry();
-    u64 user_sp = entry.sp, word_at_sp = 0;
-    if (user_sp && read_user(&word_at_sp, sizeof(word_at_sp), (void *)user_sp) < 0)
-        word_at_sp = 0; /* not resident: the key and the stack go without it */
+    struct user_entry entry = task_user_entry(regs);
+    u64 user_sp = entry.sp, word_at_sp = word_at_user_sp(task, entry);
     struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
     struct site_stack *cached = site_stacks.lookup(&key);
     if (cached && cached->mixed) {

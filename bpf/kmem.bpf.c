@@ -35,10 +35,8 @@ BPF_ARRAY(irq_entry_text, u64, 2);
  *   return address into the entry stub that called the handler.
  * The stack's bounds and orig_ax are BTF loads; only a non-syscall entry (an interrupt or
  * a page fault) reads the return address. */
-static __always_inline int in_task_work(void *ctx)
+static __always_inline int in_task_work(void *ctx, struct task_struct *task, struct pt_regs *regs)
 {
-    struct task_struct *task = bpf_get_current_task_btf();
-    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     void *bottom = *(void **)((char *)task + TASK_STACK_OFF);
     if (!(bottom <= ctx && ctx < (void *)regs))
         goto interrupt; /* compared, never computed with: no address_in() */
@@ -58,7 +56,11 @@ interrupt:
 
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
-    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !in_task_work(ctx))
+    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task); /* once: a helper call */
+    if (!in_task_work(ctx, task, regs))
         return 0;
     struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
     init_event(e, MP_SLAB_ALLOC);
@@ -67,7 +69,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     e->call_site = call_site;
     e->size = size;
     e->requested = req;
-    fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site);
+    fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site, task, regs);
     remember_addr(ptr);
     hold_addr(ptr);
     emit_alloc(ctx, e, 1);
@@ -211,7 +213,11 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     u64 page = ctx->args[0];
     u32 order = (u32)ctx->args[1];
     u32 gfp = (u32)ctx->args[2];
-    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32) || !in_task_work(ctx))
+    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    if (!in_task_work(ctx, task, regs))
         return 0;
     struct mp_event ev, *e = &ev;
     init_event(e, MP_PAGE_ALLOC);
@@ -220,7 +226,7 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     e->size = PAGE_BYTES(order);
     e->requested = e->size;
     e->call_site = 0;
-    fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp));
+    fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp), task, regs);
     remember_addr(page);
     hold_addr(page);
     emit_alloc(ctx, e, 1);

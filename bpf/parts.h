@@ -42,7 +42,8 @@ static __always_inline void submit(struct mp_event *e);
 static __always_inline void output(struct mp_event *e);
 static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
                                             u64 skip);
-static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site);
+static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
+                                        struct task_struct *task, struct pt_regs *regs);
 static __always_inline void note_syscall_start(void *ctx, u64 pid_tgid);
 
 /* == python.bpf.c: the allocating thread's Python frames ==

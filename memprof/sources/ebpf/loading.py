@@ -102,15 +102,18 @@ def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
 
 def process_tree_cflags() -> list[str]:
     """-D constants of bpf/memprof.bpf.c's raw tracepoints, from the running kernel's BTF:
-    where the fields the classic tracepoints gave are, and whether sched_process_exit passes
-    group_dead. SourceUnavailableError where the BTF does not say."""
+    where the fields the classic tracepoints gave are, whether sched_process_exit passes
+    group_dead, and where a task's context-switch counts are (common.bpf.c's system call
+    anchor). SourceUnavailableError where the BTF does not say."""
     from memprof.sources.ebpf.btf import BtfError
     from memprof.sources.ebpf.btf_answers import kernel_btf
     try:
         btf = kernel_btf()
         flags = [f"-DTASK_PID_OFF={btf.member_offset('task_struct', 'pid')}",
                  f"-DTASK_TI_STATUS_OFF={btf.member_offset('task_struct', 'thread_info') + btf.member_offset('thread_info', 'status')}",
-                 f"-DSIGACTION_HANDLER_OFF={btf.member_offset('k_sigaction', 'sa') + btf.member_offset('sigaction', 'sa_handler')}"]
+                 f"-DSIGACTION_HANDLER_OFF={btf.member_offset('k_sigaction', 'sa') + btf.member_offset('sigaction', 'sa_handler')}",
+                 f"-DTASK_NVCSW_OFF={btf.member_offset('task_struct', 'nvcsw')}",
+                 f"-DTASK_NIVCSW_OFF={btf.member_offset('task_struct', 'nivcsw')}"]
         exit_params = btf.raw_tracepoint_params("sched_process_exit")
     except BtfError as e:
         raise SourceUnavailableError(f"cannot read the process tree's tracepoints from BTF: {e.message}", e.hint) from e
