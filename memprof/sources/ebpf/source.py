@@ -216,8 +216,8 @@ class EbpfSource:
 
     def detach_process_probes(self) -> None:
         """The target's whole tree has exited: detach the probes only its processes reach
-        (uprobes; the sched, syscall and signal tracepoints, which filter on tracked pids);
-        the kmem tracepoints that report the kernel's last frees stay attached until stop().
+        (uprobes); the raw tracepoints stay attached until stop(): the kmem ones report the
+        kernel's last frees, and the process tree's filter on tracked pids, none left now.
         Each perf event's last close waits out RCU grace periods in the kernel (~0.4 s for
         all, here): a forked holder makes those closes (probe_holder.py), and this returns
         at once. Without a holder (fork failed, MEMPROF_PROBE_HOLDER=0) they run on a
