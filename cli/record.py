@@ -234,7 +234,7 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     from memprof.sources.ebpf import early
     from memprof.sources.ebpf.options import EbpfOptions
     from memprof.sources.ebpf.kmem import KmemOptions
-    from memprof.sources.cpython.frames import PythonOptions
+    from memprof.sources.cpython.options import PythonOptions
 
     if pid is not None and command:
         raise click.UsageError("give either --pid or a command, not both")

@@ -29,12 +29,13 @@ def test_the_foreground_takes_the_early_object_with_every_start_up_program_loade
     fd2 = _fd2_identity()
     early.begin(options)
     pending = early._pending
-    assert pending is not None and len(pending.programs) >= 10
+    before = early.programs_before(options)
+    assert pending is not None and len(before) >= 10
     bpf = compile_program(options, _enabled(options))
     try:
         assert bpf is pending.bpf
         loaded = {name.decode() for name in bpf.funcs}
-        assert {name for name, _ in pending.programs} <= loaded
+        assert {name for name, _ in before} <= loaded
         assert early._pending is None  # taken once
         assert _fd2_identity() == fd2
     finally:
@@ -145,14 +146,14 @@ def test_from_the_cache_the_late_families_load_behind_the_start():
     options = EbpfOptions()
     text, cflags = program_source(options, _enabled(options))
     compile_program(options, _enabled(options)).cleanup()  # compiles where the cache has no entry yet: stores it
+    before, late = early.programs_before(options), early.late_programs(options)
+    assert late and not set(late) & set(before)
     early.begin(options)
-    pending = early._pending
-    assert pending.late and not set(pending.late) & set(pending.programs)
     bpf = early.take(text, cflags)
     try:
         assert bpf is not None and bpf.FROM_CACHE and bpf.loads_behind
-        assert {name for name, _ in pending.programs} <= {name.decode() for name in bpf.funcs}
+        assert {name for name, _ in before} <= {name.decode() for name in bpf.funcs}
         bpf.wait_behind()
-        assert {name for name, _ in pending.late} <= {name.decode() for name in bpf.funcs}
+        assert {name for name, _ in late} <= {name.decode() for name in bpf.funcs}
     finally:
         bpf.cleanup()

@@ -80,3 +80,31 @@ def test_appending_a_polls_events_imports_no_pyarrow_compute(tmp_path):
     starts), which only the flush's sort needs, on its own thread."""
     loaded = _modules_after(_events_appended(tmp_path / "r.memprof"))
     assert "memprof.recording.writer" in loaded and "pyarrow.compute" not in loaded
+
+
+def test_bccs_compile_begins_before_numpy_or_pyarrow_is_imported():
+    """`record` builds its options and begins bcc's compile (sources/ebpf/early.py) before it
+    imports the recorder: the program's text and flags, and the thread's start, import
+    neither numpy (~70 ms here) nor pyarrow (~25-90 ms), so that a cold compile starts that
+    much sooner. The flags' BTF answers are given here as the cache gives them (a BTF
+    parse, where nothing is kept, does import numpy). (The thread itself lists the late
+    families' programs once it runs, which imports both: begin is not called here.)"""
+    loaded = _modules_after("""
+        from memprof.sources.ebpf import btf_answers, early
+        from memprof.sources.ebpf.options import EbpfOptions
+        from memprof.sources.ebpf.kmem import KmemOptions
+        from memprof.sources.cpython.options import PythonOptions
+        from memprof.sources.ebpf.loading import program_source
+
+        class Answers:  # a RememberedBtf whose every answer was kept
+            def member_offset(self, struct, member):
+                return 8
+            def raw_tracepoint_params(self, tp):
+                return ["void *", "unsigned long", "struct kmem_cache *", "bool"]
+
+        btf_answers.kernel_btf = lambda: Answers()
+        options = EbpfOptions(kmem=KmemOptions(), python=PythonOptions())
+        program_source(options, lambda family: family in options.families)
+    """)
+    assert "memprof.sources.ebpf.early" in loaded and "memprof.sources.ebpf.loading" in loaded
+    assert "numpy" not in loaded and "pyarrow" not in loaded, sorted(m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow"))[:5]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from memprof.sources.cpython import lines as pylines
+from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, python_cflags, tail_called_programs  # noqa: F401 (theirs to import from here too)
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
@@ -24,30 +25,6 @@ from memprof.sources.symbols.symbolize import Mapping
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
 LASTI_NONE = 0x7FFFFFFF  # PY_LASTI_NONE
 OWNED_BY_CSTACK = 3
-INIT_SLOTS = 4           # PY_INIT_SLOTS: runtime files registered at interpreter start
-
-
-@dataclass
-class PythonOptions:
-    """`enabled`: read Python frames in BPF. Depth is bounded by `max_frames` (power of two);
-    the maps hold `stack_entries` distinct stacks and `code_entries` code objects."""
-
-    enabled: bool = True
-    max_frames: int = 64
-    stack_entries: int = 32768   # x 776 bytes, preallocated
-    code_entries: int = 8192     # x 2.5 KiB, preallocated
-
-
-def python_cflags(options: PythonOptions) -> list[str]:
-    """-D constants of bpf/python.bpf.c (the thread pointer's place in task_struct from BTF)."""
-    from memprof.sources.ebpf.btf_answers import kernel_btf
-    btf = kernel_btf()
-    fsbase = btf.member_offset("task_struct", "thread") + btf.member_offset("thread_struct", "fsbase")
-    if options.max_frames & (options.max_frames - 1):
-        raise ValueError("max_frames must be a power of two")
-    return [f"-DPY_MAX_FRAMES={options.max_frames}", f"-DPY_STACK_ENTRIES={options.stack_entries}",
-            f"-DPY_CODE_ENTRIES={options.code_entries}", f"-DTASK_FSBASE_OFF={fsbase}",
-            f"-DPY_INIT_SLOTS={INIT_SLOTS}"]
 
 
 class PyFrame(NamedTuple):
@@ -66,16 +43,6 @@ class _Code:
     name: str
     file: str
     lines: list  # pylines ranges: (start, end, line)
-
-
-def tail_called_programs() -> tuple[tuple[str, str, int], ...]:
-    """(prog array, program, bcc program type) of the Python walk's and code learning's
-    programs, which the allocation programs enter by tail call (bpf/python.bpf.c's
-    emit_alloc), one of each per calling program type. PythonFrames.install loads them;
-    sources/ebpf/early.py loads them ahead."""
-    from bcc import BPF
-    return (("py_walk_tp", "mp_py_walk_tp", BPF.RAW_TRACEPOINT), ("py_walk_up", "mp_py_walk_up", BPF.KPROBE),
-            ("py_learn_tp", "mp_py_learn_tp", BPF.RAW_TRACEPOINT), ("py_learn_up", "mp_py_learn_up", BPF.KPROBE))
 
 
 @dataclass

@@ -7,15 +7,15 @@ section (type ids count from 1; id 0 is `void`) and a string section.
 
 Loading makes one pass over the type section that records where each type starts, its
 kind and its name offset; members, parameters and names are decoded only on demand.
-Only `numpy` is imported (no bcc, no torch), so this loads fast anywhere.
+Only `numpy` is used (no bcc, no torch), and only once a BTF is parsed: `record` imports
+this module before it begins bcc's compile, whose -D constants usually come from answers
+kept across runs (btf_answers.py), without a parse.
 """
 from __future__ import annotations
 
 import functools
 import struct
 from pathlib import Path
-
-import numpy as np
 
 from memprof.errors import SourceUnavailableError
 
@@ -73,6 +73,7 @@ class Btf:
 
     def __init__(self, data: bytes, origin: str = "<bytes>"):
         """Parse the header and index the type section of `data` (raw BTF)."""
+        import numpy as np
         self._origin = origin
         self._order, hdr = _parse_header(data, origin)
         _hdr_len, type_off, type_len, str_off, str_len = hdr
@@ -147,6 +148,7 @@ class Btf:
 
     def _find(self, name: str, kinds: tuple[int, ...]) -> list[int]:
         """Type ids named `name` whose kind is in `kinds`, in `kinds` order then id order."""
+        import numpy as np
         offs = self._string_offsets(name)
         if not offs:
             return []

@@ -40,8 +40,7 @@ _pending: "_Early | None" = None
 class _Early:
     text: str
     cflags: list[str]
-    programs: list[tuple[str, int]]  # (program, bcc program type) to load once compiled, before take returns
-    late: list[tuple[str, int]]  # the late families' programs: loaded after take returns, from a cached object
+    options: Any  # the EbpfOptions compiled for: the thread lists the programs to load from them
     done: threading.Event = field(default_factory=threading.Event)
     bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
 
@@ -55,9 +54,8 @@ def begin(options) -> None:
     if _pending is not None or not can_record():
         return
     from memprof.sources.ebpf.loading import program_source
-    enabled = lambda family: family in options.families  # noqa: E731  (EbpfSource.enabled)
-    text, cflags = program_source(options, enabled)
-    _pending = _Early(text, cflags, *_programs_loaded_at_start(options, enabled))
+    text, cflags = program_source(options, lambda family: family in options.families)  # EbpfSource.enabled
+    _pending = _Early(text, cflags, options)
     _keep_own_stderr_on_terminal()
     start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
 
@@ -78,24 +76,32 @@ def take(text: str, cflags: list[str]):
     return None
 
 
-def _programs_loaded_at_start(options, enabled) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """(before, late): the programs EbpfSource.start loads whatever the command. `before`:
-    the kmem tracepoints' and the Python walk's and learning's (cpython/frames.py), in place
-    before the command starts. `late`: every program of the torch and cuda families (library_probes:
-    attached now if their library is already known, else verified for one mapped later).
-    The native family's depend on the interposer's choice, made later: they are loaded in
-    the foreground."""
+def programs_before(options) -> list[tuple[str, int]]:
+    """The programs EbpfSource.start loads whatever the command, in place before the command
+    starts: the kmem tracepoints' and the Python walk's and learning's (cpython/frames.py),
+    as (program, bcc program type)."""
     from bcc import BPF
-    from memprof.sources.cpython.frames import tail_called_programs
+    from memprof.sources.cpython.options import tail_called_programs
     from memprof.sources.ebpf import kmem as K
-    from memprof.sources.ebpf import uprobes as U
-    before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if enabled("kmem") else []
+    before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if "kmem" in options.families else []
     before += [(fn, kind) for _, fn, kind in tail_called_programs()]
+    return list(dict.fromkeys(before))
+
+
+def late_programs(options) -> list[tuple[str, int]]:
+    """Every program of the torch and cuda families (library_probes: attached at the start if
+    their library is already known, else verified for one mapped later), as (program, bcc
+    program type). The native family's depend on the interposer's choice, made later: they
+    are loaded in the foreground. Listed on the compile's thread, after the programs before
+    the command: the families' module (uprobes.py) imports numpy and pyarrow, which neither
+    `begin` nor those loads should wait for."""
+    from bcc import BPF
+    from memprof.sources.ebpf import uprobes as U
     late = []
     for name, family in U.FAMILIES.items():
-        if enabled(name):
+        if name in options.families:
             late += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
-    return list(dict.fromkeys(before)), list(dict.fromkeys(late))
+    return list(dict.fromkeys(late))
 
 
 CLONE_FS = 0x00000200  # <sched.h>: the working directory, root and umask
@@ -121,8 +127,8 @@ def _compile(early: _Early) -> None:
         with captured_stderr():
             early.bpf = compiled_cache.load(early.text, early.cflags)
             if early.bpf is not None:  # from the cache: the late families' loads go on behind, quietly
-                _load_in_parallel(early.bpf, early.programs)
-                early.bpf.load_behind(early.late)
+                _load_in_parallel(early.bpf, programs_before(early.options))
+                early.bpf.load_behind(late_programs(early.options))
                 return
             try:
                 early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
@@ -130,7 +136,7 @@ def _compile(early: _Early) -> None:
                 return
             compiled_cache.store(early.bpf, early.text, early.cflags)
             # bcc writes a refused program's verifier log to fd 2, captured only until take returns
-            _load_in_parallel(early.bpf, early.programs + early.late)
+            _load_in_parallel(early.bpf, programs_before(early.options) + late_programs(early.options))
     except Exception:  # never a traceback from here: what failed is done again in the foreground
         pass
     finally:

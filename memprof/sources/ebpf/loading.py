@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Callable
 
 from memprof.errors import SourceUnavailableError
-from memprof.sources.cpython.frames import python_cflags
+from memprof.sources.cpython.options import python_cflags
 from memprof.sources.ebpf import kmem as K
 from memprof.sources.ebpf.bpfinfo import prog_stats
 from memprof.sources.ebpf import records as R

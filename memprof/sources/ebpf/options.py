@@ -1,14 +1,20 @@
 """What the eBPF source probes and how: the options `record` gives it.
 
-Kept apart from source.py, which imports numpy and pyarrow, so that `record` can build them
-and start bcc's compile (early.py) before those imports (issue 24: start-up)."""
+Kept apart from source.py and uprobes.py, which import numpy and pyarrow, so that `record`
+can build them and start bcc's compile (early.py) before those imports (issue 24: start-up;
+tests/unit/test_startup_imports.py keeps it so)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memprof.sources.cpython.frames import PythonOptions
+from memprof.sources.cpython.options import PythonOptions
 from memprof.sources.ebpf import kmem as K
-from memprof.sources.ebpf import uprobes as U
+
+# record --alloc-probes (sources/ebpf/uprobes.py): CALL_SITE takes an allocator whose call to
+# a known function carries (address, size) in one uprobe there, where
+# memprof/sources/ebpf/callsite.py finds it; ENTRY_RETURN always takes it at entry and return.
+CALL_SITE, ENTRY_RETURN = "call-site", "entry-return"
+ALLOC_PROBES = (CALL_SITE, ENTRY_RETURN)
 
 DEFAULT_FAMILIES = ("kmem", "torch", "cuda")
 # record --native-sample-bytes: an allocation of S bytes is recorded with probability
@@ -33,7 +39,7 @@ class EbpfOptions:
     native_preload: str = ""
     user_stack_every: int = 16  # user-space allocators: one in N takes its own user stack
     allocator_prefix: str = ""
-    alloc_probes: str = U.CALL_SITE  # one of U.ALLOC_PROBES
+    alloc_probes: str = CALL_SITE  # one of ALLOC_PROBES
     ringbuf_bytes: int = 128 << 20
     stack_entries: int = 32768      # kernel stacks (the kernel's stack map: ~1 KiB each, preallocated)
     user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)

@@ -1,12 +1,16 @@
 """The layout of `struct mp_event` (bpf/memprof.h) as a numpy dtype, and its kind codes.
 
-A batch of records is decoded with one strided view: no Python object per event."""
+A batch of records is decoded with one strided view: no Python object per event.
+
+numpy is imported when EVENT_DTYPE is first used, not with the module: the start-up's
+program text and flags (loading.py, kmem.py) need only the codes here, and `record` begins
+bcc's compile before it imports numpy (sources/ebpf/early.py)."""
 from __future__ import annotations
 
-import numpy as np
+import functools
 
 # Must match struct mp_event in bpf/memprof.h (checked by tests/unit/test_records.py).
-EVENT_DTYPE = np.dtype([
+_EVENT_FIELDS = (
     ("ts_ns", "<u8"),
     ("addr", "<u8"),
     ("call_site", "<u8"),
@@ -22,8 +26,23 @@ EVENT_DTYPE = np.dtype([
     ("pad", "<u4"),
     ("ustack", "<u8"),
     ("py_stack", "<u8"),
-])
-assert EVENT_DTYPE.itemsize == 72
+)
+EVENT_BYTES = 72
+
+
+def __getattr__(name: str):
+    """EVENT_DTYPE, built (and numpy imported) at its first use."""
+    if name == "EVENT_DTYPE":
+        return _event_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def _event_dtype():
+    import numpy as np
+    dtype = np.dtype(list(_EVENT_FIELDS))
+    assert dtype.itemsize == EVENT_BYTES
+    return dtype
 
 SLAB_ALLOC = 1
 SLAB_FREE = 2

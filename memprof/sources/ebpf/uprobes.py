@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from memprof.model import Layer
 from memprof.sources.ebpf.callsite import CallSite, find_call_site
 
+from memprof.sources.ebpf.options import ALLOC_PROBES, CALL_SITE, ENTRY_RETURN  # noqa: F401 (theirs to import from here too)
+
 ENTRY, RETURN = "entry", "return"
-# record --alloc-probes: CALL_SITE takes an allocator whose call to a known function carries
-# (address, size) in one uprobe there, where memprof/sources/ebpf/callsite.py finds it; ENTRY_RETURN
-# always takes it at entry and return.
-CALL_SITE, ENTRY_RETURN = "call-site", "entry-return"
-ALLOC_PROBES = (CALL_SITE, ENTRY_RETURN)
 
 
 @dataclass(frozen=True)
