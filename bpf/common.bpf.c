@@ -458,8 +458,9 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
 /* The word at the user stack pointer of `entry` (0 where it is not resident), which keys
  * two callers of one frameless wrapper apart (see struct site_key). A user read costs ~70 ns
  * (bpf/README.md) and a system call makes several allocations (a pipe2 nine slab objects, a
- * socketpair twelve) at one user stack pointer, which does not move while the call runs: the call's first
- * event reads the word into the system call's anchor, and its later events take it there.
+ * socketpair twelve) at one user stack pointer, which does not move while the call runs:
+ * the call's first event reads the word into the system call's anchor, and its later
+ * events take it there.
  * The anchor is per CPU: it is this call's only while it names this thread, this entry, and
  * the thread's context-switch count at the call's start. A thread switched out since (it
  * may have moved to another CPU, whose anchor may hold an earlier call of its own from the
