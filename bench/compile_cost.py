@@ -46,9 +46,9 @@ import sys, time
 from bcc import BPF
 from memprof.sources.ebpf import loading
 from memprof.sources.ebpf.bpfload import captured_stderr
-from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
-source = EbpfSource(EbpfOptions(families=tuple(sys.argv[1:])))
-text, cflags = loading.program_source(source.options, source.enabled)
+from memprof.sources.ebpf.options import EbpfOptions
+options = EbpfOptions(families=tuple(sys.argv[1:]))
+text, cflags = loading.program_source(options, options.enabled)
 t0 = time.perf_counter()
 with captured_stderr():
     BPF(text=text.encode(), cflags=cflags).cleanup()

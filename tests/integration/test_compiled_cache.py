@@ -33,7 +33,7 @@ def compiled():
     """(bcc's BPF object compiled from memprof's default program, its text, its flags)."""
     from bcc import BPF
     options = EbpfOptions()
-    text, cflags = program_source(options, lambda family: family in options.families)
+    text, cflags = program_source(options, options.enabled)
     bpf = BPF(text=text.encode(), cflags=cflags)
     yield bpf, text, cflags
     bpf.cleanup()

@@ -16,7 +16,7 @@ from memprof.sources.ebpf.options import EbpfOptions
 
 
 def _enabled(options):
-    return lambda family: family in options.families
+    return options.enabled
 
 
 def _fd2_identity() -> tuple[int, int]:

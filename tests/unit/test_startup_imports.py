@@ -104,7 +104,7 @@ def test_bccs_compile_begins_before_numpy_or_pyarrow_is_imported():
 
         btf_answers.kernel_btf = lambda: Answers()
         options = EbpfOptions(kmem=KmemOptions(), python=PythonOptions())
-        program_source(options, lambda family: family in options.families)
+        program_source(options, options.enabled)
     """)
     assert "memprof.sources.ebpf.early" in loaded and "memprof.sources.ebpf.loading" in loaded
     assert "numpy" not in loaded and "pyarrow" not in loaded, sorted(m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow"))[:5]

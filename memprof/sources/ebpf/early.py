@@ -54,7 +54,7 @@ def begin(options) -> None:
     if _pending is not None or not can_record():
         return
     from memprof.sources.ebpf.loading import program_source
-    text, cflags = program_source(options, lambda family: family in options.families)  # EbpfSource.enabled
+    text, cflags = program_source(options, options.enabled)
     _pending = _Early(text, cflags, options)
     _keep_own_stderr_on_terminal()
     start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
@@ -83,7 +83,7 @@ def programs_before(options) -> list[tuple[str, int]]:
     from bcc import BPF
     from memprof.sources.cpython.options import tail_called_programs
     from memprof.sources.ebpf import kmem as K
-    before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if "kmem" in options.families else []
+    before = [(fn, BPF.RAW_TRACEPOINT) for _, fn in K.plan_attach()] if options.enabled("kmem") else []
     before += [(fn, kind) for _, fn, kind in tail_called_programs()]
     return list(dict.fromkeys(before))
 
@@ -99,7 +99,7 @@ def late_programs(options) -> list[tuple[str, int]]:
     from memprof.sources.ebpf import uprobes as U
     late = []
     for name, family in U.FAMILIES.items():
-        if name in options.families:
+        if options.enabled(name):
             late += [(fn, BPF.KPROBE) for fn in U.family_programs(family, options.alloc_probes)]
     return list(dict.fromkeys(late))
 

@@ -55,7 +55,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
     except BtfError as e:
         raise SourceUnavailableError(f"cannot read struct kmem_cache or task_struct from BTF: {e.message}", e.hint) from e
     skip = 0 if options.include_user_pages else _GFP_MOVABLE
-    return [*(["-DKMEM_CACHE_ALLOC_TAKES_CACHE=1"] if takes_cache else []),
+    flags = [
         f"-DSTACK_SAMPLE_MASK={options.slab_stack_every - 1}",
         f"-DPAGE_STACK_SAMPLE_MASK={options.page_stack_every - 1}",
         f"-DKMEM_CACHE_SIZE_OFF={size_off}",
@@ -64,6 +64,9 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         f"-DPAGE_SKIP_GFP={skip:#x}",
         f"-DPAGE_SHIFT_BYTES={mmap.PAGESIZE.bit_length() - 1}",
     ]
+    if takes_cache:
+        flags.append("-DKMEM_CACHE_ALLOC_TAKES_CACHE=1")
+    return flags
 
 
 # The x86-64 entry stubs of hardware interrupts and system vectors (timer, IPIs, irq_work),

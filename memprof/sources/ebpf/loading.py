@@ -91,8 +91,9 @@ def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
         f"-DNATIVE_SAMPLE_BYTES={o.native_sample_bytes}ULL",
         f"-DUSER_STACK_SAMPLE_MASK={o.user_stack_every - 1}",
     ]
-    flags += process_tree_cflags()
-    # The user-space families' programs are compiled only where they may be used (bpf/uprobes.bpf.c).
+    flags += task_cflags()
+    # Which families are compiled: the cuda and native programs only where they may be used
+    # (bpf/uprobes.bpf.c), the system call's anchor only with kmem (bpf/memprof.bpf.c).
     flags += [f"-DMP_{family.upper()}_FAMILY=1" for family in ("kmem", "cuda", "native") if enabled(family)]
     if enabled("kmem"):
         flags += K.kmem_cflags(o.kmem)
@@ -100,23 +101,25 @@ def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
     return flags
 
 
-def process_tree_cflags() -> list[str]:
-    """-D constants of bpf/memprof.bpf.c's raw tracepoints, from the running kernel's BTF:
-    where the fields the classic tracepoints gave are, whether sched_process_exit passes
-    group_dead, and where a task's context-switch counts are (common.bpf.c's system call
-    anchor). SourceUnavailableError where the BTF does not say."""
+def task_cflags() -> list[str]:
+    """-D constants of the parts every recording compiles, from the running kernel's BTF:
+    where a task's context-switch counts are (common.bpf.c's system call anchor), and, for
+    memprof.bpf.c's raw tracepoints, where the fields the classic tracepoints gave are and
+    whether sched_process_exit passes group_dead. SourceUnavailableError where the BTF does
+    not say."""
     from memprof.sources.ebpf.btf import BtfError
     from memprof.sources.ebpf.btf_answers import kernel_btf
     try:
         btf = kernel_btf()
-        flags = [f"-DTASK_PID_OFF={btf.member_offset('task_struct', 'pid')}",
-                 f"-DTASK_TI_STATUS_OFF={btf.member_offset('task_struct', 'thread_info') + btf.member_offset('thread_info', 'status')}",
-                 f"-DSIGACTION_HANDLER_OFF={btf.member_offset('k_sigaction', 'sa') + btf.member_offset('sigaction', 'sa_handler')}",
-                 f"-DTASK_NVCSW_OFF={btf.member_offset('task_struct', 'nvcsw')}",
-                 f"-DTASK_NIVCSW_OFF={btf.member_offset('task_struct', 'nivcsw')}"]
+        offsets = {"TASK_NVCSW_OFF": btf.member_offset("task_struct", "nvcsw"),
+                   "TASK_NIVCSW_OFF": btf.member_offset("task_struct", "nivcsw"),
+                   "TASK_PID_OFF": btf.member_offset("task_struct", "pid"),
+                   "TASK_TI_STATUS_OFF": btf.member_offset("task_struct", "thread_info") + btf.member_offset("thread_info", "status"),
+                   "SIGACTION_HANDLER_OFF": btf.member_offset("k_sigaction", "sa") + btf.member_offset("sigaction", "sa_handler")}
         exit_params = btf.raw_tracepoint_params("sched_process_exit")
     except BtfError as e:
-        raise SourceUnavailableError(f"cannot read the process tree's tracepoints from BTF: {e.message}", e.hint) from e
+        raise SourceUnavailableError(f"cannot read task_struct or the process tree's tracepoints from BTF: {e.message}", e.hint) from e
+    flags = [f"-D{name}={offset}" for name, offset in offsets.items()]
     if exit_params[1:2] == ["bool"]:
         flags.append("-DHAVE_EXIT_GROUP_DEAD=1")
     return flags

@@ -45,3 +45,7 @@ class EbpfOptions:
     user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
     addr_filter_bits_log2: int = 26
     python: PythonOptions = field(default_factory=PythonOptions)
+
+    def enabled(self, family: str) -> bool:
+        """Whether `family` (one of ALL_FAMILIES) is probed."""
+        return family in self.families

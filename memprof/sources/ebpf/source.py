@@ -58,7 +58,7 @@ class EbpfSource:
         self._held_frees = 0
 
     def enabled(self, family: str) -> bool:
-        return family in self.options.families
+        return self.options.enabled(family)
 
     # ---- start ----
     def start(self, pids: list[int]) -> None:
