@@ -23,19 +23,18 @@ import time
 
 from memprof.sources.ebpf import loading
 from memprof.sources.ebpf.bpfload import captured_stderr
-from memprof.sources.ebpf.source import DEFAULT_FAMILIES, EbpfOptions, EbpfSource
+from memprof.sources.ebpf.options import DEFAULT_FAMILIES, EbpfOptions
 
 
 def compile_seconds(families: tuple[str, ...]) -> tuple[float, float]:
     """(LLVM's summed totals, wall seconds) of one compile of the object for `families`."""
     from bcc import BPF
-    source = EbpfSource(EbpfOptions(families=families))
-    src_dir = loading.bpf_source_dir()
-    text = loading.program_text(src_dir, kmem=source.enabled("kmem"))
-    cflags = [f"-I{src_dir}", *loading.program_cflags(source.options, source.enabled), "-ftime-report"]
+    options = EbpfOptions(families=families)
+    text, cflags = loading.program_source(options, options.enabled)
+    cflags = [*cflags, "-ftime-report"]
     t0 = time.perf_counter()
     with captured_stderr() as diagnostics:
-        BPF(text=text, cflags=cflags).cleanup()
+        BPF(text=text.encode(), cflags=cflags).cleanup()
     wall = time.perf_counter() - t0
     totals = re.findall(r"Total Execution Time: ([0-9.]+) seconds", diagnostics.text())
     return sum(map(float, totals)), wall

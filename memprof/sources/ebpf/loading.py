@@ -70,11 +70,20 @@ def compile_program(options, enabled: Callable[[str], bool]):
                                  "run `memprof doctor`: bcc needs kernel headers at /lib/modules/$(uname -r)/build")
 
 
+# bcc optimizes the module itself (-O3, BPFModule::run_pass_manager) after clang has already
+# run its own -O2 pipeline on it: the IR was optimized twice. -disable-llvm-passes keeps
+# clang's -O2 front end (its debug info keeps the parameters' names, which the kernel wants in
+# the BTF bcc loads for the task-storage maps; -O0 would drop them) and skips clang's passes,
+# leaving bcc's. 0.87 -> 0.73 s of compile; the programs differ by 20 of ~7,700 instructions.
+SINGLE_OPTIMIZATION = ["-Xclang", "-disable-llvm-passes"]
+
+
 def program_source(options, enabled: Callable[[str], bool]) -> tuple[str, list[str]]:
     """(program text, compiler flags) for `options`: what bcc compiles. The flags include
     -w: clang's header warnings (on every compile) would otherwise reach fd 2."""
     src_dir = bpf_source_dir()
-    return program_text(src_dir, kmem=enabled("kmem")), [f"-I{src_dir}", "-w", *program_cflags(options, enabled)]
+    flags = [f"-I{src_dir}", "-w", *SINGLE_OPTIMIZATION, *program_cflags(options, enabled)]
+    return program_text(src_dir, kmem=enabled("kmem")), flags
 
 
 def program_cflags(options, enabled: Callable[[str], bool]) -> list[str]:
