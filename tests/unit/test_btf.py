@@ -169,3 +169,48 @@ def test_kernel_kmem_tracepoints(kernel_btf):
 def test_kernel_kmem_cache_size_offset(kernel_btf):
     offset = kernel_btf.member_offset("kmem_cache", "size")
     assert isinstance(offset, int) and 8 <= offset <= 64
+
+
+# Every question memprof asks of the running kernel's BTF (loading.task_cflags, kmem.py,
+# cpython/options.py, doctor), and a few that reach the spelling's other branches.
+_MEMPROFS_QUESTIONS = [
+    ("member_offset", "task_struct", "nvcsw"), ("member_offset", "task_struct", "nivcsw"),
+    ("member_offset", "task_struct", "pid"), ("member_offset", "task_struct", "thread_info"),
+    ("member_offset", "thread_info", "status"), ("member_offset", "k_sigaction", "sa"),
+    ("member_offset", "sigaction", "sa_handler"), ("member_offset", "task_struct", "stack"),
+    ("member_offset", "task_struct", "thread"), ("member_offset", "thread_struct", "fsbase"),
+    ("member_offset", "kmem_cache", "size"), ("member_offset", "kmem_cache", "object_size"),
+    *[("raw_tracepoint_params", tp) for tp in ("sched_process_exit", "kmalloc", "kmem_cache_alloc", "kfree",
+                                               "kmem_cache_free", "mm_page_alloc", "mm_page_free",
+                                               "mm_page_free_batched", "sys_enter")],
+    ("struct_size", "task_struct"), ("has_type", "task_struct", "struct"),
+    ("has_type", "memprof_no_such_type", "struct"), ("type_name", 1), ("type_name", 1000),
+]
+
+
+def test_the_kernels_btf_through_libbpf_answers_as_the_scan_does(kernel_btf):
+    """Btf.load reads the running kernel's BTF through libbpf (bcc's library links it, so
+    it is there wherever memprof records): every question memprof asks gets the scan's
+    answer, a missing name the same BtfError."""
+    from pathlib import Path
+    from memprof.sources.ebpf.btf import _LibbpfIndex
+    assert isinstance(kernel_btf._index, _LibbpfIndex)
+    scanned = Btf(Path(VMLINUX).read_bytes(), origin=VMLINUX)
+    for method, *args in _MEMPROFS_QUESTIONS:
+        assert getattr(kernel_btf, method)(*args) == getattr(scanned, method)(*args), (method, args)
+    for btf in (kernel_btf, scanned):
+        with pytest.raises(BtfError, match="no struct/union named"):
+            btf.member_offset("memprof_no_such_type", "x")
+        with pytest.raises(BtfError, match="out of range"):
+            btf.type_name(10**9)
+
+
+def test_the_kernels_btf_is_read_without_numpy():
+    """numpy's import (~80 ms) and the scan (~60 ms) sat before bcc's compile on a cold
+    record; libbpf's parse takes ~10 ms and needs neither."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom memprof.sources.ebpf.btf import Btf\n"
+            "Btf.load().member_offset('task_struct', 'pid')\nprint('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

@@ -86,8 +86,9 @@ def test_bccs_compile_begins_before_numpy_or_pyarrow_is_imported():
     """`record` builds its options and begins bcc's compile (sources/ebpf/early.py) before it
     imports the recorder: the program's text and flags, and the thread's start, import
     neither numpy (~70 ms here) nor pyarrow (~25-90 ms), so that a cold compile starts that
-    much sooner. The flags' BTF answers are given here as the cache gives them (a BTF
-    parse, where nothing is kept, does import numpy). (The thread itself lists the late
+    much sooner. The flags' BTF answers are given here as the cache gives them (where
+    nothing is kept, libbpf parses the BTF: test_btf checks that it imports no numpy either).
+    (The thread itself lists the late
     families' programs once it runs, which imports both: begin is not called here.)"""
     loaded = _modules_after("""
         from memprof.sources.ebpf import btf_answers, early

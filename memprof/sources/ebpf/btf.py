@@ -5,14 +5,18 @@ offsets, raw tracepoint prototypes) instead of kernel headers, which often do no
 the running kernel. Format: the kernel's Documentation/bpf/btf.rst — a header, a type
 section (type ids count from 1; id 0 is `void`) and a string section.
 
-Loading makes one pass over the type section that records where each type starts, its
-kind and its name offset; members, parameters and names are decoded only on demand.
-Only `numpy` is used (no bcc, no torch), and only once a BTF is parsed: `record` imports
-this module before it begins bcc's compile, whose -D constants usually come from answers
-kept across runs (btf_answers.py), without a parse.
+Finding a type by name needs an index of where each type record starts. For the running
+kernel's BTF, libbpf (libbpf.so.1, which bcc's library links) parses the file and answers
+(`btf__find_by_name_kind`, `btf__type_by_id`): ~10 ms. Elsewhere (another blob, or no
+libbpf) one pass over the type section in Python and numpy records each type's start, kind
+and name offset: ~60 ms for vmlinux, after ~80 ms of importing numpy. That pass sat before
+bcc's compile on a cold `record` (the -D constants come from here when no answers are kept,
+btf_answers.py). Members, parameters and names are decoded on demand, in Python, from the
+same bytes either way.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import struct
 from pathlib import Path
@@ -71,23 +75,24 @@ class Btf:
     exception) when a name is missing or the blob turns out to be malformed.
     """
 
-    def __init__(self, data: bytes, origin: str = "<bytes>"):
-        """Parse the header and index the type section of `data` (raw BTF)."""
-        import numpy as np
+    def __init__(self, data: bytes, origin: str = "<bytes>", index: "_LibbpfIndex | None" = None):
+        """Parse the header of `data` (raw BTF) and index its type section: with `index`
+        where one is given (it must describe exactly these bytes), else by a scan."""
         self._origin = origin
         self._order, hdr = _parse_header(data, origin)
         _hdr_len, type_off, type_len, str_off, str_len = hdr
+        self._data, self._type_off = data, type_off
         self._strings = data[str_off:str_off + str_len]
-        words = np.frombuffer(data, np.dtype(self._order + "u4"), type_len // 4, type_off)
-        self._words: list[int] = words.tolist()  # Python ints: fast scalar indexing
-        self._starts = _scan_types(self._words, origin)
-        heads = np.asarray(self._starts[1:], dtype=np.int64)
-        self._name_offs = words[heads]  # by type id - 1
-        self._kinds = (words[heads + 1] >> 24) & 0x1F
+        self._index = index or _ScannedIndex(data, self._order, type_off, type_len, self._strings, origin)
 
     @classmethod
     def load(cls, path: str | Path = VMLINUX_BTF) -> Btf:
-        """Read and index the raw BTF file at `path` (default: the running kernel's)."""
+        """Read and index the raw BTF file at `path` (default: the running kernel's),
+        through libbpf where it is there."""
+        parsed = _LibbpfIndex.parse(str(path))
+        if parsed is not None:
+            data, index = parsed
+            return cls(data, origin=str(path), index=index)
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
@@ -99,9 +104,7 @@ class Btf:
 
     def type_name(self, tid: int) -> str:
         """The name of type `tid` ("" for an anonymous one); BtfError where there is no such type."""
-        if not 0 < tid < len(self._starts):
-            raise BtfError(f"type id {tid} out of range in {self._origin}")
-        return self._name(int(self._name_offs[tid - 1]))
+        return self._name(self._record(tid, 1)[0])
 
     def has_type(self, name: str, kind: str = "struct") -> bool:
         """Whether a type `name` of `kind` ("struct", "union", "typedef", "enum", "func",
@@ -148,13 +151,7 @@ class Btf:
 
     def _find(self, name: str, kinds: tuple[int, ...]) -> list[int]:
         """Type ids named `name` whose kind is in `kinds`, in `kinds` order then id order."""
-        import numpy as np
-        offs = self._string_offsets(name)
-        if not offs:
-            return []
-        hits = np.flatnonzero(np.isin(self._name_offs, offs)) + 1
-        by_kind = {k: [int(t) for t in hits if self._kinds[t - 1] == k] for k in kinds}
-        return [t for k in kinds for t in by_kind[k]]
+        return self._index.find(name, kinds)
 
     def _lookup(self, name: str, kinds: tuple[int, ...]) -> int:
         """The first type id `_find` gives, preferring one with members; else BtfError."""
@@ -166,16 +163,6 @@ class Btf:
         complete = [t for t in ids if self._info(t)[1] > 0]
         return (complete or ids)[0]
 
-    def _string_offsets(self, name: str) -> list[int]:
-        """Every offset in the string section where exactly `name` (NUL-terminated) sits."""
-        needle, strings, found = name.encode() + b"\0", self._strings, []
-        pos = strings.find(needle)
-        while pos >= 0:
-            if pos == 0 or strings[pos - 1] == 0:
-                found.append(pos)
-            pos = strings.find(needle, pos + 1)
-        return found
-
     def _name(self, name_off: int) -> str:
         """The string at `name_off` in the string section."""
         end = self._strings.find(b"\0", name_off)
@@ -183,22 +170,34 @@ class Btf:
             raise BtfError(f"string offset {name_off} out of range in {self._origin}")
         return self._strings[name_off:end].decode("utf-8", "replace")
 
+    def _words(self, start: int, count: int) -> tuple[int, ...]:
+        """`count` words of the type section from word `start`; BtfError past its end."""
+        try:
+            return struct.unpack_from(f"{self._order}{count}I", self._data, self._type_off + 4 * start)
+        except struct.error:
+            raise BtfError(f"a type record runs past the end of {self._origin}", hint=_NO_BTF_HINT) from None
+
+    def _record(self, tid: int, count: int, skip: int = 0) -> tuple[int, ...]:
+        """`count` words of type `tid`'s record, from its word `skip` (0: name_off, 1: info,
+        2: size_or_type, 3…: what its kind adds)."""
+        if not 0 < tid < self._index.count:
+            raise BtfError(f"type id {tid} out of range in {self._origin}")
+        return self._words(self._index.start(tid) + skip, count)
+
     def _info(self, tid: int) -> tuple[int, int, int]:
         """(kind, vlen, size_or_type) of type `tid`."""
-        if not 0 < tid < len(self._starts):
-            raise BtfError(f"type id {tid} out of range in {self._origin}")
-        info, size_or_type = self._words[self._starts[tid] + 1:self._starts[tid] + 3]
+        info, size_or_type = self._record(tid, 2, skip=1)
         return (info >> 24) & 0x1F, info & 0xFFFF, size_or_type
 
     def _kind_flag(self, tid: int) -> bool:
         """The kind_flag bit of type `tid` (bitfield members; union FWDs)."""
-        return bool(self._words[self._starts[tid] + 1] >> 31)
+        return bool(self._record(tid, 1, skip=1)[0] >> 31)
 
-    def _entries(self, tid: int, width: int) -> list[list[int]]:
+    def _entries(self, tid: int, width: int) -> list[tuple[int, ...]]:
         """The `vlen` entries of `width` words that follow type `tid`'s record."""
-        base = self._starts[tid] + 3 + _EXTRA_WORDS[self._info(tid)[0]][0]
-        vlen = self._info(tid)[1]
-        return [self._words[base + i * width:base + (i + 1) * width] for i in range(vlen)]
+        kind, vlen, _ = self._info(tid)
+        flat = self._record(tid, vlen * width, skip=3 + _EXTRA_WORDS[kind][0])
+        return [flat[i * width:(i + 1) * width] for i in range(vlen)]
 
     def _params(self, proto: int) -> list[tuple[int, int]]:
         """(name_off, type) of each FUNC_PROTO parameter; type 0 marks `...`."""
@@ -241,7 +240,7 @@ class Btf:
         inner = self._strip(mtype, _QUALIFIERS + (TYPEDEF,))
         int_bitfield = False
         if inner and self._info(inner)[0] == INT:
-            enc = self._words[self._starts[inner] + 3]
+            enc = self._record(inner, 1, skip=3)[0]
             int_bitfield = (enc & 0xFF) != 8 * self._info(inner)[2] or (enc >> 16) & 0xFF
         if bits or int_bitfield or bit_off % 8:
             raise BtfError(f"member {member!r} is a bitfield; it has no byte offset",
@@ -257,7 +256,7 @@ class Btf:
             return "void"
         self._check_depth(tid, depth)
         kind, _, ref = self._info(tid)
-        name = self._name(self._words[self._starts[tid]])
+        name = self._name(self._record(tid, 1)[0])
         if kind == INT:
             return _INT_SPELLING.get(name, name)
         if kind in (FLOAT, TYPEDEF):
@@ -272,7 +271,7 @@ class Btf:
         if kind == TYPE_TAG:
             return self._spell(ref, depth + 1)
         if kind == ARRAY:
-            elem, _, nelems = self._words[self._starts[tid] + 3:self._starts[tid] + 6]
+            elem, _, nelems = self._record(tid, 3, skip=3)
             return f"{self._spell(elem, depth + 1)} [{nelems}]"
         raise BtfError(f"cannot spell type id {tid} (kind {kind}) in {self._origin}")
 
@@ -291,6 +290,119 @@ class Btf:
         if kind == FWD:
             return "union" if self._kind_flag(tid) else "struct"
         return {STRUCT: "struct", UNION: "union", ENUM: "enum", ENUM64: "enum"}[kind]
+
+
+class _ScannedIndex:
+    """Btf's index made by one pass over the type section: each record's start, and numpy
+    columns of names and kinds by type id (every type of a name is found)."""
+
+    def __init__(self, data: bytes, order: str, type_off: int, type_len: int, strings: bytes, origin: str):
+        import numpy as np
+        words = np.frombuffer(data, np.dtype(order + "u4"), type_len // 4, type_off)
+        self._starts = _scan_types(words.tolist(), origin)  # Python ints: fast scalar indexing
+        heads = np.asarray(self._starts[1:], dtype=np.int64)
+        self._name_offs = words[heads]  # by type id - 1
+        self._kinds = (words[heads + 1] >> 24) & 0x1F
+        self._strings = strings
+        self.count = len(self._starts)  # type ids in use, void's 0 included
+
+    def start(self, tid: int) -> int:
+        """The word of the type section where record `tid` (0 < tid < count) starts."""
+        return self._starts[tid]
+
+    def find(self, name: str, kinds: tuple[int, ...]) -> list[int]:
+        """Type ids named `name` whose kind is in `kinds`, in `kinds` order then id order."""
+        import numpy as np
+        offs = _string_offsets(self._strings, name)
+        if not offs:
+            return []
+        hits = np.flatnonzero(np.isin(self._name_offs, offs)) + 1
+        by_kind = {k: [int(t) for t in hits if self._kinds[t - 1] == k] for k in kinds}
+        return [t for k in kinds for t in by_kind[k]]
+
+
+class _LibbpfIndex:
+    """Btf's index from libbpf's parse of a BTF file: libbpf's `struct btf`, freed with
+    this object. Record starts are asked one type at a time, as Btf reaches them."""
+
+    def __init__(self, lib, btf: int, types_at: int):
+        self._lib, self._btf, self._types_at = lib, btf, types_at
+        self.count = lib.btf__type_cnt(btf)  # type ids in use, void's 0 included
+        self._starts: dict[int, int] = {}
+
+    @classmethod
+    def parse(cls, path: str) -> "tuple[bytes, _LibbpfIndex] | None":
+        """(the file's raw BTF as libbpf holds it, its index); None where libbpf is not
+        there, does not parse the file, or holds it in another byte order (then the scan
+        reads the file, and says what is wrong with it)."""
+        lib = _libbpf()
+        btf = lib.btf__parse(path.encode(), None) if lib is not None else None
+        if not btf:
+            return None
+        size = ctypes.c_uint32()
+        raw = lib.btf__raw_data(btf, ctypes.byref(size))
+        data = ctypes.string_at(raw, size.value) if raw else b""
+        try:
+            _, hdr = _parse_header(data, path)
+        except BtfError:
+            hdr = None
+        types_at = raw + hdr[1] if hdr else None
+        # Byte-swapped BTF is held in two copies, the types' apart from the raw bytes: there,
+        # and wherever the first type is not where the header puts it, the scan reads the file.
+        if types_at is None or (lib.btf__type_cnt(btf) > 1 and lib.btf__type_by_id(btf, 1) != types_at):
+            lib.btf__free(btf)
+            return None
+        return data, cls(lib, btf, types_at)
+
+    def start(self, tid: int) -> int:
+        """The word of the type section where record `tid` (0 < tid < count) starts."""
+        if tid not in self._starts:
+            self._starts[tid] = (self._lib.btf__type_by_id(self._btf, tid) - self._types_at) // 4
+        return self._starts[tid]
+
+    def find(self, name: str, kinds: tuple[int, ...]) -> list[int]:
+        """The first type id named `name` of each kind in `kinds`, in `kinds` order. libbpf
+        finds one per kind: the lowest id, which is the one Btf._lookup takes unless it has
+        no members and a later one of the same name and kind has (the kernel's BTF is
+        deduplicated; types declared but not defined are FWDs)."""
+        found = (self._lib.btf__find_by_name_kind(self._btf, name.encode(), kind) for kind in kinds)
+        return [tid for tid in found if tid > 0]
+
+    def __del__(self):
+        self._lib.btf__free(self._btf)
+
+
+@functools.lru_cache(maxsize=1)
+def _libbpf():
+    """libbpf.so.1 with the signatures _LibbpfIndex calls, or None where it cannot be loaded."""
+    try:
+        lib = ctypes.CDLL("libbpf.so.1")
+    except OSError:
+        return None
+    u32, ptr = ctypes.c_uint32, ctypes.c_void_p
+    for name, restype, argtypes in (("btf__parse", ptr, [ctypes.c_char_p, ptr]),
+                                    ("btf__raw_data", ptr, [ptr, ctypes.POINTER(u32)]),
+                                    ("btf__type_cnt", u32, [ptr]),
+                                    ("btf__type_by_id", ptr, [ptr, u32]),
+                                    ("btf__find_by_name_kind", ctypes.c_int32, [ptr, ctypes.c_char_p, u32]),
+                                    ("btf__free", None, [ptr])):
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:  # a libbpf older than 0.6
+            return None
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _string_offsets(strings: bytes, name: str) -> list[int]:
+    """Every offset in the string section `strings` where exactly `name` (NUL-terminated) sits."""
+    needle, found = name.encode() + b"\0", []
+    pos = strings.find(needle)
+    while pos >= 0:
+        if pos == 0 or strings[pos - 1] == 0:
+            found.append(pos)
+        pos = strings.find(needle, pos + 1)
+    return found
 
 
 def _qualify(spelled: str, qualifier: str) -> str:

@@ -2,8 +2,9 @@
 
 The program's -D constants and the kmem attach plan need a few answers from the kernel's BTF
 (three struct member offsets for kmem, two for the thread pointer, the kmem tracepoints'
-parameters); parsing /sys/kernel/btf/vmlinux to find them takes ~70 ms of `record`'s main
-thread before the compile (or the cached program's loads) can begin. The answers are kept
+parameters); parsing /sys/kernel/btf/vmlinux to find them takes ~20 ms of `record`'s main
+thread (libbpf's parse; ~140 ms with numpy's import where the scan reads it, btf.py) before
+the compile (or the cached program's loads) can begin. The answers are kept
 in an entry of compiled_cache's folder, with the same rules (root's alone, read with
 O_NOFOLLOW, written whole), named by the kernel's build (uname -r and -v) and the BTF file's
 size: a question not answered before parses the BTF and is added to the entry.
