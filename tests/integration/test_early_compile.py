@@ -157,3 +157,72 @@ def test_from_the_cache_the_late_families_load_behind_the_start():
         assert {name for name, _ in late} <= {name.decode() for name in bpf.funcs}
     finally:
         bpf.cleanup()
+
+
+
+def _on_a_compile_thread(work, meanwhile=lambda: None):
+    """(what the thread saw, what `meanwhile()` returned): `work()` runs on a thread set up
+    as early's compile thread is, inside _kallsyms_answered, and `meanwhile()` on the calling
+    thread while the thread is inside the block."""
+    import threading
+    result, inside, done_meanwhile = {}, threading.Event(), threading.Event()
+
+    def run():
+        assert early._own_working_directory()
+        with early._kallsyms_answered() as answered:
+            inside.set()
+            done_meanwhile.wait(30)
+            result["answered"], result["work"] = answered, work()
+        result["after"] = open("/proc/kallsyms").readline()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    inside.wait(30)
+    seen = meanwhile()
+    done_meanwhile.set()
+    thread.join()
+    return result, seen
+
+
+def _mounts_over_kallsyms(mountinfo: str) -> list[str]:
+    return [line for line in open(mountinfo) if " /proc/kallsyms " in line]
+
+
+def test_bccs_kallsyms_question_is_answered_on_the_compile_thread_alone():
+    """bcc reads all of /proc/kallsyms at each compile to ask for bpf_probe_read_kernel
+    (~0.1 s); the compile thread reads the one line instead, in a mount namespace of its
+    own: the process's other threads, and everyone else, read the kernel's file."""
+    host_line = open("/proc/kallsyms").readline()
+    result, seen_meanwhile = _on_a_compile_thread(
+        lambda: (open("/proc/kallsyms").read(), open("/proc/thread-self/mountinfo").read()),
+        meanwhile=lambda: (open("/proc/kallsyms").readline(), _mounts_over_kallsyms("/proc/1/mountinfo")))
+    kallsyms, thread_mountinfo = result["work"]
+    assert result["answered"] is True
+    assert kallsyms == early.KALLSYMS_ANSWER.decode()
+    assert " /proc/kallsyms " in thread_mountinfo
+    assert seen_meanwhile == (host_line, [])  # the same moment, on this thread and in pid 1's namespace
+    assert result["after"] == host_line  # the thread's own view, once the block ends
+    assert _mounts_over_kallsyms("/proc/thread-self/mountinfo") == []
+
+
+BPF_CALL, BPF_FUNC_PROBE_READ_KERNEL = 0x85, 113
+
+
+def test_with_kallsyms_answered_bcc_still_calls_bpf_probe_read_kernel():
+    """Had bcc not found bpf_probe_read_kernel in the line, it would have compiled
+    bpf_probe_read in its place (helper 4, not 113)."""
+    import ctypes
+    from bcc import BPF, lib
+
+    def compile_and_list_helpers():
+        bpf = BPF(text=b"int f(void *ctx) { u64 x = 0; bpf_probe_read_kernel(&x, sizeof(x), ctx); return x; }")
+        try:
+            size = lib.bpf_function_size(bpf.module, b"f")
+            code = ctypes.string_at(lib.bpf_function_start(bpf.module, b"f"), size)
+            return [int.from_bytes(code[i + 4:i + 8], "little") for i in range(0, size, 8) if code[i] == BPF_CALL]
+        finally:
+            bpf.cleanup()
+
+    result, _ = _on_a_compile_thread(compile_and_list_helpers)
+    assert result["answered"] is True
+    assert result["work"] == [BPF_FUNC_PROBE_READ_KERNEL]
