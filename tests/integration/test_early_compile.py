@@ -159,7 +159,6 @@ def test_from_the_cache_the_late_families_load_behind_the_start():
         bpf.cleanup()
 
 
-
 def _on_a_compile_thread(work, meanwhile=lambda: None):
     """(what the thread saw, what `meanwhile()` returned): `work()` runs on a thread set up
     as early's compile thread is, inside _kallsyms_answered, and `meanwhile()` on the calling
