@@ -41,25 +41,21 @@ def compile_seconds(families: tuple[str, ...]) -> tuple[float, float]:
     return sum(map(float, totals)), wall
 
 
-# On a thread set up as early._compile's is (its own working directory, kallsyms answered).
 _FRESH = """
-import contextlib, sys, threading, time
-from bcc import BPF
+import sys, time
 from memprof.sources.ebpf import early, loading
 from memprof.sources.ebpf.bpfload import captured_stderr
 from memprof.sources.ebpf.options import EbpfOptions
 options = EbpfOptions(families=tuple(sys.argv[1:]))
 text, cflags = loading.program_source(options, options.enabled)
-answered = getattr(early, "_kallsyms_answered", contextlib.nullcontext)  # a revision before it: as it did
-def compile_once():
-    assert early._own_working_directory()
-    t0 = time.perf_counter()
-    with captured_stderr(), answered():
+t0 = time.perf_counter()
+with captured_stderr():
+    if hasattr(early, "compile_on_own_thread"):  # as record compiles
+        early.compile_on_own_thread(text, cflags).cleanup()
+    else:  # a revision before it: as it compiled
+        from bcc import BPF
         BPF(text=text.encode(), cflags=cflags).cleanup()
-    print(time.perf_counter() - t0)
-thread = threading.Thread(target=compile_once)
-thread.start()
-thread.join()
+print(time.perf_counter() - t0)
 """
 
 

@@ -20,7 +20,7 @@ from memprof.model.schema import LAYERS
 from memprof.report.exports import FORMATS
 from memprof.sources.ebpf.source import ALL_FAMILIES, DEFAULT_FAMILIES, EbpfOptions
 from memprof.sources.ebpf.kmem import KmemOptions
-from memprof.sources.ebpf.uprobes import ALLOC_PROBES
+from memprof.sources.ebpf.options import ALLOC_PROBES
 from memprof.units import parse_duration
 
 # (option, the library's closed set) for every click.Choice the CLI has.

@@ -42,7 +42,7 @@ def test_a_walk_and_its_learning_fit_the_kernels_tail_call_limit():
     search's, then the frames') and the learning's runs follow each other by tail call, and
     the walk's last run enters the learning: the kernel stops a chain at 33 tail calls
     (MAX_TAIL_CALL_CNT), and an event would then go with a cut stack or unnamed frames."""
-    from memprof.sources.cpython.frames import PythonOptions
+    from memprof.sources.cpython.options import PythonOptions
     max_frames = PythonOptions().max_frames
     walk_runs, learn_runs = _c_define("PY_WALK_RUNS"), _c_define("PY_LEARN_RUNS")
     search_runs = _c_define("PY_MAX_THREADS") // _c_define("PY_THREADS_PER_RUN")

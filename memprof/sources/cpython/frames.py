@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from memprof.sources.cpython import lines as pylines
-from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, python_cflags, tail_called_programs  # noqa: F401 (theirs to import from here too)
+from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, tail_called_programs
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file

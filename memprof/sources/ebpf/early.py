@@ -23,6 +23,7 @@ its own (unshare(CLONE_FS)), since bcc's compile changes into the kernel's build
 back; where the kernel refuses that, nothing is begun early. While bcc compiles, the thread
 also has a mount namespace of its own, where /proc/kallsyms reads as the one line bcc's
 front end looks for in it (_kallsyms_answered): ~0.1 s of each compile was bcc reading it all.
+The foreground's compile, where it compiles, runs on such a thread too (compile_on_own_thread).
 """
 from __future__ import annotations
 
@@ -129,6 +130,40 @@ def _own_working_directory() -> bool:
     return _libc().unshare(CLONE_FS) == 0
 
 
+def compile_on_own_thread(text: str, cflags: list[str]):
+    """bcc's BPF object for `text` and `cflags`, compiled as `begin`'s thread compiles it: on a
+    thread with a working directory of its own and kallsyms answered (_compile_answered);
+    raises what bcc's BPF() raised. Where the kernel refuses the thread its own working
+    directory, compiled on the calling thread, as bcc compiles. For the foreground's compile
+    (loading.compile_program) and bench/compile_cost.py."""
+    outcome: dict = {}
+
+    def compile_here() -> None:
+        try:
+            if _own_working_directory():
+                outcome["bpf"] = _compile_answered(text, cflags)
+        except BaseException as e:  # handed to the caller's thread, raised there
+            outcome["error"] = e
+
+    thread = threading.Thread(target=compile_here, name="memprof-compile")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    if "bpf" in outcome:
+        return outcome["bpf"]
+    from bcc import BPF
+    return BPF(text=text.encode(), cflags=cflags)  # bytes: bcc warns of str
+
+
+def _compile_answered(text: str, cflags: list[str]):
+    """bcc's BPF object, compiled on the calling thread (which has its own working
+    directory) with kallsyms answered."""
+    from bcc import BPF
+    with _kallsyms_answered():
+        return BPF(text=text.encode(), cflags=cflags)  # bytes: bcc warns of str
+
+
 @contextlib.contextmanager
 def _kallsyms_answered():
     """While the block runs, /proc/kallsyms reads as KALLSYMS_ANSWER on the calling thread
@@ -153,8 +188,11 @@ def _answer_kallsyms() -> bool:
     if libc.mount(b"memprof", b"/tmp", b"tmpfs", 0, b"size=4k,mode=0700") != 0:
         return False
     try:
-        with open("/tmp/kallsyms", "wb") as answer:
-            answer.write(KALLSYMS_ANSWER)
+        fd = os.open("/tmp/kallsyms", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, KALLSYMS_ANSWER)
+        finally:
+            os.close(fd)
         return libc.mount(b"/tmp/kallsyms", KALLSYMS, None, MS_BIND, None) == 0
     except OSError:
         return False
@@ -175,12 +213,11 @@ def _libc():
 
 
 def _compile(early: _Early) -> None:
-    from bcc import BPF
     from memprof.sources.ebpf import compiled_cache
     from memprof.sources.ebpf.bpfload import captured_stderr
     try:
         if not _own_working_directory():
-            return  # the foreground compiles, on the main thread, as before
+            return  # the foreground compiles, as before (compile_on_own_thread is refused too)
         with captured_stderr():
             early.bpf = compiled_cache.load(early.text, early.cflags)
             if early.bpf is not None:  # from the cache: the late families' loads go on behind, quietly
@@ -188,8 +225,7 @@ def _compile(early: _Early) -> None:
                 early.bpf.load_behind(late_programs(early.options))
                 return
             try:
-                with _kallsyms_answered():
-                    early.bpf = BPF(text=early.text.encode(), cflags=early.cflags)  # bytes: bcc warns of str
+                early.bpf = _compile_answered(early.text, early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
                 return
             compiled_cache.store(early.bpf, early.text, early.cflags)

@@ -44,7 +44,7 @@ def compile_program(options, enabled: Callable[[str], bool]):
     SourceUnavailableError with a remedy when bcc is missing, tracefs is not mounted, or the
     program does not compile or load."""
     try:
-        from bcc import BPF
+        import bcc  # noqa: F401 (that it imports: said here, with a remedy)
     except ImportError as e:
         raise SourceUnavailableError("bcc is not importable", "install python3-bpfcc (make setup), and run memprof from a Python that sees it") from e
     if enabled("kmem") and K.tracefs_root() is None:
@@ -57,7 +57,7 @@ def compile_program(options, enabled: Callable[[str], bool]):
         return compiled
     with captured_stderr() as diagnostics:
         try:
-            compiled = BPF(text=text.encode(), cflags=cflags)  # bytes: bcc warns of str
+            compiled = early.compile_on_own_thread(text, cflags)
         except Exception as e:  # bcc raises bare Exception on compile failure
             failure = e
     if compiled is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from memprof.model import Layer
 from memprof.sources.ebpf.callsite import CallSite, find_call_site
-from memprof.sources.ebpf.options import ALLOC_PROBES, CALL_SITE, ENTRY_RETURN  # noqa: F401 (theirs to import from here too)
+from memprof.sources.ebpf.options import CALL_SITE
 
 ENTRY, RETURN = "entry", "return"
 
