@@ -17,12 +17,13 @@
  * frames are read a page at a time (py_frame_at): a user read costs ~70 ns here whatever
  * its size up to a page, and a call chain's frames mostly share one or two pages. A frame
  * is (code object, instruction index); the chain is interned by a 64-bit hash into
- * `py_stacks`, and the event carries the hash. A code object is read once per process, the
- * first time a new chain holds it (in a program of its own, entered by tail call after the
- * event is submitted, which learns a few frames a run and tail-calls itself): its type is checked against
- * PyCode_Type (anything else is not named, and counted), and its name, file, first line and
- * line table are copied into `py_codes`, so that user space can name frames and compute
- * lines even after the process has exited.
+ * `py_stacks`, and the event carries the hash. Each code object of a new chain is checked,
+ * once per chain however often it recurs there (in a program of its own, entered by tail
+ * call after the event is submitted, which learns a few frames a run and tail-calls itself):
+ * one read of its head tells whether it is the object learned at that address before; if
+ * not, its type is checked against PyCode_Type (anything else is not named, and counted),
+ * and its name, file, first line and line table are copied into `py_codes`, so that user
+ * space can name frames and compute lines even after the process has exited.
  *
  * Constants: PY_MAX_FRAMES (power of two), PY_STACK_ENTRIES, PY_CODE_ENTRIES,
  * TASK_FSBASE_OFF (offset of thread.fsbase in task_struct, from BTF).
@@ -48,6 +49,9 @@
  * run's set-up more. */
 #define PY_LEARN_RUNS    8
 #define PY_LEARN_PER_RUN ((PY_MAX_FRAMES + PY_LEARN_RUNS - 1) / PY_LEARN_RUNS)
+/* Slots of the learning's set of code objects already checked in the stack it learns (see
+ * py_learn_codes): a power of two. */
+#define PY_LEARN_SEEN    32
 /* The walk the same way: PY_WALK_PER_RUN frames a run (16 of 64), at most PY_WALK_RUNS runs,
  * after at most PY_THREAD_RUNS runs of the search for the thread's state (a thread's first
  * event; the search alone was 16,000 of the 20,000 instructions the verifier processed in a
@@ -111,6 +115,10 @@ struct py_scratch {
     u8 code_head[PY_CODE_HEAD_MAX]; /* a code object's first code_read bytes */
     u32 learn;       /* the stack in `stack` is new: its code objects are to be learned */
     u32 learn_from;  /* ... from this frame on (the earlier ones were, by an earlier run) */
+    u64 learning;    /* which learning this is: py_intern() counts one per new stack */
+    /* Code objects the learning of `learning` already checked, each in slot hash(code): a
+     * slot whose `learning` is another holds nothing (no clearing per stack). */
+    struct { u64 code; u64 learning; } learn_seen[PY_LEARN_SEEN];
     /* The walk, across its runs: the allocation event it completes and outputs, the next
      * frame to read (0: the chain's end), the hash so far, and the runs made (0: none). */
     struct mp_event event;
@@ -301,6 +309,7 @@ static __always_inline int py_learn_code(struct py_conf *c, struct py_scratch *s
     if (read < 16)
         return -1;
     u8 *head = s->code_head;
+    count(MP_CNT_PY_CODE_READS);
     if (read_user(head, read, (void *)code) < 0) {
         count(MP_CNT_PY_BAD_CODE);
         return -1;
@@ -481,6 +490,7 @@ static __always_inline u64 py_intern(struct py_scratch *s, u32 tgid)
     }
     s->learn = 1;
     s->learn_from = 0;
+    s->learning++;
     return hash;
 }
 
@@ -521,7 +531,12 @@ int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx,
 int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
 
 /* Learn the code objects of the stack py_walk_run() just interned, PY_LEARN_PER_RUN frames a
- * run, then tail-call the same program for the rest. Between runs the scratch is not busy: a nested event that walks then may replace the stack (and its learning)
+ * run, then tail-call the same program for the rest. A code object that recurs in the stack
+ * is checked once: all of a stack's frames were live at once, each holding its code object,
+ * and the thread has not run since (its event's program, and these, run before it returns
+ * to user space), so one address there is one object. An import's stack repeats importlib's
+ * few functions at every level: a training run's chains held 54 Python frames on average,
+ * of 18 distinct functions (bench/RESULTS.md). Between runs the scratch is not busy: a nested event that walks then may replace the stack (and its learning)
  * before the rest of this one is learned, whose frames then stay unnamed (user space counts
  * them), as an event that finds the scratch busy goes without frames. */
 static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
@@ -541,7 +556,14 @@ static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
          * barrier keeps clang from dropping the mask or folding it into a pointer it steps */
         u32 at = i & (PY_MAX_FRAMES - 1);
         asm volatile("" : "+r"(at));
-        py_learn_code(c, s, tgid, s->stack.code[at]);
+        u64 code = s->stack.code[at];
+        u32 slot = ((code * 0x9E3779B97F4A7C15ULL) >> 59) & (PY_LEARN_SEEN - 1);
+        if (s->learn_seen[slot].code == code && s->learn_seen[slot].learning == s->learning)
+            continue; /* checked lower in this same stack: the same object (see above) */
+        if (py_learn_code(c, s, tgid, code) == 0) {
+            s->learn_seen[slot].code = code;
+            s->learn_seen[slot].learning = s->learning;
+        }
     }
     u32 next = from + PY_LEARN_PER_RUN;
     int more = next < depth && next < PY_MAX_FRAMES;

@@ -175,6 +175,55 @@ def test_meta_names_the_interpreter_and_counts_frames(venv_recording):
     assert python["tail_calls_failed"] == 0, python  # every walk's and learning's chain of runs reached its end
 
 
+RECURSING = """\
+import os
+
+def recursing(n):
+    if n == 0:
+        return recursing_leaf()
+    return recursing(n - 1)
+
+def recursing_leaf():
+    r, w = os.pipe()  # a new Python stack for each depth, its kernel allocations the event
+    os.close(r)
+    os.close(w)
+
+for depth in range({first}, {last}):
+    recursing(depth)
+"""
+RECURSING_DEPTHS = range(38, 58)  # chains of depth + 3 frames, under PY_MAX_FRAMES (64)
+
+
+def test_a_code_object_recurring_in_a_new_stack_is_read_once(tmp_path, run_memprof):
+    """The learning of a new stack reads each distinct code object's head once, not once per
+    frame (bpf/python.bpf.c, py_learn_codes): twenty new stacks of 41-60 frames, nearly all
+    one function's, save at least 35 reads each. Their chains still name every frame."""
+    script = tmp_path / "recursing.py"
+    script.write_text(RECURSING.format(first=RECURSING_DEPTHS.start, last=RECURSING_DEPTHS.stop))
+    recording = tmp_path / "recursing.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", sys.executable, script, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
+    python = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]
+    # "frames": the frames of every new stack, which a read per frame would read
+    assert python["frames"] >= sum(d + 3 for d in RECURSING_DEPTHS), python
+    assert python["frames"] - python["code_heads_read"] >= 35 * len(RECURSING_DEPTHS), python
+    from memprof.recording import open_recording
+    rec = open_recording(recording)
+    depths = set()
+    line = {text.strip(): n for n, text in enumerate(script.read_text().splitlines(), start=1)}
+    leaf, bottom, call, module = (("recursing_leaf", line["r, w = os.pipe()  # a new Python stack for each depth, "
+                                                       "its kernel allocations the event"]),
+                                  ("recursing", line["return recursing_leaf()"]),
+                                  ("recursing", line["return recursing(n - 1)"]), ("<module>", line["recursing(depth)"]))
+    for sid in rec.events[rec.events["layer"] == "kernel_slab"]["stack_id"].dropna().unique():
+        frames = [(f["function"], f["line"]) for f in rec.stack_frames(int(sid)) if f["kind"] == "python"]
+        if frames and frames[0][0] == "recursing_leaf":
+            calls = len(frames) - 3  # recursing_leaf, recursing(0), ..., recursing(depth), <module>
+            assert frames == [leaf, bottom] + [call] * calls + [module], frames
+            depths.add(calls)
+    assert depths == set(RECURSING_DEPTHS), sorted(depths)
+
+
 # ---- other CPython minor versions ----
 
 def test_another_minor_version_is_here_to_prove_the_offset_tables():

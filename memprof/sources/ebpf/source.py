@@ -200,6 +200,7 @@ class EbpfSource:
                 "not_code_objects": total(R.CNT_PY_BAD_CODE),
                 "map_full": total(R.CNT_PY_MAP_FULL),
                 "tail_calls_failed": total(R.CNT_PY_TAIL_FAILED),
+                "code_heads_read": total(R.CNT_PY_CODE_READS),
                 **self._python.stats}
         return self.stats
 
