@@ -250,6 +250,7 @@ class Session:
         if req.command is not None:
             path = resolve_executable(req.command)
             self.source.command_path = path  # its Python environment tells where torch lives
+            self.source.command_run_as = self.run_as  # ... asked as the user the command runs as
             self._check_output_free()
             return self._record_command(path)
         self._check_pid(req.pid)

@@ -67,3 +67,54 @@ def test_symbols_read_ahead_for_a_command_and_for_a_process_attached_to():
         paths = prewarm_paths(known_libraries(options, None), None, [process.pid])
         process.stdin.close()
     assert set(paths) == wanted
+
+
+# ---- the interpreter query: nothing from the working folder, bounded, as the command's user ----
+
+PLANTED = "import os; open({marker!r}, 'a').write('imported')\n"
+
+
+def _pythons() -> list[str]:
+    """The venv's interpreter, and pyenv's 3.10 where the image has it (under -S, 3.10 has
+    not imported os when the query's first line runs)."""
+    import glob
+    return [sys.executable, *sorted(glob.glob("/root/.pyenv/versions/3.10.*/bin/python3.10"))[-1:]]
+
+
+@pytest.mark.parametrize("module", ["site", "os"])
+def test_the_query_imports_no_module_planted_in_the_working_folder(module, tmp_path, monkeypatch):
+    """`python -S -c` puts the working folder first on sys.path, where the command's user
+    may have put a site.py or an os.py: the query runs none of it, and still answers."""
+    from memprof.sources.ebpf.uprobes import _python_site_dirs
+    marker = tmp_path / "imported"
+    (tmp_path / f"{module}.py").write_text(PLANTED.format(marker=str(marker)))
+    monkeypatch.chdir(tmp_path)
+    for python in _pythons():
+        assert _python_site_dirs(python), python
+        assert not marker.exists(), f"{python} imported the planted {module}.py"
+
+
+def test_the_query_gives_up_on_an_interpreter_that_floods_or_hangs(tmp_path, monkeypatch):
+    """What root reads of the user's program is bounded: past 1 MiB of output, or past the
+    time limit, the answer is empty (the libraries are then probed as they are mapped) and
+    the program is killed."""
+    from memprof.sources.ebpf import uprobes
+    monkeypatch.setattr(uprobes, "_SITE_DIRS_TIMEOUT_S", 1)
+    flood = [sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('x/site-packages\\n' * 1000)"]
+    hang = [sys.executable, "-c", "import time; print('/x/site-packages', flush=True); time.sleep(60)"]
+    answer = [sys.executable, "-c", "print('/x/site-packages')"]
+    assert uprobes._bounded_output(flood, None) == ""
+    assert uprobes._bounded_output(hang, None) == ""
+    assert uprobes._bounded_output(answer, None) == "/x/site-packages\n"
+    assert uprobes._bounded_output([str(tmp_path / "missing")], None) == ""
+
+
+def test_the_query_runs_with_the_commands_user_groups_and_home():
+    """The arguments that make subprocess run the query as capture/target.py's child runs the
+    command: the user's uid, gid and groups, and their HOME, USER and LOGNAME."""
+    from memprof.capture.target import RunAs
+    from memprof.sources.ebpf.uprobes import _as_command_user
+    kw = _as_command_user(RunAs(1234, 2345, [2345, 77], "/home/alice", "alice"))
+    assert (kw["user"], kw["group"], kw["extra_groups"]) == (1234, 2345, [2345, 77])
+    assert (kw["env"]["HOME"], kw["env"]["USER"], kw["env"]["LOGNAME"]) == ("/home/alice", "alice", "alice")
+    assert set(_as_command_user(None)) == {"env"}  # memprof's own user: as the command, unchanged

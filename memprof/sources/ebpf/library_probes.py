@@ -40,9 +40,10 @@ def enabled_families(options) -> dict[str, U.Family]:
     return fams
 
 
-def known_libraries(options, command_path: str | None) -> dict[str, list[str]]:
-    """Family name -> the library files we can find before the command starts."""
-    known = U.find_known_libraries(command_path)
+def known_libraries(options, command_path: str | None, run_as=None) -> dict[str, list[str]]:
+    """Family name -> the library files we can find before the command starts (`run_as`:
+    whom the command runs as, a capture.target.RunAs, None for memprof's own user)."""
+    known = U.find_known_libraries(command_path, run_as=run_as)
     if "native" in options.families:
         known["native"] = [options.native_preload] if options.native_preload else U.libc_paths()
     return known

@@ -38,6 +38,9 @@ class EbpfSource:
     def __init__(self, options: EbpfOptions | None = None, command_path: str | None = None):
         self.options = options or EbpfOptions()
         self.command_path = command_path
+        # Whom the command runs as (a capture.target.RunAs; None: memprof's own user): its
+        # interpreter is asked for its site-packages as that user, never as root for them.
+        self.command_run_as = None
         self.processes = ProcessTable()
         self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
                                  detail={"families": list(self.options.families)})
@@ -63,7 +66,7 @@ class EbpfSource:
     # ---- start ----
     def start(self, pids: list[int]) -> None:
         """Compile, attach, and begin following `pids` and their future descendants."""
-        known = known_libraries(self.options, self.command_path)
+        known = known_libraries(self.options, self.command_path, self.command_run_as)
         # ELF symbol tables are read on a thread while bcc compiles (begun by early.py, taken
         # by compile_program), not at the first flushes, which come while the target runs.
         self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, pids))

@@ -4,14 +4,22 @@ Python environment, LD_LIBRARY_PATH, the loader's cache), and as soon as they ap
 process's mappings otherwise."""
 from __future__ import annotations
 
+import functools
 import glob
 import os
+import select
 import subprocess
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from memprof import own_env
 from memprof.model import Layer
 from memprof.sources.ebpf.callsite import CallSite, find_call_site
 from memprof.sources.ebpf.options import CALL_SITE
+
+if TYPE_CHECKING:
+    from memprof.capture.target import RunAs
 
 ENTRY, RETURN = "entry", "return"
 
@@ -146,14 +154,15 @@ def family_programs(family: Family, alloc_probes: str = CALL_SITE) -> tuple[str,
     return tuple(dict.fromkeys(names))
 
 
-def find_known_libraries(command_path: str | None, environ=os.environ) -> dict[str, list[str]]:
+def find_known_libraries(command_path: str | None, environ=os.environ,
+                         run_as: "RunAs | None" = None) -> dict[str, list[str]]:
     """Library paths we can probe before the target starts: family name -> paths.
 
-    The command's Python environment (its torch), LD_LIBRARY_PATH, and the loader's cache
-    (libcuda.so.1 of the installed driver). Libraries found later in the target's mappings
-    are probed then."""
+    The command's Python environment (its torch, as its interpreter reports it, run as
+    `run_as`: see _python_site_dirs), LD_LIBRARY_PATH, and the loader's cache (libcuda.so.1
+    of the installed driver). Libraries found later in the target's mappings are probed then."""
     found: dict[str, list[str]] = {"torch": [], "cuda": []}
-    for site in _python_site_dirs(command_path):
+    for site in _python_site_dirs(command_path, run_as):
         found["torch"] += glob.glob(os.path.join(site, "torch", "lib", "libc10.so"))
     for directory in filter(None, environ.get("LD_LIBRARY_PATH", "").split(":")):
         found["cuda"] += [p for p in glob.glob(os.path.join(directory, "libcuda.so*")) if os.path.isfile(p)]
@@ -170,13 +179,16 @@ def family_of_mapping(path: str) -> str | None:
 
 
 # Run by the command's interpreter with -S, so that no .pth file or sitecustomize of the
-# target's environment runs inside memprof's (root) process tree. -S also skips site's venv
-# step, which on Python 3.11 and older is what points sys.prefix at a virtual environment;
-# site.venv() would do it but also processes the venv's .pth files, so this code does only
-# its first part, as site.py does it: a pyvenv.cfg beside the executable or one level up
-# makes the folder above the executable's sys.prefix (some getsitepackages(), Debian's, look
-# at sys.prefix to tell a venv) and the first prefix searched.
-_SITE_DIRS_CODE = """import os, site, sys
+# target's environment runs. -S also skips site's venv step, which on Python 3.11 and older
+# is what points sys.prefix at a virtual environment; site.venv() would do it but also
+# processes the venv's .pth files, so this code does only its first part, as site.py does it:
+# a pyvenv.cfg beside the executable or one level up makes the folder above the executable's
+# sys.prefix (some getsitepackages(), Debian's, look at sys.prefix to tell a venv) and the
+# first prefix searched. Its first line leaves only absolute folders on the path, with
+# builtins alone (under -S, 3.10 has not imported os yet): -c puts the working directory
+# first, where an os.py or site.py would be what the imports below run.
+_SITE_DIRS_CODE = """import sys; sys.path[:] = [p for p in sys.path if p.startswith("/")]
+import os, site
 exe_dir = os.path.dirname(os.path.abspath(sys.executable))
 prefixes = list(site.PREFIXES)
 for folder in (exe_dir, os.path.dirname(exe_dir)):
@@ -186,27 +198,78 @@ for folder in (exe_dir, os.path.dirname(exe_dir)):
         break
 print("\\n".join(site.getsitepackages(prefixes) + [site.getusersitepackages()] + sys.path))
 """
+_SITE_DIRS_TIMEOUT_S = 10
+_SITE_DIRS_MAX_BYTES = 1 << 20  # a real answer is a few KiB
 
 
-def _python_site_dirs(command_path: str | None) -> list[str]:
+def _python_site_dirs(command_path: str | None, run_as: "RunAs | None" = None) -> list[str]:
     """site-packages of the command's interpreter (a virtual environment's too), when the
-    command is a Python (~20 ms)."""
+    command is a Python (~20 ms), as that interpreter reports them.
+
+    The interpreter is the user's program (their virtual environment's, or any file they
+    named), so it runs as the command will: as `run_as` (the user sudo names) with the
+    environment the command gets, never as root on their behalf (docs/SECURITY.md). Root
+    only reads what it prints, at most _SITE_DIRS_MAX_BYTES within _SITE_DIRS_TIMEOUT_S:
+    folders to look for libc10.so in, whose files are read as the target's libraries are."""
     if not command_path or not os.path.basename(command_path).startswith("python"):
         return []
-    try:
-        out = subprocess.run([command_path, "-S", "-c", _SITE_DIRS_CODE], capture_output=True, text=True,
-                             timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    out = _bounded_output([command_path, "-S", "-c", _SITE_DIRS_CODE], run_as)
     return [line for line in out.splitlines() if line.endswith(("site-packages", "dist-packages"))]
 
 
-def _ldconfig(name: str) -> list[str]:
+def _as_command_user(run_as: "RunAs | None") -> dict:
+    """subprocess arguments that run a program as the recorded command runs (see
+    capture/target.py's child): `run_as`'s uid, gid and groups, HOME, USER and LOGNAME, and
+    the environment memprof was given; no descriptor but the pipes (close_fds)."""
+    env = own_env.for_commands(os.environ)
+    if run_as is None:
+        return {"env": env}
+    if run_as.home:
+        env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
+    return {"env": env, "user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups)}
+
+
+def _bounded_output(argv: list[str], run_as: "RunAs | None") -> str:
+    """What `argv`, run as `run_as`, writes to stdout: "" when it cannot start, or prints
+    more than _SITE_DIRS_MAX_BYTES, or runs past _SITE_DIRS_TIMEOUT_S (it is then killed)."""
     try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, close_fds=True, **_as_command_user(run_as))
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    deadline, chunks, size = time.monotonic() + _SITE_DIRS_TIMEOUT_S, [], 0
+    with proc:
+        fd = proc.stdout.fileno()
+        while (left := deadline - time.monotonic()) > 0 and size <= _SITE_DIRS_MAX_BYTES:
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        complete = left > 0 and size <= _SITE_DIRS_MAX_BYTES
+        if not complete:
+            proc.kill()
+        proc.wait()
+    return b"".join(chunks).decode(errors="replace") if complete else ""
+
+
+@functools.cache
+def _loader_cache() -> tuple[str, ...]:
+    """The loader cache's lines, as `ldconfig -p` prints them: read once per process (every
+    recording asked it two or three times), from root's own /sbin/ldconfig by its full path,
+    never one found on PATH."""
+    try:
+        out = subprocess.run(["/sbin/ldconfig", "-p"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=5, env={"LC_ALL": "C", "LANG": "C"}).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.split("=>")[-1].strip() for line in out.splitlines() if line.strip().startswith(name)]
+        return ()
+    return tuple(out.splitlines())
+
+
+def _ldconfig(name: str) -> list[str]:
+    return [line.split("=>")[-1].strip() for line in _loader_cache() if line.strip().startswith(name)]
 
 
 def libc_paths() -> list[str]:

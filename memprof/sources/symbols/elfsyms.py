@@ -6,7 +6,6 @@ Python objects would be far too slow for libtorch's 342k symbols."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import weakref
@@ -29,9 +28,10 @@ def first_of_each_start(starts: np.ndarray) -> np.ndarray:
 @functools.cache
 def _cxa_demangle():
     """`(__cxa_demangle, free)` from libstdc++ and libc, or None where libstdc++ is missing."""
-    name = ctypes.util.find_library("stdc++")
+    # By its soname, from the loader's own search: ctypes.util.find_library would run
+    # ldconfig, or gcc and ld from PATH, in the root recorder for a name the loader knows.
     try:
-        lib = ctypes.CDLL(name or "libstdc++.so.6")
+        lib = ctypes.CDLL("libstdc++.so.6")
         fn = lib.__cxa_demangle
     except (OSError, AttributeError):
         return None
