@@ -76,6 +76,11 @@ class GatedChild:
         os.close(err_w)
         self.pid = pid
         self.status: int | None = None
+        # Signals go through a pidfd taken now, while the child cannot have been reaped: once
+        # it is, its pid is free for anyone's next process, and a user who cycles pids could
+        # have root's forwarded signal (sudo passes the user's on to memprof) kill another
+        # user's process (docs/SECURITY.md). None where the kernel has no pidfds (< 5.3).
+        self._pidfd = _pidfd_of(pid)
 
     def release(self, extra_env: dict[str, str] | None = None) -> None:
         """Let the child exec, with `extra_env` added to its environment (the agent's
@@ -93,7 +98,7 @@ class GatedChild:
 
     def abort(self) -> None:
         """Kill the child before it ever execs (nothing of the command has run)."""
-        os.kill(self.pid, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         os.close(self._gate_w)
         os.close(self._err_r)
         self.wait()
@@ -103,10 +108,16 @@ class GatedChild:
         if self.status is None:
             pid, raw = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.status = os.waitstatus_to_exitcode(raw)
-                if self.status < 0:
-                    self.status = 128 - self.status
+                self._reaped(raw)
         return self.status
+
+    def _reaped(self, raw: int) -> None:
+        self.status = os.waitstatus_to_exitcode(raw)
+        if self.status < 0:
+            self.status = 128 - self.status
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def wait(self) -> int:
         while self.poll() is None:
@@ -115,16 +126,29 @@ class GatedChild:
             except ChildProcessError:
                 self.status = self.status if self.status is not None else 1
                 break
-            self.status = os.waitstatus_to_exitcode(raw)
-            if self.status < 0:
-                self.status = 128 - self.status
+            self._reaped(raw)
         return self.status
 
     def signal(self, signum: int) -> None:
+        """Send `signum` to the child while it is ours: never once it was reaped (its pid may
+        be another process's by then), and through its pidfd where the kernel has them."""
+        if self.status is not None:
+            return
         try:
-            os.kill(self.pid, signum)
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signum)
+            else:
+                os.kill(self.pid, signum)
         except ProcessLookupError:
             pass
+
+
+def _pidfd_of(pid: int) -> int | None:
+    """A pidfd of our own unreaped child `pid`; None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
 
 
 def _read_all(fd: int) -> bytes:
