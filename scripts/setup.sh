@@ -85,6 +85,19 @@ make_venv() {
     .venv/bin/pip install -q -e '.[dev]'
     touch "$stamp"
   fi
+  isolate_launcher
+}
+
+# .venv/bin/memprof, which pip writes, starts Python with the per-user site folder on: under
+# sudo, where HOME stays the user's (env_keep), a .pth file in ~/.local/lib/python3.X/
+# site-packages would run as root. `-I` on its #! line (one argument, as Linux allows)
+# keeps out that folder, PYTHONPATH and the current folder, as `make install`'s wrapper does.
+isolate_launcher() {
+  local launcher=.venv/bin/memprof
+  [ -f "$launcher" ] || return 0
+  if head -n 1 "$launcher" | grep -q '^#!.*/python[0-9.]*$'; then
+    sed -i '1s/$/ -I/' "$launcher"
+  fi
 }
 
 build_examples() {
