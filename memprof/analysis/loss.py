@@ -71,6 +71,7 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         if native_sampled:
             notes.append(_native_sampling_note(name, int(stats.detail["native_sample_bytes"])))
         notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
+        notes += [Note(text) for text in _irregular_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
         notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
@@ -136,6 +137,14 @@ def _refused_notes(name: str, uprobes: dict) -> list[str]:
             f"({next(iter(lib['refused'].values()))}); its {lib['layer']} allocations through "
             "them are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("refused")]
+
+
+def _irregular_notes(name: str, uprobes: dict) -> list[str]:
+    """Libraries whose path led to something other than a regular file when memprof went to
+    probe them (replaced by a FIFO or a device link): never opened, never probed."""
+    return [f"{name}: {path} was not a regular file when memprof went to probe it (replaced since it was "
+            f"mapped?); its {lib['layer']} allocations are not recorded"
+            for path, lib in sorted(uprobes.items()) if lib.get("not_a_regular_file")]
 
 
 def _late_probe_notes(name: str, uprobes: dict, start_ns: int) -> list[str]:

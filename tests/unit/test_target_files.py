@@ -28,3 +28,82 @@ def test_a_regular_file_reads_as_before_and_its_replacement_is_told_apart(tmp_pa
     path.write_bytes(b"\x7fELF again")
     assert file_identity(str(path)) not in (None, first)
     assert file_identity(str(tmp_path / "gone")) is None
+
+
+def test_a_fifo_found_where_a_library_was_is_never_opened(tmp_path):
+    """Not even for a moment: a writer waiting on the FIFO stays waiting (a read open, even
+    a non-blocking one, would let it through; a device's open is where a driver acts)."""
+    import threading
+    fifo = tmp_path / "libc10.so"
+    os.mkfifo(fifo)
+    link = tmp_path / "libc10.so.link"
+    link.symlink_to(fifo)
+    writer_through = threading.Event()
+
+    def writer():
+        with open(fifo, "wb"):  # blocks until someone opens the FIFO for reading
+            writer_through.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    _wait_until_in_openat(thread)
+    for path in (fifo, link):
+        with pytest.raises(OSError, match="not a regular file"):
+            open_binary(str(path))
+    assert not writer_through.wait(0.3), "the FIFO was opened for reading"
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the writer go
+    thread.join(5)
+
+
+def _wait_until_in_openat(thread) -> None:
+    """Until `thread` waits in openat (x86-64 system call 257), so that an open of the
+    FIFO for reading would let it through."""
+    import time
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with open(f"/proc/self/task/{thread.native_id}/syscall") as f:
+            if f.read().split()[0] == "257":
+                return
+        time.sleep(0.01)
+    pytest.fail("the writer never reached its open")
+
+
+def test_only_a_regular_file_is_handed_to_bcc(tmp_path):
+    from memprof.sources.symbols.files import is_regular_file
+    regular = tmp_path / "lib.so"
+    regular.write_bytes(b"\x7fELF")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "to-fifo").symlink_to(fifo)
+    (tmp_path / "to-lib").symlink_to(regular)
+    assert [is_regular_file(str(tmp_path / name)) for name in ("lib.so", "to-lib", "fifo", "to-fifo", "gone")] \
+        == [True, True, False, False, False]
+    assert not is_regular_file("/dev/null") and not is_regular_file(str(tmp_path))
+
+
+def test_a_library_replaced_by_a_fifo_is_noted_not_probed(tmp_path):
+    """bcc opens the library it probes with a plain blocking open: a FIFO put at a mapped
+    library's path would hang the root recorder there (an audit held it 11 minutes). It is
+    skipped, said in meta.json, and reported."""
+    from memprof.model import SourceStats
+    from memprof.sources.ebpf.library_probes import ON_MAPPING, LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions
+
+    class NoAttach:
+        KPROBE = 2
+
+        def attach_uprobe(self, **kwargs):
+            raise AssertionError("bcc was handed a FIFO")
+
+        attach_uretprobe = load_func = attach_uprobe
+
+    fifo = tmp_path / "libc10.so"
+    os.mkfifo(fifo)
+    stats = SourceStats()
+    LibraryProbes(NoAttach(), EbpfOptions(), stats.detail).probe_library(str(fifo), "torch", ON_MAPPING)
+    lib = stats.detail["uprobes"][str(fifo)]
+    assert lib["not_a_regular_file"] and lib["probes"] == 0, lib
+    from memprof.analysis.loss import _irregular_notes
+    assert _irregular_notes("ebpf", stats.detail["uprobes"]) == [
+        f"ebpf: {fifo} was not a regular file when memprof went to probe it (replaced since it was mapped?); "
+        "its torch_cpu allocations are not recorded"]

@@ -19,7 +19,7 @@ from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, tail_call
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
-from memprof.sources.symbols.files import open_binary
+from memprof.sources.symbols.files import is_regular_file, open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
@@ -108,8 +108,8 @@ class PythonFrames:
         if binary.path in self._init_slots:
             return
         free = [i for i in range(INIT_SLOTS) if i not in self._init_slots.values()]
-        if not binary.init_vaddr or not free:
-            self._init_slots[binary.path] = None
+        if not binary.init_vaddr or not free or not is_regular_file(binary.path):
+            self._init_slots[binary.path] = None  # (not regular now: bcc's open could hang on it)
             return
         slot = free[0]
         template = self.bpf["py_templates"].Leaf()

@@ -13,6 +13,7 @@ from memprof.errors import NoPrivilegeError, SourceUnavailableError
 from memprof.sources.cpython.frames import python_runtimes
 from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.bpfload import load_program
+from memprof.sources.symbols.files import is_regular_file
 from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
@@ -114,6 +115,11 @@ class LibraryProbes:
             return
         self.probed.add(key)
         family = self._families[family_name]
+        libs = self._detail.setdefault("uprobes", {})
+        if not is_regular_file(key[0]):  # a FIFO or a device there: bcc's open would hang or open it
+            libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": 0, "missing": [],
+                            "placed": placed, "not_a_regular_file": True}
+            return
         attached, missing_required, at_calls, refused = 0, [], {}, {}
         for probe in family.probes:
             try:
@@ -128,7 +134,6 @@ class LibraryProbes:
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
                     missing_required.append(probe.symbol)
-        libs = self._detail.setdefault("uprobes", {})
         libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
                         "missing": missing_required, "placed": placed}
         if placed == ON_MAPPING:
@@ -174,6 +179,8 @@ class LibraryProbes:
         if path in self._finalize_probes:
             return
         self._finalize_probes.add(path)
+        if not is_regular_file(path):
+            return  # bcc's open of a FIFO would hang the recorder (see files.is_regular_file)
         try:
             self._bpf.attach_uprobe(name=path, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
         except Exception:

@@ -20,14 +20,30 @@ def file_identity(path: str) -> tuple | None:
 def open_binary(path: str):
     """`path` opened for reading in binary, only if it is a regular file: the recorder reads
     the target's executables and libraries as root, by the paths of its mappings, and the
-    target may have put a FIFO (whose open would block the recorder) or a device there since.
+    target may have put a FIFO (whose open would block the recorder) or a device (whose open
+    some drivers act on) there since. The path is resolved once, by an O_PATH open that opens
+    nothing; only a regular file found so is then opened, through that descriptor.
     OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    located = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(located).st_mode):
             raise OSError(f"{path} is not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = os.open(f"/proc/self/fd/{located}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(located)
+    return os.fdopen(fd, "rb")
+
+
+def is_regular_file(path: str) -> bool:
+    """Whether `path` leads to a regular file now, found without opening anything (O_PATH).
+    Checked before a path goes to bcc, which opens it with a plain blocking open: a FIFO
+    there would hang the recorder, a device would be opened as root. (What is there can
+    still change before bcc's open; docs/SECURITY.md says so.)"""
+    try:
+        located = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(located).st_mode)
+    finally:
+        os.close(located)
