@@ -107,3 +107,46 @@ def test_a_library_replaced_by_a_fifo_is_noted_not_probed(tmp_path):
     assert _irregular_notes("ebpf", stats.detail["uprobes"]) == [
         f"ebpf: {fifo} was not a regular file when memprof went to probe it (replaced since it was mapped?); "
         "its torch_cpu allocations are not recorded"]
+
+
+def _claiming_section(tmp_path, claimed: int):
+    """A copy of /bin/true named like an interpreter whose .dynsym header claims `claimed`
+    bytes, the file extended (sparse) so that they lie within it: kilobytes on disk."""
+    import shutil
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+    path = tmp_path / "python3big"
+    shutil.copy("/bin/true", path)
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        header_at = elf["e_shoff"] + elf["e_shentsize"] * next(
+            i for i, s in enumerate(elf.iter_sections()) if s.name == ".dynsym")
+    with open(path, "r+b") as f:
+        f.seek(header_at + 32)  # Elf64_Shdr.sh_size
+        f.write(struct.pack("<Q", claimed))
+        f.truncate(claimed + (1 << 20))
+    return path
+
+
+def test_a_section_that_claims_gigabytes_is_not_read(tmp_path):
+    """A section header is the file's own say: a 2 GiB .dynsym in a sparse file took the
+    root recorder to 2.3 GB here, read whole. Such a file is malformed to memprof now."""
+    import resource
+
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from memprof.sources.cpython.interp import PythonLayoutError, inspect_python
+    from memprof.sources.symbols.files import section_bytes
+    from memprof.sources.symbols.symbolize import UserSymbolizer
+    path = _claiming_section(tmp_path, 24 * 89478485)  # a whole number of symbols, ~2 GiB
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open(path, "rb") as f:
+        with pytest.raises(ELFError, match="claims 2147483640 bytes"):
+            section_bytes(ELFFile(f).get_section_by_name(".dynsym"))
+    with pytest.raises(PythonLayoutError, match="claims"):
+        inspect_python(str(path))
+    assert UserSymbolizer().symbols_for(str(path)) is None
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
+    assert grown_mb < 200, f"peak grew {grown_mb:.0f} MB"

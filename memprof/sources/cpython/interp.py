@@ -32,7 +32,7 @@ from typing import NamedTuple, Sequence
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
 from memprof.sources.symbols.elfsyms import defined_in, defined_symbol
-from memprof.sources.symbols.files import open_binary
+from memprof.sources.symbols.files import open_binary, section_bytes
 from memprof.sources.symbols.symbolize import Mapping
 
 _SUPPORTED = f"3.{min(OFFSETS)[1]}–3.{max(OFFSETS)[1]}"
@@ -242,7 +242,7 @@ class _Inspection:
         # The linker merges string tails, so PY_VERSION may be the end of a longer string such as
         # the install prefix "/root/.pyenv/versions/3.10.13": match a string's end, not a whole one.
         section = self.elf.get_section_by_name(".rodata")
-        data = section.data() if section is not None else b""
+        data = section_bytes(section) if section is not None else b""
         found = {int(m.group(1)) for m in re.finditer(rb"(?<![\d.])3\.%d\.(\d+)(?:(?:a|b|rc)\d+)?\+?\x00" % minor, data)}
         if len(found) != 1:
             what = "no" if not found else "more than one"

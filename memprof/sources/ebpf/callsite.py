@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memprof.sources.symbols.elfsyms import defined_symbol, demangle, symbol_indices
-from memprof.sources.symbols.files import open_binary
+from memprof.sources.symbols.files import open_binary, section_bytes
 
 _ENDBR64 = bytes.fromhex("f30f1efa")
 _FRAME_SETUP = bytes.fromhex("554889e5")  # push %rbp; mov %rsp,%rbp
@@ -131,7 +131,7 @@ def _jump_slots(elf, callee: str) -> set[int]:
     indices = symbol_indices(elf, elf.get_section(section["sh_link"]), callee)
     if indices.size == 0:
         return set()
-    data = section.data()
+    data = section_bytes(section)
     relocs = np.frombuffer(data, dtype=_ELF64_RELA, count=len(data) // _ELF64_RELA.itemsize)
     info = relocs["info"]
     hits = ((info & 0xFFFFFFFF) == _R_X86_64_JUMP_SLOT) & np.isin(info >> np.uint64(32), indices)
@@ -141,7 +141,7 @@ def _jump_slots(elf, callee: str) -> set[int]:
 def _stubs_through(section, slots: set[int]) -> set[int]:
     """Start addresses of the 16-byte PLT stubs in `section` that jump through one of `slots`:
     `jmp *disp(%rip)` (ff 25), after an optional endbr64 and bnd prefix (f2)."""
-    data, base, stubs = section.data(), section["sh_addr"], set()
+    data, base, stubs = section_bytes(section), section["sh_addr"], set()
     for at in range(0, len(data) - 15, 16):
         stub = data[at:at + 16]
         rest = stub.removeprefix(_ENDBR64)

@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from memprof.sources.symbols import symbol_cache
-from memprof.sources.symbols.files import open_binary
+from memprof.sources.symbols.files import open_binary, section_bytes
 
 def first_of_each_start(starts: np.ndarray) -> np.ndarray:
     """Mask keeping the first entry of each run of equal `starts` (already sorted)."""
@@ -203,12 +203,12 @@ def symbol_indices(elf, section, name: str) -> np.ndarray:
 def _records(elf, section) -> np.ndarray:
     """A symbol table section's entries as one numpy array (a view of its bytes)."""
     dtype = _sym_dtype(elf.elfclass, elf.little_endian)
-    data = section.data()
+    data = section_bytes(section)
     return np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
 
 
 def _named(elf, section, syms: np.ndarray, name: str) -> np.ndarray:
-    offsets = string_offsets(elf.get_section(section["sh_link"]).data(), name.encode())
+    offsets = string_offsets(section_bytes(elf.get_section(section["sh_link"])), name.encode())
     return np.isin(syms["name"], offsets) if offsets else np.zeros(len(syms), bool)
 
 

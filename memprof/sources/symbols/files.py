@@ -47,3 +47,25 @@ def is_regular_file(path: str) -> bool:
         return stat.S_ISREG(os.fstat(located).st_mode)
     finally:
         os.close(located)
+
+
+# The most of one ELF section the recorder reads into memory. The biggest it meets are
+# libtorch_cpu.so's string tables (.strtab 76 MB, .dynstr 5 MB); a section header is the
+# file's own say, and a sparse file can claim gigabytes while holding kilobytes, which root
+# would read, and hold, whole (an audit's 2 GiB .dynsym took the recorder to 4.8 GB).
+MAX_SECTION_BYTES = 256 << 20
+
+
+def section_bytes(section) -> bytes:
+    """A pyelftools section's contents, once its size is checked: within MAX_SECTION_BYTES
+    and within its file. ELFError otherwise, as for any malformed file (its symbols are then
+    left unread, as they are for one that cannot be parsed)."""
+    from elftools.common.exceptions import ELFError
+    size, offset = section["sh_size"], section["sh_offset"]
+    if section["sh_type"] != "SHT_NOBITS":
+        if size > MAX_SECTION_BYTES:
+            raise ELFError(f"section {section.name} claims {size} bytes (more than {MAX_SECTION_BYTES} is not read)")
+        file_size = os.fstat(section.stream.fileno()).st_size
+        if offset + size > file_size:
+            raise ELFError(f"section {section.name} runs past the end of its file")
+    return section.data()

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from memprof.sources.symbols.files import file_identity, open_binary
+from memprof.sources.symbols.files import file_identity, open_binary, section_bytes
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _RSP = 7                  # DWARF register number of %rsp on x86-64
@@ -40,7 +40,7 @@ class _EhFrame:
         if hdr is None or frame is None or elf["e_machine"] != "EM_X86_64":
             raise ValueError("no .eh_frame_hdr")
         self._hdr_addr, self._frame_addr = hdr["sh_addr"], frame["sh_addr"]
-        self.starts, self.fde_offsets = _hdr_table(hdr.data())
+        self.starts, self.fde_offsets = _hdr_table(section_bytes(hdr))
         # The entries are read from the file where they are needed: pyelftools'
         # get_dwarf_info() would read the whole section (and any .debug_* ones) into memory
         # first, 23 MB held for libtorch_cpu (issue 24, the recorder's size). The structs are
