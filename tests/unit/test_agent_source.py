@@ -245,3 +245,33 @@ def test_the_agent_environment_holds_absolute_paths_for_a_relative_recording(tmp
     boot, rest = env["PYTHONPATH"].split(os.pathsep)
     assert boot == str(tmp_path.resolve() / "rel.memprof" / "agent" / "boot") and rest == "/opt/lib"
     assert env["MEMPROF_AGENT_DIR"] == str(tmp_path.resolve() / "rel.memprof" / "agent")
+
+
+def test_a_hard_link_to_an_agent_file_is_not_read_twice(tmp_path):
+    """The agent never links its files; the command writes this folder, and links to one
+    file multiplied what root read and parsed (an audit: 12 links, 1.6 GB)."""
+    original = agent_file(tmp_path)
+    original.write_bytes(GOOD % (1, 1) + b"\n")
+    for n in range(3):
+        os.link(original, agent_file(tmp_path, f"{100 + n}.jsonl"))
+    agent_file(tmp_path, "8.jsonl").write_bytes(GOOD % (2, 2) + b"\n")
+    source = AgentSource(tmp_path / "rec.memprof")
+    events = source.poll(ClockAnchor(0, 0))[0]
+    assert list(events["category"]) == ["good 2"]  # the linked file's lines under none of its names
+    assert source.stats().detail["skipped_files"] == 4
+
+
+def test_one_poll_reads_at_most_its_budget_across_files_and_the_rest_comes_later(tmp_path, monkeypatch):
+    import memprof.sources.agent_reader.source as agent_module
+    monkeypatch.setattr(agent_module, "MAX_POLL_BYTES", 1000)
+    line = GOOD % (1, 1) + b"\n"
+    per_file = 1000 // len(line) + 1  # each file alone is over the poll's budget
+    for name in ("7.jsonl", "8.jsonl", "9.jsonl"):
+        agent_file(tmp_path, name).write_bytes(line * per_file)
+    source = AgentSource(tmp_path / "rec.memprof")
+    read_per_poll = []
+    for _ in range(10):
+        tables = source.poll(ClockAnchor(0, 0))
+        read_per_poll.append(len(tables[0]["category"]) if tables else 0)
+    assert max(read_per_poll) * len(line) <= 1000, read_per_poll
+    assert sum(read_per_poll) == 3 * per_file, read_per_poll  # every line, once

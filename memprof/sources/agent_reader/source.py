@@ -20,6 +20,7 @@ skipped and counted (`unreadable_lines`: not JSON; `malformed_lines`: fields wro
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -37,6 +38,11 @@ from memprof.sources.agent_reader.folder import absolute_boot_path, make_attach_
 AGENT_FOLDER = "agent"
 MAX_ERRORS_KEPT = 20
 MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the next
+# Of all files at one poll, and how many files are looked at: the command writes this folder,
+# and each file's limit alone let hard links (or many files) multiply what root reads and
+# parses at a poll (an audit: 12 links to one 16 MiB file took the recorder to 1.6 GB).
+MAX_POLL_BYTES = 32 << 20
+MAX_FILES = 4096
 MAX_PROCESSES_KEPT = 4096   # processes described in meta.json
 
 
@@ -65,6 +71,7 @@ class AgentSource:
     agent_uid: int = field(default_factory=os.geteuid)
     name: str = "agent"
     _offsets: dict = field(default_factory=dict)    # file name -> bytes read
+    _poll_budget: int = MAX_POLL_BYTES               # bytes left to read at this poll
     _cut: set = field(default_factory=set)          # files whose read stopped inside an overlong line
     _skipped: set = field(default_factory=set)      # names of files not read (not the agent's regular files)
     _errors: list = field(default_factory=list)     # failures the agents logged, the first MAX_ERRORS_KEPT
@@ -248,8 +255,9 @@ class AgentSource:
         folder = self._open_folder()
         if folder is None:
             return
+        self._poll_budget = MAX_POLL_BYTES
         try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
+            names = sorted(itertools.islice((n for n in os.listdir(folder) if n.endswith(".jsonl")), MAX_FILES))
             for name in names:
                 is_errors = name.endswith(".errors.jsonl")
                 if is_errors or not errors_only:
@@ -288,18 +296,23 @@ class AgentSource:
         longer than MAX_READ_BYTES is skipped and counted as unreadable."""
         try:
             fd = open_untrusted_regular(name, dir_fd=folder, owner_uid=self.agent_uid)
+            if os.fstat(fd).st_nlink != 1:  # the agent never links its files: one file's lines, read twice
+                os.close(fd)
+                raise UntrustedFileError(f"{name} has other links")
         except UntrustedFileError:
             if name not in self._skipped:
                 self._skipped.add(name)
                 self._count("skipped_files")
             return []
         start = self._offsets.get(name, 0)
+        want = min(MAX_READ_BYTES, self._poll_budget)
         try:
-            data = os.pread(fd, MAX_READ_BYTES, start)
+            data = os.pread(fd, want, start) if want > 0 else b""
         except OSError:
             return []
         finally:
             os.close(fd)
+        self._poll_budget -= len(data)
         return self._complete_lines(name, start, data)
 
     def _complete_lines(self, name: str, start: int, data: bytes) -> list[bytes]:
