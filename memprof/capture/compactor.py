@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -133,7 +133,7 @@ class Compactor:
             return False
 
     def _fold_if_needed(self) -> bool:
-        parts = events_parts(self.writer.path / "events", self._rows)
+        parts = events_parts(self.writer.path / "events", self._rows, self.writer.wrote)
         sizes = _sizes_of(recording_bytes(self.writer.path), parts)
         if sizes.at_fold <= START_AT * self.max_bytes:
             return False
@@ -232,7 +232,8 @@ class Compactor:
 
     def _sizes(self) -> _Sizes:
         """What the recording takes on disk now (module docstring)."""
-        return _sizes_of(recording_bytes(self.writer.path), events_parts(self.writer.path / "events", self._rows))
+        return _sizes_of(recording_bytes(self.writer.path),
+                         events_parts(self.writer.path / "events", self._rows, self.writer.wrote))
 
     def _note_if_over(self, outcome: _Folded | None, at_end: bool = False) -> None:
         """Once, when the recording is over the limit, and what folding keeps with the newest
@@ -298,14 +299,18 @@ def _give_back_memory() -> None:
         pass
 
 
-def events_parts(folder: Path, rows_seen: dict[str, int]) -> list[_Part]:
+def events_parts(folder: Path, rows_seen: dict[str, int],
+                 wrote: Callable[[str, os.stat_result], bool] | None = None) -> list[_Part]:
     """The events parts in `folder`, by index, with their size on disk and rows (footers
     read once: `rows_seen` keeps them by path; a folded part is a new file each time, so
-    its entry is dropped when it is replaced)."""
+    its entry is dropped when it is replaced). `wrote(path, lstat)`: whether memprof's writer
+    put that file there; others are left out. The recorded command can write into its
+    recording, and a part it planted (3,000,000 rows in 147 KB) was read whole by a fold."""
     parts = []
     for entry in os.scandir(folder):
         match = PART_NAME.match(entry.name)
-        if match and entry.is_file(follow_symlinks=False):
+        if match and entry.is_file(follow_symlinks=False) and (
+                wrote is None or wrote(entry.path, entry.stat(follow_symlinks=False))):
             if entry.path not in rows_seen or match.group(2):
                 rows_seen[entry.path] = row_count(Path(entry.path))
             parts.append(_Part(int(match.group(1)), bool(match.group(2)), Path(entry.path), entry.stat().st_size,

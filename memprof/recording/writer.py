@@ -78,6 +78,10 @@ class RecordingWriter:
         self._lock = threading.Lock()        # guards the buffers and the finalized flag
         self._write_lock = threading.Lock()  # one writer of parts and meta.json at a time
         self._finalized = False
+        # The identity (_identity) of each part this writer put in place, by path: the recorded command
+        # can write into its recording too, and what reads the parts back while recording
+        # (capture/compactor.py's folds) takes only these (wrote()).
+        self._written: dict[str, tuple[int, ...]] = {}
         clear_for_new_recording(self.path, force, os.geteuid() if owner_uid is None else owner_uid)
         _create_dirs(self.path)
         self._write_meta()
@@ -196,8 +200,13 @@ class RecordingWriter:
             pq.write_table(table, f, compression=COMPRESSION)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, final)
+            os.replace(tmp, final)
+            self._written[str(final)] = _identity(os.fstat(f.fileno()))  # after the rename, which sets ctime
         _fsync_dir(folder)
+
+    def wrote(self, path: str, info: os.stat_result) -> bool:
+        """Whether the file at `path` (its lstat `info`) is a part this writer put there."""
+        return self._written.get(str(path)) == _identity(info)
 
     def install_folded_events(self, index: int, table: pa.Table, superseded: list[Path], fold: dict[str, Any]) -> None:
         """Put `table`, the events of the parts `superseded` folded (capture/compactor.py), in
@@ -213,6 +222,7 @@ class RecordingWriter:
             for part in superseded:
                 if part.name != name:
                     part.unlink(missing_ok=True)
+                    self._written.pop(str(part), None)
             _fsync_dir(folder)
             rows = self.meta.flushed_rows
             rows["events"] = rows.get("events", 0) - int(fold["events_before"]) + table.num_rows
@@ -231,6 +241,13 @@ class RecordingWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path / META_NAME)
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    """What tells a file this writer wrote from another put at its name since: device and
+    inode (which the file system may give the next file once this one is gone), size, and
+    ctime, which no user can set."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_ctime_ns
 
 
 def clear_for_new_recording(path: Path, force: bool, owner_uid: int) -> None:

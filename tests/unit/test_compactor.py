@@ -313,3 +313,26 @@ def test_record_says_in_its_last_line_whether_the_recording_kept_its_limit(tmp_p
     assert ("it takes 24.1 MiB, over --max-size 16.0 MiB after 8 folds: what it must keep took it, its notes say "
             "what and the limit that would hold it") in _summary(over)
     assert "max-size" not in _summary(unbounded)
+
+
+def test_a_part_the_command_planted_in_its_recording_is_never_folded(tmp_path):
+    """The recorded command runs as the recording's owner and can write into it: a folded part
+    or a plain part it puts in events/ (an audit's held 3,000,000 rows in 147 KB, read whole
+    by the next fold) is not one the writer put there, and the folds leave it alone."""
+    import shutil
+    meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
+    path = tmp_path / "r.memprof"
+    writer = RecordingWriter(path, meta)
+    writer.append("events", {"ts_ns": [1, 2], "seq": [0, 1], "action": "alloc", "addr": [16, 32], "size_bytes": 8,
+                             "stack_id": 1, "layer": "native_heap", "device": "cpu", "pid": 100, "tid": 100})
+    writer.flush()
+    [own] = events_parts(path / "events", {}, writer.wrote)
+    shutil.copy(own.path, path / "events" / "part-000000-f.parquet")  # a folded part, as planted
+    shutil.copy(own.path, path / "events" / "part-099999.parquet")
+    os.replace(path / "events" / "part-099999.parquet", path / "events" / "part-000001.parquet")
+    assert [p.path.name for p in events_parts(path / "events", {})] == \
+        ["part-000000.parquet", "part-000000-f.parquet", "part-000001.parquet"]  # all there, by name
+    assert [p.path.name for p in events_parts(path / "events", {}, writer.wrote)] == ["part-000000.parquet"]
+    os.unlink(own.path)
+    shutil.copy(path / "events" / "part-000001.parquet", own.path)  # another file at the writer's name
+    assert events_parts(path / "events", {}, writer.wrote) == []
