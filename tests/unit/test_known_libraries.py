@@ -118,3 +118,16 @@ def test_the_query_runs_with_the_commands_user_groups_and_home():
     assert (kw["user"], kw["group"], kw["extra_groups"]) == (1234, 2345, [2345, 77])
     assert (kw["env"]["HOME"], kw["env"]["USER"], kw["env"]["LOGNAME"]) == ("/home/alice", "alice", "alice")
     assert set(_as_command_user(None)) == {"env"}  # memprof's own user: as the command, unchanged
+
+
+def test_the_querys_answer_is_taken_as_folders_not_patterns(tmp_path, monkeypatch):
+    """The interpreter's answer is the user's program's output: a `*` in it names a folder
+    called `*`, never every folder root can list."""
+    from memprof.sources.ebpf import uprobes
+    lib = tmp_path / "real" / "torch" / "lib" / "libc10.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.setattr(uprobes, "_python_site_dirs", lambda *a: [str(tmp_path / "*")])
+    assert uprobes.find_known_libraries("/usr/bin/python3", environ={})["torch"] == []
+    monkeypatch.setattr(uprobes, "_python_site_dirs", lambda *a: [str(tmp_path / "real")])
+    assert uprobes.find_known_libraries("/usr/bin/python3", environ={})["torch"] == [str(lib)]

@@ -162,8 +162,10 @@ def find_known_libraries(command_path: str | None, environ=os.environ,
     `run_as`: see _python_site_dirs), LD_LIBRARY_PATH, and the loader's cache (libcuda.so.1
     of the installed driver). Libraries found later in the target's mappings are probed then."""
     found: dict[str, list[str]] = {"torch": [], "cuda": []}
-    for site in _python_site_dirs(command_path, run_as):
-        found["torch"] += glob.glob(os.path.join(site, "torch", "lib", "libc10.so"))
+    for site in _python_site_dirs(command_path, run_as):  # what the user's program printed: no patterns
+        candidate = os.path.join(site, "torch", "lib", "libc10.so")
+        if os.path.isfile(candidate):
+            found["torch"].append(candidate)
     for directory in filter(None, environ.get("LD_LIBRARY_PATH", "").split(":")):
         found["cuda"] += [p for p in glob.glob(os.path.join(directory, "libcuda.so*")) if os.path.isfile(p)]
     found["cuda"] += _ldconfig("libcuda.so.1")
