@@ -298,3 +298,21 @@ def test_symbols_read_ahead_are_not_read_again(monkeypatch, tmp_path):
     assert table is not None and user.symbols_for(str(garbage)) is None
     assert reads == [libc, str(garbage)]  # nothing read twice
 
+
+
+def test_a_processes_maps_are_read_up_to_a_bound_in_whole_lines(monkeypatch):
+    """A process decides how long its maps file is (tens of thousands of mappings at long
+    paths): the root recorder reads at most MAX_MAPS_BYTES of it, whole lines only."""
+    from memprof.sources.symbols import symbolize
+    with subprocess.Popen(["sleep", "30"]) as proc:
+        try:
+            whole = snapshot_maps(proc.pid)
+            monkeypatch.setattr(symbolize, "MAX_MAPS_BYTES", len(whole) // 2)
+            cut = snapshot_maps(proc.pid)
+            monkeypatch.setattr(symbolize, "MAX_MAPS_BYTES", len(whole))
+            exactly = snapshot_maps(proc.pid)
+        finally:
+            proc.kill()
+    assert 0 < len(cut) <= len(whole) // 2 and cut.endswith("\n") and whole.startswith(cut)
+    assert parse_maps(cut) == parse_maps(whole)[:len(parse_maps(cut))]
+    assert exactly == whole  # a file of just the bound is read whole
