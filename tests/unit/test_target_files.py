@@ -68,17 +68,28 @@ def _wait_until_in_openat(thread) -> None:
     pytest.fail("the writer never reached its open")
 
 
-def test_only_a_regular_file_is_handed_to_bcc(tmp_path):
-    from memprof.sources.symbols.files import is_regular_file
+def test_only_a_regular_file_is_handed_to_bcc_and_by_a_path_that_cannot_be_swapped(tmp_path):
+    """bcc opens what it probes with a plain blocking open: it is given /proc/self/fd/N of a
+    regular file held since the check, which a FIFO put at the path afterwards cannot
+    replace."""
+    from memprof.sources.symbols.files import HeldFiles
     regular = tmp_path / "lib.so"
     regular.write_bytes(b"\x7fELF")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     (tmp_path / "to-fifo").symlink_to(fifo)
     (tmp_path / "to-lib").symlink_to(regular)
-    assert [is_regular_file(str(tmp_path / name)) for name in ("lib.so", "to-lib", "fifo", "to-fifo", "gone")] \
-        == [True, True, False, False, False]
-    assert not is_regular_file("/dev/null") and not is_regular_file(str(tmp_path))
+    held = HeldFiles()
+    assert [held.bcc_path(str(tmp_path / name)) is None for name in ("lib.so", "to-lib", "fifo", "to-fifo", "gone")] \
+        == [False, False, True, True, True]
+    assert held.bcc_path("/dev/null") is None and held.bcc_path(str(tmp_path)) is None
+    path = held.bcc_path(str(regular))
+    assert path == held.bcc_path(str(tmp_path / "to-lib"))  # one descriptor per real path
+    regular.unlink()
+    os.mkfifo(regular)  # swapped after the check
+    with open(path, "rb") as f:  # what bcc opens: the file checked, not the FIFO (no blocking)
+        assert f.read() == b"\x7fELF"
+    held.close()
 
 
 def test_a_library_replaced_by_a_fifo_is_noted_not_probed(tmp_path):

@@ -19,7 +19,7 @@ from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, tail_call
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
-from memprof.sources.symbols.files import is_regular_file, open_binary
+from memprof.sources.symbols.files import HeldFiles, open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
@@ -56,6 +56,7 @@ class PythonFrames:
     _runtime_of: dict = field(default_factory=dict)  # tgid -> interpreter path, kept after exit
     _with_frames: set = field(default_factory=set)   # tgids whose Python frames were read
     _init_slots: dict = field(default_factory=dict)  # runtime path -> py_templates slot (or None)
+    _held: HeldFiles = field(default_factory=HeldFiles)  # what bcc is given to open (see files.HeldFiles)
     _slot_binary: dict = field(default_factory=dict)  # py_templates slot -> PythonBinary
     _codes: dict = field(default_factory=dict)       # (tgid, code address) -> _Code | None
     _stacks: dict = field(default_factory=dict)      # py_stack hash -> [PyFrame]
@@ -108,8 +109,9 @@ class PythonFrames:
         if binary.path in self._init_slots:
             return
         free = [i for i in range(INIT_SLOTS) if i not in self._init_slots.values()]
-        if not binary.init_vaddr or not free or not is_regular_file(binary.path):
-            self._init_slots[binary.path] = None  # (not regular now: bcc's open could hang on it)
+        held = self._held.bcc_path(binary.path)
+        if not binary.init_vaddr or not free or held is None:
+            self._init_slots[binary.path] = None  # (held None: not a regular file now, see files.HeldFiles)
             return
         slot = free[0]
         template = self.bpf["py_templates"].Leaf()
@@ -119,7 +121,7 @@ class PythonFrames:
         template.init_vaddr = binary.init_vaddr
         self.bpf["py_templates"][ctypes.c_int(slot)] = template
         try:
-            self.bpf.attach_uprobe(name=binary.path, sym="Py_InitializeFromConfig", fn_name=f"mp_py_init_{slot}")
+            self.bpf.attach_uprobe(name=held, sym="Py_InitializeFromConfig", fn_name=f"mp_py_init_{slot}")
         except Exception:  # bcc raises bare Exception; register() still registers its processes
             self._init_slots[binary.path] = None
             return

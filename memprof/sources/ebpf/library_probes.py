@@ -13,7 +13,7 @@ from memprof.errors import NoPrivilegeError, SourceUnavailableError
 from memprof.sources.cpython.frames import python_runtimes
 from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.bpfload import load_program
-from memprof.sources.symbols.files import is_regular_file
+from memprof.sources.symbols.files import HeldFiles
 from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
@@ -75,6 +75,7 @@ class LibraryProbes:
         self._families = enabled_families(options)
         self.probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
         self._finalize_probes: set[str] = set()
+        self._held = HeldFiles()  # what bcc is given to open (see files.HeldFiles)
 
     def attach_known(self, known: dict[str, list[str]]) -> None:
         """Probe the libraries found before the command starts."""
@@ -116,14 +117,15 @@ class LibraryProbes:
         self.probed.add(key)
         family = self._families[family_name]
         libs = self._detail.setdefault("uprobes", {})
-        if not is_regular_file(key[0]):  # a FIFO or a device there: bcc's open would hang or open it
+        held = self._held.bcc_path(key[0])
+        if held is None:  # a FIFO or a device there: bcc's open would hang or open it
             libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": 0, "missing": [],
                             "placed": placed, "not_a_regular_file": True}
             return
         attached, missing_required, at_calls, refused = 0, [], {}, {}
         for probe in family.probes:
             try:
-                how = self._attach_probe(key[0], probe)
+                how = self._attach_probe(held, probe)
                 if how is not None:
                     at_calls[probe.symbol] = how
                 attached += 1
@@ -144,7 +146,8 @@ class LibraryProbes:
             libs[key[0]]["refused"] = refused
 
     def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
-        """Attach one probe where U.places() says; returns how an allocator with a call-site
+        """Attach one probe where U.places() says, in the file `path` names (a HeldFiles path:
+        places are read from the very file probed); returns how an allocator with a call-site
         alternative was probed, in words (None for the others)."""
         found, how = U.places(path, probe, self._options.alloc_probes)
         for place in found:
@@ -179,10 +182,11 @@ class LibraryProbes:
         if path in self._finalize_probes:
             return
         self._finalize_probes.add(path)
-        if not is_regular_file(path):
-            return  # bcc's open of a FIFO would hang the recorder (see files.is_regular_file)
+        held = self._held.bcc_path(path)
+        if held is None:
+            return  # not a regular file: bcc's open of a FIFO would hang the recorder
         try:
-            self._bpf.attach_uprobe(name=path, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
+            self._bpf.attach_uprobe(name=held, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
         except Exception:
             pass  # no such symbol in this file (e.g. python linked against libpython)
 

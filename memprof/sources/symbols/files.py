@@ -34,19 +34,37 @@ def open_binary(path: str):
     return os.fdopen(fd, "rb")
 
 
-def is_regular_file(path: str) -> bool:
-    """Whether `path` leads to a regular file now, found without opening anything (O_PATH).
-    Checked before a path goes to bcc, which opens it with a plain blocking open: a FIFO
-    there would hang the recorder, a device would be opened as root. (What is there can
-    still change before bcc's open; docs/SECURITY.md says so.)"""
-    try:
-        located = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(located).st_mode)
-    finally:
-        os.close(located)
+class HeldFiles:
+    """Files handed to bcc, each resolved once and held by an O_PATH descriptor (which opens
+    nothing) for as long as this object lives, and named to bcc by that descriptor's
+    /proc/self/fd path. bcc opens the files it probes itself, with a plain blocking open: by
+    their own paths, a FIFO or a device put there after a check (the target's folders are
+    its user's) would be opened as root, or hang the recorder. Through the descriptor, bcc
+    and the kernel's uprobe reach the regular file that was checked, whatever the path
+    holds by then. One descriptor per real path, so that bcc's probe names stay distinct."""
+
+    def __init__(self):
+        self._fds: dict[str, int] = {}
+
+    def bcc_path(self, path: str) -> str | None:
+        """The path to give bcc for the file at `path`: /proc/self/fd/N of a regular file;
+        None when `path` leads to anything else, or nowhere."""
+        real = os.path.realpath(path)
+        if real not in self._fds:
+            try:
+                located = os.open(real, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if not stat.S_ISREG(os.fstat(located).st_mode):
+                os.close(located)
+                return None
+            self._fds[real] = located
+        return f"/proc/self/fd/{self._fds[real]}"
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 # The most of one ELF section the recorder reads into memory. The biggest it meets are
