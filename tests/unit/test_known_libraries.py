@@ -103,8 +103,10 @@ def test_the_query_gives_up_on_an_interpreter_that_floods_or_hangs(tmp_path, mon
     flood = [sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('x/site-packages\\n' * 1000)"]
     hang = [sys.executable, "-c", "import time; print('/x/site-packages', flush=True); time.sleep(60)"]
     answer = [sys.executable, "-c", "print('/x/site-packages')"]
+    closes = [sys.executable, "-c", "import os, time; print('/x/site-packages', flush=True); os.close(1); time.sleep(60)"]
     assert uprobes._bounded_output(flood, None) == ""
     assert uprobes._bounded_output(hang, None) == ""
+    assert uprobes._bounded_output(closes, None) == ""  # its output closed, still running past the limit
     assert uprobes._bounded_output(answer, None) == "/x/site-packages\n"
     assert uprobes._bounded_output([str(tmp_path / "missing")], None) == ""
 

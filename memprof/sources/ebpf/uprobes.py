@@ -251,9 +251,13 @@ def _bounded_output(argv: list[str], run_as: "RunAs | None") -> str:
             chunks.append(chunk)
             size += len(chunk)
         complete = left > 0 and size <= _SITE_DIRS_MAX_BYTES
-        if not complete:
+        try:  # it may close its output and go on running: the same deadline holds
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()) if complete else 0)
+        except subprocess.TimeoutExpired:
+            complete = False
+        if proc.returncode is None:
             proc.kill()
-        proc.wait()
+            proc.wait()
     return b"".join(chunks).decode(errors="replace") if complete else ""
 
 
