@@ -34,6 +34,13 @@ def apply() -> None:
             _set_here.add(name)
 
 
-def for_commands(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` without the settings apply() made: what a command memprof runs gets."""
-    return {name: value for name, value in environ.items() if name not in _set_here}
+def for_commands(environ: Mapping[str, str], run_as=None) -> dict[str, str]:
+    """`environ` without the settings apply() made: what a command memprof runs gets. Run as
+    `run_as` (a capture.target.RunAs, the user sudo names; None: memprof's own user), it
+    also gets that user's HOME, USER and LOGNAME where their passwd entry is known. One
+    rule for the recorded command (capture/target.py) and for the user's program memprof
+    asks before it (the interpreter's site-packages, sources/ebpf/uprobes.py)."""
+    env = {name: value for name, value in environ.items() if name not in _set_here}
+    if run_as is not None and run_as.home:
+        env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
+    return env

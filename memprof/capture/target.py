@@ -168,13 +168,11 @@ def _child(command, path, run_as, gate_r, err_w):  # pragma: no cover - runs in 
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        env = own_env.for_commands(os.environ)  # the environment memprof was given, not its own tuning
+        env = own_env.for_commands(os.environ, run_as)  # the environment memprof was given, not its own tuning
         if run_as is not None:
             os.setgroups(run_as.groups)
             os.setgid(run_as.gid)
             os.setuid(run_as.uid)
-            if run_as.home:
-                env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
         gate = _read_all(gate_r)
         if not gate.startswith(b"g"):
             os._exit(1)  # parent gone before releasing us: never run the command

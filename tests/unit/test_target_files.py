@@ -100,24 +100,64 @@ def test_a_library_replaced_by_a_fifo_is_noted_not_probed(tmp_path):
     from memprof.sources.ebpf.library_probes import ON_MAPPING, LibraryProbes
     from memprof.sources.ebpf.source import EbpfOptions
 
-    class NoAttach:
-        KPROBE = 2
-
-        def attach_uprobe(self, **kwargs):
-            raise AssertionError("bcc was handed a FIFO")
-
-        attach_uretprobe = load_func = attach_uprobe
-
     fifo = tmp_path / "libc10.so"
     os.mkfifo(fifo)
-    stats = SourceStats()
-    LibraryProbes(NoAttach(), EbpfOptions(), stats.detail).probe_library(str(fifo), "torch", ON_MAPPING)
+    stats, bcc = SourceStats(), CallsBcc()
+    LibraryProbes(bcc, EbpfOptions(), stats.detail).probe_library(str(fifo), "torch", ON_MAPPING)
     lib = stats.detail["uprobes"][str(fifo)]
     assert lib["not_a_regular_file"] and lib["probes"] == 0, lib
+    assert bcc.calls == []  # (probe_library takes bcc's bare Exception for a missing symbol: not raised)
     from memprof.analysis.loss import _irregular_notes
     assert _irregular_notes("ebpf", stats.detail["uprobes"]) == [
         f"ebpf: {fifo} was not a regular file when memprof went to probe it (replaced since it was mapped?); "
         "its torch_cpu allocations are not recorded"]
+
+
+class CallsBcc:
+    """Stands in for bcc's BPF object: keeps what it was asked to attach or load, and
+    attaches nothing."""
+    KPROBE = 2
+
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
+
+    def attach_uprobe(self, **kwargs):
+        self.calls.append(("attach_uprobe", kwargs))
+
+    def attach_uretprobe(self, **kwargs):
+        self.calls.append(("attach_uretprobe", kwargs))
+
+    def load_func(self, *args):
+        self.calls.append(("load_func", {"args": args}))
+
+
+def _descriptors_of(path) -> list[int]:
+    """This process's descriptors open on `path` (O_PATH ones included)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == str(path):
+                found.append(int(name))
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    return found
+
+
+def test_the_files_held_for_bcc_are_let_go_when_the_source_stops(tmp_path):
+    """A library's O_PATH descriptor is held while its probes may be attached, and closed
+    when the eBPF source stops: a process that records again (the API, a test run) does
+    not gather them."""
+    from memprof.model import SourceStats
+    from memprof.sources.ebpf.library_probes import ON_MAPPING, LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
+    lib = tmp_path / "libc10.so"
+    lib.write_bytes(b"\x7fELF")  # malformed: found regular and held, its probes then missing
+    source = EbpfSource()
+    source._libraries = LibraryProbes(CallsBcc(), EbpfOptions(), SourceStats().detail)
+    source._libraries.probe_library(str(lib), "torch", ON_MAPPING)
+    assert len(_descriptors_of(lib)) == 1
+    source.stop()
+    assert _descriptors_of(lib) == []
 
 
 def _claiming_section(tmp_path, claimed: int):

@@ -128,6 +128,11 @@ class PythonFrames:
         self._init_slots[binary.path] = slot
         self._slot_binary[slot] = binary
 
+    def close_files(self) -> None:
+        """Let go of the interpreters held for bcc (files.HeldFiles), once the probes are
+        detached."""
+        self._held.close()
+
     def _started_in_bpf(self) -> None:
         """Processes BPF registered at their interpreter's start: known to user space, even
         those that exited before their maps were read."""

@@ -169,6 +169,11 @@ class LibraryProbes:
         for path in {m.path for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
 
+    def close_files(self) -> None:
+        """Let go of the files held for bcc (files.HeldFiles), once the probes are detached:
+        the kernel's uprobes hold their own reference to what they probe."""
+        self._held.close()
+
     def _is_native_library(self, path: str) -> bool:
         """Where the native family's probes go: memprof's interposer when the command was given
         it (then libc itself is not probed: its calls reach the interposer first), else libc

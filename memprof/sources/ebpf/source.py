@@ -252,6 +252,9 @@ class EbpfSource:
                 self._bpf.cleanup()
                 self._bpf = None
         finally:
+            for probes in (self._libraries, self._python):  # the files they held for bcc
+                if probes is not None:
+                    probes.close_files()
             if isinstance(self._process_probes_detach, Holder):
                 # After every copy of the recorder's is closed, so that the holder's are the
                 # last; and even when cleanup() raised, so that it never outlives its purpose.

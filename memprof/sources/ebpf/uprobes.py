@@ -223,11 +223,9 @@ def _as_command_user(run_as: "RunAs | None") -> dict:
     """subprocess arguments that run a program as the recorded command runs (see
     capture/target.py's child): `run_as`'s uid, gid and groups, HOME, USER and LOGNAME, and
     the environment memprof was given; no descriptor but the pipes (close_fds)."""
-    env = own_env.for_commands(os.environ)
+    env = own_env.for_commands(os.environ, run_as)
     if run_as is None:
         return {"env": env}
-    if run_as.home:
-        env.update(HOME=run_as.home, USER=run_as.user or "", LOGNAME=run_as.user or "")
     return {"env": env, "user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups)}
 
 
