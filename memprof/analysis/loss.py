@@ -74,6 +74,7 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         notes += [Note(text) for text in _irregular_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
+        notes += [Note(text) for text in _unread_agent_notes(name, stats.detail)]
         notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
     return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
 
@@ -145,6 +146,16 @@ def _irregular_notes(name: str, uprobes: dict) -> list[str]:
     return [f"{name}: {path} was not a regular file when memprof went to probe it (replaced since it was "
             f"mapped?); its {lib['layer']} allocations are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("not_a_regular_file")]
+
+
+def _unread_agent_notes(name: str, detail: dict) -> list[str]:
+    """The agents' lines still unread when the recording ended (written faster than the
+    polls after the command's exit read them: sources/agent_reader/source.py)."""
+    unread = int(detail.get("unread_bytes_at_end", 0) or 0)
+    if not unread:
+        return []
+    return [f"{name}: {format_bytes(unread)} of the agents' lines were still unread when the recording ended "
+            "(written faster than memprof reads them); the steps, marks and CUDA events in them are not recorded"]
 
 
 def _late_probe_notes(name: str, uprobes: dict, start_ns: int) -> list[str]:

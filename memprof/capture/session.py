@@ -396,7 +396,18 @@ class Session:
         """What the agents wrote since the last flush: marks, steps, CUDA history."""
         if self.agent is None:
             return
-        tables = self.agent.poll(self.writer.meta.clock_anchors[-1])
+        self._append_agent_rows(self.agent.poll(self.writer.meta.clock_anchors[-1]))
+
+    def _drain_agent(self) -> None:
+        """At the end: what the agents wrote that the last polls left for later (a poll's
+        bounds, sources/agent_reader/source.py), read by a few more; the rest is counted."""
+        if self.agent is None:
+            return
+        for tables in self.agent.drain(self.writer.meta.clock_anchors[-1]):
+            self._append_agent_rows(tables)
+
+    def _append_agent_rows(self, tables) -> None:
+        """A poll's samples, and its (events, stacks, frames) tables unless None."""
         samples = self.agent.take_samples()
         if samples["ts_ns"]:
             self.writer.append("samples", samples)
@@ -623,6 +634,7 @@ class Session:
                 self._collect_flush()
             self.sampler.stop()
             self._ingest()
+            self._drain_agent()
             self._prepare_flush()
             self.on_phase(Phase(FINALIZING, frames=self._frames))
         except RecordingWriteError as e:

@@ -275,3 +275,53 @@ def test_one_poll_reads_at_most_its_budget_across_files_and_the_rest_comes_later
         read_per_poll.append(len(tables[0]["category"]) if tables else 0)
     assert max(read_per_poll) * len(line) <= 1000, read_per_poll
     assert sum(read_per_poll) == 3 * per_file, read_per_poll  # every line, once
+
+
+def _labels_per_poll(source, polls: int) -> list[list[str]]:
+    out = []
+    for _ in range(polls):
+        tables = source.poll(ClockAnchor(0, 0))
+        out.append(sorted(tables[0]["category"]) if tables else [])
+    return out
+
+
+def test_past_the_files_a_poll_reads_every_file_has_its_turn(tmp_path, monkeypatch):
+    """A poll opens at most MAX_FILES files; the next begins where it stopped, so a job
+    whose processes left more files than that (dataloader workers over hours) loses none."""
+    import memprof.sources.agent_reader.source as agent_module
+    monkeypatch.setattr(agent_module, "MAX_FILES", 3)
+    for n in range(8):
+        agent_file(tmp_path, f"{100 + n}.jsonl").write_bytes(GOOD % (n, n))
+    source = AgentSource(tmp_path / "rec.memprof")
+    polls = _labels_per_poll(source, 4)
+    assert polls == [["good 0", "good 1", "good 2"], ["good 3", "good 4", "good 5"], ["good 6", "good 7"], []]
+    agent_file(tmp_path, "100.jsonl").write_bytes(GOOD % (0, 0) + GOOD % (8, 8))  # more, in a file read before
+    later = _labels_per_poll(source, 3)  # within a full turn (8 files, 3 a poll), once
+    assert sum(later, []) == ["good 8"], later
+
+
+def test_after_the_exit_the_lines_a_poll_left_are_read_and_the_rest_counted(tmp_path, monkeypatch):
+    """drain() reads what the polls' bounds left, up to MAX_FINAL_POLLS more polls, and
+    counts in bytes what is left even then; a report says so."""
+    import memprof.sources.agent_reader.source as agent_module
+    from memprof.analysis.loss import _unread_agent_notes
+    line = GOOD % (1, 1)
+    monkeypatch.setattr(agent_module, "MAX_POLL_BYTES", 10 * len(line))
+    agent_file(tmp_path, "7.jsonl").write_bytes(line * 25)
+    agent_file(tmp_path, "8.jsonl").write_bytes(line * 20)
+    source = AgentSource(tmp_path / "rec.memprof")
+    first = len(source.poll(ClockAnchor(0, 0))[0]["category"])
+    drained = [len(tables[0]["category"]) for tables in source.drain(ClockAnchor(0, 0))]
+    assert first == 10 and drained == [10, 10, 10, 5], drained  # 45 lines, each once
+    assert "unread_bytes_at_end" not in source.stats().detail
+    assert list(source.drain(ClockAnchor(0, 0))) == []  # nothing left: no poll
+
+    monkeypatch.setattr(agent_module, "MAX_FINAL_POLLS", 1)
+    agent_file(tmp_path, "9.jsonl").write_bytes(line * 25)
+    source.poll(ClockAnchor(0, 0))
+    assert [len(tables[0]["category"]) for tables in source.drain(ClockAnchor(0, 0))] == [10]
+    detail = source.stats().detail
+    assert detail["unread_bytes_at_end"] == 5 * len(line)
+    assert _unread_agent_notes("agent", detail) == [
+        f"agent: {5 * len(line)} B of the agents' lines were still unread when the recording ended (written faster "
+        "than memprof reads them); the steps, marks and CUDA events in them are not recorded"]

@@ -17,10 +17,14 @@ relative to a fd of the folder with O_NOFOLLOW|O_NONBLOCK, and only a regular fi
 agent's uid is read (a FIFO, symlink, device or someone else's file is skipped and counted
 in `skipped_files`); every line is checked (agent_lines.py), and one that cannot be used is
 skipped and counted (`unreadable_lines`: not JSON; `malformed_lines`: fields wrong).
+What root reads at one poll is bounded (MAX_READ_BYTES a file, MAX_POLL_BYTES in all, from
+MAX_FILES files); the rest waits for the next poll, which begins where this one stopped, so
+every file has its turn. After the command's exit up to MAX_FINAL_POLLS more polls read what
+the last ones left (drain()), and what is left even then is counted (`unread_bytes_at_end`).
 """
 from __future__ import annotations
 
-import itertools
+import bisect
 import json
 import os
 import stat
@@ -43,6 +47,9 @@ MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the nex
 # parses at a poll (an audit: 12 links to one 16 MiB file took the recorder to 1.6 GB).
 MAX_POLL_BYTES = 32 << 20
 MAX_FILES = 4096
+# Polls drain() makes after the command's exit for what the last poll left for later: up to
+# this many times MAX_POLL_BYTES more (the lines' rows wait in memory for the last flush).
+MAX_FINAL_POLLS = 4
 MAX_PROCESSES_KEPT = 4096   # processes described in meta.json
 
 
@@ -72,6 +79,9 @@ class AgentSource:
     name: str = "agent"
     _offsets: dict = field(default_factory=dict)    # file name -> bytes read
     _poll_budget: int = MAX_POLL_BYTES               # bytes left to read at this poll
+    _resume_at: str = ""                            # the file the next poll begins with (names in order, wrapping)
+    _left_lines: bool = False                       # the last poll left lines it saw for a later one
+    _drained: bool = False                          # drain() ran: the command has exited
     _cut: set = field(default_factory=set)          # files whose read stopped inside an overlong line
     _skipped: set = field(default_factory=set)      # names of files not read (not the agent's regular files)
     _errors: list = field(default_factory=list)     # failures the agents logged, the first MAX_ERRORS_KEPT
@@ -248,24 +258,68 @@ class AgentSource:
         if pid in self._processes or len(self._processes) < MAX_PROCESSES_KEPT:
             self._processes.setdefault(pid, {}).update(info)
 
+    def drain(self, anchor: ClockAnchor):
+        """After the command's exit: the rows of what the last poll left for later (its
+        bounds), one poll's worth at a time, up to MAX_FINAL_POLLS polls. What the last poll
+        leaves even so is counted, from then on, by stats() (`unread_bytes_at_end`). Yields
+        poll()'s tables."""
+        self._drained = True
+        for _ in range(MAX_FINAL_POLLS):
+            if not self._left_lines:
+                return
+            tables = self.poll(anchor)
+            if tables is not None:
+                yield tables
+
     def _new_records(self, errors_only: bool = False):
-        """Parsed JSON values of the lines added to the agents' files since the last call;
+        """Parsed JSON values of the lines added to the agents' files since the last call,
+        within one poll's bounds (module docstring), from where the last poll stopped;
         failures' lines (<pid>.errors.jsonl) are gathered on the way (only they, with
-        `errors_only`)."""
+        `errors_only`, which leaves the polls' turn as it was)."""
         folder = self._open_folder()
         if folder is None:
             return
         self._poll_budget = MAX_POLL_BYTES
         try:
-            names = sorted(itertools.islice((n for n in os.listdir(folder) if n.endswith(".jsonl")), MAX_FILES))
-            for name in names:
-                is_errors = name.endswith(".errors.jsonl")
-                if is_errors or not errors_only:
-                    lines = self._read_new_lines(folder, name)
-                    if is_errors:
-                        self._take_errors(lines)
-                    else:
-                        yield from self._parsed(lines)
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
+            if errors_only:
+                order = [name for name in names if name.endswith(".errors.jsonl")]
+            else:
+                order = _beginning_with(names, self._resume_at)
+                self._left_lines, self._resume_at = False, ""
+            for n, name in enumerate(order):
+                if n == MAX_FILES:
+                    self._stopped_at(name, errors_only)
+                    break
+                lines = self._read_new_lines(folder, name)
+                if name.endswith(".errors.jsonl"):
+                    self._take_errors(lines)
+                else:
+                    yield from self._parsed(lines)
+                if self._poll_budget <= 0:  # this one may have more: it begins the next poll
+                    self._stopped_at(name, errors_only)
+                    break
+        finally:
+            os.close(folder)
+
+    def _stopped_at(self, name: str, errors_only: bool) -> None:
+        """This poll stopped at its bounds: the next one begins with `name`."""
+        if not errors_only:
+            self._left_lines, self._resume_at = True, name
+
+    def _unread_bytes(self) -> int:
+        """Bytes of the agent's files (those read) past what was read of them."""
+        folder = self._open_folder()
+        if folder is None:
+            return 0
+        try:
+            total = 0
+            for name, offset in self._offsets.items():
+                try:
+                    total += max(0, os.stat(name, dir_fd=folder, follow_symlinks=False).st_size - offset)
+                except OSError:
+                    pass
+            return total
         finally:
             os.close(folder)
 
@@ -313,6 +367,8 @@ class AgentSource:
         finally:
             os.close(fd)
         self._poll_budget -= len(data)
+        if len(data) == MAX_READ_BYTES:  # a file's own bound: it may have more, for the next poll
+            self._left_lines = True
         return self._complete_lines(name, start, data)
 
     def _complete_lines(self, name: str, start: int, data: bytes) -> list[bytes]:
@@ -347,11 +403,14 @@ class AgentSource:
 
     def stats(self) -> SourceStats:
         """What the agents said: processes, failures (the first few, with where), settings,
-        and what was not read (`skipped_files`, `unreadable_lines`, `malformed_lines`)."""
+        and what was not read (`skipped_files`, `unreadable_lines`, `malformed_lines`, and after
+        drain() `unread_bytes_at_end`)."""
         for _ in self._new_records(errors_only=True):  # failures logged since; records wait for poll()
             pass
         self._stats.detail["processes"] = {str(pid): info for pid, info in sorted(self._processes.items())}
         self._stats.detail["failures_first"] = list(self._errors)
+        if self._drained and self._left_lines:  # as of the last poll, which may follow drain()
+            self._stats.detail["unread_bytes_at_end"] = self._unread_bytes()
         self._stats.enabled = self.options.enabled
         return self._stats
 
@@ -465,3 +524,9 @@ def _mark_columns(marks: list[tuple]) -> dict:
         "category": [m[3] for m in marks],
         "weight": [None] * len(marks),
     }
+
+
+def _beginning_with(names: list[str], first: str) -> list[str]:
+    """`names` (sorted) in turn from the first that is not before `first`, wrapping round."""
+    at = bisect.bisect_left(names, first)
+    return names[at:] + names[:at]
