@@ -146,7 +146,8 @@ def test_a_record_appended_during_a_flush_waits_for_the_next_one(agent, tmp_path
 
 GOOD = b'{"kind":"mark","ts_ns":%d,"pid":7,"tid":7,"step":1,"label":"good %d"}\n'
 NOT_JSON = [b"not json", b"[" * 100_000, b"\xff\xfe{}", b'{"kind":"mark","ts_ns":NaN}',
-            b'{"kind":"mark","ts_ns":Infinity}', b'{"kind":"mark","ts_ns":' + b"9" * 5000 + b"}"]
+            b'{"kind":"mark","ts_ns":Infinity}', b'{"kind":"mark","ts_ns":' + b"9" * 5000 + b"}",
+            b'{"kind":"mark","ts_ns":5,"pid":7,"tid":7,"step":1,"label":"a\\ud800b"}']  # no Unicode text: a lone surrogate
 MALFORMED = [b"[1, 2]", b'"a string"', b"17", b"null", b'{"kind": 5}', b'{"kind":"mark"}',
              b'{"kind":"mark","ts_ns":"12"}', b'{"kind":"mark","ts_ns":1e400}', b'{"kind":"mark","ts_ns":1.5}',
              b'{"kind":"mark","ts_ns":true}', b'{"kind":"mark","ts_ns":' + b"9" * 30 + b"}",
@@ -325,3 +326,13 @@ def test_after_the_exit_the_lines_a_poll_left_are_read_and_the_rest_counted(tmp_
     assert _unread_agent_notes("agent", detail) == [
         f"agent: {5 * len(line)} B of the agents' lines were still unread when the recording ended (written faster "
         "than memprof reads them); the steps, marks and CUDA events in them are not recorded"]
+
+
+def test_text_escaped_as_surrogate_pairs_is_read_as_the_characters_they_make(tmp_path):
+    """JSON writes a character past U+FFFF as two escaped surrogates: that is text (a lone
+    one is not, and its line is unreadable: NOT_JSON)."""
+    agent_file(tmp_path).write_bytes(b'{"kind":"mark","ts_ns":5,"pid":7,"tid":7,"step":1,'
+                                     b'"label":"\\ud83d\\ude00 \\u00e9 \\uD83D\\uDE00"}\n')
+    source = AgentSource(tmp_path / "rec.memprof")
+    assert list(source.poll(ClockAnchor(0, 0))[0]["category"]) == ["\U0001F600 \u00e9 \U0001F600"]
+    assert source.stats().detail["unreadable_lines"] == 0

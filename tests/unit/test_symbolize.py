@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -316,3 +317,19 @@ def test_a_processes_maps_are_read_up_to_a_bound_in_whole_lines(monkeypatch):
     assert 0 < len(cut) <= len(whole) // 2 and cut.endswith("\n") and whole.startswith(cut)
     assert parse_maps(cut) == parse_maps(whole)[:len(parse_maps(cut))]
     assert exactly == whole  # a file of just the bound is read whole
+
+
+def test_a_mapped_files_name_that_is_not_utf8_is_read_with_its_bytes_escaped(tmp_path):
+    """A target can map a file whose name is any bytes: they read as text ("\\xff"), which
+    the recording can store, never as an error that stops the recorder."""
+    name = os.fsencode(tmp_path) + b"/lib\xff\xfe.so"
+    with open(name, "wb") as f:
+        f.write(b"x" * 4096)
+    code = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ); print(1, flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE) as proc:
+        try:
+            proc.stdout.readline()
+            text = snapshot_maps(proc.pid)
+        finally:
+            proc.kill()
+    assert text.count(f"{tmp_path}/lib\\xff\\xfe.so\n") == 1

@@ -32,6 +32,10 @@ MAX_SPANS = 1 << 20        # module calls of one `modules` record (the agent kee
 MAX_MODULE_PATHS = 1 << 16  # module paths named by one `modules` record
 MAX_MODULE_INDEX = 1 << 20  # a module path's number within its process
 _INDEX = re.compile(r"[0-9]{1,7}")
+# A JSON escape of a UTF-16 surrogate: a pair of them is one character, but json.loads takes
+# a lone one too, which is no Unicode text (UTF-8 cannot hold it: the recording's writer refused
+# it, and the root recorder stopped there).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _I32 = 2**31
 _I64 = 2**63
 _U64 = 2**64
@@ -49,10 +53,13 @@ class BadLine(ValueError):
 
 def parse(line: bytes) -> Any:
     """The JSON value of one line, or BadLine (bad JSON or UTF-8, NaN or Infinity, a number
-    of more digits than Python converts, nesting past the interpreter's limit). A record is
-    an object: `kind` says whether this one is."""
+    of more digits than Python converts, nesting past the interpreter's limit, text holding
+    a lone surrogate). A record is an object: `kind` says whether this one is."""
     try:
-        return json.loads(line, parse_constant=_no_constant)
+        value = json.loads(line, parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(line):  # rare: only an escape can make one
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise BadLine(f"not JSON: {type(e).__name__}") from None
 

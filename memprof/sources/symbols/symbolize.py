@@ -295,7 +295,10 @@ def snapshot_maps(pid: int) -> str | None:
     Raises NoPrivilegeError when the process belongs to someone we may not ptrace.
     """
     try:
-        with open(f"/proc/{pid}/maps") as f:
+        # A path's bytes need not be UTF-8 (a target can map "\xff.so"): such bytes are kept
+        # as the text "\\xff", a name every later step can store and print (strict
+        # decoding stopped the recorder). The file behind such a name goes without symbols.
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="backslashreplace") as f:
             text = f.read(MAX_MAPS_BYTES)
             if len(text) == MAX_MAPS_BYTES and f.read(1):
                 text = text[: text.rfind("\n") + 1]
