@@ -12,7 +12,8 @@ recording's meta.json, whose times are CLOCK_MONOTONIC like this script's:
 - after: from that exit to `record` returning — the teardown's wait for the kernel's last
   frees, the final flush, detaching, and leaving the process;
 - bpf: with --bpf-stats, the summed run time of memprof's BPF programs (meta.json's
-  prog_ns_per_run × prog_runs), which the "during" part contains;
+  prog_ns_per_run × prog_runs), which the "during" part contains; and for the programs
+  that took the most, each one's nanoseconds a run and runs;
 - CPU: user and system seconds of `record` and all it waited for (the command among them;
   wait4's rusage), against the command's alone: what recording costs the machine, the BPF
   programs included (they run in the command's context). Less noisy than the wall times on
@@ -78,6 +79,8 @@ def run_recorded(cmd: list[str], out: Path) -> dict[str, float]:
     own = meta.get("recorder_cpu_ns") or {}
     return {"whole": (t1 - t0) / 1e9, "before": (start - t0) / 1e9, "during": (exit_ns - start) / 1e9,
             "after": (t1 - exit_ns) / 1e9, "bpf": bpf_ns / 1e9, "cpu": cpu,
+            **{f"ns_a_run:{name}": ns for name, ns in per_run.items()},
+            **{f"runs:{name}": runs.get(name, 0) for name in per_run},
             **{f"own_{phase}": own[phase] / 1e9 for phase in ("before", "during", "after") if phase in own}}
 
 
@@ -116,10 +119,20 @@ def report(alone: list[tuple[float, float]], recorded: list[dict[str, float]]) -
           f"{max(r['after'] for r in recorded):.3f})")
     if med("bpf"):
         print(f"  BPF programs       {med('bpf'):7.3f} s  (inside 'during')")
+        _report_programs(recorded)
     print(f"CPU, recorded       {med('cpu'):7.3f} s  (+{med('cpu') - base_cpu:.3f} s over unprofiled, {base_cpu:.3f} s)")
     if all("own_during" in r for r in recorded):
         print(f"  the recorder's own {med('own_before'):7.3f} s before its loop, {med('own_during'):.3f} s during, "
               f"{statistics.median(r.get('own_after', 0.0) for r in recorded):.3f} s after")
+
+
+def _report_programs(recorded: list[dict[str, float]], top: int = 5) -> None:
+    """The BPF programs that took the most time: each one's median ns a run, and runs."""
+    names = {key.split(":", 1)[1] for r in recorded for key in r if key.startswith("ns_a_run:")}
+    med = lambda key: statistics.median(r.get(key, 0) for r in recorded)  # noqa: E731
+    by_time = sorted(names, key=lambda name: med(f"ns_a_run:{name}") * med(f"runs:{name}"), reverse=True)
+    for name in by_time[:top]:
+        print(f"    {name:24s} {med(f'ns_a_run:{name}'):7.0f} ns a run, {med(f'runs:{name}'):9.0f} runs")
 
 
 if __name__ == "__main__":
