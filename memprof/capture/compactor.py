@@ -104,7 +104,8 @@ class _Part:
 
 class Compactor:
     """Folds the events of the recording `writer` writes to keep it under `max_bytes`.
-    `origin_ns`: where fold windows are counted from (the recording's start)."""
+    `origin_ns`: where fold windows are counted from (the recording's start). The writer is
+    made with read_back=True: the folds take only the parts it says it wrote."""
 
     def __init__(self, writer: RecordingWriter, max_bytes: int, origin_ns: int, window_ns: int = DEFAULT_WINDOW_NS,
                  chunk_rows: int = CHUNK_ROWS):

@@ -460,7 +460,8 @@ class Session:
             sources={self.source.name: self.source.stats},
         )
         owner_uid = self.owner.uid if self.owner else os.geteuid()
-        self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid)
+        self.writer = self.files.run(RecordingWriter, out, meta, force=req.force, owner_uid=owner_uid,
+                                     read_back=bool(req.max_size_bytes))
         self._fold_origin_ns = meta.start_ns  # for the --max-size compactor, made at the first flush
 
     def _compactor_now(self) -> Compactor | None:

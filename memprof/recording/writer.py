@@ -63,10 +63,13 @@ class RecordingWriter:
     `flush()`.
     """
 
-    def __init__(self, path: Path | str, meta: RecordingMeta, *, force: bool = False, owner_uid: int | None = None):
+    def __init__(self, path: Path | str, meta: RecordingMeta, *, force: bool = False, owner_uid: int | None = None,
+                 read_back: bool = False):
         """`force` replaces an existing recording at `path`, and only that: a folder holding a
         memprof meta.json and owned by `owner_uid` (default: this process's euid). A file, a
-        symlink or any other folder is refused (UsageError).
+        symlink or any other folder is refused (UsageError). `read_back`: the events parts
+        will be read back while recording (record --max-size's folds), so each one's
+        identity is kept for wrote(); otherwise nothing is kept (a part a flush, hours long).
 
         Under a root recorder, construct, flush and finalize the writer on the recording
         owner's `memprof.asuser.UserThread`: every path is then checked, and every file
@@ -78,9 +81,11 @@ class RecordingWriter:
         self._lock = threading.Lock()        # guards the buffers and the finalized flag
         self._write_lock = threading.Lock()  # one writer of parts and meta.json at a time
         self._finalized = False
-        # The identity (_identity) of each part this writer put in place, by path: the recorded command
-        # can write into its recording too, and what reads the parts back while recording
-        # (capture/compactor.py's folds) takes only these (wrote()).
+        # With read_back, the identity (_identity) of each events part this writer put in place
+        # and has not removed, by path: the recorded command can write into its recording too,
+        # and what reads the parts back while recording (capture/compactor.py's folds) takes
+        # only these (wrote()). Folds remove parts, so the parts kept stay few.
+        self._read_back = read_back
         self._written: dict[str, tuple[int, ...]] = {}
         clear_for_new_recording(self.path, force, os.geteuid() if owner_uid is None else owner_uid)
         _create_dirs(self.path)
@@ -188,11 +193,14 @@ class RecordingWriter:
             # CPUs, and sorting a part here costs the recorder milliseconds where sorting
             # 10^7 rows at every report costs seconds. Readers still check the order.
             table = table.sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
-        self._write_file(self.path / table_name, part_name(self._parts[table_name]), table)
+        path, identity = self._write_file(self.path / table_name, part_name(self._parts[table_name]), table)
         self._parts[table_name] += 1
+        if self._read_back and table_name == "events":
+            self._written[str(path)] = identity
 
-    def _write_file(self, folder: Path, name: str, table: pa.Table) -> None:
-        """`table` as the Parquet file `folder/name`, written under a temporary name and renamed."""
+    def _write_file(self, folder: Path, name: str, table: pa.Table) -> tuple[Path, tuple[int, ...]]:
+        """`table` as the Parquet file `folder/name`, written under a temporary name and
+        renamed; returns its path and identity (_identity)."""
         final = folder / name
         tmp = folder / f".{final.name}.tmp"
         import pyarrow.parquet as pq  # here: the recorder imports this module before the command starts
@@ -201,11 +209,13 @@ class RecordingWriter:
             f.flush()
             os.fsync(f.fileno())
             os.replace(tmp, final)
-            self._written[str(final)] = _identity(os.fstat(f.fileno()))  # after the rename, which sets ctime
+            identity = _identity(os.fstat(f.fileno()))  # after the rename, which sets ctime
         _fsync_dir(folder)
+        return final, identity
 
     def wrote(self, path: str, info: os.stat_result) -> bool:
-        """Whether the file at `path` (its lstat `info`) is a part this writer put there."""
+        """Whether the file at `path` (its lstat `info`) is an events part this writer put
+        there (always False without read_back)."""
         return self._written.get(str(path)) == _identity(info)
 
     def install_folded_events(self, index: int, table: pa.Table, superseded: list[Path], fold: dict[str, Any]) -> None:
@@ -218,7 +228,8 @@ class RecordingWriter:
         with self._write_lock:
             folder = self.path / "events"
             name = part_name(index, folded=True)
-            self._write_file(folder, name, table)
+            final, identity = self._write_file(folder, name, table)
+            self._written[str(final)] = identity
             for part in superseded:
                 if part.name != name:
                     part.unlink(missing_ok=True)

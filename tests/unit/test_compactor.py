@@ -60,7 +60,7 @@ def write(path, max_bytes: int | None, events_of_second=None, chains=None):
     as the recorder's would), folded after each flush when `max_bytes` is given."""
     events_of_second = events_of_second or second_of_events
     meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
-    writer = RecordingWriter(path, meta)
+    writer = RecordingWriter(path, meta, read_back=bool(max_bytes))  # as record makes it
     stacks, frames = stacks_frames(chains or CHAINS)
     writer.append("stacks", {name: stacks[name] for name in stacks.columns})
     writer.append("frames", {name: frames[name] for name in frames.columns})
@@ -157,9 +157,10 @@ def test_the_disk_holds_no_more_than_the_limit_while_a_fold_writes(tmp_path, mon
     at_folds, write_file = [], Writer._write_file
 
     def measured(self, folder, name, table):
-        write_file(self, folder, name, table)
+        written = write_file(self, folder, name, table)
         if name.endswith("-f.parquet"):
             at_folds.append(recording_bytes(self.path))
+        return written
     monkeypatch.setattr(Writer, "_write_file", measured)
     path = tmp_path / "r.memprof"
     compactor = write(path, 450_000, second_with_a_large_live_set)
@@ -322,7 +323,7 @@ def test_a_part_the_command_planted_in_its_recording_is_never_folded(tmp_path):
     import shutil
     meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
     path = tmp_path / "r.memprof"
-    writer = RecordingWriter(path, meta)
+    writer = RecordingWriter(path, meta, read_back=True)
     writer.append("events", {"ts_ns": [1, 2], "seq": [0, 1], "action": "alloc", "addr": [16, 32], "size_bytes": 8,
                              "stack_id": 1, "layer": "native_heap", "device": "cpu", "pid": 100, "tid": 100})
     writer.flush()
@@ -336,3 +337,19 @@ def test_a_part_the_command_planted_in_its_recording_is_never_folded(tmp_path):
     os.unlink(own.path)
     shutil.copy(path / "events" / "part-000001.parquet", own.path)  # another file at the writer's name
     assert events_parts(path / "events", {}, writer.wrote) == []
+
+
+def test_the_writer_keeps_in_mind_only_the_events_parts_a_fold_may_read(tmp_path):
+    """A flush writes parts, for hours: the writer keeps the identities (for wrote()) of the
+    events parts still on disk under --max-size, whose folds remove the rest, and of none
+    without it."""
+    compactor = write(tmp_path / "f.memprof", 450_000, second_with_a_large_live_set)
+    on_disk = {str(part.path) for part in events_parts(tmp_path / "f.memprof" / "events", {})}
+    assert set(compactor.writer._written) == on_disk and len(compactor.writer._written) < SECONDS * 4 / 3
+    meta = RecordingMeta(memprof_version="0.1.0", command=["python", "train.py"], pid=100, start_ns=0)
+    writer = RecordingWriter(tmp_path / "plain.memprof", meta)
+    for n in range(5):
+        writer.append("events", {"ts_ns": [n], "seq": [n], "action": "alloc", "addr": [16], "size_bytes": 8,
+                                 "stack_id": 1, "layer": "native_heap", "device": "cpu", "pid": 100, "tid": 100})
+        writer.flush()
+    assert len(events_parts(tmp_path / "plain.memprof" / "events", {})) == 5 and writer._written == {}
