@@ -211,3 +211,28 @@ def test_torchrun_and_its_workers_get_the_agent(tmp_path, run_memprof):
     _, m = marks(recording)
     per_pid = m[m["category"] == "step"].groupby("pid")["step"].max().astype(int)
     assert sorted(per_pid[per_pid > 0].tolist()) == [3, 3], per_pid  # both workers; the launcher steps no optimizer
+
+
+FLOOD = """
+import os, sys, time
+n, path = int(sys.argv[1]), os.path.join(os.environ["MEMPROF_AGENT_DIR"], f"{os.getpid()}.jsonl")
+line = '{"kind":"mark","ts_ns":%d,"pid":%d,"tid":%d,"step":1,"label":"flood"}\\n'
+with open(path, "a") as f:
+    for start in range(0, n, 10000):
+        f.write("".join(line % (time.monotonic_ns(), os.getpid(), os.getpid()) for _ in range(start, min(n, start + 10000))))
+"""
+
+
+def test_lines_an_agent_writes_just_before_the_exit_are_all_recorded(tmp_path, run_memprof):
+    """A poll reads at most 16 MiB of a file: a process that wrote 48 MiB of lines just
+    before exiting had a third of them dropped by the last polls, without a word. The polls
+    after the exit read them all (sources/agent_reader/source.py, drain)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    lines = 600_000  # ~82 bytes each: 48 MiB
+    recording, _ = record(run_memprof, tmp_path, sys.executable, "-c", FLOOD, str(lines))
+    size = sum(p.stat().st_size for p in (recording / "agent").glob("*.jsonl"))
+    assert size > 3 * (16 << 20), size
+    categories = ds.dataset(recording / "events").to_table(columns=["category"]).column("category")
+    assert pc.sum(pc.equal(categories, "flood")).as_py() == lines
+    assert "unread_bytes_at_end" not in agent_meta(recording)["detail"]
