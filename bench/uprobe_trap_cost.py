@@ -11,6 +11,7 @@ bcc attaches an empty BPF program (`return 0`) to:
   call rel32             a uprobe on a `call` instruction inside a function
   ret (single-stepped)   a uprobe on a function that is only `ret`
   nop5                   a uprobe on a 5-byte nop (Linux 6.18+ may turn it into a syscall)
+  nop1                   a uprobe on a one-byte nop (emulated; memprof's preload markers)
 
 and reports ns per call over the unprobed loop (median of REPEATS runs).
 
@@ -33,13 +34,14 @@ __attribute__((noipa)) void callee(void *p, unsigned long n) { __asm__ volatile(
 __attribute__((noipa)) void *with_frame(unsigned long n) { void *p = malloc(16); callee(p, n); free(p); return p; }
 __asm__(".globl ret_only\n.type ret_only,@function\nret_only:\n ret\n.size ret_only,1\n");
 __asm__(".globl nop5_then_ret\n.type nop5_then_ret,@function\nnop5_then_ret:\n .byte 0x0f,0x1f,0x44,0x00,0x00\n ret\n.size nop5_then_ret,6\n");
-void ret_only(void); void nop5_then_ret(void);
+__asm__(".globl nop1_then_ret\n.type nop1_then_ret,@function\nnop1_then_ret:\n nop\n ret\n.size nop1_then_ret,2\n");
+void ret_only(void); void nop5_then_ret(void); void nop1_then_ret(void);
 int main(int argc, char **argv) {
     long n = atol(argv[1]); int which = atoi(argv[2]);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++) {
-        if (which == 0) with_frame(i); else if (which == 1) ret_only(); else nop5_then_ret();
+        if (which == 0) with_frame(i); else if (which == 1) ret_only(); else if (which == 2) nop5_then_ret(); else nop1_then_ret();
         __asm__ volatile("" ::: "memory");
     }
     clock_gettime(CLOCK_MONOTONIC, &b);
@@ -55,6 +57,7 @@ CASES = {
     "call rel32": (0, [("entry", "with_frame", "call")]),
     "ret (single-stepped)": (1, [("entry", "ret_only", 0)]),
     "nop5": (2, [("entry", "nop5_then_ret", 0)]),
+    "nop1": (3, [("entry", "nop1_then_ret", 0)]),
 }
 
 

@@ -40,11 +40,15 @@ extern void *__libc_valloc(size_t size);
 extern void *__libc_pvalloc(size_t size);
 
 #define EXPORT __attribute__((visibility("default")))
-/* A marker is a 5-byte no-op and a return, nothing else (naked: no frame of its own). A uprobe
- * on a 5-byte nop is one the kernel can run without a trap (Linux 6.18's optimized x86 uprobes
- * turn it into a call), and on older kernels one it emulates without single-stepping. */
+/* A marker is a one-byte nop and a return, nothing else (naked: no frame of its own). A uprobe
+ * on a nop is one the kernel emulates without single-stepping (~0.7 us a hit here).
+ * Not the 5-byte nop it began as: Linux 6.18 optimizes a uprobe there, rewriting the nop
+ * into a call to a "[uprobes-trampoline]" page that a fork does not give the child, while the
+ * rewritten text is; a child of a process whose marker was optimized died (SIGSEGV) at its
+ * first recorded allocation: every DataLoader worker, every shell command substitution.
+ * The optimized hit was ~0.25 us cheaper (bench/RESULTS.md). */
 #define MARKER __attribute__((naked, noinline, used, visibility("default")))
-#define MARKER_BODY ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n\tret"
+#define MARKER_BODY "nop\n\tret"
 
 /* ---- the markers memprof's uprobes wait on (bpf/uprobes.bpf.c: mp_preload_alloc/free) ---- */
 

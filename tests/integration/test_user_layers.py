@@ -289,6 +289,37 @@ def test_every_malloc_family_call_through_the_interposer(tmp_path, run_memprof):
                     **{(size, "freed"): n for size, n in FAMILY_FREED.items()}}, ends
 
 
+# Recorded allocations, then a fork whose child allocates too: a DataLoader worker's life.
+FORK_SCRIPT = """
+import ctypes, os
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+kept = [libc.malloc(100021) for _ in range(3)]
+pid = os.fork()
+if pid == 0:
+    kept += [libc.malloc(100023) for _ in range(2)]
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_child_forked_after_recorded_allocations_runs_and_is_recorded(tmp_path, run_memprof):
+    """The interposer's markers once began with a 5-byte nop, a uprobe Linux 6.18 optimizes
+    into a call to a page a fork does not give the child: the child of a process whose
+    allocations were recorded died of SIGSEGV at its first one (child -11)."""
+    recording = tmp_path / "fork.memprof"
+    result = record(run_memprof, recording, sys.executable, "-c", FORK_SCRIPT,
+                    args=("--sources", "+native", "--native-sample-bytes", "0"))
+    assert "child 0" in result.stdout, result.stdout
+    allocs = events_of(recording, "native_heap")
+    allocs = allocs[(allocs["action"] == "alloc") & allocs["size_bytes"].isin([100021, 100023])]
+    pids = {int(size): sorted(set(group["pid"])) for size, group in allocs.groupby("size_bytes")}
+    counts = {int(size): n for size, n in allocs["size_bytes"].value_counts().items()}
+    assert counts == {100021: 3, 100023: 2}, counts
+    assert len(pids[100021]) == len(pids[100023]) == 1 and pids[100021] != pids[100023], pids  # parent, child
+
+
 def test_a_command_that_preloads_its_own_library_gets_uprobes(tmp_path, run_memprof):
     """LD_PRELOAD already set (a user's own malloc, say): memprof does not put its interposer
     in front of it; libc gets uprobes, and meta.json says why."""
