@@ -12,7 +12,7 @@ CAP_BPF = 39
 
 def effective_capabilities(status_path: str = "/proc/self/status") -> int:
     try:
-        with open(status_path) as f:
+        with open(status_path, encoding="utf-8", errors="replace") as f:  # Name: is any bytes
             for line in f:
                 if line.startswith("CapEff:"):
                     return int(line.split()[1], 16)

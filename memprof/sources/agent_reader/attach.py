@@ -29,6 +29,7 @@ import stat
 from dataclasses import dataclass
 
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
+from memprof.sources.symbols.procs import proc_text
 
 ATTACH_SIGNAL = signal.SIGUSR2
 READY, REQUEST = "ready", "request.json"
@@ -61,10 +62,9 @@ class Target:
 def read_target(pid: int) -> Target:
     """`pid` from /proc/<pid>/status and /proc/<pid>/stat. Raises OSError (gone, say)."""
     fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.split()
+    for line in proc_text(f"/proc/{pid}/status").splitlines():  # its Name: is the process's own bytes
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
     with open(f"/proc/{pid}/stat", "rb") as f:
         start_time = int(f.read().rpartition(b")")[2].split()[19])  # field 22; field 3 is [0] after ')'
     owner = Owner(int(fields["Uid"][1]), int(fields["Gid"][1]), tuple(int(g) for g in fields.get("Groups", [])))

@@ -160,5 +160,5 @@ def libbcc_path() -> str:
 
 
 def _mapped_paths() -> list[str]:
-    with open("/proc/self/maps") as maps:
+    with open("/proc/self/maps", encoding="utf-8", errors="backslashreplace") as maps:  # paths are any bytes
         return [line.rstrip("\n").split(" ")[-1] for line in maps if "/libbcc" in line]

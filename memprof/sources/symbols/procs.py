@@ -20,17 +20,27 @@ class ProcessInfo:
     stale: bool = True  # maps need re-reading (new process, or it exec'd)
 
 
+def proc_text(path: str) -> str:
+    """A /proc file's text (OSError as open() raises). The names in it (a process's comm,
+    which its executable's name or prctl sets; a file's path) are bytes the process chose,
+    which need not be UTF-8: such bytes read as "\\xff" escapes, never as an error (a
+    strict read stopped the root recorder, and left the command running)."""
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "backslashreplace")
+
+
 def read_comm(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
+        return proc_text(f"/proc/{pid}/comm").strip()
     except OSError:
         return ""
 
 
 def read_exe(pid: int) -> str:
+    """The path of `pid`'s executable, as text to show (undecodable bytes escaped, as
+    proc_text does): "" when it is gone."""
     try:
-        return os.readlink(f"/proc/{pid}/exe")
+        return os.readlink(os.fsencode(f"/proc/{pid}/exe")).decode("utf-8", "backslashreplace")
     except OSError:
         return ""
 
@@ -65,11 +75,10 @@ def _children(pid: int) -> list[int]:
 def process_uids(pid: int) -> tuple[int, int, int] | None:
     """(real, effective, saved) uid of `pid` from /proc/PID/status; None if it is gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    real, effective, saved = (int(v) for v in line.split()[1:4])
-                    return real, effective, saved
+        for line in proc_text(f"/proc/{pid}/status").splitlines():
+            if line.startswith("Uid:"):
+                real, effective, saved = (int(v) for v in line.split()[1:4])
+                return real, effective, saved
     except (OSError, ValueError):
         return None
     return None
@@ -78,8 +87,7 @@ def process_uids(pid: int) -> tuple[int, int, int] | None:
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+        state = proc_text(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0]
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
