@@ -128,6 +128,25 @@ def test_a_profiler_window_covers_only_its_steps(tmp_path, run_memprof):
     assert taken <= {r[len("tensor:"):] for r in roles}
 
 
+def test_a_profiler_window_over_a_script_whose_path_is_not_utf8_leaves_it_running(tmp_path, run_memprof):
+    """torch.profiler's Python tracer cannot take a file name that is not UTF-8: its start
+    failed half done, and the program died of SIGSEGV (rc 139). The window is profiled
+    without Python stacks, and the agent logs why."""
+    import os
+    import shutil
+    folder = os.fsencode(tmp_path) + b"/caf\xe9"
+    os.mkdir(folder)
+    script = folder + b"/steps.py"
+    shutil.copy(STEPS, script)
+    recording, out = record(run_memprof, tmp_path, sys.executable, os.fsdecode(script), "--steps", "4",
+                            args=("--torch-profile-steps", "1-2"))
+    assert "done steps=4" in out
+    detail = agent_meta(recording)["detail"]
+    assert [f["where"] for f in detail["failures_first"]][:1] == ["profiler window"], detail["failures_first"]
+    assert "with_stack=False" in detail["failures_first"][0]["error"]
+    assert len(detail.get("profiles") or []) == 1
+
+
 ATTACHABLE = """
 import sys
 import torch

@@ -336,3 +336,27 @@ def test_text_escaped_as_surrogate_pairs_is_read_as_the_characters_they_make(tmp
     source = AgentSource(tmp_path / "rec.memprof")
     assert list(source.poll(ClockAnchor(0, 0))[0]["category"]) == ["\U0001F600 \u00e9 \U0001F600"]
     assert source.stats().detail["unreadable_lines"] == 0
+
+
+def test_an_agents_text_that_is_not_utf8_reaches_the_recording_escaped(agent, tmp_path):
+    """A file name's undecodable bytes are lone surrogates in Python (os.fsdecode); JSON
+    escapes them, and the recorder drops such a line whole (it holds no text). The agent
+    writes them as "\\xff" instead, and a character past U+FFFF stays itself."""
+    agent._write({"kind": "mark", "ts_ns": 5, "pid": 7, "tid": 7, "step": 1, "label": "a\udcff\udcfe b \ud800 \U0001F600"})
+    agent._write({"kind": "mark", "ts_ns": 6, "pid": 7, "tid": 7, "step": 2, "label": "plain"})
+    agent.flush()
+    source = AgentSource(tmp_path / "rec.memprof")
+    events = source.poll(ClockAnchor(0, 0))[0]
+    assert list(events["category"]) == ["a\\xff\\xfe b \\ud800 \U0001F600", "plain"]
+    assert source.stats().detail["unreadable_lines"] == 0
+
+
+def test_the_profiler_window_goes_without_python_stacks_where_a_files_name_is_not_utf8(agent, monkeypatch):
+    """torch.profiler's Python tracer cannot encode such a name: its start failed half done
+    and left a tracer that crashed the program (SIGSEGV). The agent sees it first."""
+    import types
+    assert agent._python_files_are_text()
+    module = types.ModuleType("from_a_latin1_folder")
+    module.__file__ = "/data/caf\udce9/model.py"
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert not agent._python_files_are_text()

@@ -192,8 +192,42 @@ def flush():
             return
         del _pending[:len(records)]  # not `_pending[:] = []`: that would drop a concurrent append
         f = _open_output()
-        f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+        f.write("".join(_json_line(r) for r in records))
         f.flush()
+
+
+def _json_line(record):
+    """`record` as one JSON line the recorder reads: a string holding a lone surrogate (a
+    file name's undecodable bytes, as os.fsdecode gives them) is no text to it, and it
+    drops such a line whole, so those characters are written as "\\xff" (or "\\ud800")."""
+    line = json.dumps(record, separators=(",", ":"))
+    if "\\ud" in line:  # rare: a character past U+FFFF, or a lone surrogate
+        line = json.dumps(_storable(record), separators=(",", ":"))
+    return line + "\n"
+
+
+def _storable(value):
+    """`value` with every string made UTF-8 text (_storable_text), keys included."""
+    if isinstance(value, str):
+        return _storable_text(value)
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_storable(v) for v in value]
+    return value
+
+
+def _storable_text(text):
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join(_escaped(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+
+
+def _escaped(surrogate):
+    code = ord(surrogate)
+    return "\\x%02x" % (code - 0xDC00) if 0xDC80 <= code <= 0xDCFF else "\\u%04x" % code
 
 
 def _flush_loop():
@@ -221,7 +255,7 @@ def log_failure(where, error):
                   "error": "%s: %s" % (type(error).__name__, error),
                   "traceback": traceback.format_exc(limit=8)}
         with _open_append(os.path.join(directory, "%d.errors.jsonl" % os.getpid())) as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(_json_line(record))
     except Exception:
         pass
 
@@ -652,11 +686,38 @@ def _start_profiler():
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(activities=activities, profile_memory=True, with_stack=True, record_shapes=True)
-    _state["profiler"] = prof
-    _state["profiler_began"] = (time.monotonic_ns(), time.time_ns())
+    with_stack = _python_files_are_text()
+    if not with_stack:
+        log_failure("profiler window", ValueError("a Python file's name is not UTF-8 text: the window is "
+                                                  "profiled without Python stacks (with_stack=False)"))
+    prof = torch.profiler.profile(activities=activities, profile_memory=True, with_stack=with_stack,
+                                  record_shapes=True)
+    began = (time.monotonic_ns(), time.time_ns())
     prof.__enter__()
+    # Kept only once started: a start that raised (torch cannot encode a frame's file name
+    # that is not UTF-8, say) is logged, and its profiler never exited, which killed the
+    # program (SIGSEGV) at the window's end.
+    _state["profiler"], _state["profiler_began"] = prof, began
     _event("mark", step=_state["step"], label="profiler window start")
+
+
+def _python_files_are_text():
+    """Whether torch.profiler's Python tracer can take every Python file name here: it
+    cannot encode one that is not UTF-8 (its bytes read as lone surrogates), and its start
+    then fails half done, leaving a tracer installed that crashed the program (SIGSEGV) at
+    its next call. The running frames' files and the loaded modules' files are checked."""
+    names = [module.__dict__.get("__file__") for module in list(sys.modules.values())]
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            names.append(frame.f_code.co_filename)
+            frame = frame.f_back
+    for name in names:
+        if isinstance(name, str):
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def _stop_profiler():
