@@ -15,10 +15,22 @@ PART_ERRORS = (pa.ArrowException, OSError, UnicodeDecodeError)
 _ARROW_OPEN = "Could not open Parquet input source '{}': "  # pyarrow's prefix, the path again
 
 
+def arrow_source(part: Path):
+    """`part` as pyarrow opens it: its path; or, where the path is not UTF-8 text (a folder
+    named with other bytes: Python holds them as lone surrogates, which pyarrow's file
+    system refuses), the file opened here, closed once pyarrow lets go of it."""
+    name = str(part)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return open(part, "rb")
+    return name
+
+
 def row_count(part: Path) -> int:
     """Rows of the part at `part`, from its footer. Raises BadRecordingError when damaged."""
     try:
-        return pq.ParquetFile(part).metadata.num_rows
+        return pq.ParquetFile(arrow_source(part)).metadata.num_rows
     except PART_ERRORS as e:
         raise corrupt_part(part, e) from e
 

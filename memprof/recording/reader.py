@@ -27,6 +27,7 @@ from memprof.model.schema import ACTIONS, FRAME_KEYS, LAYERS
 from memprof.recording.columns import column_filler
 from memprof.recording.parts import PART_ERRORS as _PART_ERRORS
 from memprof.recording.parts import corrupt_part as _corrupt_part
+from memprof.recording.parts import arrow_source
 from memprof.recording.parts import first_line as _first_line
 from memprof.recording.parts import row_count as _row_count
 from memprof.recording.writer import META_NAME, PART_NAME, REQUIRED_COLUMNS, TABLES
@@ -323,7 +324,7 @@ def _prefetched(parts: list[Path], name: str, schema: pa.Schema):
 def _read_part(part: Path, name: str, schema: pa.Schema) -> pa.Table:
     """One part, conformed to `schema`: missing nullable columns become nulls, extra ones are dropped."""
     try:
-        table = pq.read_table(part)
+        table = pq.read_table(arrow_source(part))
     except _PART_ERRORS as e:
         raise _corrupt_part(part, e) from e
     missing = REQUIRED_COLUMNS[name] - set(table.column_names)

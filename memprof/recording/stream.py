@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprof.model.schema import Action
-from memprof.recording.parts import PART_ERRORS, corrupt_part
+from memprof.recording.parts import PART_ERRORS, arrow_source, corrupt_part
 from memprof.recording.reader import _part_paths, _read_part, frame_of_tables
 from memprof.recording.writer import TABLES
 
@@ -54,7 +54,7 @@ def event_parts(path: Path | str) -> list[EventPart]:
 
 def _part_of(part: Path) -> EventPart:
     try:
-        metadata = pq.ParquetFile(part).metadata
+        metadata = pq.ParquetFile(arrow_source(part)).metadata
     except PART_ERRORS as e:
         raise corrupt_part(part, e) from e
     if metadata.num_rows == 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -353,3 +354,18 @@ def test_the_writer_keeps_in_mind_only_the_events_parts_a_fold_may_read(tmp_path
                                  "stack_id": 1, "layer": "native_heap", "device": "cpu", "pid": 100, "tid": 100})
         writer.flush()
     assert len(events_parts(tmp_path / "plain.memprof" / "events", {})) == 5 and writer._written == {}
+
+
+def test_a_recording_in_a_folder_named_with_bytes_that_are_not_utf8_is_folded_and_read(tmp_path):
+    """Python holds such a name's bytes as lone surrogates, which pyarrow's file system
+    refuses: every report of such a recording ended in a traceback, and --max-size's folds
+    stopped at their first read (a note said so). The parts are opened by memprof then."""
+    from memprof.recording import open_recording
+    from memprof.recording.stream import event_parts
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    folder.mkdir()
+    compactor = write(folder / "r.memprof", 600_000)
+    meta = open_recording(folder / "r.memprof").meta
+    assert meta.folds and not compactor.stopped and not meta.notes, meta.notes
+    parts = event_parts(folder / "r.memprof")
+    assert sum(part.rows for part in parts) == len(open_recording(folder / "r.memprof").events) > 0
