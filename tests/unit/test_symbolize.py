@@ -305,8 +305,12 @@ def test_a_processes_maps_are_read_up_to_a_bound_in_whole_lines(monkeypatch):
     """A process decides how long its maps file is (tens of thousands of mappings at long
     paths): the root recorder reads at most MAX_MAPS_BYTES of it, whole lines only."""
     from memprof.sources.symbols import symbolize
-    with subprocess.Popen(["sleep", "30"]) as proc:
+    # A process that says when it has started: its maps do not change after (a `sleep` just
+    # exec'd may still be mapping its libraries between the snapshots below).
+    settled = "import time; print(1, flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", settled], stdout=subprocess.PIPE) as proc:
         try:
+            proc.stdout.readline()
             whole = snapshot_maps(proc.pid)
             monkeypatch.setattr(symbolize, "MAX_MAPS_BYTES", len(whole) // 2)
             cut = snapshot_maps(proc.pid)
