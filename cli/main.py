@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-from memprof import own_env  # light: before numpy and pyarrow load
+from memprof import own_env, stdio  # light: before numpy and pyarrow load
 
+stdio.reserve()  # before any file is opened: 0-2 closed at start must not go to memprof's files
 own_env.apply()  # memprof's own tuning, kept out of the commands it runs (own_env.py)
 
 import click  # noqa: E402

@@ -13,7 +13,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 
-from memprof import own_env
+from memprof import own_env, stdio
 from memprof.errors import TargetError
 
 
@@ -177,6 +177,8 @@ def _child(command, path, run_as, gate_r, err_w):  # pragma: no cover - runs in 
         if not gate.startswith(b"g"):
             os._exit(1)  # parent gone before releasing us: never run the command
         env.update(json.loads(gate[1:] or b"{}"))
+        for fd in stdio.CLOSED:  # closed for memprof too: /dev/null there since (stdio.reserve)
+            os.close(fd)
         os.execve(path, command, env)
     except OSError as e:
         os.write(err_w, str(e.errno or errno.EIO).encode())

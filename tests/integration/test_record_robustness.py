@@ -136,3 +136,25 @@ def test_sigkill_under_load_leaves_every_flushed_row_and_a_recording_that_opens(
         report = subprocess.run([sys.executable, "-m", "memprof", "report", "leaks", str(recording), "--format", "json"],
                                 capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert report.returncode == 0, report.stderr
+
+
+SEES_ITS_STDIO = ("import os, sys; seen = repr(([os.path.exists('/proc/self/fd/%d' % fd) for fd in (0, 1, 2)], "
+                  "[s is None for s in (sys.stdin, sys.stdout, sys.stderr)])); open(sys.argv[1], 'w').write(seen)")
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_descriptor_closed_for_memprof_stays_closed_for_the_command(tmp_path, closed):
+    """A launcher may start memprof with 0, 1 or 2 closed (cron, `cmd >&-`). memprof crashed
+    then, before the command ran (its console wrote to None), and its first file would have
+    taken that number, for the command to inherit. It records, and the command sees the
+    descriptor closed, as it would without memprof."""
+    recording, seen = tmp_path / "r.memprof", tmp_path / "seen.txt"
+    command = [sys.executable, "-m", "memprof", "record", "-q", "-o", str(recording), "--",
+               sys.executable, "-c", SEES_ITS_STDIO, str(seen)]
+    streams = {0: "stdin", 1: "stdout", 2: "stderr"}
+    kept = {streams[fd]: subprocess.DEVNULL for fd in (0, 1, 2) if fd != closed}
+    result = subprocess.run(command, cwd=tmp_path, preexec_fn=lambda: os.close(closed), timeout=120, **kept)
+    is_open = [fd != closed for fd in (0, 1, 2)]
+    assert result.returncode == 0
+    assert seen.read_text() == repr((is_open, [not o for o in is_open])), seen.read_text()
+    assert read_meta(recording)["status"] == "complete"
