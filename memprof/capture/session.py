@@ -406,6 +406,23 @@ class Session:
         for tables in self.agent.drain(self.writer.meta.clock_anchors[-1]):
             self._append_agent_rows(tables)
 
+    def _note_agent_never_started(self) -> None:
+        """`record -- CMD`: torch ran in the command's tree, yet no agent wrote a line. Its
+        Python ignored PYTHONPATH, through which the agent starts (-I, -E, or an environment
+        of its own): steps, marks, model state and the CUDA history are missing, which a
+        report would otherwise not say."""
+        if self.child is None or self.agent is None or self.agent.heard_from_any():
+            return
+        torch_pids = self.source.processes.mapping("libtorch_python.so")
+        if torch_pids:
+            self.writer.meta.notes.append(
+                f"memprof's agent did not start in the Python process(es) that imported torch "
+                f"({', '.join(map(str, torch_pids[:8]))}{', …' if len(torch_pids) > 8 else ''}): training steps, "
+                "marks, model state and the CUDA caching-allocator history are not recorded (eBPF layers are). "
+                "The agent starts through PYTHONPATH, which `python -I` or `-E`, or an environment of the "
+                "program's own, leaves out; run Python without them, or call `import memprof.agent; "
+                "memprof.agent.install()` in the program")
+
     def _append_agent_rows(self, tables) -> None:
         """A poll's samples, and its (events, stacks, frames) tables unless None."""
         samples = self.agent.take_samples()
@@ -636,6 +653,7 @@ class Session:
             self.sampler.stop()
             self._ingest()
             self._drain_agent()
+            self._note_agent_never_started()
             self._prepare_flush()
             self.on_phase(Phase(FINALIZING, frames=self._frames))
         except RecordingWriteError as e:

@@ -255,3 +255,16 @@ def test_lines_an_agent_writes_just_before_the_exit_are_all_recorded(tmp_path, r
     categories = ds.dataset(recording / "events").to_table(columns=["category"]).column("category")
     assert pc.sum(pc.equal(categories, "flood")).as_py() == lines
     assert "unread_bytes_at_end" not in agent_meta(recording)["detail"]
+
+
+def test_a_python_that_ignores_pythonpath_is_said_to_have_run_without_the_agent(tmp_path, run_memprof):
+    """The agent starts through PYTHONPATH: `python -I` leaves it out, and the recording
+    lacked steps and model state without a word. A note says so; with the agent, none."""
+    recording, out = record(run_memprof, tmp_path, sys.executable, "-I", STEPS, "--steps", "2")
+    assert "done steps=2" in out
+    meta = json.loads((recording / "meta.json").read_text())
+    said = [n for n in meta["notes"] if n.startswith("memprof's agent did not start")]
+    assert len(said) == 1 and "PYTHONPATH" in said[0], meta["notes"]
+    (tmp_path / "control").mkdir()
+    control, _ = record(run_memprof, tmp_path / "control", sys.executable, STEPS, "--steps", "2")
+    assert not [n for n in json.loads((control / "meta.json").read_text())["notes"] if "agent did not start" in n]

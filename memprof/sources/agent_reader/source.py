@@ -258,6 +258,10 @@ class AgentSource:
         if pid in self._processes or len(self._processes) < MAX_PROCESSES_KEPT:
             self._processes.setdefault(pid, {}).update(info)
 
+    def heard_from_any(self) -> bool:
+        """Whether any agent wrote a file this source read."""
+        return bool(self._offsets)
+
     def drain(self, anchor: ClockAnchor):
         """After the command's exit: the rows of what the last poll left for later (its
         bounds), one poll's worth at a time, up to MAX_FINAL_POLLS polls. What the last poll

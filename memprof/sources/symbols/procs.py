@@ -144,6 +144,11 @@ class ProcessTable:
             refreshed.append(info)
         return refreshed
 
+    def mapping(self, file_name: str) -> list[int]:
+        """The processes seen mapping a file named `file_name` (its last path component)."""
+        return sorted(pid for pid, info in self.procs.items()
+                      if any(m.path.rpartition("/")[2] == file_name for m in info.maps))
+
     def maps_of(self, pid: int) -> list[Mapping]:
         info = self.procs.get(pid)
         return info.maps if info else []
