@@ -74,3 +74,38 @@ def test_torchrun_with_no_leaking_rank_names_none(tmp_path, run_memprof):
     # No chain grows from step to step, on any rank (each judged at its own step marks).
     findings = report["leaks"]["findings"]
     assert [(f["name"], f["ranks"]) for f in findings if f["kind"] == "grows_per_step"] == []
+
+
+SPAWNED_RANKS = """
+import os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def run(rank, world, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    kept = [torch.ones(1 << 16) for _ in range(rank + 1)]
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(2, port), nprocs=2, join=True)
+    print("spawned done", flush=True)
+"""
+
+
+def test_ranks_that_torch_multiprocessing_spawn_starts_are_named(tmp_path, run_memprof):
+    """mp.spawn gives the rank to init_process_group, not in RANK: its processes were "no
+    rank" in every report. The agent says the rank once the process group is made."""
+    from memprof.analysis.ranks import process_ranks
+    from memprof.recording import open_recording
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_RANKS)
+    recording = tmp_path / "spawned.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", sys.executable, script, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0 and "spawned done" in result.stdout, result.stderr
+    ranks = process_ranks(open_recording(recording).meta)
+    assert sorted((info["rank"], info["world_size"], info["rank_from"]) for info in ranks.values()) == \
+        [(0, 2, "init_process_group"), (1, 2, "init_process_group")], ranks

@@ -824,6 +824,7 @@ def install():
         _state.setdefault("hooks", []).append(register_optimizer_step_post_hook(_on_optimizer_step))
         _patch_profiler_step(torch)
         _hook_forwards(torch)
+        _hook_process_group(torch)
         _state["track_modules"] = _modules_wanted()
         _write(dict({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "agent": "installed",
                      "torch": torch.__version__, "python": sys.version.split()[0]}, **placement()))
@@ -836,6 +837,34 @@ def install():
             atexit.register(drain_cuda)
     except Exception as e:
         log_failure("install", e)
+
+
+def _hook_process_group(torch):
+    """Say this process's rank once it joins a process group, where no launcher variable
+    said it (placement): torch.multiprocessing.spawn, for one, gives the rank to
+    init_process_group itself, and its processes were "no rank" in every report."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or "rank" in placement():
+        return
+    original = dist.init_process_group
+    if getattr(original, "_memprof", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _say_group_rank(dist)
+        return result
+
+    init_process_group._memprof = True
+    init_process_group.__wrapped__ = original
+    init_process_group.__doc__ = original.__doc__
+    dist.init_process_group = init_process_group
+
+
+@_guarded("process group rank")
+def _say_group_rank(dist):
+    _write({"kind": "info", "ts_ns": time.monotonic_ns(), "pid": os.getpid(), "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(), "rank_from": "init_process_group"})
 
 
 def _patch_profiler_step(torch):
