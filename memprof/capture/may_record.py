@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from memprof.errors import NoPrivilegeError
+from memprof.proc_text import proc_text
 
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
@@ -12,10 +13,9 @@ CAP_BPF = 39
 
 def effective_capabilities(status_path: str = "/proc/self/status") -> int:
     try:
-        with open(status_path, encoding="utf-8", errors="replace") as f:  # Name: is any bytes
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
+        for line in proc_text(status_path).splitlines():  # its Name: is any bytes
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
     except OSError:
         pass
     return 0

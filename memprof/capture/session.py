@@ -413,7 +413,7 @@ class Session:
         report would otherwise not say."""
         if self.child is None or self.agent is None or self.agent.heard_from_any():
             return
-        torch_pids = self.source.processes.mapping("libtorch_python.so")
+        torch_pids = self.source.processes.pids_mapping("libtorch_python.so")
         if torch_pids:
             self.writer.meta.notes.append(
                 f"memprof's agent did not start in the Python process(es) that imported torch "

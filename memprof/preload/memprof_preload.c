@@ -41,12 +41,12 @@ extern void *__libc_pvalloc(size_t size);
 
 #define EXPORT __attribute__((visibility("default")))
 /* A marker is a one-byte nop and a return, nothing else (naked: no frame of its own). A uprobe
- * on a nop is one the kernel emulates without single-stepping (~0.7 us a hit here).
+ * on a nop is one the kernel emulates without single-stepping (+586 ns a hit here).
  * Not the 5-byte nop it began as: Linux 6.18 optimizes a uprobe there, rewriting the nop
  * into a call to a "[uprobes-trampoline]" page that a fork does not give the child, while the
  * rewritten text is; a child of a process whose marker was optimized died (SIGSEGV) at its
  * first recorded allocation: every DataLoader worker, every shell command substitution.
- * The optimized hit was ~0.25 us cheaper (bench/RESULTS.md). */
+ * The optimized hit was +447 ns (bench/uprobe_trap_cost.py; bench/RESULTS.md). */
 #define MARKER __attribute__((naked, noinline, used, visibility("default")))
 #define MARKER_BODY "nop\n\tret"
 

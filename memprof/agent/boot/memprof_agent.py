@@ -39,6 +39,7 @@ then takes over from the forwards (an optimizer or profiler also quiets the forw
 see _quiet_forwards).
 """
 import atexit
+import functools
 import json
 import math
 import os
@@ -218,11 +219,19 @@ def _storable(value):
 
 
 def _storable_text(text):
+    if _is_text(text):
+        return text
+    return "".join(_escaped(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+
+
+def _is_text(text):
+    """Whether UTF-8 can hold `text`: not when it holds a lone surrogate (os.fsdecode gives
+    them for a file name's undecodable bytes)."""
     try:
         text.encode("utf-8")
-        return text
     except UnicodeEncodeError:
-        return "".join(_escaped(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        return False
+    return True
 
 
 def _escaped(surrogate):
@@ -711,13 +720,7 @@ def _python_files_are_text():
         while frame is not None:
             names.append(frame.f_code.co_filename)
             frame = frame.f_back
-    for name in names:
-        if isinstance(name, str):
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                return False
-    return True
+    return all(_is_text(name) for name in names if isinstance(name, str))
 
 
 def _stop_profiler():
@@ -850,14 +853,13 @@ def _hook_process_group(torch):
     if getattr(original, "_memprof", False):
         return
 
+    @functools.wraps(original)
     def init_process_group(*args, **kwargs):
         result = original(*args, **kwargs)
         _say_group_rank(dist)
         return result
 
     init_process_group._memprof = True
-    init_process_group.__wrapped__ = original
-    init_process_group.__doc__ = original.__doc__
     dist.init_process_group = init_process_group
 
 

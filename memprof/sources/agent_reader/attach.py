@@ -29,7 +29,7 @@ import stat
 from dataclasses import dataclass
 
 from memprof.asuser import Owner, UntrustedFileError, UserThread, open_untrusted_regular
-from memprof.sources.symbols.procs import proc_text
+from memprof.proc_text import proc_text
 
 ATTACH_SIGNAL = signal.SIGUSR2
 READY, REQUEST = "ready", "request.json"

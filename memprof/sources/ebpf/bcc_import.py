@@ -26,6 +26,8 @@ import os
 import sys
 import threading
 
+from memprof.proc_text import proc_text
+
 WHOLE = "libbcc.so.0"      # the name bcc's libbcc.py loads
 BPF_PART = "libbcc_bpf.so.0"
 _MODULE = "bcc.libbcc"
@@ -160,5 +162,4 @@ def libbcc_path() -> str:
 
 
 def _mapped_paths() -> list[str]:
-    with open("/proc/self/maps", encoding="utf-8", errors="backslashreplace") as maps:  # paths are any bytes
-        return [line.rstrip("\n").split(" ")[-1] for line in maps if "/libbcc" in line]
+    return [line.split(" ")[-1] for line in proc_text("/proc/self/maps").splitlines() if "/libbcc" in line]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from memprof.proc_text import proc_text
 from memprof.sources.symbols.symbolize import Mapping, parse_maps, snapshot_maps
 
 
@@ -18,15 +19,6 @@ class ProcessInfo:
     start_ns: int | None = None
     exit_ns: int | None = None
     stale: bool = True  # maps need re-reading (new process, or it exec'd)
-
-
-def proc_text(path: str) -> str:
-    """A /proc file's text (OSError as open() raises). The names in it (a process's comm,
-    which its executable's name or prctl sets; a file's path) are bytes the process chose,
-    which need not be UTF-8: such bytes read as "\\xff" escapes, never as an error (a
-    strict read stopped the root recorder, and left the command running)."""
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", "backslashreplace")
 
 
 def read_comm(pid: int) -> str:
@@ -144,7 +136,7 @@ class ProcessTable:
             refreshed.append(info)
         return refreshed
 
-    def mapping(self, file_name: str) -> list[int]:
+    def pids_mapping(self, file_name: str) -> list[int]:
         """The processes seen mapping a file named `file_name` (its last path component)."""
         return sorted(pid for pid, info in self.procs.items()
                       if any(m.path.rpartition("/")[2] == file_name for m in info.maps))
