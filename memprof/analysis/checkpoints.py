@@ -93,6 +93,16 @@ def step_marks(events: pd.DataFrame) -> pd.DataFrame:
     return marks.groupby("step", sort=True, as_index=False)["ts_ns"].min()[["step", "ts_ns"]]
 
 
+def first_step_end_ns(events: pd.DataFrame) -> int | None:
+    """When the job's first step ended: the earliest mark of a step past step 0, of any
+    process (the agent marks step 0 when torch is imported, step 1 when the first step
+    ends); None without such a mark. However few steps there are: a job of five steps has a
+    set-up as much as one of five hundred."""
+    marks = process_step_marks(events)
+    later = marks["ts_ns"].to_numpy(dtype=np.int64)[marks["step"].to_numpy() >= 1]
+    return int(later.min()) if len(later) else None
+
+
 def process_step_marks(events: pd.DataFrame) -> pd.DataFrame:
     """Step marks as (pid, step, ts_ns), sorted by pid then step: each process's mark of each
     step number once, its earliest."""

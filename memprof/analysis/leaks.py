@@ -192,7 +192,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                end_by_pid: Mapping[int, int] | None = None,
                canonical_stack: Mapping[int, int] | None = None,
                checkpoints: Checkpoints | None = None, known: KnownChains = KnownChains(),
-               confidence: float = 0.99, rank_of_pid: Mapping[int, tuple[int, str | None]] | None = None) -> LeakResult:
+               confidence: float = 0.99, rank_of_pid: Mapping[int, tuple[int, str | None]] | None = None,
+               setup_end_ns: int | None = None) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
@@ -216,7 +217,9 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     recorded — else at `end_ns`. `canonical_stack` maps stack ids with identical frames to
     one id (see `chains.canonical_stacks`), so one chain is one finding. `rank_of_pid` (pid ->
     (rank, host) of each process of a distributed job) fills each shown finding's `ranks` and
-    `hosts`."""
+    `hosts`. `setup_end_ns` is when the program's set-up ended (checkpoints.first_step_end_ns:
+    kernel objects made before it are start-up); None: the first step past step 0 among
+    `checkpoints`, if they are steps."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
@@ -234,7 +237,9 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = _exited(allocations, end_ns, recording_end_ns, end_by_pid)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, known, _setup_end(checkpoints), state))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, known,
+                                             setup_end_ns if setup_end_ns is not None else _setup_end(checkpoints),
+                                             state))
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)

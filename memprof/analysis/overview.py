@@ -13,7 +13,7 @@ import pandas as pd
 
 from memprof.analysis.attribution import Span
 from memprof.analysis.caches import known_chains
-from memprof.analysis.checkpoints import find_checkpoints
+from memprof.analysis.checkpoints import find_checkpoints, first_step_end_ns
 from memprof.analysis.layers import LayerSummary, layer_summary
 from memprof.analysis.leaks import (
     DEFAULT_MIN_AGE_NS, LeakResult, cut, end_of_target, exit_times, find_leaks, find_leaks_by_rank,
@@ -74,7 +74,8 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
         checkpoints = None
     options = dict(end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted, top=top,
                    end_by_pid=exit_times(events), canonical_stack=canonical_stack, checkpoints=checkpoints,
-                   known=known_chains(stacks, frames), confidence=confidence, rank_of_pid=ranks or None)
+                   known=known_chains(stacks, frames), confidence=confidence, rank_of_pid=ranks or None,
+                   setup_end_ns=first_step_end_ns(events))
     result = find_leaks_by_rank(lifetimes, **options) if by == "rank" else find_leaks(lifetimes, **options)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}

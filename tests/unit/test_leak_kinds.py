@@ -13,7 +13,7 @@ from memprof.analysis.checkpoints import find_checkpoints, live_by_group
 from memprof.analysis.leaks import cut, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.analysis.trend import classify, mann_kendall_confidence, theil_sen
-from tests.factories import events_frame, ev, stacks_frames
+from tests.factories import events_frame, ev, mark, stacks_frames
 
 S = 1_000_000_000
 KiB, MiB = 1024, 1024 * 1024
@@ -430,6 +430,42 @@ def test_the_interpreter_starting_is_start_up_until_its_main_thread_first_runs_p
     assert not result.checkpoints.by_step  # windows: no set-up end
     assert sorted((f.stack_id, f.live_count) for f in result.findings) == [(2, 1), (3, 2)]
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "startup")]
+
+
+def test_a_short_jobs_set_up_is_start_up_however_few_its_steps(tmp_path):
+    """torch.multiprocessing.spawn of one rank that takes 5 steps (too few for a trend): the
+    launcher (pid 99, no steps of its own) keeps a pipe per child it spawns (0.3 s), the rank
+    opens its sockets as its process group starts (0.6 s), both before the job's first step
+    ends (1 s), and the rank keeps another pipe at 3.5 s. Only that last pipe is a finding:
+    before 2026-12-05 the set-up's end came from step checkpoints alone, so a job of fewer
+    than 8 steps reported all three (a BERT DDP run: 27 findings, none a leak)."""
+    from memprof.api import analyse
+    from tests.diff_factories import write_recording
+    launcher = 99
+    chains = {
+        1: [("kernel", "__kmalloc_cache_noprof", None, None, None), ("kernel", "alloc_pipe_info", None, None, None),
+            _python("Popen._launch", "/usr/lib/python3.11/multiprocessing/popen_spawn_posix.py", 40)],
+        2: [("kernel", "kmem_cache_alloc_lru_noprof", None, None, None), ("kernel", "sock_alloc_inode", None, None, None),
+            _python("init_process_group", "torch/distributed/distributed_c10d.py")],
+        3: [("kernel", "__kmalloc_cache_noprof", None, None, None), ("kernel", "alloc_pipe_info", None, None, None),
+            _python("run", "ddp.py", 15)],
+        4: [_python("<module>", "ddp.py")],
+    }
+    rows = [ev(S // 10, "alloc", 0x10, 64, 4, pid=launcher, tid=launcher),
+            ev(S // 5, "alloc", 0x20, 64, 4),
+            ev(3 * S // 10, "alloc", 0x100, 1024, 1, pid=launcher, tid=launcher),
+            ev(6 * S // 10, "alloc", 0x200, 832, 2),
+            ev(7 * S // 2, "alloc", 0x300, 1024, 3)]
+    rows = [dict(row, layer="kernel_slab") for row in rows]
+    rows += [dict(ts_ns=k * S, action="mark", category="step", step=k, pid=PID, tid=PID) for k in range(1, 6)]
+    rows += [mark(6 * S, PID), mark(6 * S + 1, launcher)]
+    events = events_frame(rows).sort_values(["ts_ns"], kind="stable", ignore_index=True)
+    result = analyse(write_recording(tmp_path / "ddp.memprof", events, chains, pid=launcher,
+                                     end_ns=7 * S)).leak_result()
+    assert result.checkpoints is None  # 5 steps: no trend, as before
+    assert [(f.stack_id, f.kind, f.live_bytes) for f in result.findings] == [(3, "held_at_end", 1024)]
+    assert sorted((f.stack_id, f.reason) for f in result.not_leaks if f.layer == "kernel_slab") == [
+        (1, "startup"), (2, "startup"), (4, "startup")]
 
 
 def test_a_worker_that_leaks_while_the_main_thread_waits_is_not_start_up():
