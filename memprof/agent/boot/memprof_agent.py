@@ -379,7 +379,12 @@ def _forward_began(module, args):
         _enter_module(module, depth)
     if depth:
         return
-    _modules.add(module)
+    if module not in _modules:
+        _modules.add(module)
+        # Named at its first call, not only at the first step: a recording that ends before
+        # the first optimizer step (--duration, Ctrl-C, a long first step) still knows the
+        # model's weights from a leak. Once per outermost module.
+        _write_model_state()
     source, now = _state["step_source"], time.monotonic_ns()
     values = _input_sizes(args, source in (None, FORWARD))
     if values:  # stamped with the step's time: its checkpoint reads the values at or before it
