@@ -23,6 +23,7 @@ from memprof.capture.target import GatedChild, RunAs, resolve_executable
 from memprof.sources.agent_reader.source import AgentOptions, AgentSource
 from memprof.sources.ebpf.source import EbpfOptions, EbpfSource
 from memprof.sources.cpython.interp import python_file_in_maps
+from memprof.sources.symbols import files as target_files
 from memprof.sources.symbols.procs import descendants, pid_alive, process_uids, read_comm
 
 POLL_S = 0.02          # ring buffer drain period
@@ -247,6 +248,21 @@ class Session:
         if (req.command is None) == (req.pid is None):
             raise UsageError("give either a command (after --) or --pid", "memprof record -- python train.py  |  memprof record --pid 4242")
         require_recording_privileges()
+        # The target's executables and libraries are read for their symbols, which go into
+        # the owner's recording: read them as the owner (symbols/files.py), on a thread of
+        # their own (`files` writes the flushes, which the symbolizing main loop must not wait
+        # behind). Root itself reads them as root.
+        opener = UserThread(self.owner, name="memprof-target-files") if self.owner is not None else None
+        target_files.read_target_files_with(opener)
+        try:
+            return self._run_checked()
+        finally:
+            target_files.read_target_files_with(None)
+            if opener is not None:
+                opener.close()
+
+    def _run_checked(self) -> RecordResult:
+        req = self.request
         if req.command is not None:
             path = resolve_executable(req.command)
             self.source.command_path = path  # its Python environment tells where torch lives

@@ -1,11 +1,34 @@
 """The target's files as the recorder reads them: its executables and libraries, by the paths
-of its mappings, as root. The target can replace what is at such a path (in a folder it
-owns) between the mapping and the read; so a file is read only if it is a regular file, and
-told from its replacement by device, inode and mtime."""
+of its mappings. The target can replace what is at such a path (in a folder it owns) between
+the mapping and the read; so a file is read only if it is a regular file, and told from its
+replacement by device, inode and mtime.
+
+What is read goes into a recording its owner (the user who ran sudo) reads, so the files
+are opened with that owner's filesystem credentials where the session says so
+(`read_target_files_with`): a link the target puts at a mapping's path, pointing at a file
+only root may read (a library in /root, an execute-only binary), then opens nothing, and
+no name from that file reaches the recording. Without it (memprof run as root itself, a
+test) they are opened with the calling thread's credentials."""
 from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memprof.asuser import UserThread
+
+# The thread that opens the target's files (read_target_files_with); None: the caller opens them.
+_opener: "UserThread | None" = None
+
+
+def read_target_files_with(opener: "UserThread | None") -> None:
+    """From now on, open the target's files (open_binary) on `opener`, an asuser.UserThread
+    with the recording owner's filesystem credentials: the kernel then checks each path's
+    folders and the file's read permission as it would for that user. None: on the calling
+    thread, as it is. The session sets it for the length of a recording and puts None back."""
+    global _opener
+    _opener = opener
 
 
 def file_identity(path: str) -> tuple | None:
@@ -22,16 +45,24 @@ def open_binary(path: str):
     the target's executables and libraries as root, by the paths of its mappings, and the
     target may have put a FIFO (whose open would block the recorder) or a device (whose open
     some drivers act on) there since. The path is resolved once, by an O_PATH open that opens
-    nothing; only a regular file found so is then opened, through that descriptor.
-    OSError otherwise."""
+    nothing; only a regular file found so is then opened, through that descriptor. Both
+    opens run on the thread read_target_files_with named, if any (a file the recording's
+    owner may not read raises PermissionError). OSError otherwise."""
+    opener = _opener
+    fd = _open_regular(path) if opener is None else opener.run(_open_regular, path)
+    return os.fdopen(fd, "rb")
+
+
+def _open_regular(path: str) -> int:
+    """An O_RDONLY descriptor of the regular file at `path` (open_binary), with this thread's
+    credentials for the path's folders and for the file itself."""
     located = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(located).st_mode):
             raise OSError(f"{path} is not a regular file")
-        fd = os.open(f"/proc/self/fd/{located}", os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(f"/proc/self/fd/{located}", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(located)
-    return os.fdopen(fd, "rb")
 
 
 class HeldFiles:
