@@ -1,6 +1,8 @@
 """Renderers of leak findings (memprof.analysis.leaks): JSON and the terminal. Render only."""
 from __future__ import annotations
 
+import re
+
 from typing import TYPE_CHECKING, Any
 
 from memprof.model.schema import FRAME_KEYS
@@ -212,9 +214,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
                      "chain went unseen (its address was handed out again), so some of these may already be free")
     if not chain:
         return lines + ["    (no stack recorded)"]
-    shown, hidden = _visible(chain)
-    for frame in shown:
-        text = f"… {counted(hidden, 'more frame', 'more frames')}" if frame is None else escape(frame_label(frame))
+    for item in _visible(chain):
+        text = f"… {counted(item, 'more frame', 'more frames')}" if isinstance(item, int) else escape(frame_label(item))
         lines.append(f"    {text}")
     if _through_interpreter(chain) and not any(frame.get("kind") == "python" for frame in chain):
         lines.append(f"    [dim](no Python frames: {_NO_PYTHON_FRAMES[result.python_frames]})[/]")
@@ -246,20 +247,39 @@ def _rate(finding: LeakFinding, result: LeakResult) -> str:
     return ""
 
 
-def _visible(chain: list[dict]) -> tuple[list[dict | None], int]:
-    """At most MAX_FRAMES frames; a long chain keeps its innermost frames and its Python
-    frames (what the user acts on) and shows None where the frames between were left out."""
+def _visible(chain: list[dict]) -> list[dict | int]:
+    """At most MAX_FRAMES frames, in order, with the count of frames left out where a gap is
+    (an int). A long chain keeps its innermost frames and up to MAX_FRAMES // 2 of its
+    Python frames (what the user acts on): the program's own first (`_is_library_file`: a
+    GPT-2 chain's 30 frames of torch and transformers hid the one line of the user's that
+    called `generate`), then the innermost others."""
     if len(chain) <= MAX_FRAMES:
-        return list(chain), 0
-    head = MAX_FRAMES
+        return list(chain)
+    python = [i for i, frame in enumerate(chain) if frame.get("kind") == "python"]
+    own = [i for i in python if not _is_library_file(chain[i].get("file"))]
     tail: list[int] = []
-    for i in (i for i, frame in enumerate(chain) if frame.get("kind") == "python"):
-        if i >= head and len(tail) < MAX_FRAMES // 2:
+    for i in own + python:
+        if len(tail) == MAX_FRAMES // 2:
+            break
+        if i >= MAX_FRAMES - MAX_FRAMES // 2 and i not in tail:
             tail.append(i)
-            head -= 1  # one innermost frame less for each Python frame kept from further out
-    tail = [i for i in tail if i >= head]
-    hidden = len(chain) - head - len(tail)
-    return chain[:head] + ([None] if hidden else []) + [chain[i] for i in tail], hidden
+    head = MAX_FRAMES - len(tail)  # one innermost frame less for each Python frame kept from further out
+    kept = list(range(head)) + sorted(i for i in tail if i >= head)
+    out: list[dict | int] = []
+    for before, index in zip([-1] + kept, kept):
+        if index - before > 1:
+            out.append(index - before - 1)
+        out.append(chain[index])
+    if kept[-1] < len(chain) - 1:
+        out.append(len(chain) - 1 - kept[-1])
+    return out
+
+
+def _is_library_file(file: str | None) -> bool:
+    """A Python frame's file is an installed package's or the standard library's (under a
+    lib/python3.X/ folder: site-packages, dist-packages, the stdlib), or frozen, not the
+    program's own."""
+    return not file or file.startswith("<") or re.search(r"/lib/python3\.\d+/", file) is not None
 
 
 def _through_interpreter(chain: list[dict]) -> bool:

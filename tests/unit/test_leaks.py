@@ -216,6 +216,23 @@ def test_table_keeps_the_python_frames_of_a_long_chain():
     assert all(f"pyfunc{i} (train.py:{10 + i})" in text for i in range(3))
 
 
+def test_table_keeps_the_programs_own_line_under_a_deep_library_chain():
+    """A GPT-2 cache's chain: the allocator, then 30 Python frames of transformers and torch
+    (installed packages, the stdlib), then the script's one line that called `generate`.
+    The line the user acts on is shown, with each gap counted."""
+    site = "/venv/lib/python3.11/site-packages"
+    chain = [("native", "c10::alloc_cpu", "libc10.so", None, None)]
+    chain += [("python", f"lib{i}", None, f"{site}/transformers/m{i}.py", i) for i in range(30)]
+    chain += [("python", "contextlib_wrapper", None, "/usr/lib/python3.11/contextlib.py", 79),
+              ("python", "<module>", None, "/home/me/serve.py", 12)]
+    stacks, frames = stacks_frames({1: chain})
+    result, _ = _result_with_chain()
+    text = render(result, chain_frames(stacks, frames, [f.stack_id for f in result.findings]))
+    assert "<module> (/home/me/serve.py:12)" in text
+    assert "lib9 (" in text and "lib10 (" not in text  # 11 innermost frames, then the program's line
+    assert "… 21 more frames" in text and "contextlib_wrapper" not in text
+
+
 def test_table_warns_about_loss_in_plain_words():
     result, chains = _result_with_chain()
     result.unconfirmed_frees["kernel_slab"] = 12
