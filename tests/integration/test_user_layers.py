@@ -495,6 +495,14 @@ def test_attach_to_a_running_torch_process(tmp_path, record_attached, leaks_json
     target = record_attached([sys.executable, TORCH_LEAK, "--steps", "40", "--wait-for-line", "--start-wait", "0"],
                              recording)
     assert target.result.returncode == 0, target.result.stderr
+    # libc10 was mapped before the attach: probed before the recording began, not at the
+    # first re-read of the mappings (which left ~0.1 s unprobed, with a note that blamed
+    # the loader).
+    libc10 = str((_torch_package_dir() / "lib" / "libc10.so").resolve())
+    probed = uprobe_libraries(recording)
+    assert probed[libc10]["placed"] == "before the command started" and "placed_ns" not in probed[libc10], probed
+    assert not any("was found only once the target loaded it" in n
+                   for n in leaks_json(recording)["notes"]), leaks_json(recording)["notes"]
     live_bytes, live_count, findings = torch_cpu_totals(leaks_json, recording)
     assert (live_bytes, live_count) == (40 * STEP_BYTES + 1048576 + 2048, 42), describe(findings)
     assert all(f["released_at_exit"] for f in findings), describe(findings)

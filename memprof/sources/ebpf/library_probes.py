@@ -17,7 +17,7 @@ from memprof.sources.symbols.files import HeldFiles
 from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
-BEFORE_START = "before the command started"    # found by path (the command's Python environment, …)
+BEFORE_START = "before the command started"    # found by path (the command's Python environment, …), or mapped by a process record --pid attached to
 ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
 # torch/lib files read ahead (SymbolPrewarm): where nearly every frame of a PyTorch chain lies.
 _TORCH_SYMBOL_FILES = ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")
@@ -83,6 +83,14 @@ class LibraryProbes:
             if name in self._families:
                 for path in paths:
                     self.probe_library(path, name, BEFORE_START)
+
+    def attach_mapped(self, pids: list[int]) -> None:
+        """Probe the libraries the processes of `pids` (record --pid) map already, before the
+        recording begins: they were loaded before memprof came, and left to the first
+        re-read of the mappings they went unprobed for its first ~0.1 s, with a note that
+        blamed the loader."""
+        for pid in pids:
+            self.probe_new_mappings(_current_maps(pid), placed=BEFORE_START)
 
     def verify_programs_of_late_families(self) -> None:
         """Load (verify) now the programs of each enabled family none of whose libraries was
@@ -155,17 +163,18 @@ class LibraryProbes:
             attach_place(self._bpf, path, probe.symbol, place)
         return how
 
-    def probe_new_mappings(self, maps, mapped_ns: int | None = None) -> None:
+    def probe_new_mappings(self, maps, mapped_ns: int | None = None, placed: str = ON_MAPPING) -> None:
         """Probe the allocator libraries and Python runtimes among a process's mappings
-        (`mapped_ns`: when the kernel reported the mapping that prompted this, if one did)."""
+        (`mapped_ns`: when the kernel reported the mapping that prompted this, if one did;
+        `placed` as probe_library takes it)."""
         for m in maps:
             if not m.path or not m.path.startswith("/"):
                 continue
             family = U.family_of_mapping(m.path)
             if family and family in self._families:
-                self.probe_library(m.path, family, ON_MAPPING, mapped_ns)
+                self.probe_library(m.path, family, placed, mapped_ns)
             elif "native" in self._families and self._is_native_library(m.path):
-                self.probe_library(m.path, "native", ON_MAPPING, mapped_ns)
+                self.probe_library(m.path, "native", placed, mapped_ns)
         for path in {m.path for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
 

@@ -77,6 +77,7 @@ class EbpfSource:
             self.stats.detail["interrupt_entry_text_found"] = any(self._tracepoints.interrupt_entry_text)
         self._libraries = LibraryProbes(self._bpf, self.options, self.stats.detail)
         self._libraries.attach_known(known)
+        self._libraries.attach_mapped(pids)
         self._libraries.verify_programs_of_late_families()
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
         self._python = PythonFrames(self._bpf, self.options.python)
