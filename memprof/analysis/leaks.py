@@ -163,6 +163,11 @@ class LeakResult:
     without them was made while its thread ran no Python code), False when not for some
     (the recording's notes say why), None when unknown.
 
+    `heap_recorded` is for the caller to fill from the recording's metadata: whether the C
+    library's heap (malloc and friends: Python's objects, NumPy's arrays) was recorded (the
+    native family, `record --sources +native`); None when unknown. Without it a leak there
+    is in no finding.
+
     `model_state`: the model's own memory live at the end (parameters, buffers, gradients,
     optimizer state, as the agent named them; any age), totalled by role, layer and device
     (model_state.model_state_totals). None of it is ever a finding; its chains are among
@@ -184,6 +189,7 @@ class LeakResult:
     younger_count: int = 0
     younger_bytes: int = 0
     python_frames: bool | None = None
+    heap_recorded: bool | None = None
     model_state: list[ModelStateTotal] = field(default_factory=list)
 
 

@@ -80,7 +80,15 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     result.python_frames = python_frames_read(meta)
+    result.heap_recorded = heap_recorded(meta)
     return result
+
+
+def heap_recorded(meta: RecordingMeta) -> bool | None:
+    """Whether the recording has the C library's heap (the eBPF source's native family);
+    None when it says nothing of its families (not recorded with eBPF, or too old)."""
+    families = (meta.sources.get("ebpf").detail.get("families") if meta.sources.get("ebpf") else None)
+    return None if families is None else "native" in families
 
 
 def python_frames_read(meta: RecordingMeta) -> bool | None:

@@ -11,6 +11,7 @@ from memprof.report.safe_text import escape
 from memprof.report.wording import (
     MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
     model_state_json, model_state_line, note_line, placement, short_duration, shown_of, target_exited,
+    UNRECORDED_HEAP,
 )
 from memprof.units import format_bytes, format_relative_ns
 
@@ -34,7 +35,8 @@ def to_json(view: LeaksView) -> dict:
     checkpoints (where trends were judged, or null),
     missed_frees, unconfirmed_frees, min_age_ns, end_ns, and left_out (what the filters cut:
     younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
-    findings_total/not_leaks_total it cut from). Times are CLOCK_MONOTONIC ns, slopes bytes
+    findings_total/not_leaks_total it cut from), and heap_recorded (whether the C library's
+    heap was recorded: without it a leak there is in no finding; null when unknown). Times are CLOCK_MONOTONIC ns, slopes bytes
     per step (or window) and bytes per second."""
     result, chains, about = view.result, view.chains, view.about
     recording_path, lost_events = about.path, about.lost_events
@@ -51,6 +53,7 @@ def to_json(view: LeaksView) -> dict:
         "min_age_ns": int(result.min_age_ns),
         "end_ns": int(result.end_ns),
         "left_out": left_out_json(result),
+        "heap_recorded": result.heap_recorded,
     }
 
 
@@ -109,6 +112,8 @@ def render(view: LeaksView, console: Console) -> None:
     if not result.findings:
         out(f"No leaks: nothing older than {short_duration(result.min_age_ns)} was live at the end"
             + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
+        if result.heap_recorded is False:
+            out(f"[dim]{UNRECORDED_HEAP}[/]")
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
     _render_model_state(out, result)
     if result.not_leaks:

@@ -9,7 +9,7 @@ from rich.table import Table
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
     MODEL_STATE_HEADING, diverging_line, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
-    model_state_json, model_state_line, note_line, placement, rank_json, shown_of,
+    model_state_json, model_state_line, note_line, placement, rank_json, shown_of, UNRECORDED_HEAP,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -168,6 +168,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
     leaks = summary.leaks
     if not leaks.findings:
         out("[green]No leaks found[/] (held at the end, or growing from step to step).")
+        if leaks.heap_recorded is False:
+            out(f"[dim]{UNRECORDED_HEAP}[/]")
     else:
         shown = shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings")
         out(f"[bold]Top leaks[/]: {shown} (`memprof report leaks` for all, with chains)")

@@ -49,6 +49,11 @@ def min_age_left_out(result: LeakResult) -> str:
             "(--min-age 0 counts them)")
 
 
+# Said under "no leaks" where the recording has no native family (the default sources): the
+# user hunting a Python-heap leak must not read "no leaks" as "no leak anywhere".
+UNRECORDED_HEAP = ("Not recorded: the C library's heap (malloc and friends: Python's objects, NumPy's arrays); "
+                   "a leak there shows only with `memprof record --sources +native`.")
+
 KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
 
 

@@ -155,7 +155,7 @@ def test_json_keys_and_types():
     result.unconfirmed_frees["kernel_slab"] = 12
     doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof", lost_events=3), chains))
     assert set(doc) == {"recording", "lost_events", "notes", "findings", "not_leaks", "checkpoints", "missed_frees",
-                        "unconfirmed_frees", "min_age_ns", "end_ns", "left_out", "model_state"}
+                        "unconfirmed_frees", "min_age_ns", "end_ns", "left_out", "model_state", "heap_recorded"}
     assert doc["not_leaks"] == [] and doc["checkpoints"] is None and doc["model_state"] == []
     assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3 and doc["notes"] == []
     assert doc["unconfirmed_frees"] == {"kernel_slab": 12} and doc["missed_frees"] == {}
@@ -231,6 +231,19 @@ def test_table_keeps_the_programs_own_line_under_a_deep_library_chain():
     assert "<module> (/home/me/serve.py:12)" in text
     assert "lib9 (" in text and "lib10 (" not in text  # 11 innermost frames, then the program's line
     assert "… 21 more frames" in text and "contextlib_wrapper" not in text
+
+
+@pytest.mark.parametrize("heap_recorded, said", [(False, True), (True, False), (None, False)])
+def test_no_leaks_says_the_c_heap_was_not_recorded_where_it_was_not(heap_recorded, said):
+    """A pure-Python leak (80,000 dicts kept in a list) under the default sources: no layer
+    holds it, and "No leaks" alone would read as "no leak anywhere"."""
+    result, chains = _result_with_chain()
+    result.findings, result.heap_recorded = [], heap_recorded
+    text = render(result, chains)
+    assert "No leaks:" in text
+    assert ("Not recorded: the C library's heap" in text) is said
+    assert ("--sources +native" in text) is said
+    assert leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof"), chains))["heap_recorded"] is heap_recorded
 
 
 def test_table_warns_about_loss_in_plain_words():
@@ -338,3 +351,16 @@ def test_growth_per_step_is_per_step_when_checkpoints_are_not_every_step(steps, 
     # Thinned checkpoints are 1 or 2 steps apart (rounded evenly): per step within 0.1 %.
     assert finding.kind == "grows_per_step" and finding.slope_bytes_per_step == pytest.approx(1024, rel=1e-3)
     assert finding.slope_bytes_per_s == pytest.approx(1024 * every / 0.01, rel=0.02)
+
+
+def test_whether_the_heap_was_recorded_is_read_from_the_ebpf_sources_families():
+    from memprof.analysis.overview import heap_recorded
+    from memprof.model import RecordingMeta, SourceStats
+
+    def meta(sources):
+        return RecordingMeta(memprof_version="0.1.0", command=["python"], pid=1, start_ns=0, sources=sources)
+
+    assert heap_recorded(meta({"ebpf": SourceStats(detail={"families": ["kmem", "torch", "cuda"]})})) is False
+    assert heap_recorded(meta({"ebpf": SourceStats(detail={"families": ["kmem", "torch", "native"]})})) is True
+    assert heap_recorded(meta({"ebpf": SourceStats(detail={})})) is None
+    assert heap_recorded(meta({})) is None
