@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from memprof.proc_text import proc_text
-from memprof.sources.symbols.symbolize import Mapping, parse_maps, snapshot_maps
+from memprof.sources.symbols.symbolize import Mapping, parse_maps, reachable, snapshot_maps
 
 
 @dataclass
@@ -128,7 +128,7 @@ class ProcessTable:
             text = snapshot_maps(info.pid)
             if text is None:
                 continue
-            info.maps = parse_maps(text)
+            info.maps = reachable(info.pid, parse_maps(text))
             info.stale = False
             exe = read_exe(info.pid)
             if exe and exe != info.exe:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -247,6 +247,9 @@ class Mapping:
 
     `path` is "" for anonymous memory and `[vdso]`-style names for kernel-provided ones;
     `deleted` is True when the kernel marked the file " (deleted)" (suffix stripped from `path`).
+    `path` is as the process names it, in its own mount namespace; `root` is what reaches that
+    namespace from memprof's ("/proc/PID/root" for a process in a container or `unshare -m`,
+    see `reachable`; "" for one in memprof's own), so its file is opened as `root + path`.
     """
 
     start: int
@@ -254,6 +257,29 @@ class Mapping:
     offset: int
     path: str
     deleted: bool = False
+    root: str = ""
+
+    @property
+    def file(self) -> str:
+        """The path memprof opens the mapped file by."""
+        return self.root + self.path
+
+
+def reachable(pid: int, maps: list[Mapping]) -> list[Mapping]:
+    """`maps` of process `pid`, each file's path reachable from memprof's mount namespace:
+    unchanged where the process shares it; else each under /proc/PID/root, the process's own
+    view of the files (the same path in memprof's namespace is another file, or one the
+    process's user put there: a container's libc is not the host's). Unchanged too where the
+    namespaces cannot be compared (the process is gone)."""
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+        ours = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return maps
+    if theirs == ours:
+        return maps
+    root = f"/proc/{pid}/root"
+    return [replace(m, root=root) if m.path.startswith("/") else m for m in maps]
 
 
 _DELETED_SUFFIX = " (deleted)"
@@ -363,11 +389,14 @@ class UserSymbolizer:
         return index
 
     def symbols_for(self, path: str) -> ElfSymbols | None:
-        """The symbol table of the file now at `path`, or None if unreadable or not ELF."""
+        """The symbol table of the file now at `path`, or None if unreadable or not ELF. Where
+        nothing is at `path` now, the table read from it before, if any: a process in another
+        mount namespace is read through /proc/PID/root, which goes with the process, and
+        the stacks of its last moments are symbolized after its exit."""
         identity = file_identity(path)
-        if identity is None:
-            return None
         cached = self._cache.get(path)
+        if identity is None:
+            return cached[1] if cached is not None else None
         if cached is not None and cached[0] == identity:
             return cached[1]
         try:
@@ -404,18 +433,18 @@ class UserSymbolizer:
         if which < 0 or not maps[which].path.startswith("/") or maps[which].deleted:
             return None
         mapping = maps[which]
-        table = self.symbols_for(mapping.path)
+        table = self.symbols_for(mapping.file)
         if table is None:
             return None
         vaddrs, mapped = table.vaddrs(_as_addrs([addr - mapping.start + mapping.offset]))
-        return (mapping.path, int(vaddrs[0])) if mapped[0] else None
+        return (mapping.file, int(vaddrs[0])) if mapped[0] else None
 
     def _resolve_in(self, mapping: Mapping, addrs: np.ndarray) -> list[UFrame]:
         """Frames for addresses that all lie inside `mapping`."""
         module = os.path.basename(mapping.path) if mapping.path else "[anon]"
         file_offsets = addrs - np.uint64(mapping.start) + np.uint64(mapping.offset)
         pseudo = not mapping.path.startswith("/")  # "", [vdso], [heap]…: no file to read
-        table = None if pseudo or mapping.deleted else self.symbols_for(mapping.path)
+        table = None if pseudo or mapping.deleted else self.symbols_for(mapping.file)
         if table is None:
             rel = addrs - np.uint64(mapping.start) if pseudo else file_offsets
             return [UFrame(UNKNOWN, module, int(a)) for a in rel.tolist()]
