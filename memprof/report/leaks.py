@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import re
-
 from typing import TYPE_CHECKING, Any
 
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
-    model_state_json, model_state_line, note_line, placement, short_duration, shown_of, target_exited,
-    UNRECORDED_HEAP,
+    MODEL_STATE_HEADING, MODEL_STATE_WHY, UNRECORDED_HEAP, counted, explain, finding_chain, kind_label, left_out_json,
+    min_age_left_out, model_state_json, model_state_line, note_line, placement, short_duration, shown_of,
+    target_exited,
 )
 from memprof.units import format_bytes, format_relative_ns
 
@@ -36,8 +35,8 @@ def to_json(view: LeaksView) -> dict:
     missed_frees, unconfirmed_frees, min_age_ns, end_ns, and left_out (what the filters cut:
     younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
     findings_total/not_leaks_total it cut from), and heap_recorded (whether the C library's
-    heap was recorded: without it a leak there is in no finding; null when unknown). Times are CLOCK_MONOTONIC ns, slopes bytes
-    per step (or window) and bytes per second."""
+    heap was recorded: without it a leak there is in no finding; null when unknown). Times
+    are CLOCK_MONOTONIC ns, slopes bytes per step (or window) and bytes per second."""
     result, chains, about = view.result, view.chains, view.about
     recording_path, lost_events = about.path, about.lost_events
     return {

@@ -8,8 +8,8 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, diverging_line, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
-    model_state_json, model_state_line, note_line, placement, rank_json, shown_of, UNRECORDED_HEAP,
+    MODEL_STATE_HEADING, UNRECORDED_HEAP, diverging_line, explain, finding_chain, kind_label, left_out_json,
+    min_age_left_out, model_state_json, model_state_line, note_line, placement, rank_json, shown_of,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns

@@ -17,7 +17,8 @@ from memprof.sources.symbols.files import HeldFiles
 from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
-BEFORE_START = "before the command started"    # found by path (the command's Python environment, …), or mapped by a process record --pid attached to
+# found by path (the command's Python environment, …), or mapped by a process record --pid attached to:
+BEFORE_START = "before the command started"
 ON_MAPPING = "when the target mapped it"       # seen in the target's mappings (dlopen, lazy loading)
 # torch/lib files read ahead (SymbolPrewarm): where nearly every frame of a PyTorch chain lies.
 _TORCH_SYMBOL_FILES = ("libc10.so", "libtorch_cpu.so", "libtorch_python.so")
