@@ -124,16 +124,32 @@ def test_model_state_is_written_again_only_when_it_changes(agent, tmp_path):
     assert written == [5]  # the first step writes them all; in-place updates change nothing
 
 
-def test_a_models_weights_are_named_at_its_first_forward_before_any_step(agent, tmp_path):
+def test_a_models_weights_and_first_gradients_are_named_before_any_step(agent, tmp_path):
     """A recording that stops before the first optimizer step (`--duration`, Ctrl-C, a first
-    step of minutes) has seen the forward: the parameters are named then, not only at steps
-    or at exit, so a report does not take them for a leak."""
+    step of minutes) has seen the forward and perhaps the backward: the parameters are named
+    at the first forward and the gradients once the first backward made them all, not only
+    at steps or at exit, so a report does not take them for a leak."""
     net = model()
-    torch.optim.Adam(net.parameters(), lr=0.1)
+    net(torch.zeros(4, 16))
+    sizes = {name: p.numel() * 4 for name, p in net.named_parameters()}
+    assert state_by_role(agent, tmp_path) == {"parameter": sizes}
     net(torch.zeros(4, 16)).sum().backward()  # no optimizer.step(), no exit
-    roles = state_by_role(agent, tmp_path)
-    assert roles["parameter"] == {name: p.numel() * 4 for name, p in net.named_parameters()}
-    assert not [r for r in records(agent, tmp_path, "step") if r["source"] != "start"]
+    assert state_by_role(agent, tmp_path) == {"parameter": sizes, "gradient": sizes}
+    assert not agent._gradient_hooks  # their work is done: later backwards run without them
+
+
+def test_the_gradient_hooks_go_at_the_first_optimizer_step_when_a_parameter_never_gets_one(agent, tmp_path):
+    """A frozen-in-practice parameter (no gradient ever reaches it) keeps the first
+    backward's walk from coming; the first optimizer step takes the hooks off instead, so no
+    step after it pays for them."""
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    net[0](torch.zeros(4, 16)).sum().backward()  # only the first Linear gets gradients
+    net(torch.zeros(4, 16))  # the whole model's first forward: its hooks go on now
+    net[0](torch.zeros(4, 16)).sum().backward()
+    assert agent._gradient_hooks
+    optimizer.step()
+    assert not agent._gradient_hooks
 
 
 def test_modules_called_on_their_own_keep_every_tensor(agent, tmp_path):
@@ -172,4 +188,5 @@ def test_training_takes_the_forward_hooks_off_and_walks_model_state_at_doubling_
     assert values == [{"batch": 4, "seq_len": 16, "tokens": 0}]  # the first forward's, before the optimizer
     # The hooks stay (taking them off would change every later chain's frames), doing nothing.
     assert nn_module._global_forward_pre_hooks and agent._state["forwards_quiet"] is True
-    assert walked == [0, 1, 2, 4, 8]  # the model's first forward, then the optimizer's steps 1 to 10
+    # The model's first forward, its first backward, then the optimizer's steps 1 to 10.
+    assert walked == [0, 0, 1, 2, 4, 8]

@@ -383,8 +383,10 @@ def _forward_began(module, args):
         _modules.add(module)
         # Named at its first call, not only at the first step: a recording that ends before
         # the first optimizer step (--duration, Ctrl-C, a long first step) still knows the
-        # model's weights from a leak. Once per outermost module.
+        # model's weights from a leak. Once per outermost module; its gradients once its
+        # first backward has made them.
         _write_model_state()
+        _name_first_gradients(module)
     source, now = _state["step_source"], time.monotonic_ns()
     values = _input_sizes(args, source in (None, FORWARD))
     if values:  # stamped with the step's time: its checkpoint reads the values at or before it
@@ -600,6 +602,7 @@ def remove_hooks():
     one process; a program never needs this)."""
     for handle in _state.pop("hooks", []) + _state.pop("forward_hooks", []):
         handle.remove()
+    _remove_gradient_hooks()
 
 
 # ---- model state ----
@@ -673,8 +676,39 @@ def _write_model_state():
         _event("model_state", tensors=changed)
 
 
+_gradient_hooks = []  # handles of _name_first_gradients' hooks not yet removed
+
+
+@_guarded("first gradients")
+def _name_first_gradients(module):
+    """Walk model state once every parameter of `module` that takes a gradient has one (its
+    first backward): gradients are otherwise named at steps, and a recording that ends
+    between the first backward and the first optimizer step took them for a leak. One
+    post-accumulate-grad hook per parameter, all removed at that walk or at the first
+    optimizer step (which walks anyway), whichever comes first: nothing stays on later steps."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
+        return  # inference, or a torch before 2.1
+    waiting = {id(p) for p in params}
+
+    def accumulated(param):
+        waiting.discard(id(param))
+        if not waiting:
+            _remove_gradient_hooks()
+            _write_model_state()
+
+    _gradient_hooks.extend(p.register_post_accumulate_grad_hook(_guarded("gradient hook")(accumulated))
+                           for p in params)
+
+
+def _remove_gradient_hooks():
+    while _gradient_hooks:
+        _gradient_hooks.pop().remove()
+
+
 @_guarded("optimizer step hook")
 def _on_optimizer_step(optimizer, args, kwargs):
+    _remove_gradient_hooks()
     _optimizers.add(optimizer)
     _advance("optimizer.step")
 
