@@ -290,3 +290,19 @@ def _unfiltered(kind: int, line: bytes, prior: bytearray, bpp: int) -> bytearray
             pred = 0
         row[x] = (row[x] + pred) & 0xFF
     return row
+
+
+def test_a_page_without_leaks_says_in_the_browser_that_the_c_heap_was_not_recorded(tmp_path, browser):
+    """Recorded with the default sources (no native family) and nothing leaked: the page's
+    "No leaks found." goes with the line `report leaks` prints, not alone."""
+    from memprof.model.meta import SourceStats
+    meta = RecordingMeta(memprof_version="0.1.0", start_ns=1_000,
+                         sources={"ebpf": SourceStats(detail={"families": ["kmem", "torch", "cuda"]})})
+    writer = RecordingWriter(tmp_path / "quiet.memprof", meta)
+    writer.finalize(end_ns=2_000)
+    code, _, err = invoke("report", "html", writer.path, "-o", tmp_path / "quiet.html")
+    assert code == 0, err
+    assert blob((tmp_path / "quiet.html").read_text())["leaks_text"]["unrecorded_heap"].startswith("Not recorded:")
+    browser.get((tmp_path / "quiet.html").as_uri())
+    leaks = browser.find_element("id", "leaks").text
+    assert "No leaks found." in leaks and "--sources +native" in leaks, leaks

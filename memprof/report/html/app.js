@@ -276,6 +276,7 @@
     var box = document.getElementById("leaks"), leaks = data.leaks, text = data.leaks_text || {};
     if (leaks.findings.length) box.appendChild(el("p", {"class": "leak-count"}, text.count));
     if (!leaks.findings.length) box.appendChild(el("p", {"class": "empty"}, "No leaks found."));
+    if (text.unrecorded_heap) box.appendChild(el("p", {"class": "note"}, text.unrecorded_heap));
     if (text.min_age) box.appendChild(el("p", {"class": "note"}, text.min_age));
     leaks.findings.forEach(function (f) { box.appendChild(finding(f)); });
     if ((text.model_state || []).length) {  // apart from the findings, as `report leaks` prints it

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from memprof.analysis.views import About, AdviceView, GpuView, LeaksView, RegionsView
 from memprof.report import advice, gpu, leaks, regions
-from memprof.report.wording import MODEL_STATE_HEADING, MODEL_STATE_WHY, min_age_left_out, model_state_line, shown_of
+from memprof.report.wording import (
+    MODEL_STATE_HEADING, MODEL_STATE_WHY, UNRECORDED_HEAP, min_age_left_out, model_state_line, shown_of,
+)
 
 if TYPE_CHECKING:
     from memprof.analysis.html_data import Flame, HtmlData, Series, Stack
@@ -74,14 +76,17 @@ def to_json(view: HtmlView) -> dict:
 
 
 def _leaks_text(data: HtmlData) -> dict:
-    """The lines `report leaks` prints on what --top and --min-age left out ('' for none), and
-    its model state block (`model_state`: one line per role, layer and device; [] for none)."""
+    """The lines `report leaks` prints on what --top and --min-age left out ('' for none), its
+    model state block (`model_state`: one line per role, layer and device; [] for none), and
+    under "no leaks" that the C heap was not recorded (`unrecorded_heap`; '' where it was, or
+    where a leak was found)."""
     leaks = data.leaks
     return {"count": shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings"),
             "not_leaks": shown_of(len(leaks.not_leaks), leaks.not_leaks_total, leaks.top, "chain", "chains"),
             "min_age": min_age_left_out(leaks),
             "model_state_heading": f"{MODEL_STATE_HEADING}: {MODEL_STATE_WHY}",
-            "model_state": [model_state_line(total) for total in leaks.model_state]}
+            "model_state": [model_state_line(total) for total in leaks.model_state],
+            "unrecorded_heap": UNRECORDED_HEAP if leaks.heap_recorded is False and not leaks.findings else ""}
 
 
 def _meta_json(meta: RecordingMeta) -> dict:
