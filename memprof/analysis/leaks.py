@@ -224,8 +224,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     one id (see `chains.canonical_stacks`), so one chain is one finding. `rank_of_pid` (pid ->
     (rank, host) of each process of a distributed job) fills each shown finding's `ranks` and
     `hosts`. `setup_end_ns` is when the program's set-up ended (checkpoints.first_step_end_ns:
-    kernel objects made before it are start-up); None: the first step past step 0 among
-    `checkpoints`, if they are steps."""
+    kernel objects made before it are start-up); None: unknown (no step marks)."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
@@ -243,9 +242,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = _exited(allocations, end_ns, recording_end_ns, end_by_pid)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, known,
-                                             setup_end_ns if setup_end_ns is not None else _setup_end(checkpoints),
-                                             state))
+    held = held.assign(reason=_held_reasons(allocations, held, ends, known, setup_end_ns, state))
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)
@@ -601,15 +598,6 @@ def _whole_chains(held: pd.DataFrame, mask: np.ndarray) -> np.ndarray:
     keys = [held["layer"].to_numpy(), held["stack_id"].to_numpy(dtype=np.int64, na_value=-1),
             held["released_at_exit"].to_numpy()]
     return pd.Series(mask).groupby(keys).transform("all").to_numpy(dtype=bool)
-
-
-def _setup_end(checkpoints: Checkpoints | None) -> int | None:
-    """When the program's set-up ended: its first step mark past step 0 (the agent marks step
-    0 when torch is imported, step 1 when the first step ends); None without step marks."""
-    if checkpoints is None or not checkpoints.by_step:
-        return None
-    later = checkpoints.times_ns[np.asarray(checkpoints.labels) >= 1]
-    return int(later[0]) if len(later) else None
 
 
 def _sorted_groups(held: pd.DataFrame) -> pd.DataFrame:

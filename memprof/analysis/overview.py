@@ -87,7 +87,8 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
 def heap_recorded(meta: RecordingMeta) -> bool | None:
     """Whether the recording has the C library's heap (the eBPF source's native family);
     None when it says nothing of its families (not recorded with eBPF, or too old)."""
-    families = (meta.sources.get("ebpf").detail.get("families") if meta.sources.get("ebpf") else None)
+    ebpf = meta.sources.get("ebpf")
+    families = ebpf.detail.get("families") if ebpf is not None else None
     return None if families is None else "native" in families
 
 

@@ -8,9 +8,8 @@ from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, MODEL_STATE_WHY, UNRECORDED_HEAP, counted, explain, finding_chain, kind_label, left_out_json,
-    min_age_left_out, model_state_json, model_state_line, note_line, placement, short_duration, shown_of,
-    target_exited,
+    MODEL_STATE_HEADING, MODEL_STATE_WHY, counted, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
+    model_state_json, model_state_line, note_line, placement, short_duration, shown_of, target_exited, unrecorded_heap,
 )
 from memprof.units import format_bytes, format_relative_ns
 
@@ -111,8 +110,8 @@ def render(view: LeaksView, console: Console) -> None:
     if not result.findings:
         out(f"No leaks: nothing older than {short_duration(result.min_age_ns)} was live at the end"
             + (", and no chain grew from step to step." if result.checkpoints is not None else "."))
-        if result.heap_recorded is False:
-            out(f"[dim]{UNRECORDED_HEAP}[/]")
+        if heap_line := unrecorded_heap(result):
+            out(f"[dim]{heap_line}[/]")
     _render_blocks(out, result.findings, "#", result, chains, start_ns)
     _render_model_state(out, result)
     if result.not_leaks:

@@ -8,8 +8,8 @@ from rich.table import Table
 
 from memprof.report.labels import chain_name
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, UNRECORDED_HEAP, diverging_line, explain, finding_chain, kind_label, left_out_json,
-    min_age_left_out, model_state_json, model_state_line, note_line, placement, rank_json, shown_of,
+    MODEL_STATE_HEADING, diverging_line, explain, finding_chain, kind_label, left_out_json, min_age_left_out,
+    model_state_json, model_state_line, note_line, placement, rank_json, shown_of, unrecorded_heap,
 )
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_duration_ns, format_relative_ns
@@ -168,8 +168,8 @@ def _render_findings(out, summary: Summary, chains: dict[int, list[dict]]) -> No
     leaks = summary.leaks
     if not leaks.findings:
         out("[green]No leaks found[/] (held at the end, or growing from step to step).")
-        if leaks.heap_recorded is False:
-            out(f"[dim]{UNRECORDED_HEAP}[/]")
+        if heap_line := unrecorded_heap(leaks):
+            out(f"[dim]{heap_line}[/]")
     else:
         shown = shown_of(len(leaks.findings), leaks.findings_total, leaks.top, "finding", "findings")
         out(f"[bold]Top leaks[/]: {shown} (`memprof report leaks` for all, with chains)")

@@ -49,10 +49,14 @@ def min_age_left_out(result: LeakResult) -> str:
             "(--min-age 0 counts them)")
 
 
-# Said under "no leaks" where the recording has no native family (the default sources): the
-# user hunting a Python-heap leak must not read "no leaks" as "no leak anywhere".
-UNRECORDED_HEAP = ("Not recorded: the C library's heap (malloc and friends: Python's objects, NumPy's arrays); "
-                   "a leak there shows only with `memprof record --sources +native`.")
+def unrecorded_heap(result: LeakResult) -> str:
+    """The line said under "no leaks" where the recording has no native family (the default
+    sources): the user hunting a Python-heap leak must not read "no leaks" as "no leak
+    anywhere". '' where a leak was found, or the heap was recorded, or that is unknown."""
+    if result.findings or result.heap_recorded is not False:
+        return ""
+    return ("Not recorded: the C library's heap (malloc and friends: Python's objects, NumPy's arrays); "
+            "a leak there shows only with `memprof record --sources +native`.")
 
 KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per step", "not_a_leak": "not a leak"}
 

@@ -51,7 +51,7 @@ def test_symbols_read_ahead_for_a_command_and_for_a_process_attached_to():
     import torch
 
     from memprof.sources.cpython.interp import runtime_file
-    from memprof.sources.ebpf.library_probes import known_libraries, prewarm_paths
+    from memprof.sources.ebpf.library_probes import current_maps, known_libraries, prewarm_paths
     from memprof.sources.ebpf.source import EbpfOptions
     from memprof.sources.ebpf.uprobes import libc_paths
     torch_lib = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
@@ -64,7 +64,7 @@ def test_symbols_read_ahead_for_a_command_and_for_a_process_attached_to():
     with subprocess.Popen([sys.executable, "-c", "import torch, sys; print(flush=True); sys.stdin.read()"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as process:
         process.stdout.readline()  # torch is imported: its libraries are mapped
-        paths = prewarm_paths(known_libraries(options, None), None, [process.pid])
+        paths = prewarm_paths(known_libraries(options, None), None, [current_maps(process.pid)])
         process.stdin.close()
     assert set(paths) == wanted
 

@@ -9,7 +9,7 @@ import pytest
 
 from memprof.analysis.caches import (KnownChains, address_space_stacks, kernel_cache_stacks, known_chains,
                                      memprof_stacks, slab_page_stacks, startup_stacks, thread_stacks)
-from memprof.analysis.checkpoints import find_checkpoints, live_by_group
+from memprof.analysis.checkpoints import find_checkpoints, first_step_end_ns, live_by_group
 from memprof.analysis.leaks import cut, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
 from memprof.analysis.trend import classify, mann_kendall_confidence, theil_sen
@@ -26,14 +26,15 @@ def step_marks(n_steps: int) -> list[dict]:
 
 
 def judged(rows, *, end_ns, recording_end_ns=None, layer="torch_cpu", exit_at=None, **kwargs):
-    """find_leaks with the checkpoints the CLI would use (step marks, else windows)."""
+    """find_leaks with the checkpoints and the set-up end the CLI would use (step marks,
+    else windows; the first step's end)."""
     if exit_at is not None:
         rows = rows + [dict(ts_ns=exit_at, action="mark", category="exit", pid=PID, tid=PID)]
     events = events_frame(rows, layer=layer).sort_values(["ts_ns", "seq"], kind="stable", ignore_index=True)
     recording_end = recording_end_ns or end_ns
     checkpoints = find_checkpoints(events, start_ns=0, end_ns=end_ns, min_points=8)
     return find_leaks(pair_lifetimes(events), end_ns=end_ns, recording_end_ns=recording_end,
-                      checkpoints=checkpoints, **kwargs)
+                      checkpoints=checkpoints, setup_end_ns=first_step_end_ns(events), **kwargs)
 
 
 def slow_leak_in_churn(n_steps=50, leak_bytes=KiB, churn_bytes=MiB, churn_per_step=100, churn_stack=1, leak_stack=2):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from memprof.analysis.views import About, AdviceView, GpuView, LeaksView, RegionsView
 from memprof.report import advice, gpu, leaks, regions
 from memprof.report.wording import (
-    MODEL_STATE_HEADING, MODEL_STATE_WHY, UNRECORDED_HEAP, min_age_left_out, model_state_line, shown_of,
+    MODEL_STATE_HEADING, MODEL_STATE_WHY, min_age_left_out, model_state_line, shown_of, unrecorded_heap,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _leaks_text(data: HtmlData) -> dict:
             "min_age": min_age_left_out(leaks),
             "model_state_heading": f"{MODEL_STATE_HEADING}: {MODEL_STATE_WHY}",
             "model_state": [model_state_line(total) for total in leaks.model_state],
-            "unrecorded_heap": UNRECORDED_HEAP if leaks.heap_recorded is False and not leaks.findings else ""}
+            "unrecorded_heap": unrecorded_heap(leaks)}
 
 
 def _meta_json(meta: RecordingMeta) -> dict:

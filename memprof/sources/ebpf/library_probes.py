@@ -51,11 +51,11 @@ def known_libraries(options, command_path: str | None, run_as=None) -> dict[str,
     return known
 
 
-def prewarm_paths(known: dict[str, list[str]], command_path: str | None, pids: list[int]) -> list[str]:
+def prewarm_paths(known: dict[str, list[str]], command_path: str | None, attached: list[list]) -> list[str]:
     """The files whose symbols nearly every chain of a PyTorch job needs: torch's main
-    libraries (beside each libc10 found, or mapped by a process attached to), the Python
-    runtime (the command's, or the one such a process maps), and libc."""
-    attached = [_current_maps(pid) for pid in pids]
+    libraries (beside each libc10 found, or mapped by a process attached to: `attached`
+    holds each one's current_maps), the Python runtime (the command's, or the one such a
+    process maps), and libc."""
     paths = [os.path.join(os.path.dirname(libc10), name)
              for libc10 in known.get("torch", []) for name in _TORCH_SYMBOL_FILES]
     paths += [m.path for maps in attached for m in maps if os.path.basename(m.path) in _TORCH_SYMBOL_FILES]
@@ -85,13 +85,13 @@ class LibraryProbes:
                 for path in paths:
                     self.probe_library(path, name, BEFORE_START)
 
-    def attach_mapped(self, pids: list[int]) -> None:
-        """Probe the libraries the processes of `pids` (record --pid) map already, before the
-        recording begins: they were loaded before memprof came, and left to the first
-        re-read of the mappings they went unprobed for its first ~0.1 s, with a note that
-        blamed the loader."""
-        for pid in pids:
-            self.probe_new_mappings(_current_maps(pid), placed=BEFORE_START)
+    def attach_mapped(self, attached: list[list]) -> None:
+        """Probe the libraries the processes record --pid attaches to map already (`attached`:
+        each one's current_maps), before the recording begins: they were loaded before
+        memprof came, and left to the first re-read of the mappings they went unprobed for
+        its first ~0.1 s, with a note that blamed the loader."""
+        for maps in attached:
+            self.probe_new_mappings(maps, placed=BEFORE_START)
 
     def verify_programs_of_late_families(self) -> None:
         """Load (verify) now the programs of each enabled family none of whose libraries was
@@ -211,7 +211,7 @@ def _is_python(path: str) -> bool:
     return base.startswith("libpython3") or (base.startswith("python3") and "." not in base.replace("python3.", "", 1))
 
 
-def _current_maps(pid: int) -> list:
+def current_maps(pid: int) -> list:
     """A running process's mappings now ([] when they cannot be read: it is then followed as
     any other, only without symbols read ahead)."""
     try:

@@ -21,7 +21,7 @@ from memprof.sources.ebpf import bpfinfo
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
-from memprof.sources.ebpf.library_probes import LibraryProbes, known_libraries, prewarm_paths
+from memprof.sources.ebpf.library_probes import LibraryProbes, current_maps, known_libraries, prewarm_paths
 from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
 from memprof.sources.ebpf.probe_holder import Holder, hold
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
@@ -69,7 +69,8 @@ class EbpfSource:
         known = known_libraries(self.options, self.command_path, self.command_run_as)
         # ELF symbol tables are read on a thread while bcc compiles (begun by early.py, taken
         # by compile_program), not at the first flushes, which come while the target runs.
-        self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, pids))
+        attached = [current_maps(pid) for pid in pids]  # record --pid: what each maps now, read once
+        self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, attached))
         self._bpf = compile_program(self.options, self.enabled)
         if self.enabled("kmem"):
             self._tracepoints.attach(self._bpf)
@@ -77,7 +78,7 @@ class EbpfSource:
             self.stats.detail["interrupt_entry_text_found"] = any(self._tracepoints.interrupt_entry_text)
         self._libraries = LibraryProbes(self._bpf, self.options, self.stats.detail)
         self._libraries.attach_known(known)
-        self._libraries.attach_mapped(pids)
+        self._libraries.attach_mapped(attached)
         self._libraries.verify_programs_of_late_families()
         self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
         self._python = PythonFrames(self._bpf, self.options.python)

@@ -16,6 +16,7 @@ scope here: the frames table keeps them nullable (DESIGN.md §3).
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -273,13 +274,22 @@ def reachable(pid: int, maps: list[Mapping]) -> list[Mapping]:
     namespaces cannot be compared (the process is gone)."""
     try:
         theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
-        ours = os.stat("/proc/self/ns/mnt").st_ino
     except OSError:
         return maps
-    if theirs == ours:
+    ours = _own_mount_namespace()
+    if ours is None or theirs == ours:
         return maps
     root = f"/proc/{pid}/root"
     return [replace(m, root=root) if m.path.startswith("/") else m for m in maps]
+
+
+@functools.cache
+def _own_mount_namespace() -> int | None:
+    """The inode of memprof's mount namespace, read once (it does not change)."""
+    try:
+        return os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return None
 
 
 _DELETED_SUFFIX = " (deleted)"
