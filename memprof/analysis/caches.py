@@ -69,6 +69,13 @@ _UPROBE_FUNCTIONS = {"alloc_utask", "uprobe_notify_resume", "install_breakpoint"
 # memprof's agent in a Python target: a copy under the recording's agent/boot/ (record -- CMD),
 # or the memprof package's own agent/boot/ (an attached program that installed it).
 _AGENT_FILE = r"(?:^|/)agent/boot/(?:memprof_agent|sitecustomize)\.py$"
+
+
+def is_agent_file(file: str) -> bool:
+    """Whether a Python frame's file is memprof's agent (a copy in a recording's agent/boot/,
+    or the package's own)."""
+    return re.search(_AGENT_FILE, file) is not None
+
 # The agent's functions that run the target's own code: the hook around torch's import, the
 # profiler step it counts, the sitecustomize it shadows. A chain through one of them is the
 # target's, unless a frame of the agent's own is further in.

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from memprof.analysis.caches import is_agent_file
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
@@ -253,13 +254,13 @@ def _rate(finding: LeakFinding, result: LeakResult) -> str:
 def _visible(chain: list[dict]) -> list[dict | int]:
     """At most MAX_FRAMES frames, in order, with the count of frames left out where a gap is
     (an int). A long chain keeps its innermost frames and up to MAX_FRAMES // 2 of its
-    Python frames (what the user acts on): the program's own first (`_is_library_file`: a
+    Python frames (what the user acts on): the program's own first (`_is_programs_own`: a
     GPT-2 chain's 30 frames of torch and transformers hid the one line of the user's that
     called `generate`), then the innermost others."""
     if len(chain) <= MAX_FRAMES:
         return list(chain)
     python = [i for i, frame in enumerate(chain) if frame.get("kind") == "python"]
-    own = [i for i in python if not _is_library_file(chain[i].get("file"))]
+    own = [i for i in python if _is_programs_own(chain[i].get("file"))]
     tail: list[int] = []
     for i in own + python:
         if len(tail) == MAX_FRAMES // 2:
@@ -278,11 +279,13 @@ def _visible(chain: list[dict]) -> list[dict | int]:
     return out
 
 
-def _is_library_file(file: str | None) -> bool:
-    """A Python frame's file is an installed package's or the standard library's (under a
-    lib/python3.X/ folder: site-packages, dist-packages, the stdlib), or frozen, not the
-    program's own."""
-    return not file or file.startswith("<") or re.search(r"/lib/python3\.\d+/", file) is not None
+def _is_programs_own(file: str | None) -> bool:
+    """A Python frame's file is the program's own: not an installed package's or the standard
+    library's (under a lib/python3.X/ folder: site-packages, dist-packages, the stdlib), not
+    frozen, and not memprof's agent (whose hook around `import torch` is in every chain of
+    that import)."""
+    return bool(file) and not file.startswith("<") and re.search(r"/lib/python3\.\d+/", file) is None \
+        and not is_agent_file(file)
 
 
 def _through_interpreter(chain: list[dict]) -> bool:

@@ -233,6 +233,24 @@ def test_table_keeps_the_programs_own_line_under_a_deep_library_chain():
     assert "… 21 more frames" in text and "contextlib_wrapper" not in text
 
 
+def test_memprofs_agent_is_not_taken_for_the_programs_own_line():
+    """`import torch` runs through the agent's hook (agent/boot/memprof_agent.py, under the
+    recording): that frame is memprof's, and the script's import line is what is kept. A GPT-2
+    server's import chains showed the agent's hook and hid the script behind a gap."""
+    site = "/venv/lib/python3.11/site-packages"
+    chain = [("kernel", f"k{i}", "vmlinux", None, None) for i in range(8)]
+    chain += [("python", f"imp{i}", None, "<frozen importlib._bootstrap>", i) for i in range(6)]
+    chain += [("python", "_TorchWatcher.find_spec.<locals>.exec_module", None,
+               "/home/me/run.memprof/agent/boot/memprof_agent.py", 950)]
+    chain += [("python", f"torch{i}", None, f"{site}/torch/__init__.py", i) for i in range(3)]
+    chain += [("python", "<module>", None, "/home/me/serve.py", 4)]
+    stacks, frames = stacks_frames({1: chain})
+    result, _ = _result_with_chain()
+    text = render(result, chain_frames(stacks, frames, [f.stack_id for f in result.findings]))
+    assert "<module> (/home/me/serve.py:4)" in text
+    assert "_TorchWatcher" not in text  # the agent's hook: memprof's frame, not the program's line
+
+
 @pytest.mark.parametrize("heap_recorded, said", [(False, True), (True, False), (None, False)])
 def test_no_leaks_says_the_c_heap_was_not_recorded_where_it_was_not(heap_recorded, said):
     """A pure-Python leak (80,000 dicts kept in a list) under the default sources: no layer
