@@ -74,22 +74,7 @@ struct site_stack {
     u32 mixed;
 };
 BPF_HASH(site_stacks, struct site_key, struct site_stack, 16384);
-/* The system call a tracked thread last began on this CPU (kmem.bpf.c sets it at
- * sys_enter): the thread, where the call began on its kernel stack (the address of the raw
- * sys_enter tracepoint's context), and how many events at mixed keys it has had so far.
- * Per CPU rather than per thread (a task-storage lookup cost twice as much per system call):
- * a thread that slept or moved mid-call finds another thread's, or none, and goes without. */
-struct syscall_anchor {
-    u64 stack;
-    u64 here; /* kernel_depth()'s own address_in() slot (only task work reaches it: no nesting) */
-    u64 mixed_events;
-    u64 user_ip; /* the call's return address in user space: a later fault or interrupt has another */
-    u64 user_sp;
-    u64 switches; /* the thread's context switches at the call's start (see word_at_user_sp) */
-    u64 word_at_sp; /* the word at user_sp, once an event of the call read it */
-    u32 tid;
-    u32 word_read;
-};
+/* struct syscall_anchor: parts.h */
 BPF_PERCPU_ARRAY(syscall_anchors, struct syscall_anchor, 1);
 
 static __always_inline void count(u32 slot)
@@ -411,6 +396,7 @@ static __always_inline void note_syscall_start(void *ctx, u64 pid_tgid)
     a->user_sp = entry.sp;
     a->switches = task_switches(task);
     a->word_read = 0;
+    a->py_walked = 0;
     a->mixed_events = 0;
 }
 
@@ -455,29 +441,67 @@ static __always_inline void remember_taken(struct site_stack *cached, s64 kstack
         cached->takes++;
 }
 
+/* This CPU's anchor when it is the system call the current thread is in, else 0.
+ * The anchor is per CPU: it is this call's only while it names this thread, the thread's
+ * user entry (ip and sp) and its context-switch count at the call's start. A thread switched
+ * out since (it may have moved to another CPU, whose anchor may hold an earlier call of its
+ * own from the same place, reached through another caller) gets 0, as does an event outside
+ * a system call seen starting (a page fault). While it is the call's, the thread has run no
+ * user instruction since the call began: what the call's first event read of user space
+ * (the word at the stack pointer, the Python stack) holds for its later events. */
+static __always_inline struct syscall_anchor *this_call(struct task_struct *task, struct user_entry entry)
+{
+    u32 zero = 0;
+    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
+    if (a && a->tid == (u32)bpf_get_current_pid_tgid() && a->user_ip == entry.ip &&
+        a->user_sp == entry.sp && a->switches == task_switches(task))
+        return a;
+    return 0;
+}
+
+/* The call `mark` names (mark_of_call()) if it is still the current thread's call, as an
+ * event's program found it before its tail calls (which can be preempted: the thread's
+ * switch count then moved), else 0. */
+static __always_inline struct syscall_anchor *still_this_call(struct call_mark mark)
+{
+    u32 zero = 0;
+    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
+    if (!mark.in_call || !a)
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    if (a->tid == (u32)bpf_get_current_pid_tgid() && a->user_ip == mark.user_ip && a->user_sp == mark.user_sp &&
+        a->switches == mark.switches && task_switches(task) == mark.switches)
+        return a;
+    return 0;
+}
+
+/* What still_this_call() compares: the call `a` is (none when a is 0). */
+static __always_inline struct call_mark mark_of_call(struct syscall_anchor *a)
+{
+    struct call_mark mark = {};
+    if (a) {
+        mark.user_ip = a->user_ip;
+        mark.user_sp = a->user_sp;
+        mark.switches = a->switches;
+        mark.in_call = 1;
+    }
+    return mark;
+}
+
 /* The word at the user stack pointer of `entry` (0 where it is not resident), which keys
  * two callers of one frameless wrapper apart (see struct site_key). A user read costs ~70 ns
  * (bpf/README.md) and a system call makes several allocations (a pipe2 nine slab objects, a
  * socketpair twelve) at one user stack pointer, which does not move while the call runs:
- * the call's first event reads the word into the system call's anchor, and its later
- * events take it there.
- * The anchor is per CPU: it is this call's only while it names this thread, this entry, and
- * the thread's context-switch count at the call's start. A thread switched out since (it
- * may have moved to another CPU, whose anchor may hold an earlier call of its own from the
- * same place, reached through another caller) reads the word itself. So does an event
- * outside a system call seen starting (a page fault). */
-static __always_inline u64 word_at_user_sp(struct task_struct *task, struct user_entry entry)
+ * the call's first event reads the word into the system call's anchor (this_call()), and
+ * its later events take it there. `a`: this_call()'s anchor, or 0. */
+static __always_inline u64 word_at_user_sp(struct syscall_anchor *a, struct user_entry entry)
 {
     u64 word = 0;
-    u32 zero = 0;
-    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
-    int this_call = a && a->tid == (u32)bpf_get_current_pid_tgid() && a->user_ip == entry.ip &&
-                    a->user_sp == entry.sp && a->switches == task_switches(task);
-    if (this_call && a->word_read)
+    if (a && a->word_read)
         return a->word_at_sp;
     if (entry.sp && read_user(&word, sizeof(word), (void *)entry.sp) < 0)
         word = 0; /* not resident: the key and the stack go without it */
-    if (this_call) {
+    if (a) {
         a->word_at_sp = word;
         a->word_read = 1;
     }
@@ -495,12 +519,15 @@ static __always_inline u64 word_at_user_sp(struct task_struct *task, struct user
  * sub-key that is mixed again takes its own kernel stack for every event, with the key's
  * user stack.
  * An unwind per event would be the simple answer, and costs 2.2 µs per event here: kernel
- * churn went from 2.2x to 4.5x (bench/RESULTS.md). */
-static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
-                                        struct task_struct *task, struct pt_regs *regs)
+ * churn went from 2.2x to 4.5x (bench/RESULTS.md).
+ * Returns the system call the event is in (this_call()), or 0: emit_alloc() takes the
+ * Python stack an earlier event of the same call walked. */
+static __always_inline struct syscall_anchor *fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
+                                                          struct task_struct *task, struct pt_regs *regs)
 {
     struct user_entry entry = task_user_entry(regs);
-    u64 user_sp = entry.sp, word_at_sp = word_at_user_sp(task, entry);
+    struct syscall_anchor *call = this_call(task, entry);
+    u64 user_sp = entry.sp, word_at_sp = word_at_user_sp(call, entry);
     struct site_key key = {.call_site = site, .user_sp = user_sp, .word_at_sp = word_at_sp, .tgid = e->pid, .layer = e->layer};
     struct site_stack *cached = site_stacks.lookup(&key);
     if (cached && cached->mixed) {
@@ -514,10 +541,10 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
         e->ustack = cached->ustack;
         if (!cached->mixed) {
             e->kstack_id = cached->kstack_id;
-            return;
+            return call;
         }
         e->kstack_id = take_kernel_stack(ctx);
-        return;
+        return call;
     }
     e->kstack_id = take_kernel_stack(ctx);
     e->ustack = take_user_stack(ctx, 0, word_at_sp);
@@ -525,13 +552,14 @@ static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask,
     if (e->ustack == USTACK_NESTED) {
         /* Its kernel stack is its own; a site's cache holds both, so it is left as it was. */
         e->ustack = 0;
-        return;
+        return call;
     }
     if (cached) {
         remember_taken(cached, e->kstack_id, e->ustack);
-        return;
+        return call;
     }
     struct site_stack taken = {.kstack_id = e->kstack_id, .ustack = e->ustack, .takes = 1};
     if (site_stacks.update(&key, &taken) < 0)
         count(MP_CNT_SITE_FULL);
+    return call;
 }

@@ -69,10 +69,10 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
     e->call_site = call_site;
     e->size = size;
     e->requested = req;
-    fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site, task, regs);
+    struct syscall_anchor *call = fill_stacks(ctx, e, STACK_SAMPLE_MASK, call_site, task, regs);
     remember_addr(ptr);
     hold_addr(ptr);
-    emit_alloc(ctx, e, 1);
+    emit_alloc(ctx, e, 1, call);
     return 0;
 }
 
@@ -226,10 +226,10 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     e->size = PAGE_BYTES(order);
     e->requested = e->size;
     e->call_site = 0;
-    fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp), task, regs);
+    struct syscall_anchor *call = fill_stacks(ctx, e, PAGE_STACK_SAMPLE_MASK, PAGE_SITE(order, gfp), task, regs);
     remember_addr(page);
     hold_addr(page);
-    emit_alloc(ctx, e, 1);
+    emit_alloc(ctx, e, 1, call);
     return 0;
 }
 

@@ -29,6 +29,32 @@
 static long (*read_user)(void *dst, u32 size, const void *unsafe_ptr) = (void *)BPF_FUNC_probe_read_user;
 
 /* == common.bpf.c: the ring buffer, the stack maps, the process and address filters == */
+/* A system call as this_call() found it, kept across tail calls (still_this_call()). */
+struct call_mark {
+    u64 user_ip, user_sp, switches;
+    u32 in_call;
+    u32 pad;
+};
+/* The system call a tracked thread last began on this CPU (memprof.bpf.c's sys_enter
+ * sets it): the thread, where the call began on its kernel stack (the address of the raw
+ * sys_enter tracepoint's context), and how many events at mixed keys it has had so far.
+ * Per CPU rather than per thread (a task-storage lookup cost twice as much per system call):
+ * a thread that slept or moved mid-call finds another thread's, or none, and goes without. */
+struct syscall_anchor {
+    u64 stack;
+    u64 here; /* kernel_depth()'s own address_in() slot (only task work reaches it: no nesting) */
+    u64 mixed_events;
+    u64 user_ip; /* the call's return address in user space: a later fault or interrupt has another */
+    u64 user_sp;
+    u64 switches; /* the thread's context switches at the call's start (see word_at_user_sp) */
+    u64 word_at_sp; /* the word at user_sp, once an event of the call read it */
+    u64 py_stack; /* the thread's Python stack id, once an event of the call walked it */
+    u32 tid;
+    u32 word_read;
+    u32 py_walked;
+    u32 pad;
+};
+
 static __always_inline void count(u32 slot);
 static __always_inline int is_tracked(u32 tgid);
 static __always_inline void set_tracked(u32 tgid, int on);
@@ -42,15 +68,17 @@ static __always_inline void submit(struct mp_event *e);
 static __always_inline void output(struct mp_event *e);
 static __always_inline void fill_user_stack(struct pt_regs *ctx, struct mp_event *e, u64 mask, u64 call_site,
                                             u64 skip);
-static __always_inline void fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
-                                        struct task_struct *task, struct pt_regs *regs);
+static __always_inline struct syscall_anchor *fill_stacks(void *ctx, struct mp_event *e, u64 mask, u64 site,
+                                                          struct task_struct *task, struct pt_regs *regs);
 static __always_inline void note_syscall_start(void *ctx, u64 pid_tgid);
+static __always_inline struct syscall_anchor *still_this_call(struct call_mark mark);
+static __always_inline struct call_mark mark_of_call(struct syscall_anchor *a);
 
 /* == python.bpf.c: the allocating thread's Python frames ==
  * Maps memprof.bpf.c uses (a process's or thread's interpreter state, forgotten when it
  * exits or execs):
  *   maps: py_procs, py_threads */
-static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp);
+static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp, struct syscall_anchor *call);
 static __always_inline u64 read_user_u64(u64 addr);
 
 /* == kmem.bpf.c, uprobes.bpf.c, memprof.bpf.c: programs only, nothing for other parts == */

@@ -131,6 +131,7 @@ struct py_scratch {
     u64 thread_cursor; /* the next thread state to compare while searching (0: not searching) */
     u32 search_runs;
     u32 pad2;
+    struct call_mark call; /* the system call `event` is in, if any: its stack is the call's */
     /* A walk or a learning is using this CPU's scratch. Programs can nest on a CPU, and a
      * nested walk would overwrite the depth and frames of the one it interrupted (which
      * would store a stack of duplicated frames under its hash). The nested event goes
@@ -376,11 +377,21 @@ static __always_inline u32 py_lasti(struct py_conf *c, u8 *frame, u64 code)
  * the scratch is busy from here until the event is out. An event that finds the scratch busy
  * (one nested in a walk or a learning) goes without Python frames, and
  * is counted: a nested walk would overwrite the interrupted one's depth and frames. A failed
- * tail call, counted too, outputs the event here, without them. */
-static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp)
+ * tail call, counted too, outputs the event here, without them.
+ * `call`: the system call the event is in (common.bpf.c, this_call()), or 0. A thread makes
+ * several allocations in one call (an open, a pipe2: 2 to 12) and runs no Python until it
+ * returns, so the call's first walk is noted in its anchor and its later events take that
+ * stack: a quarter of the training bench's kernel allocations (bench/RESULTS.md). */
+static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp, struct syscall_anchor *call)
 {
     u32 zero = 0, tgid = e->pid;
     struct py_conf *c = py_procs.lookup(&tgid);
+    if (c && call && call->py_walked) {
+        e->py_stack = call->py_stack; /* walked by an earlier event of this call */
+        count(MP_CNT_PY_CALL_STACKS);
+        output(e);
+        return;
+    }
     struct py_scratch *s = c ? py_scratch.lookup(&zero) : 0;
     if (s && s->busy) {
         count(MP_CNT_SCRATCH_BUSY);
@@ -393,6 +404,7 @@ static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int 
         s->search_runs = 0;
         s->event = *e;
         s->conf = *c;
+        s->call = mark_of_call(call);
         py_enter_walk(ctx, raw_tp);
         s->walking = 0;
         s->busy = 0;
@@ -519,6 +531,11 @@ static __always_inline int py_walk_run(void *ctx, const int raw_tp)
         count(MP_CNT_PY_TAIL_FAILED);
     }
     s->event.py_stack = py_intern(s, tgid);
+    struct syscall_anchor *call = still_this_call(s->call);
+    if (call) {
+        call->py_stack = s->event.py_stack;
+        call->py_walked = 1;
+    }
     s->walking = 0;
     output(&s->event);
     s->busy = 0;

@@ -104,7 +104,7 @@ static __always_inline void emit_user_alloc(struct pt_regs *ctx, u8 layer, u8 fl
     fill_user_stack(ctx, e, USER_STACK_SAMPLE_MASK, call_site, skip);
     if (filters_frees(layer))
         remember_addr(addr ^ layer);
-    emit_alloc(ctx, e, 0);
+    emit_alloc(ctx, e, 0, 0); /* a user-space probe: in no system call */
 }
 
 static __always_inline void emit_user_free(u8 layer, u64 addr, u8 flags)

@@ -206,6 +206,7 @@ class EbpfSource:
                 "map_full": total(R.CNT_PY_MAP_FULL),
                 "tail_calls_failed": total(R.CNT_PY_TAIL_FAILED),
                 "code_heads_read": total(R.CNT_PY_CODE_READS),
+                "stacks_of_their_call": total(R.CNT_PY_CALL_STACKS),
                 **self._python.stats}
         return self.stats
 
