@@ -16,6 +16,7 @@ from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
 from memprof.quiet_threads import FORWARDED_SIGNALS
 from memprof.asuser import Owner, UserThread
+from memprof.capture.deferred_frees import RcuBarrier
 from memprof.capture.livebytes import LiveBytes
 from memprof.capture.may_record import require_recording_privileges
 from memprof.capture.sampling import SamplerThread
@@ -32,16 +33,20 @@ POLL_S = 0.02          # ring buffer drain period
 # FLUSH_S plus one flush's duration, so 0.5 s while a flush takes under 0.25 s (README:
 # what was measured under load).
 FLUSH_S = 0.25
-# After the target's tree has exited, the kernel still frees what it held: deferred fput,
-# RCU callbacks. Keep listening at least TEARDOWN_GRACE_S after the exit (the kernel's stamp
-# of it: _tree_exit_time) so those frees are on the timeline,
-# and on while they still come (a loaded machine runs deferred work late) — until
-# TEARDOWN_QUIET_S pass without a free of a kernel allocation the target still held
-# (MP_FLAG_HELD, bpf/kmem.bpf.c), or TEARDOWN_MAX_S in all. Other frees are not counted:
-# other processes' frees of addresses the target once had, which the address filter lets
-# through by the thousand, kept this waiting up to a second for nothing (bench/RESULTS.md).
+# After the target's tree has exited, the kernel still frees what it held: RCU callbacks
+# above all. At the exit the session asks the kernel for an rcu_barrier()
+# (capture/deferred_frees.py), and listens until the barrier has returned, a drain of the
+# ring buffer has followed it, and TEARDOWN_QUIET_AFTER_BARRIER_S pass without a free of a
+# kernel allocation the target still held (MP_FLAG_HELD, bpf/kmem.bpf.c): work the kernel
+# defers otherwise. Where no barrier can be had, it listens at least TEARDOWN_GRACE_S after
+# the exit (the kernel's stamp of it: _tree_exit_time) and on until TEARDOWN_QUIET_S pass
+# without such a free (a loaded machine runs deferred work late). Either way TEARDOWN_MAX_S
+# in all. Other frees are not counted: other processes' frees of addresses the target once
+# had, which the address filter lets through by the thousand, kept this waiting up to a
+# second for nothing (bench/RESULTS.md).
 TEARDOWN_GRACE_S = 0.3
 TEARDOWN_QUIET_S = 0.2
+TEARDOWN_QUIET_AFTER_BARRIER_S = 0.05
 TEARDOWN_MAX_S = 2.0
 
 if TYPE_CHECKING:  # imported where --max-size asks for it (its folding, at a first fold, brings pandas)
@@ -170,12 +175,16 @@ def _asked_for_uprobes(options: EbpfOptions) -> str | None:
     return None
 
 
-def _teardown_over(since_exit_s: float, since_free_s: float) -> bool:
-    """Stop listening after the tree exited: the grace passed and the target's frees stopped
-    coming (or the most we wait passed). `since_free_s`: since the last free of a kernel
-    allocation the target still held."""
+def _teardown_over(since_exit_s: float, since_free_s: float, barrier_drained: bool = False) -> bool:
+    """Stop listening after the tree exited: the kernel's deferred frees are in and the
+    target's frees stopped coming (or the most we wait passed). `since_free_s`: since the
+    last free of a kernel allocation the target still held. `barrier_drained`: the
+    rcu_barrier() asked at the exit returned before the latest drain of the ring buffer
+    began; without one, a grace from the exit stands in for it."""
     if since_exit_s >= TEARDOWN_MAX_S:
         return True
+    if barrier_drained:
+        return since_free_s >= TEARDOWN_QUIET_AFTER_BARRIER_S
     return since_exit_s >= TEARDOWN_GRACE_S and since_free_s >= TEARDOWN_QUIET_S
 
 
@@ -523,6 +532,7 @@ class Session:
         deadline = start + self.request.duration_s if self.request.duration_s else None
         next_flush = next_status = start
         tree_gone_at = None
+        barrier = None
         write_error = None
         try:
             last_free = start
@@ -546,9 +556,12 @@ class Session:
                     tree_gone_at = _tree_exit_time(now, self.source.last_exit_ns())
                     why = "the command exited" if self.child else "the process exited"
                     self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
+                    barrier = self._begin_rcu_barrier()
                     self.source.detach_process_probes()  # the kernel's last frees still come through kmem
                     self._cpu_marks.append(time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID))
-                if tree_gone_at is not None and _teardown_over(now - tree_gone_at, now - last_free):
+                if tree_gone_at is not None and _teardown_over(
+                        now - tree_gone_at, now - last_free, barrier is not None and barrier.drained_by(now)):
+                    self._note_teardown(barrier, time.monotonic() - tree_gone_at)
                     break
         except RecordingWriteError as e:
             write_error = e
@@ -565,6 +578,16 @@ class Session:
                             self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0,
                             self.compactor.final_bytes if self.compactor else 0, self.request.max_size_bytes,
                             bool(self.compactor and self.compactor.said_over))
+
+    def _begin_rcu_barrier(self) -> RcuBarrier | None:
+        """The rcu_barrier() that lets the teardown wait for the kernel's deferred frees rather
+        than for silence; None where no kernel allocation is recorded."""
+        return RcuBarrier() if self.source.options.enabled("kmem") else None
+
+    def _note_teardown(self, barrier: RcuBarrier | None, exit_to_stop_s: float) -> None:
+        """meta.teardown: how the wait after the tree's exit went."""
+        self.writer.meta.teardown = {**(barrier.detail() if barrier is not None else {}),
+                                     "exit_to_stop_s": round(exit_to_stop_s, 4)}
 
     def _tree_exited(self, root: int) -> bool:
         if self.child is not None:

@@ -174,6 +174,12 @@ class RecordingMeta:
     # another reason, --duration or a signal, "during" runs to the end and there is no "after").
     # What memprof itself costs the machine, beside what its probes cost the command.
     recorder_cpu_ns: dict[str, int] = field(default_factory=dict)
+    # How the wait for the kernel's last frees after the tree's exit went
+    # (capture/deferred_frees.py): rcu_barrier_began_ns and rcu_barrier_ended_ns, when the
+    # rcu_barrier() asked at the exit began and returned (CLOCK_MONOTONIC), or
+    # rcu_barrier_error for why it did not; exit_to_stop_s, from the kernel's stamp of the
+    # exit to the end of listening. Empty where the recording stopped before the tree exited.
+    teardown: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

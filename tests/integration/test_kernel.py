@@ -281,6 +281,57 @@ def test_frees_flagged_held_are_the_frees_of_allocations_the_target_held(churn_r
     assert abs(flagged - replayed) <= replayed // 100, (flagged, replayed)
 
 
+
+_HELD_TO_EXIT = """
+import os, socket, sys
+kept = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(int(sys.argv[1]))]
+kept += [os.pipe() for _ in range(int(sys.argv[1]))]
+"""  # and exits holding them: the exit closes them, and RCU callbacks free the sockets
+
+
+def test_what_the_exit_frees_through_rcu_is_in_the_recording(tmp_path, run_memprof):
+    """UDP sockets are freed by RCU callbacks (SOCK_RCU_FREE), and this kernel runs those
+    lazily. The teardown asks for an rcu_barrier() at the exit (capture/deferred_frees.py)
+    and stops listening soon after it returns: every socket and pipe the command held to its
+    exit must still be freed in the recording (a missed free would be reported as kernel
+    memory that outlived the process). Not the slabs their caches grew by: a cache keeps or
+    frees those on its own schedule."""
+    from memprof.recording import open_recording
+    held = 150
+    recording = tmp_path / "held.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--stack-every", "1",
+                         "--", sys.executable, "-c", _HELD_TO_EXIT, held, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta = read_meta(recording)
+    exit_ns = max(p["exit_ns"] or 0 for p in meta["processes"])
+    teardown = meta["teardown"]
+    assert exit_ns <= teardown["rcu_barrier_began_ns"] <= teardown["rcu_barrier_ended_ns"], teardown
+    rec = open_recording(recording)
+    kernel = rec.events[rec.events["layer"].isin(["kernel_slab", "kernel_page"]).to_numpy()].sort_values(["ts_ns", "seq"])
+    live: dict[tuple[str, int], int] = {}
+    for layer, action, addr, stack_id in zip(kernel["layer"].astype(str), kernel["action"].astype(str),
+                                             kernel["addr"], kernel["stack_id"]):
+        if action == "alloc":
+            live[(layer, int(addr))] = stack_id
+        else:
+            live.pop((layer, int(addr)), None)
+    kept = {}
+    for stack_id in live.values():
+        names = {f["function"] for f in rec.stack_frames(int(stack_id))} if stack_id == stack_id else set()
+        if "allocate_slab" in names:
+            continue  # a cache's new slab, which the cache keeps or frees on its own schedule
+        for what in ("sk_prot_alloc", "sock_alloc_inode", "alloc_pipe_info"):
+            if what in names:
+                kept[what] = kept.get(what, 0) + 1
+    made = {}
+    for stack_id, count in kernel[kernel["action"].astype(str) == "alloc"]["stack_id"].value_counts().items():
+        names = {f["function"] for f in rec.stack_frames(int(stack_id))}
+        for what in ("sk_prot_alloc", "sock_alloc_inode", "alloc_pipe_info"):
+            if what in names:
+                made[what] = made.get(what, 0) + int(count)
+    assert all(made.get(what, 0) >= held for what in ("sk_prot_alloc", "sock_alloc_inode", "alloc_pipe_info")), made
+    assert kept == {}, (kept, made, teardown)
+
 def test_each_kind_of_page_keeps_its_own_stack(churn_recording):
     """Page allocations have no call site, so their cached stacks are keyed by the syscall's
     user stack pointer and the page's order and gfp flags. kernel_churn's write() into each

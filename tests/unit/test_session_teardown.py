@@ -1,6 +1,6 @@
 """When `record` stops listening after the target's tree has exited."""
-from memprof.capture.session import (TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_S, _cpu_phases, _teardown_over,
-                                     _tree_exit_time)
+from memprof.capture.session import (TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_AFTER_BARRIER_S, TEARDOWN_QUIET_S,
+                                     _cpu_phases, _teardown_over, _tree_exit_time)
 
 
 def test_waits_the_grace_even_when_quiet():
@@ -14,6 +14,39 @@ def test_goes_on_while_frees_still_arrive():
 
 def test_stops_at_the_most_whatever_arrives():
     assert _teardown_over(TEARDOWN_MAX_S, since_free_s=0)
+    assert _teardown_over(TEARDOWN_MAX_S, since_free_s=0, barrier_drained=True)
+
+
+def test_a_drained_rcu_barrier_stands_for_the_grace():
+    """The kernel's RCU callbacks have all run and their frees are read: listen only until
+    the target's frees pause, however soon after the exit."""
+    assert _teardown_over(TEARDOWN_GRACE_S / 4, since_free_s=TEARDOWN_QUIET_AFTER_BARRIER_S, barrier_drained=True)
+    assert not _teardown_over(TEARDOWN_GRACE_S / 4, since_free_s=TEARDOWN_QUIET_AFTER_BARRIER_S / 2,
+                              barrier_drained=True)
+    assert TEARDOWN_QUIET_AFTER_BARRIER_S < TEARDOWN_QUIET_S
+
+
+def test_an_rcu_barrier_waits_for_the_kernel_and_says_when(tmp_path):
+    """RcuBarrier writes 1 to the parameter on a thread, and notes when the write returned;
+    where it cannot, it says why and is never drained."""
+    import time
+    from memprof.capture.deferred_frees import RcuBarrier
+    param = tmp_path / "do_rcu_barrier"
+    param.write_text("")
+    barrier = RcuBarrier(str(param))
+    deadline = time.monotonic() + 10
+    while barrier.ended_s is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert param.read_text() == "1"
+    assert barrier.drained_by(time.monotonic()) and not barrier.drained_by(barrier.began_s - 1)
+    detail = barrier.detail()
+    assert detail["rcu_barrier_ended_ns"] >= detail["rcu_barrier_began_ns"] > 0
+
+    missing = RcuBarrier(str(tmp_path / "no-such-kernel" / "do_rcu_barrier"))
+    while missing.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not missing.drained_by(time.monotonic() + 100)
+    assert "No such file or directory" in missing.detail()["rcu_barrier_error"]
 
 
 def test_the_grace_counts_from_the_kernels_stamp_of_the_exit():
