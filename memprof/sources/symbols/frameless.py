@@ -16,10 +16,12 @@ takes microseconds)."""
 from __future__ import annotations
 
 import os
+import struct
+from typing import NamedTuple
 
 import numpy as np
 
-from memprof.sources.symbols.files import file_identity, open_binary, section_bytes
+from memprof.sources.symbols.files import MAX_SECTION_BYTES, file_identity, open_binary
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _RSP = 7                  # DWARF register number of %rsp on x86-64
@@ -33,23 +35,21 @@ class _EhFrame:
     def __init__(self, path: str):
         from elftools.dwarf.callframe import CallFrameInfo
         from elftools.dwarf.structs import DWARFStructs
-        from elftools.elf.elffile import ELFFile
         self._file = open_binary(path)
-        elf = ELFFile(self._file)
-        hdr, frame = elf.get_section_by_name(".eh_frame_hdr"), elf.get_section_by_name(".eh_frame")
-        if hdr is None or frame is None or elf["e_machine"] != "EM_X86_64":
-            raise ValueError("no .eh_frame_hdr")
-        self._hdr_addr, self._frame_addr = hdr["sh_addr"], frame["sh_addr"]
-        self.starts, self.fde_offsets = _hdr_table(section_bytes(hdr))
+        sections = _x86_64_sections(self._file, (".eh_frame_hdr", ".eh_frame"))
+        if sections is None or len(sections) < 2:
+            self._file.close()
+            raise ValueError("no .eh_frame_hdr, or not an x86-64 ELF")
+        hdr, frame = sections[".eh_frame_hdr"], sections[".eh_frame"]
+        self._hdr_addr, self._frame_addr = hdr.addr, frame.addr
+        self.starts, self.fde_offsets = _hdr_table(os.pread(self._file.fileno(), hdr.size, hdr.offset))
         # The entries are read from the file where they are needed: pyelftools'
         # get_dwarf_info() would read the whole section (and any .debug_* ones) into memory
         # first, 23 MB held for libtorch_cpu (issue 24, the recorder's size). The structs are
-        # the ones get_dwarf_info() builds for .eh_frame.
-        structs = DWARFStructs(little_endian=elf.little_endian, dwarf_format=32,
-                               address_size=elf.elfclass // 8)
-        self._cfi = CallFrameInfo(stream=_SectionStream(self._file, frame["sh_offset"], frame["sh_size"]),
-                                  size=frame["sh_size"], address=frame["sh_addr"],
-                                  base_structs=structs, for_eh_frame=True)
+        # the ones get_dwarf_info() builds for .eh_frame, for a 64-bit little-endian file.
+        structs = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
+        self._cfi = CallFrameInfo(stream=_SectionStream(self._file, frame.offset, frame.size),
+                                  size=frame.size, address=frame.addr, base_structs=structs, for_eh_frame=True)
 
     def cfa_rule(self, vaddr: int):
         """The CFA rule in force at `vaddr` (pyelftools' CFARule), None where no FDE covers it."""
@@ -93,6 +93,58 @@ class _SectionStream:
         data = os.pread(self._file.fileno(), n, self._offset + self._pos) if n else b""
         self._pos += len(data)
         return data
+
+
+class _Section(NamedTuple):
+    addr: int
+    offset: int
+    size: int
+
+
+_ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_ELF64_SECTION = struct.Struct("<IIQQQQIIQQ")
+_EM_X86_64 = 62
+_SHT_NOBITS = 8
+
+
+def _x86_64_sections(file, names: tuple[str, ...]) -> dict[str, _Section] | None:
+    """The sections of `file` (an open ELF) among `names` that hold bytes in it, read from its
+    section header table directly: pyelftools parsed every header of a file to find two
+    names, ~8 ms a library and ~0.2 s of the recorder's CPU on the training bench
+    (bench/RESULTS.md). None for anything but a 64-bit little-endian x86-64 ELF, or a table
+    that does not fit in the file; sections past their file's end or over MAX_SECTION_BYTES
+    are left out."""
+    fd = file.fileno()
+    file_size = os.fstat(fd).st_size
+    head = os.pread(fd, _ELF64_HEADER.size, 0)
+    if len(head) < _ELF64_HEADER.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    (_, _, machine, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx) = _ELF64_HEADER.unpack(head)
+    if machine != _EM_X86_64 or shentsize != _ELF64_SECTION.size or not 0 < shstrndx < shnum:
+        return None  # (shnum 0 or shstrndx SHN_XINDEX: extended numbering, which linkers write past 65,279 sections)
+    table = os.pread(fd, shnum * shentsize, shoff)
+    if len(table) != shnum * shentsize:
+        return None
+    headers = list(_ELF64_SECTION.iter_unpack(table))
+
+    def contents(header) -> bytes | None:
+        _, sh_type, _, _, offset, size, *_ = header
+        if sh_type == _SHT_NOBITS or size > MAX_SECTION_BYTES or offset + size > file_size:
+            return None
+        return os.pread(fd, size, offset)
+
+    names_table = contents(headers[shstrndx])
+    if names_table is None:
+        return None
+    found = {}
+    for header in headers:
+        name_at, sh_type, _, addr, offset, size, *_ = header
+        end = names_table.find(b"\0", name_at)
+        name = names_table[name_at:end].decode("ascii", "replace") if 0 <= name_at < end else ""
+        if name in names and sh_type != _SHT_NOBITS and size <= MAX_SECTION_BYTES and offset + size <= file_size:
+            found[name] = _Section(addr, offset, size)
+    return found
+
 
 
 def _hdr_table(data: bytes) -> tuple[np.ndarray, np.ndarray]:
