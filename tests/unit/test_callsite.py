@@ -2,15 +2,30 @@
 in a real shared library built here with gcc, and in torch's own libc10 where installed."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
+from memprof.sources.ebpf import callsite as C
 from memprof.sources.ebpf.callsite import CallSite, _read_vaddr, find_call_site
+from memprof.sources.symbols import symbol_cache
 
 pytest.importorskip("capstone")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(monkeypatch):
+    """Call sites are kept across runs in symbol_cache's folder: each test gets one of its
+    own, in a folder only root may write (as the real one), so that none reads another's."""
+    top = Path("/var/cache/memprof-tests") / uuid.uuid4().hex
+    monkeypatch.setattr(symbol_cache, "CACHE_DIR", str(top / "symbols"))
+    monkeypatch.delenv(symbol_cache.OFF_ENV, raising=False)
+    yield top / "symbols"
+    shutil.rmtree(top, ignore_errors=True)
 
 LIBRARY = r"""
 #include <stdlib.h>
@@ -59,7 +74,7 @@ def call_target(path: Path, caller: str, offset: int) -> int:
     from elftools.elf.elffile import ELFFile
     at = symbol_address(path, caller) + offset
     with open(path, "rb") as f:
-        code = _read_vaddr(ELFFile(f), at, 5)
+        code, _ = _read_vaddr(ELFFile(f), at, 5)
     assert code[0] == 0xE8, code.hex()
     return at + 5 + int.from_bytes(code[1:], "little", signed=True)
 
@@ -109,3 +124,38 @@ def test_torch_alloc_cpu_calls_numa_move_once():
     assert site.offset is not None, site.why
     assert site.why.startswith("one uprobe at c10::alloc_cpu(unsigned long)+0x")
     assert site.why.endswith("its call to c10::NUMAMove(void*, unsigned long, int)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cache serves root")
+def test_a_call_site_found_once_is_kept_and_needs_no_decoding(library, cache_dir, monkeypatch):
+    """The second recorder to probe the same file takes the call site kept by the first:
+    capstone's import and the decoding were 20-30 ms of each start of a torch command."""
+    first = find_call_site(str(library), "alloc_once", "hook")
+    assert first.offset is not None
+    assert len(list(cache_dir.glob("*.site"))) == 1
+
+    def refuse(*args):
+        raise AssertionError("decoded again, not taken from the cache")
+    monkeypatch.setattr(C, "_decode", refuse)
+    assert find_call_site(str(library), "alloc_once", "hook") == first
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cache serves root")
+def test_a_kept_call_site_is_not_used_for_a_changed_file_or_other_symbols(library, cache_dir, tmp_path):
+    """An entry is the file's (device, inode, size, mtime, ctime) and the two symbols': a
+    copy of the library, or another caller, is decoded again; and a kept offset whose byte
+    is no longer a `call` is not used."""
+    first = find_call_site(str(library), "alloc_once", "hook")
+    copy = tmp_path / "libcopy.so"
+    shutil.copy(library, copy)
+    assert find_call_site(str(copy), "alloc_once", "hook") == first  # decoded: the same code
+    assert find_call_site(str(library), "alloc_local", "local_hook").offset is not None
+    assert len(list(cache_dir.glob("*.site"))) == 3
+    with open(library, "rb") as f:
+        name = symbol_cache.key("call-site", *(lambda st: (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                                          st.st_ctime_ns))(os.fstat(f.fileno())), "alloc_once", "hook")
+        assert C._kept(f, name, "alloc_once", "hook") == first
+    kept = symbol_cache.load(name, C._KEPT_FIELDS, C._KEPT_SUFFIX)
+    symbol_cache.store_small(name, {"offset": kept["offset"], "file_offset": kept["file_offset"] + 1}, C._KEPT_SUFFIX)
+    with open(library, "rb") as f:
+        assert C._kept(f, name, "alloc_once", "hook") is None  # its byte is no `call`

@@ -19,10 +19,12 @@ reason instead, and the caller falls back to the entry and return probes.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import defined_symbol, demangle, symbol_indices
 from memprof.sources.symbols.files import open_binary, section_bytes
 
@@ -44,38 +46,84 @@ class CallSite:
 
 
 def find_call_site(path: str, caller: str, callee: str) -> CallSite:
-    """The one `call rel32` in `caller` (an ELF symbol of `path`) that reaches `callee`."""
+    """The one `call rel32` in `caller` (an ELF symbol of `path`) that reaches `callee`: as
+    kept from an earlier recorder's decoding of the same file (see _kept), else decoded."""
+    try:
+        f = open_binary(path)
+    except OSError as e:
+        return CallSite(None, f"cannot read {path}: {e}")
+    with f:
+        st = os.fstat(f.fileno())
+        name = symbol_cache.key("call-site", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                caller, callee)
+        kept = _kept(f, name, caller, callee)
+        if kept is not None:
+            return kept
+        site, at = _decode(f, path, caller, callee)
+        if site.offset is not None and at is not None:
+            symbol_cache.store_small(name, {"offset": np.array([site.offset], np.int64),
+                                            "file_offset": np.array([at], np.int64)}, _KEPT_SUFFIX)
+        return site
+
+
+# Call sites kept across runs (issue 24, start-up): capstone's import and the decoding took
+# 20-30 ms of each start of a command whose Python environment has torch, on its path
+# (bench/RESULTS.md). An entry is named by the file's device, inode, size, mtime and ctime
+# (a change to the file changes its ctime, which no user can set back) with the two
+# symbols, in symbol_cache's folder, counted apart from the symbol tables.
+_KEPT_SUFFIX = ".site"
+_KEPT_FIELDS = {"offset": np.dtype(np.int64), "file_offset": np.dtype(np.int64)}
+
+
+def _kept(f, name: str, caller: str, callee: str) -> CallSite | None:
+    """The call site kept under `name`, if its byte in `f` is still a `call`; None otherwise."""
+    arrays = symbol_cache.load(name, _KEPT_FIELDS, _KEPT_SUFFIX)
+    if arrays is None or arrays["offset"].size != 1 or arrays["file_offset"].size != 1:
+        return None
+    offset, at = int(arrays["offset"][0]), int(arrays["file_offset"][0])
+    if not 0 <= offset < _MAX_FUNCTION_BYTES or at < 0 or os.pread(f.fileno(), 1, at) != bytes([_CALL_REL32]):
+        return None
+    return _found(caller, callee, offset)
+
+
+def _found(caller: str, callee: str, offset: int) -> CallSite:
+    return CallSite(offset, f"one uprobe at {demangle(caller)}+{offset:#x}, its call to {demangle(callee)}")
+
+
+def _decode(f, path: str, caller: str, callee: str) -> tuple[CallSite, int | None]:
+    """(the call site decoded from the open ELF `f`, the call's offset in the file or None)."""
     try:
         from capstone import CS_ARCH_X86, CS_MODE_64, Cs
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
     except ImportError as e:
-        return CallSite(None, f"{e.name} is not installed")
+        return CallSite(None, f"{e.name} is not installed"), None
     try:
-        with open_binary(path) as f:
-            elf = ELFFile(f)
-            if elf["e_machine"] != "EM_X86_64":
-                return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded")
-            return _find_in(elf, caller, callee, Cs(CS_ARCH_X86, CS_MODE_64))
+        elf = ELFFile(f)
+        if elf["e_machine"] != "EM_X86_64":
+            return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded"), None
+        return _find_in(elf, caller, callee, Cs(CS_ARCH_X86, CS_MODE_64))
     except (OSError, ELFError, ValueError) as e:
-        return CallSite(None, f"cannot read {path}: {e}")
+        return CallSite(None, f"cannot read {path}: {e}"), None
 
 
-def _find_in(elf, caller: str, callee: str, disassembler) -> CallSite:
+def _find_in(elf, caller: str, callee: str, disassembler) -> tuple[CallSite, int | None]:
+    """(the call site, the call's offset in the file; None where there is none)."""
     symbols = _defined_functions(elf, {caller, callee})
     if caller not in symbols:
-        return CallSite(None, f"{caller} is not defined here")
+        return CallSite(None, f"{caller} is not defined here"), None
     start, size = symbols[caller]
     if not 0 < size <= _MAX_FUNCTION_BYTES:  # a cut function could hide a second call
-        return CallSite(None, f"{caller} is {size} bytes long (decoded: 1 to {_MAX_FUNCTION_BYTES})")
-    code = _read_vaddr(elf, start, size)
-    if code is None:
-        return CallSite(None, f"{caller}'s bytes are not in the file")
+        return CallSite(None, f"{caller} is {size} bytes long (decoded: 1 to {_MAX_FUNCTION_BYTES})"), None
+    found = _read_vaddr(elf, start, size)
+    if found is None:
+        return CallSite(None, f"{caller}'s bytes are not in the file"), None
+    code, code_at = found
     if not code.removeprefix(_ENDBR64).startswith(_FRAME_SETUP):
-        return CallSite(None, f"{caller} does not set up a frame pointer")
+        return CallSite(None, f"{caller} does not set up a frame pointer"), None
     targets = _callee_addresses(elf, callee, symbols.get(callee))
     if not targets:
-        return CallSite(None, f"{callee} is neither defined nor imported through the PLT")
+        return CallSite(None, f"{callee} is neither defined nor imported through the PLT"), None
     calls, decoded = [], 0
     for insn in disassembler.disasm(code, start):
         decoded += insn.size
@@ -84,10 +132,10 @@ def _find_in(elf, caller: str, callee: str, disassembler) -> CallSite:
             if target in targets:
                 calls.append(insn.address - start)
     if decoded != len(code):
-        return CallSite(None, f"{caller} did not decode to its end ({decoded} of {len(code)} bytes)")
+        return CallSite(None, f"{caller} did not decode to its end ({decoded} of {len(code)} bytes)"), None
     if len(calls) != 1:
-        return CallSite(None, f"{caller} calls {callee} {len(calls)} times, not once")
-    return CallSite(calls[0], f"one uprobe at {demangle(caller)}+{calls[0]:#x}, its call to {demangle(callee)}")
+        return CallSite(None, f"{caller} calls {callee} {len(calls)} times, not once"), None
+    return _found(caller, callee, calls[0]), code_at + calls[0]
 
 
 def _defined_functions(elf, names: set[str]) -> dict[str, tuple[int, int]]:
@@ -96,17 +144,19 @@ def _defined_functions(elf, names: set[str]) -> dict[str, tuple[int, int]]:
     return {name: where for name, where in found.items() if where is not None}
 
 
-def _read_vaddr(elf, vaddr: int, size: int) -> bytes | None:
-    """`size` bytes at virtual address `vaddr`, from the PT_LOAD segment whose file bytes hold them."""
+def _read_vaddr(elf, vaddr: int, size: int) -> tuple[bytes, int] | None:
+    """(`size` bytes at virtual address `vaddr`, their offset in the file), from the PT_LOAD
+    segment whose file bytes hold them."""
     for segment in elf.iter_segments():
         if segment["p_type"] != "PT_LOAD":
             continue
         begin = segment["p_vaddr"]
         if begin <= vaddr and vaddr + size <= begin + segment["p_filesz"]:
+            at = segment["p_offset"] + vaddr - begin
             stream = elf.stream
-            stream.seek(segment["p_offset"] + vaddr - begin)
+            stream.seek(at)
             data = stream.read(size)
-            return data if len(data) == size else None
+            return (data, at) if len(data) == size else None
     return None
 
 

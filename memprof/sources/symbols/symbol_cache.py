@@ -6,7 +6,9 @@ command, beside the command's own start on a 2-vCPU machine. What the read produ
 numpy arrays (8 MB for libtorch_cpu.so): this cache keeps them in one `.npz` entry per
 file, named by a hash of what tells that file from any other (device, inode, size, mtime
 and ctime: the kernel sets ctime on any change and no user can set it back) and FORMAT.
-Names are not kept: they are read from the file itself when an address needs one.
+Names are not kept: they are read from the file itself when an address needs one. The
+folder also keeps small entries of other kinds, counted apart (`store_small`): libc10's
+allocation call site (sources/ebpf/callsite.py).
 
 The cache is root's: /var/cache/memprof/symbols, with memprof/root_cache.py's rules. An
 entry is loaded with allow_pickle=False and used only when its arrays have the types and
@@ -27,6 +29,7 @@ from memprof import root_cache
 CACHE_DIR = "/var/cache/memprof/symbols"
 FORMAT = 1  # bump when what an entry holds, or how the arrays are computed, changes
 KEEP_ENTRIES = 32  # one per large file; the oldest beyond this are removed
+KEEP_SMALL_ENTRIES = 64  # of each kind of small entry (store_small)
 OFF_ENV = "MEMPROF_SYMBOL_CACHE"
 _SUFFIX = ".npz"
 
@@ -54,13 +57,14 @@ def file_key(st: os.stat_result) -> str:
     return key("elf", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def load(name: str, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray] | None:
+def load(name: str, expected: Mapping[str, np.dtype], suffix: str = _SUFFIX) -> dict[str, np.ndarray] | None:
     """The arrays of entry `name`, when it holds exactly the 1-D arrays `expected` names, of
-    those dtypes; None otherwise (absent, foreign, off, spoiled)."""
+    those dtypes; None otherwise (absent, foreign, off, spoiled). `suffix`: a small entry's
+    (store_small)."""
     if not enabled():
         return None
     try:
-        arrays = root_cache.read(CACHE_DIR, name + _SUFFIX, lambda f: _arrays(f, expected))
+        arrays = root_cache.read(CACHE_DIR, name + suffix, lambda f: _arrays(f, expected))
     except (OSError, ValueError, zipfile.BadZipFile, EOFError):
         return None
     if arrays is None or any(a.dtype != expected[field] or a.ndim != 1 for field, a in arrays.items()):
@@ -79,3 +83,11 @@ def store(name: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Keep `arrays` as entry `name` (never raises: a folder it may not use keeps nothing)."""
     if enabled():
         root_cache.keep(CACHE_DIR, name + _SUFFIX, lambda f: np.savez(f, **arrays), _SUFFIX, KEEP_ENTRIES)
+
+
+def store_small(name: str, arrays: Mapping[str, np.ndarray], suffix: str) -> None:
+    """store() for a small entry of another kind, whose file name ends in `suffix` (not in
+    ".npz": load() is given the same suffix) and which is counted apart: KEEP_SMALL_ENTRIES
+    of each such suffix, that never push a symbol table out."""
+    if enabled():
+        root_cache.keep(CACHE_DIR, name + suffix, lambda f: np.savez(f, **arrays), suffix, KEEP_SMALL_ENTRIES)
