@@ -464,15 +464,11 @@ static __always_inline struct syscall_anchor *this_call(struct task_struct *task
  * switch count then moved), else 0. */
 static __always_inline struct syscall_anchor *still_this_call(struct call_mark mark)
 {
-    u32 zero = 0;
-    struct syscall_anchor *a = syscall_anchors.lookup(&zero);
-    if (!mark.in_call || !a)
+    if (!mark.in_call)
         return 0;
-    struct task_struct *task = bpf_get_current_task_btf();
-    if (a->tid == (u32)bpf_get_current_pid_tgid() && a->user_ip == mark.user_ip && a->user_sp == mark.user_sp &&
-        a->switches == mark.switches && task_switches(task) == mark.switches)
-        return a;
-    return 0;
+    struct user_entry entry = {.ip = mark.user_ip, .sp = mark.user_sp};
+    struct syscall_anchor *a = this_call(bpf_get_current_task_btf(), entry);
+    return a && a->switches == mark.switches ? a : 0; /* (this_call: and the task's count is still it) */
 }
 
 /* What still_this_call() compares: the call `a` is (none when a is 0). */

@@ -1,21 +1,25 @@
 """The kernel's deferred frees after the recorded tree exits: wait for them, not for silence.
 
 A process's exit hands much of what it held to RCU: files, sockets, inodes, dentries, the
-task itself are freed by callbacks after a grace period, and this kernel batches those
-callbacks lazily (rcutree.enable_rcu_lazy=Y: up to seconds on an idle CPU). The recorder
-must see those frees, or it reports memory the exit released as memory that outlived the
-process: a kernel leak, and a false one. It used to listen 0.3 s from the exit and on until
-0.2 s passed without such a free: the last came 101-161 ms after a torch process's exit
-here, and a wrapped command's lazy ones up to 1.2 s after it, past the wait
-(bench/RESULTS.md).
+task itself are freed by callbacks after a grace period, later on a loaded machine, and up
+to seconds later where the kernel batches callbacks lazily (rcutree.enable_rcu_lazy on
+CPUs whose callbacks are offloaded; this project's VM has the parameter set and no such
+CPU). The recorder must see those frees, or it reports memory the exit released as memory
+that outlived the process: a kernel leak, and a false one. It used to listen 0.3 s from the
+exit and on until 0.2 s passed without such a free, a guess: the last came 101-161 ms after
+a torch process's exit here (bench/RESULTS.md).
 
 `rcu_barrier()` returns once every RCU callback queued before it has run, lazy ones
 included. The kernel offers it to root as the rcutree module's `do_rcu_barrier` parameter
-(written, it calls rcu_barrier() in the writer, throttled by the kernel to one every 1/16 s
-whoever asks); `RcuBarrier` writes it on a thread of its own, begun when the tree's exit is
-seen, so the recorder's loop drains the ring buffer meanwhile. Where the parameter is
-missing (a kernel before 6.2, a sysfs mounted read-only) the session keeps the old wait.
-The parameter is the kernel's own file in /sys, which no user controls.
+(written, it calls rcu_barrier() in the writer). The kernel throttles those calls, whoever
+asks: the parameter's first version allowed one a second, and here two writes right after a
+first took 75-76 ms each, so a recorder that ends just after another may wait; the session
+stops waiting at TEARDOWN_MAX_S whatever the barrier does. `RcuBarrier` writes it on a
+thread of its own, begun when the tree's exit is seen, so the recorder's loop drains the
+ring buffer meanwhile. kfree_rcu()'s batches are not RCU callbacks, and the barrier may not
+wait for them: the quiet after it stays. Where the parameter is missing (an older kernel, a
+sysfs mounted read-only) the session keeps the old wait. The parameter is the kernel's own
+file in /sys, which no user controls.
 """
 from __future__ import annotations
 

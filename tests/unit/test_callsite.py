@@ -152,8 +152,7 @@ def test_a_kept_call_site_is_not_used_for_a_changed_file_or_other_symbols(librar
     assert find_call_site(str(library), "alloc_local", "local_hook").offset is not None
     assert len(list(cache_dir.glob("*.site"))) == 3
     with open(library, "rb") as f:
-        name = symbol_cache.key("call-site", *(lambda st: (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                                          st.st_ctime_ns))(os.fstat(f.fileno())), "alloc_once", "hook")
+        name = symbol_cache.file_key(os.fstat(f.fileno()), "alloc_once", "hook", kind="call-site")
         assert C._kept(f, name, "alloc_once", "hook") == first
     kept = symbol_cache.load(name, C._KEPT_FIELDS, C._KEPT_SUFFIX)
     symbol_cache.store_small(name, {"offset": kept["offset"], "file_offset": kept["file_offset"] + 1}, C._KEPT_SUFFIX)

@@ -20,7 +20,7 @@ reason instead, and the caller falls back to the entry and return probes.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,10 +39,12 @@ _ELF64_RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")]) 
 @dataclass(frozen=True)
 class CallSite:
     """`offset`: bytes from the caller symbol's start to the `call` (None when not found);
-    `why`: how it was found, or why it was not, in words for meta.json and doctor."""
+    `why`: how it was found, or why it was not, in words for meta.json and doctor;
+    `file_offset`: where the `call` is in the file, for the entry that keeps it (_kept)."""
 
     offset: int | None
     why: str
+    file_offset: int | None = field(default=None, compare=False)
 
 
 def find_call_site(path: str, caller: str, callee: str) -> CallSite:
@@ -53,16 +55,14 @@ def find_call_site(path: str, caller: str, callee: str) -> CallSite:
     except OSError as e:
         return CallSite(None, f"cannot read {path}: {e}")
     with f:
-        st = os.fstat(f.fileno())
-        name = symbol_cache.key("call-site", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                caller, callee)
+        name = symbol_cache.file_key(os.fstat(f.fileno()), caller, callee, kind="call-site")
         kept = _kept(f, name, caller, callee)
         if kept is not None:
             return kept
-        site, at = _decode(f, path, caller, callee)
-        if site.offset is not None and at is not None:
+        site = _decode(f, path, caller, callee)
+        if site.file_offset is not None:
             symbol_cache.store_small(name, {"offset": np.array([site.offset], np.int64),
-                                            "file_offset": np.array([at], np.int64)}, _KEPT_SUFFIX)
+                                            "file_offset": np.array([site.file_offset], np.int64)}, _KEPT_SUFFIX)
         return site
 
 
@@ -83,47 +83,47 @@ def _kept(f, name: str, caller: str, callee: str) -> CallSite | None:
     offset, at = int(arrays["offset"][0]), int(arrays["file_offset"][0])
     if not 0 <= offset < _MAX_FUNCTION_BYTES or at < 0 or os.pread(f.fileno(), 1, at) != bytes([_CALL_REL32]):
         return None
-    return _found(caller, callee, offset)
+    return _found(caller, callee, offset, at)
 
 
-def _found(caller: str, callee: str, offset: int) -> CallSite:
-    return CallSite(offset, f"one uprobe at {demangle(caller)}+{offset:#x}, its call to {demangle(callee)}")
+def _found(caller: str, callee: str, offset: int, file_offset: int) -> CallSite:
+    return CallSite(offset, f"one uprobe at {demangle(caller)}+{offset:#x}, its call to {demangle(callee)}",
+                    file_offset)
 
 
-def _decode(f, path: str, caller: str, callee: str) -> tuple[CallSite, int | None]:
-    """(the call site decoded from the open ELF `f`, the call's offset in the file or None)."""
+def _decode(f, path: str, caller: str, callee: str) -> CallSite:
+    """The call site decoded from the open ELF `f`."""
     try:
         from capstone import CS_ARCH_X86, CS_MODE_64, Cs
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
     except ImportError as e:
-        return CallSite(None, f"{e.name} is not installed"), None
+        return CallSite(None, f"{e.name} is not installed")
     try:
         elf = ELFFile(f)
         if elf["e_machine"] != "EM_X86_64":
-            return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded"), None
+            return CallSite(None, f"{elf['e_machine']}: only x86-64 call sites are decoded")
         return _find_in(elf, caller, callee, Cs(CS_ARCH_X86, CS_MODE_64))
     except (OSError, ELFError, ValueError) as e:
-        return CallSite(None, f"cannot read {path}: {e}"), None
+        return CallSite(None, f"cannot read {path}: {e}")
 
 
-def _find_in(elf, caller: str, callee: str, disassembler) -> tuple[CallSite, int | None]:
-    """(the call site, the call's offset in the file; None where there is none)."""
+def _find_in(elf, caller: str, callee: str, disassembler) -> CallSite:
     symbols = _defined_functions(elf, {caller, callee})
     if caller not in symbols:
-        return CallSite(None, f"{caller} is not defined here"), None
+        return CallSite(None, f"{caller} is not defined here")
     start, size = symbols[caller]
     if not 0 < size <= _MAX_FUNCTION_BYTES:  # a cut function could hide a second call
-        return CallSite(None, f"{caller} is {size} bytes long (decoded: 1 to {_MAX_FUNCTION_BYTES})"), None
+        return CallSite(None, f"{caller} is {size} bytes long (decoded: 1 to {_MAX_FUNCTION_BYTES})")
     found = _read_vaddr(elf, start, size)
     if found is None:
-        return CallSite(None, f"{caller}'s bytes are not in the file"), None
+        return CallSite(None, f"{caller}'s bytes are not in the file")
     code, code_at = found
     if not code.removeprefix(_ENDBR64).startswith(_FRAME_SETUP):
-        return CallSite(None, f"{caller} does not set up a frame pointer"), None
+        return CallSite(None, f"{caller} does not set up a frame pointer")
     targets = _callee_addresses(elf, callee, symbols.get(callee))
     if not targets:
-        return CallSite(None, f"{callee} is neither defined nor imported through the PLT"), None
+        return CallSite(None, f"{callee} is neither defined nor imported through the PLT")
     calls, decoded = [], 0
     for insn in disassembler.disasm(code, start):
         decoded += insn.size
@@ -132,10 +132,10 @@ def _find_in(elf, caller: str, callee: str, disassembler) -> tuple[CallSite, int
             if target in targets:
                 calls.append(insn.address - start)
     if decoded != len(code):
-        return CallSite(None, f"{caller} did not decode to its end ({decoded} of {len(code)} bytes)"), None
+        return CallSite(None, f"{caller} did not decode to its end ({decoded} of {len(code)} bytes)")
     if len(calls) != 1:
-        return CallSite(None, f"{caller} calls {callee} {len(calls)} times, not once"), None
-    return _found(caller, callee, calls[0]), code_at + calls[0]
+        return CallSite(None, f"{caller} calls {callee} {len(calls)} times, not once")
+    return _found(caller, callee, calls[0], code_at + calls[0])
 
 
 def _defined_functions(elf, names: set[str]) -> dict[str, tuple[int, int]]:

@@ -127,22 +127,24 @@ def _x86_64_sections(file, names: tuple[str, ...]) -> dict[str, _Section] | None
         return None
     headers = list(_ELF64_SECTION.iter_unpack(table))
 
-    def contents(header) -> bytes | None:
-        _, sh_type, _, _, offset, size, *_ = header
+    def in_file(header) -> _Section | None:
+        """The section, where its bytes are in the file and within MAX_SECTION_BYTES."""
+        _, sh_type, _, addr, offset, size, *_ = header
         if sh_type == _SHT_NOBITS or size > MAX_SECTION_BYTES or offset + size > file_size:
             return None
-        return os.pread(fd, size, offset)
+        return _Section(addr, offset, size)
 
-    names_table = contents(headers[shstrndx])
-    if names_table is None:
+    names_at = in_file(headers[shstrndx])
+    if names_at is None:
         return None
+    names_table = os.pread(fd, names_at.size, names_at.offset)
     found = {}
     for header in headers:
-        name_at, sh_type, _, addr, offset, size, *_ = header
+        name_at = header[0]
         end = names_table.find(b"\0", name_at)
         name = names_table[name_at:end].decode("ascii", "replace") if 0 <= name_at < end else ""
-        if name in names and sh_type != _SHT_NOBITS and size <= MAX_SECTION_BYTES and offset + size <= file_size:
-            found[name] = _Section(addr, offset, size)
+        if name in names and (section := in_file(header)) is not None:
+            found[name] = section
     return found
 
 

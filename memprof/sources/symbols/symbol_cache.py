@@ -51,10 +51,11 @@ def key(kind: str, *parts: object) -> str:
     return root_cache.entry_name(FORMAT, kind, *parts)
 
 
-def file_key(st: os.stat_result) -> str:
-    """The entry's name for the symbols of the file `st` describes (fstat of the descriptor
-    the caller reads, so the entry and the names read later are of one file)."""
-    return key("elf", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def file_key(st: os.stat_result, *also: object, kind: str = "elf") -> str:
+    """The entry's name for what is kept of the file `st` describes (fstat of the descriptor
+    the caller reads, so the entry and what is read later are of one file): its symbols, or
+    an entry of another `kind` named by `also` too."""
+    return key(kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, *also)
 
 
 def load(name: str, expected: Mapping[str, np.dtype], suffix: str = _SUFFIX) -> dict[str, np.ndarray] | None:
