@@ -142,9 +142,10 @@ def _refused_notes(name: str, uprobes: dict) -> list[str]:
 
 def _irregular_notes(name: str, uprobes: dict) -> list[str]:
     """Libraries whose path led to something other than a regular file when memprof went to
-    probe them (replaced by a FIFO or a device link): never opened, never probed."""
+    probe them (replaced by a FIFO or a device link; or nothing, its process gone with the
+    /proc/PID/root it was named under): never opened, never probed."""
     return [f"{name}: {path} was not a regular file when memprof went to probe it (replaced since it was "
-            f"mapped?); its {lib['layer']} allocations are not recorded"
+            f"mapped, or its process gone?); its {lib['layer']} allocations are not recorded"
             for path, lib in sorted(uprobes.items()) if lib.get("not_a_regular_file")]
 
 

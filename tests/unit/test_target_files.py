@@ -109,7 +109,8 @@ def test_a_library_replaced_by_a_fifo_is_noted_not_probed(tmp_path):
     assert bcc.calls == []  # (probe_library takes bcc's bare Exception for a missing symbol: not raised)
     from memprof.analysis.loss import _irregular_notes
     assert _irregular_notes("ebpf", stats.detail["uprobes"]) == [
-        f"ebpf: {fifo} was not a regular file when memprof went to probe it (replaced since it was mapped?); "
+        f"ebpf: {fifo} was not a regular file when memprof went to probe it (replaced since it was mapped, "
+        "or its process gone?); "
         "its torch_cpu allocations are not recorded"]
 
 
@@ -201,3 +202,88 @@ def test_a_section_that_claims_gigabytes_is_not_read(tmp_path):
     assert UserSymbolizer().symbols_for(str(path)) is None
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert grown_mb < 200, f"peak grew {grown_mb:.0f} MB"
+
+
+@pytest.fixture
+def chrooted(tmp_path):
+    """A process whose root is tmp_path/root (chroot, as root): its files are named to
+    memprof under /proc/PID/root, as a container's are. Yields (pid, the root folder)."""
+    import subprocess
+    import sys
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    process = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.chroot(sys.argv[1]); "
+                                "print('in', flush=True); time.sleep(60)", str(root)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout.readline() == b"in\n"
+        yield process.pid, root
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_path_under_a_process_root_is_walked_inside_that_root(chrooted, tmp_path):
+    """A container's absolute links lead to its own files: /proc/PID/root/lib/libc.so.6 ->
+    /libc-real.so is the container's /libc-real.so, and a link to a file the container lacks
+    (/etc/passwd here) or a `..` past its root leads nowhere, never to root's file of that
+    name. A walk begun at the magic link itself would have followed both into root's tree."""
+    from memprof.sources.symbols.files import locate, stat_of
+    pid, root = chrooted
+    (root / "libc-real.so").write_bytes(b"\x7fELF inside")
+    (root / "lib" / "libc.so.6").symlink_to("/libc-real.so")
+    (root / "lib" / "passwd").symlink_to("/etc/passwd")
+    inside = f"/proc/{pid}/root"
+    with open_binary(f"{inside}/lib/libc.so.6") as f:
+        assert f.read() == b"\x7fELF inside"
+    assert os.path.samestat(stat_of(f"{inside}/lib/libc.so.6"), os.stat(root / "libc-real.so"))
+    for escaping in ("lib/passwd", "lib/" + "../" * 32 + "etc/passwd"):
+        assert os.path.exists(f"{inside}/{escaping}")  # what the plain walk reaches: root's /etc/passwd
+        with pytest.raises(FileNotFoundError):
+            locate(f"{inside}/{escaping}")
+    assert file_identity(f"{inside}/lib/passwd") is None
+
+
+def test_one_file_named_by_several_paths_is_held_and_probed_once(chrooted):
+    """A library is probed once, by (device, inode), whatever names it: a container process's
+    /proc/PID/root path, root's own path of the same file, a link. Before, the key was the
+    path's realpath, which differs for each (and which, for a /proc/PID/root path, followed
+    the container's links in root's tree)."""
+    from memprof.model import SourceStats
+    from memprof.sources.ebpf.library_probes import ON_MAPPING, LibraryProbes
+    from memprof.sources.ebpf.source import EbpfOptions
+    pid, root = chrooted
+    lib = root / "lib" / "libc10.so"
+    lib.write_bytes(b"\x7fELF")  # malformed: held, its probes then missing
+    (root / "libc10-link.so").symlink_to("/lib/libc10.so")
+    stats = SourceStats()
+    probes = LibraryProbes(CallsBcc(), EbpfOptions(), stats.detail)
+    for path in (f"/proc/{pid}/root/libc10-link.so", str(lib), f"/proc/{pid}/root/lib/libc10.so"):
+        probes.probe_library(path, "torch", ON_MAPPING)
+    assert list(stats.detail["uprobes"]) == [f"/proc/{pid}/root/libc10-link.so"]
+    assert probes.probed == {((os.stat(lib).st_dev, os.stat(lib).st_ino), "torch")}
+    assert len(_descriptors_of(lib)) == 1
+    probes.close_files()
+
+
+def test_a_namespaced_interpreter_finds_the_libpython_of_its_own_root(chrooted):
+    """A shared build's libpython is looked for where its process's loader looks (its RUNPATH,
+    inside its root): the one there, else none, never root's file of that name."""
+    import glob
+    import shutil
+
+    from memprof.sources.cpython.interp import runtime_file
+    found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
+    if not found:
+        pytest.skip("needs pyenv's CPython 3.12, a shared build whose RUNPATH is absolute")
+    pid, root = chrooted
+    shutil.copy(found[-1], root / "python3.12")
+    inside = f"/proc/{pid}/root"
+    # Its RUNPATH, /root/.pyenv/versions/3.12.X/lib, holds the real libpython in root's tree only.
+    assert runtime_file(f"{inside}/python3.12") == f"{inside}/python3.12"
+    libpython = os.path.dirname(os.path.dirname(found[-1])) + "/lib/libpython3.12.so.1.0"
+    own = root / libpython.lstrip("/")
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"\x7fELF")
+    assert runtime_file(f"{inside}/python3.12") == f"{inside}{libpython}"

@@ -18,7 +18,8 @@ from memprof.sources.cpython import lines as pylines
 from memprof.sources.cpython.options import INIT_SLOTS, PythonOptions, tail_called_programs
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
-from memprof.sources.cpython.interp import PythonLayoutError, inspect_python, load_bias, python_file_in_maps, runtime_file
+from memprof.sources.cpython.interp import (PythonLayoutError, inspect_python, load_bias, mapped_as, python_file_in_maps,
+                                           runtime_file)
 from memprof.sources.symbols.files import HeldFiles, open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
@@ -77,15 +78,18 @@ class PythonFrames:
     def register(self, pid: int, maps: Sequence[Mapping]) -> None:
         """Tell BPF where `pid`'s interpreter is, once its runtime is mapped and confirmed.
         Called again as the process maps more files: a shared build's executable is mapped
-        at exec, its libpython a moment later."""
+        at exec, its libpython a moment later. In a mount namespace of its own, the runtime
+        is the process's file, read through its /proc/PID/root (Mapping.file)."""
         if not self.options.enabled or pid in self._registered:
             return
         path = python_file_in_maps(maps)
         if path is None:
             return
         runtime = runtime_file(path)
-        if runtime != path and not any(m.path == runtime for m in maps):
-            return  # a shared build whose libpython is not mapped yet
+        if runtime != path:
+            runtime = mapped_as(runtime, maps)
+            if runtime is None:
+                return  # a shared build whose libpython is not mapped yet
         try:
             binary = inspect_python(runtime)
         except PythonLayoutError as e:
@@ -96,8 +100,10 @@ class PythonFrames:
         if bias is None:
             return
         self.bpf["py_procs"][ctypes.c_uint32(pid)] = self._conf(binary, bias)
-        self._registered[pid] = self._runtime_of[pid] = runtime
-        self.notes.setdefault(runtime, {"frames": True, "version": binary.version_text()})
+        # One name per file in the notes: the path it was first inspected by (a container's
+        # processes each name it under their own /proc/PID/root).
+        self._registered[pid] = self._runtime_of[pid] = binary.path
+        self.notes.setdefault(binary.path, {"frames": True, "version": binary.version_text()})
         self.register_at_start(binary)
 
     def register_at_start(self, binary) -> None:

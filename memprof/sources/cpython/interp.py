@@ -32,7 +32,8 @@ from typing import NamedTuple, Sequence
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
 from memprof.sources.symbols.elfsyms import defined_in, defined_symbol
-from memprof.sources.symbols.files import open_binary, section_bytes
+from memprof.sources.symbols.files import (FileAt, file_at, file_identity, is_regular_file, open_binary, section_bytes,
+                                           split_process_root)
 from memprof.sources.symbols.symbolize import Mapping
 
 _SUPPORTED = f"3.{min(OFFSETS)[1]}–3.{max(OFFSETS)[1]}"
@@ -72,22 +73,25 @@ class PythonBinary:
 def inspect_python(path: str) -> PythonBinary:
     """Confirm the table's offsets for the CPython runtime file at `path` (see module docstring).
 
-    Results, refusals included, are cached per (path, mtime, size). Raises PythonLayoutError.
+    Results, refusals included, are cached per file (files.FileAt: each process of a
+    container names its interpreter by a path of its own); a cached result keeps the path
+    it was first found by. Raises PythonLayoutError.
     """
     try:
-        st = os.stat(path)
+        file = file_at(path)
     except OSError as e:
         raise PythonLayoutError(f"cannot read {path}: {e.strerror}", "check the path") from e
-    result = _inspect_cached(path, st.st_mtime_ns, st.st_size)
+    result = _inspect_cached(file)
     if isinstance(result, PythonLayoutError):
         raise PythonLayoutError(result.message, result.hint)  # a fresh one: no stale traceback
     return result
 
 
 @functools.lru_cache(maxsize=64)
-def _inspect_cached(path: str, mtime_ns: int, size: int) -> PythonBinary | PythonLayoutError:
+def _inspect_cached(file: FileAt) -> PythonBinary | PythonLayoutError:
     """inspect_python's work, returning its refusal rather than raising (so that it is cached)."""
     from elftools.common.exceptions import ELFError
+    path = file.path
     try:
         with open_binary(path) as f:
             return _Inspection(path, f).run()
@@ -104,13 +108,28 @@ def python_file_in_maps(maps: Sequence[Mapping]) -> str | None:
 
     A libpython3.X.so* wins over a python3.X executable (a shared build's executable defines
     no `_PyRuntime`). Deleted files are skipped: what is at the path now is another file.
-    Whether the file really is a supported CPython is for `inspect_python` to say.
+    Whether the file really is a supported CPython is for `inspect_python` to say. The path
+    is the one memprof reads it by (Mapping.file: under /proc/PID/root for a process in a
+    mount namespace of its own).
     """
-    files = [m.path for m in maps if m.path.startswith("/") and not m.deleted]
+    files = [m for m in maps if m.path.startswith("/") and not m.deleted]
     for pattern in (_LIBPYTHON, _EXECUTABLE):
-        for path in files:
-            if pattern.match(os.path.basename(path)):
-                return path
+        for m in files:
+            if pattern.match(os.path.basename(m.path)):
+                return m.file
+    return None
+
+
+def mapped_as(path: str, maps: Sequence[Mapping]) -> str | None:
+    """The path (Mapping.file) by which `maps` map the libpython at `path`, which may name it
+    through a link; None when none of the process's libpython mappings is that file."""
+    if any(m.file == path and not m.deleted for m in maps):
+        return path
+    wanted = file_identity(path)
+    for m in maps:
+        if not m.deleted and _LIBPYTHON.match(os.path.basename(m.path)) and wanted is not None \
+                and file_identity(m.file) == wanted:
+            return m.file
     return None
 
 
@@ -120,9 +139,10 @@ def load_bias(path: str, maps: Sequence[Mapping]) -> int | None:
     Taken from the lowest mapping of `path`: the loader maps the first PT_LOAD segment there,
     from the page holding its first file byte. The segment is the one whose file bytes, from
     that page on, hold the mapping's offset; of several (segments sharing a page), the lowest.
-    None when `path` is not mapped (deleted mappings do not count) or no segment fits.
+    None when `path` (a Mapping.file) is not mapped (deleted mappings do not count) or no
+    segment fits.
     """
-    mine = [m for m in maps if m.path == path and not m.deleted]
+    mine = [m for m in maps if m.file == path and not m.deleted]
     if not mine:
         return None
     first = min(mine, key=lambda m: m.start)
@@ -137,30 +157,35 @@ def runtime_file(path: str) -> str:
 
     `path` itself when it defines it (a static build, or a libpython); for a shared build, the
     libpython3.X.so* it links, found through its RUNPATH/RPATH ($ORIGIN expanded) and the usual
-    library directories. `path` when neither is found (inspect_python then says why).
-    Cached per (path, mtime, size): the recorder asks at every exec of a Python process.
+    library directories. `path` when neither is found (inspect_python then says why). Under
+    /proc/PID/root, the libpython is looked for in that process's folders and named under
+    that root, unresolved (register() finds its mapping by identity); elsewhere, by its real
+    path. What the executable links is read once per file (files.FileAt): the recorder asks
+    at every exec of a Python process.
     """
     try:
-        st = os.stat(path)
+        needed, runpaths = _links_libpython(file_at(path))
     except OSError:
         return path
-    return _runtime_file_cached(path, st.st_mtime_ns, st.st_size)
+    root = split_process_root(path)[0]
+    for name in needed:
+        for d in _library_dirs(path, runpaths):
+            candidate = root + os.path.join(d, name)
+            if is_regular_file(candidate):
+                return candidate if root else os.path.realpath(candidate)
+    return path
 
 
 @functools.lru_cache(maxsize=256)
-def _runtime_file_cached(path: str, mtime_ns: int, size: int) -> str:
+def _links_libpython(file: FileAt) -> tuple[list[str], list[str]]:
+    """_libpython_needed of the executable `file`; ([], []) for one that cannot be read.
+    Per file, not per path: $ORIGIN is expanded per path (_library_dirs)."""
     from elftools.common.exceptions import ELFError
     try:
-        with open_binary(path) as f:
-            needed, dirs = _libpython_needed(path, f)
+        with open_binary(file.path) as f:
+            return _libpython_needed(f)
     except (OSError, ELFError):
-        return path
-    for name in needed:
-        for d in dirs:
-            candidate = os.path.join(d, name)
-            if os.path.isfile(candidate):
-                return os.path.realpath(candidate)
-    return path
+        return [], []
 
 
 # --- reading the file ---
@@ -301,9 +326,9 @@ _LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/u
              "/lib", "/usr/lib", "/usr/local/lib")
 
 
-def _libpython_needed(path: str, f) -> tuple[list[str], list[str]]:
-    """(libpython DT_NEEDED names, directories to look in) of an executable; ([], []) if it
-    defines `_PyRuntime` itself or links no libpython."""
+def _libpython_needed(f) -> tuple[list[str], list[str]]:
+    """(libpython DT_NEEDED names, its DT_RUNPATH/DT_RPATH entries as written) of an
+    executable; ([], []) if it defines `_PyRuntime` itself or links no libpython."""
     from elftools.elf.elffile import ELFFile
     elf = ELFFile(f)
     dynamic = elf.get_section_by_name(".dynamic")
@@ -312,12 +337,20 @@ def _libpython_needed(path: str, f) -> tuple[list[str], list[str]]:
         return [], []
     tags = list(dynamic.iter_tags())
     needed = [t.needed for t in tags if t.entry.d_tag == "DT_NEEDED" and _LIBPYTHON.match(t.needed)]
-    paths = [p for t in tags if t.entry.d_tag in ("DT_RUNPATH", "DT_RPATH")
-             for p in (t.runpath if t.entry.d_tag == "DT_RUNPATH" else t.rpath).split(":") if p]
-    origin = os.path.dirname(os.path.realpath(path))
-    dirs = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for p in paths]
+    runpaths = [p for t in tags if t.entry.d_tag in ("DT_RUNPATH", "DT_RPATH")
+                for p in (t.runpath if t.entry.d_tag == "DT_RUNPATH" else t.rpath).split(":") if p]
+    return needed, runpaths
+
+
+def _library_dirs(path: str, runpaths: list[str]) -> list[str]:
+    """Where the executable at `path` finds the libraries it links: its `runpaths` ($ORIGIN
+    expanded), LD_LIBRARY_PATH, the usual directories; as its process names them (inside
+    its /proc/PID/root, if `path` is under one)."""
+    root, inside = split_process_root(path)
+    origin = os.path.dirname(inside if root else os.path.realpath(path))  # a mapping's path is already real
+    dirs = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for p in runpaths]
     env = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-    return needed, dirs + env + list(_LIB_DIRS)
+    return dirs + env + list(_LIB_DIRS)
 
 
 # --- 3.13+: _Py_DebugOffsets ---

@@ -13,7 +13,7 @@ from memprof.errors import NoPrivilegeError, SourceUnavailableError
 from memprof.sources.cpython.frames import python_runtimes
 from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.bpfload import load_program
-from memprof.sources.symbols.files import HeldFiles
+from memprof.sources.symbols.files import HeldFiles, is_regular_file, split_process_root
 from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
@@ -58,10 +58,10 @@ def prewarm_paths(known: dict[str, list[str]], command_path: str | None, attache
     process maps), and libc."""
     paths = [os.path.join(os.path.dirname(libc10), name)
              for libc10 in known.get("torch", []) for name in _TORCH_SYMBOL_FILES]
-    paths += [m.path for maps in attached for m in maps if os.path.basename(m.path) in _TORCH_SYMBOL_FILES]
+    paths += [m.file for maps in attached for m in maps if os.path.basename(m.path) in _TORCH_SYMBOL_FILES]
     paths += python_runtimes(command_path, attached)
     paths += U.libc_paths()
-    return [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
+    return [p for p in dict.fromkeys(paths) if is_regular_file(p)]
 
 
 class LibraryProbes:
@@ -74,8 +74,9 @@ class LibraryProbes:
         self._options = options
         self._detail = detail
         self._families = enabled_families(options)
-        self.probed: set[tuple[str, str]] = set()  # (library path, family) with uprobes on
-        self._finalize_probes: set[str] = set()
+        self.probed: set[tuple] = set()  # (library's (device, inode), family) with uprobes on
+        self._asked: set[tuple[str, str]] = set()  # (path, family) that probe_library was given
+        self._finalize_probes: set = set()  # paths asked, and (device, inode) of the files probed
         self._held = HeldFiles()  # what bcc is given to open (see files.HeldFiles)
 
     def attach_known(self, known: dict[str, list[str]]) -> None:
@@ -119,22 +120,29 @@ class LibraryProbes:
         records `placed_ns` (CLOCK_MONOTONIC, the recording's clock, once attached) and
         `mapped_ns` (the kernel's time of the executable mapping that made memprof look,
         None when a periodic re-read found it): the target's calls into the library between
-        the two were not seen."""
-        key = (os.path.realpath(path), family_name)
+        the two were not seen. `path` may be under /proc/PID/root (a process in a mount
+        namespace of its own, see symbolize.reachable): the file probed is then the one
+        that process maps, found as it finds it (files.locate). A file is probed once per
+        family, whatever paths name it."""
+        if (path, family_name) in self._asked:
+            return
+        self._asked.add((path, family_name))
+        shown = path if split_process_root(path)[0] else os.path.realpath(path)  # meta.json's name for it
+        held = self._held.hold(path)
+        key = (shown if held is None else held.identity, family_name)
         if key in self.probed:
             return
         self.probed.add(key)
         family = self._families[family_name]
         libs = self._detail.setdefault("uprobes", {})
-        held = self._held.bcc_path(key[0])
-        if held is None:  # a FIFO or a device there: bcc's open would hang or open it
-            libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": 0, "missing": [],
-                            "placed": placed, "not_a_regular_file": True}
+        if held is None:  # a FIFO or a device there (bcc's open would hang or open it), or nothing
+            libs[shown] = {"family": family_name, "layer": family.layer.value, "probes": 0, "missing": [],
+                           "placed": placed, "not_a_regular_file": True}
             return
         attached, missing_required, at_calls, refused = 0, [], {}, {}
         for probe in family.probes:
             try:
-                how = self._attach_probe(held, probe)
+                how = self._attach_probe(held.bcc_path, probe)
                 if how is not None:
                     at_calls[probe.symbol] = how
                 attached += 1
@@ -145,14 +153,14 @@ class LibraryProbes:
             except Exception:  # bcc raises bare Exception for a symbol the file lacks
                 if not probe.optional:
                     missing_required.append(probe.symbol)
-        libs[key[0]] = {"family": family_name, "layer": family.layer.value, "probes": attached,
-                        "missing": missing_required, "placed": placed}
+        libs[shown] = {"family": family_name, "layer": family.layer.value, "probes": attached,
+                       "missing": missing_required, "placed": placed}
         if placed == ON_MAPPING:
-            libs[key[0]].update(mapped_ns=mapped_ns, placed_ns=time.monotonic_ns())
+            libs[shown].update(mapped_ns=mapped_ns, placed_ns=time.monotonic_ns())
         if at_calls:
-            libs[key[0]]["allocation_probes"] = at_calls
+            libs[shown]["allocation_probes"] = at_calls
         if refused:
-            libs[key[0]]["refused"] = refused
+            libs[shown]["refused"] = refused
 
     def _attach_probe(self, path: str, probe: U.Probe) -> str | None:
         """Attach one probe where U.places() says, in the file `path` names (a HeldFiles path:
@@ -167,16 +175,17 @@ class LibraryProbes:
     def probe_new_mappings(self, maps, mapped_ns: int | None = None, placed: str = ON_MAPPING) -> None:
         """Probe the allocator libraries and Python runtimes among a process's mappings
         (`mapped_ns`: when the kernel reported the mapping that prompted this, if one did;
-        `placed` as probe_library takes it)."""
+        `placed` as probe_library takes it). Each file is probed as the process finds it
+        (Mapping.file: a container's own libc10, not root's file of that name)."""
         for m in maps:
             if not m.path or not m.path.startswith("/"):
                 continue
             family = U.family_of_mapping(m.path)
             if family and family in self._families:
-                self.probe_library(m.path, family, placed, mapped_ns)
+                self.probe_library(m.file, family, placed, mapped_ns)
             elif "native" in self._families and self._is_native_library(m.path):
-                self.probe_library(m.path, "native", placed, mapped_ns)
-        for path in {m.path for m in maps if m.path and _is_python(m.path)}:
+                self.probe_library(m.file, "native", placed, mapped_ns)
+        for path in {m.file for m in maps if m.path and _is_python(m.path)}:
             self._probe_finalize(path)
 
     def close_files(self) -> None:
@@ -197,11 +206,12 @@ class LibraryProbes:
         if path in self._finalize_probes:
             return
         self._finalize_probes.add(path)
-        held = self._held.bcc_path(path)
-        if held is None:
-            return  # not a regular file: bcc's open of a FIFO would hang the recorder
+        held = self._held.hold(path)
+        if held is None or held.identity in self._finalize_probes:
+            return  # not a regular file (bcc's open of a FIFO would hang the recorder), or probed
+        self._finalize_probes.add(held.identity)
         try:
-            self._bpf.attach_uprobe(name=held, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
+            self._bpf.attach_uprobe(name=held.bcc_path, sym="Py_FinalizeEx", fn_name="mp_py_finalize")
         except Exception:
             pass  # no such symbol in this file (e.g. python linked against libpython)
 
