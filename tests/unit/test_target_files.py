@@ -287,3 +287,33 @@ def test_a_namespaced_interpreter_finds_the_libpython_of_its_own_root(chrooted):
     own.parent.mkdir(parents=True)
     own.write_bytes(b"\x7fELF")
     assert runtime_file(f"{inside}/python3.12") == f"{inside}{libpython}"
+
+
+def test_a_process_chrooted_in_its_own_namespace_has_its_maps_taken_from_its_chroot(tmp_path):
+    """The kernel names a process's files from its mount namespace's root, which is its
+    /proc/PID/root only if it did not chroot inside that namespace (a container's pivot_root
+    leaves them one). Chrooted there, its maps name /CHROOT/lib/x.so: that is /lib/x.so under
+    its /proc/PID/root, and a file mapped from outside the chroot is reached by no path."""
+    import shutil
+    import subprocess
+    import sys
+
+    from memprof.sources.symbols.symbolize import Mapping, reachable
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux)")
+    chroot = tmp_path / "chroot"
+    chroot.mkdir()
+    process = subprocess.Popen(["unshare", "-m", sys.executable, "-c", "import os, sys, time; os.chroot(sys.argv[1]); "
+                                "print('in', flush=True); time.sleep(60)", str(chroot)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout.readline() == b"in\n"
+        inside = Mapping(0x1000, 0x2000, 0, f"{chroot}/lib/x.so")
+        outside = Mapping(0x3000, 0x4000, 0, "/usr/lib/x86_64-linux-gnu/libc.so.6")
+        assert reachable(process.pid, [inside, outside, Mapping(0x5000, 0x6000, 0, "[vdso]")]) == [
+            Mapping(0x1000, 0x2000, 0, "/lib/x.so", root=f"/proc/{process.pid}/root"),
+            Mapping(0x3000, 0x4000, 0, "/usr/lib/x86_64-linux-gnu/libc.so.6", deleted=True,
+                    root=f"/proc/{process.pid}/root"),
+            Mapping(0x5000, 0x6000, 0, "[vdso]")]
+    finally:
+        process.kill()
+        process.wait()

@@ -14,7 +14,7 @@ from memprof.sources.cpython.frames import python_runtimes
 from memprof.sources.ebpf import uprobes as U
 from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.symbols.files import HeldFiles, is_regular_file, split_process_root
-from memprof.sources.symbols.symbolize import parse_maps, snapshot_maps
+from memprof.sources.symbols.symbolize import parse_maps, reachable, snapshot_maps
 
 # When a library's probes were placed (meta.json sources.ebpf.detail.uprobes[path].placed):
 # found by path (the command's Python environment, …), or mapped by a process record --pid attached to:
@@ -222,10 +222,11 @@ def _is_python(path: str) -> bool:
 
 
 def current_maps(pid: int) -> list:
-    """A running process's mappings now ([] when they cannot be read: it is then followed as
-    any other, only without symbols read ahead)."""
+    """A running process's mappings now, each file named as memprof reaches it (a container's
+    under its /proc/PID/root: symbolize.reachable); [] when they cannot be read: it is then
+    followed as any other, only without symbols read ahead."""
     try:
         text = snapshot_maps(pid)
     except NoPrivilegeError:
         return []
-    return parse_maps(text) if text else []
+    return reachable(pid, parse_maps(text)) if text else []

@@ -247,7 +247,8 @@ class Mapping:
     """One line of /proc/PID/maps: addresses [start, end) map `path` from file offset `offset`.
 
     `path` is "" for anonymous memory and `[vdso]`-style names for kernel-provided ones;
-    `deleted` is True when the kernel marked the file " (deleted)" (suffix stripped from `path`).
+    `deleted` is True when the kernel marked the file " (deleted)" (suffix stripped from `path`),
+    or when no path reaches it (`reachable`).
     `path` is as the process names it, in its own mount namespace; `root` is what reaches that
     namespace from memprof's ("/proc/PID/root" for a process in a container or `unshare -m`,
     see `reachable`; "" for one in memprof's own), so its file is opened as `root + path`.
@@ -271,7 +272,13 @@ def reachable(pid: int, maps: list[Mapping]) -> list[Mapping]:
     unchanged where the process shares it; else each under /proc/PID/root, the process's own
     view of the files (the same path in memprof's namespace is another file, or one the
     process's user put there: a container's libc is not the host's). Unchanged too where the
-    namespaces cannot be compared (the process is gone)."""
+    namespaces cannot be compared (the process is gone).
+
+    The kernel names those files from the root of the process's mount namespace, which is
+    its /proc/PID/root (a container's, after pivot_root) unless the process chrooted inside
+    that namespace: then each path is taken relative to the chroot, and a file mapped from
+    outside it (opened before the chroot) is marked `deleted`: no path memprof has reaches
+    it, and another file may lie at that path inside the root."""
     try:
         theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
     except OSError:
@@ -280,7 +287,23 @@ def reachable(pid: int, maps: list[Mapping]) -> list[Mapping]:
     if ours is None or theirs == ours:
         return maps
     root = f"/proc/{pid}/root"
-    return [replace(m, root=root) if m.path.startswith("/") else m for m in maps]
+    try:
+        chroot = os.readlink(root)  # from its namespace's root: "/" unless it chrooted there
+    except OSError:
+        chroot = "/"
+    if chroot == "/" or not chroot.startswith("/"):
+        return [replace(m, root=root) if m.path.startswith("/") else m for m in maps]
+    return [_inside_chroot(m, root, chroot) for m in maps]
+
+
+def _inside_chroot(m: Mapping, root: str, chroot: str) -> Mapping:
+    """Mapping `m` of a process chrooted at `chroot` (a path from its namespace's root),
+    named under its `root` (/proc/PID/root): see `reachable`."""
+    if not m.path.startswith("/"):
+        return m
+    if m.path.startswith(chroot + "/"):
+        return replace(m, root=root, path=m.path[len(chroot):])
+    return replace(m, root=root, deleted=True)
 
 
 @functools.cache
