@@ -38,7 +38,8 @@
                                   * not the task's, not recorded (kmem.bpf.c, in_task_work) */
 #define MP_CNT_PY_CODE_READS 16  /* code objects' heads read by the learning (python.bpf.c, py_learn_code) */
 #define MP_CNT_PY_CALL_STACKS 17 /* events given the Python stack an earlier event of their system call walked */
-#define MP_N_COUNTERS        18
+#define MP_CNT_SCRATCH_SKIPPED 18 /* path-name buffers (names_cache) counted, not recorded (kmem.bpf.c, scratch_cache) */
+#define MP_N_COUNTERS        19
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */
 #define MP_TP_KFREE              0

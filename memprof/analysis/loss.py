@@ -115,7 +115,9 @@ def _shared_stacks_note(name: str, stats, native_sampled: bool = False) -> Note:
     (`native_sampled`: the libc heap's allocations were sampled by size, which its own note says)."""
     detail = stats.detail
     recorded = "every allocation and its size are recorded" + (
-        " (native_heap's are sampled by size: see its note)" if native_sampled else "")
+        " (native_heap's are sampled by size: see its note)" if native_sampled else "") + (
+        " but the path-name buffers that system calls take and give back before they return, which are counted"
+        if detail.get("path_name_buffers_not_recorded") else "")
     return Note(f"{name}: to keep its cost low, memprof walked the call stack of one kernel allocation in "
                 f"{stats.stack_sample_every} (memory pages: one in {detail.get('page_stack_sample_every', 1)}, "
                 f"malloc and friends: one in {detail.get('user_stack_sample_every', 1)}); the others reuse the "

@@ -417,6 +417,39 @@ def test_allocations_in_an_interrupt_are_not_charged_to_the_task_it_interrupted(
     assert read_meta(recording)["sources"]["ebpf"]["detail"]["interrupt_allocations"] > 0
 
 
+_STATS_AND_OPENS = """
+import os, sys
+held = [open(sys.executable, "rb") for _ in range(int(sys.argv[2]))]
+for _ in range(int(sys.argv[1])):
+    os.stat(sys.executable)
+"""
+
+
+def test_path_name_buffers_are_counted_not_recorded_and_every_other_allocation_is(tmp_path, run_memprof):
+    """A stat() or open() takes a names_cache buffer for its path and gives it back before it
+    returns: 40 % of a PyTorch job's slab allocations (its imports stat every path they try),
+    each with a Python walk. They are counted in meta.json, not recorded; every other
+    allocation of the same calls is recorded, as before (each open's file, every stack walked)."""
+    from memprof.recording import open_recording
+    stats, opens = 3000, 50
+    recording = tmp_path / "stats.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--stack-every", "1",
+                         "--", sys.executable, "-c", _STATS_AND_OPENS, stats, opens, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rec = open_recording(recording)
+    events = rec.events
+    kernel = events[(events["layer"] == "kernel_slab").to_numpy() & (events["action"] == "alloc").to_numpy()]
+    per_function: dict[str, int] = {}
+    for stack_id, count in kernel["stack_id"].value_counts().items():
+        for function in {f["function"] for f in rec.stack_frames(int(stack_id))}:
+            per_function[function] = per_function.get(function, 0) + int(count)
+    assert not {f: n for f, n in per_function.items() if f.startswith("getname")}, per_function
+    assert per_function.get("alloc_empty_file", 0) >= opens, per_function.get("alloc_empty_file")
+    assert per_function.get("vfs_fstatat", 0) < stats // 10  # a stat allocates nothing else
+    counted = read_meta(recording)["sources"]["ebpf"]["detail"]["path_name_buffers_not_recorded"]
+    assert stats + opens <= counted < stats + opens + 2000, counted  # + the interpreter's own start
+
+
 _SPIN_ON_CPU0 = """
 import os, sys, time
 os.sched_setaffinity(0, {0})

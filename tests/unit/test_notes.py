@@ -37,6 +37,15 @@ def test_sampling_note_is_information_in_plain_words_and_comes_last():
     assert "took its own native stack" not in sampling  # the old jargon
     assert [n.severity for n in notes[:-1]] == [Severity.CAVEAT, Severity.CAVEAT]
     assert str(notes[0]) == "torch: 2 blocks had no alloc in the trace"  # notes are still text
+    assert "path-name buffers" not in sampling
+
+
+def test_the_sampling_note_says_path_name_buffers_are_counted_not_recorded():
+    meta = sampled_meta()
+    meta.sources["ebpf"].detail["path_name_buffers_not_recorded"] = 28_688
+    sampling = recording_notes(meta)[-1]
+    assert "every allocation and its size are recorded but the path-name buffers that system calls take and " \
+           "give back before they return, which are counted" in sampling
 
 
 def test_native_byte_sampling_is_an_information_note_that_says_how_to_turn_it_off():

@@ -50,6 +50,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         btf = kernel_btf()
         size_off = btf.member_offset("kmem_cache", "size")
         objsize_off = btf.member_offset("kmem_cache", "object_size")
+        name_off = btf.member_offset("kmem_cache", "name")
         task_stack_off = btf.member_offset("task_struct", "stack")
         takes_cache = _takes_cache(btf.raw_tracepoint_params("kmem_cache_alloc"))
     except BtfError as e:
@@ -60,6 +61,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         f"-DPAGE_STACK_SAMPLE_MASK={options.page_stack_every - 1}",
         f"-DKMEM_CACHE_SIZE_OFF={size_off}",
         f"-DKMEM_CACHE_OBJSIZE_OFF={objsize_off}",
+        f"-DKMEM_CACHE_NAME_OFF={name_off}",
         f"-DTASK_STACK_OFF={task_stack_off}",
         f"-DPAGE_SKIP_GFP={skip:#x}",
         f"-DPAGE_SHIFT_BYTES={mmap.PAGESIZE.bit_length() - 1}",

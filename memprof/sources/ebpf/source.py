@@ -188,6 +188,7 @@ class EbpfSource:
             stack_failures=total(R.CNT_STACK_FAIL), site_cache_full=total(R.CNT_SITE_FULL),
             nested_in_scratch=total(R.CNT_SCRATCH_BUSY), mixed_sites=total(R.CNT_SITE_MIXED),
             interrupt_allocations=total(R.CNT_IRQ_ALLOCS),
+            path_name_buffers_not_recorded=total(R.CNT_SCRATCH_SKIPPED),
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
             native_sample_bytes=self.options.native_sample_bytes, ring_buffer_bytes=self.options.ringbuf_bytes,
