@@ -114,7 +114,7 @@ def python_functions(finding: dict) -> list[str]:
 # Registered by the poll of its mappings (nothing registers at the start an interpreter first
 # seen in the middle of a recording), so the pipes come after a pause.
 PIPES = """
-import os, time
+import os, subprocess, sys, time
 held = []
 
 def pipes_inner():
@@ -126,6 +126,7 @@ def pipes_outer():
 
 time.sleep(0.5)
 pipes_outer()
+subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)  # another process of it
 """
 
 
@@ -150,5 +151,5 @@ def test_an_interpreter_only_in_the_process_namespace_gives_python_frames(tmp_pa
     assert pipes and all(python_functions(f)[:3] == ["pipes_inner", "pipes_outer", "<module>"] for f in pipes), \
         [(f["layer"], f["live_count"], python_functions(f)) for f in leaks[:10]]
     notes = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]["interpreters"]
-    [(path, note)] = [(p, n) for p, n in notes.items() if "3.12" in p]
+    [(path, note)] = [(p, n) for p, n in notes.items() if "3.12" in p]  # one file, two processes: one note
     assert path.endswith(f"/root{only_inside}/libpython3.12.so.1.0") and note["frames"], notes

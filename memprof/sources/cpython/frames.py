@@ -20,7 +20,7 @@ from memprof.sources.ebpf.bpfload import load_program
 from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import (PythonLayoutError, inspect_python, load_bias, mapped_as, python_file_in_maps,
                                            runtime_file)
-from memprof.sources.symbols.files import HeldFiles, open_binary
+from memprof.sources.symbols.files import HeldFiles, file_identity, open_binary
 from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
@@ -57,6 +57,7 @@ class PythonFrames:
     _runtime_of: dict = field(default_factory=dict)  # tgid -> interpreter path, kept after exit
     _with_frames: set = field(default_factory=set)   # tgids whose Python frames were read
     _init_slots: dict = field(default_factory=dict)  # runtime path -> py_templates slot (or None)
+    _names: dict = field(default_factory=dict)       # runtime file's identity -> its name in the notes
     _held: HeldFiles = field(default_factory=HeldFiles)  # what bcc is given to open (see files.HeldFiles)
     _slot_binary: dict = field(default_factory=dict)  # py_templates slot -> PythonBinary
     _codes: dict = field(default_factory=dict)       # (tgid, code address) -> _Code | None
@@ -94,17 +95,22 @@ class PythonFrames:
             binary = inspect_python(runtime)
         except PythonLayoutError as e:
             self._registered[pid] = None
-            self.notes[runtime] = {"frames": False, "why": e.message}
+            self.notes[self._one_name(runtime)] = {"frames": False, "why": e.message}
             return
         bias = load_bias(runtime, maps)
         if bias is None:
             return
         self.bpf["py_procs"][ctypes.c_uint32(pid)] = self._conf(binary, bias)
-        # One name per file in the notes: the path it was first inspected by (a container's
-        # processes each name it under their own /proc/PID/root).
-        self._registered[pid] = self._runtime_of[pid] = binary.path
-        self.notes.setdefault(binary.path, {"frames": True, "version": binary.version_text()})
+        self._registered[pid] = self._runtime_of[pid] = self._one_name(binary.path)
+        self.notes.setdefault(self._runtime_of[pid], {"frames": True, "version": binary.version_text()})
         self.register_at_start(binary)
+
+    def _one_name(self, path: str) -> str:
+        """What the notes call the runtime file at `path`: the first path it was named by here
+        (for a confirmed one, PythonBinary.path: the first it was inspected by). Each process
+        of a container names it under its own /proc/PID/root; one file is one note."""
+        identity = file_identity(path)
+        return path if identity is None else self._names.setdefault(identity, path)
 
     def register_at_start(self, binary) -> None:
         """Let BPF register each later process of this runtime itself, at its
@@ -145,8 +151,9 @@ class PythonFrames:
         for tgid, slot in self.bpf["py_started"].items():
             binary = self._slot_binary.get(slot.value)
             if binary is not None:
-                self._runtime_of.setdefault(tgid.value, binary.path)
-                self.notes.setdefault(binary.path, {"frames": True, "version": binary.version_text()})
+                name = self._one_name(binary.path)
+                self._runtime_of.setdefault(tgid.value, name)
+                self.notes.setdefault(name, {"frames": True, "version": binary.version_text()})
 
     def interpreter_notes(self) -> dict:
         """meta.json's `interpreters`: per runtime file, whether its processes got Python

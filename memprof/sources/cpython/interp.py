@@ -126,11 +126,10 @@ def mapped_as(path: str, maps: Sequence[Mapping]) -> str | None:
     if any(m.file == path and not m.deleted for m in maps):
         return path
     wanted = file_identity(path)
-    for m in maps:
-        if not m.deleted and _LIBPYTHON.match(os.path.basename(m.path)) and wanted is not None \
-                and file_identity(m.file) == wanted:
-            return m.file
-    return None
+    if wanted is None:
+        return None
+    return next((m.file for m in maps if not m.deleted and _LIBPYTHON.match(os.path.basename(m.path))
+                 and file_identity(m.file) == wanted), None)
 
 
 def load_bias(path: str, maps: Sequence[Mapping]) -> int | None:
