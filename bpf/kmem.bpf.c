@@ -147,13 +147,15 @@ int mp_kmalloc(struct bpf_raw_tracepoint_args *ctx)
  * takes (kmem.py, KMEM_CACHE_ALLOC_TAKES_CACHE): each inlines the whole event path, ~40 ms
  * of every compile. */
 #ifdef KMEM_CACHE_ALLOC_TAKES_CACHE
+#ifdef SKIP_PATH_NAME_BUFFERS
 /* The slab caches whose objects never outlive their system call: names_cache, the buffer of
  * a path name that getname() takes and putname() gives back within each stat, open or exec
  * (40 % of a PyTorch job's slab allocations: the import system stats every path it tries).
  * Their allocations are counted (MP_CNT_SCRATCH_SKIPPED), not recorded: none can be a leak
  * or outlive the call, and each cost a Python walk. Their frees are not recorded either,
  * their addresses never being remembered (maybe_ours). Per cache pointer, learned from
- * the cache's name at its first allocation by a tracked task. */
+ * the cache's name at its first allocation by a tracked task; only where names_cache is a
+ * cache of its own (kmem.py, names_cache_is_its_own: SLUB did not merge it with others). */
 BPF_HASH(scratch_caches, u64, u8, 4096);
 
 static __always_inline int scratch_cache(const char *cache)
@@ -172,6 +174,11 @@ static __always_inline int scratch_cache(const char *cache)
     scratch_caches.update(&key, &scratch);
     return scratch;
 }
+#else
+/* names_cache shares its slab cache with others here (kmem.py, names_cache_is_its_own):
+ * its buffers are recorded like any allocation. */
+static __always_inline int scratch_cache(const char *cache) { return 0; }
+#endif
 
 /* kmem_cache_alloc(call_site, ptr, struct kmem_cache *s, gfp_flags, node) since 6.0;
  * the sizes live in the cache, at offsets read from BTF. */

@@ -68,7 +68,24 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
     ]
     if takes_cache:
         flags.append("-DKMEM_CACHE_ALLOC_TAKES_CACHE=1")
+        if names_cache_is_its_own():
+            flags.append("-DSKIP_PATH_NAME_BUFFERS=1")
     return flags
+
+
+SLAB_SYSFS = "/sys/kernel/slab"
+
+
+def names_cache_is_its_own(slab_sysfs: str = SLAB_SYSFS) -> bool:
+    """Whether the path-name buffers' slab cache (names_cache) is a cache of its own here, so
+    that an allocation from a cache named so is a path-name buffer (bpf/kmem.bpf.c,
+    scratch_cache). SLUB merges caches of one size and flags: merged, names_cache would be a
+    link to a shared cache (`:0004096`) whose allocations are block I/O's and others' too,
+    and one that others merged into would carry their allocations under its name. It is a
+    cache of its own where the kernel keeps its usercopy region (CONFIG_HARDENED_USERCOPY);
+    sysfs then shows a folder of that name, not a link. False when sysfs cannot tell."""
+    path = os.path.join(slab_sysfs, "names_cache")
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 # The x86-64 entry stubs of hardware interrupts and system vectors (timer, IPIs, irq_work),
