@@ -263,13 +263,15 @@ class AgentSource:
         return bool(self._offsets)
 
     def drain(self, anchor: ClockAnchor):
-        """After the command's exit: the rows of what the last poll left for later (its
-        bounds), one poll's worth at a time, up to MAX_FINAL_POLLS polls. What the last poll
-        leaves even so is counted, from then on, by stats() (`unread_bytes_at_end`). Yields
-        poll()'s tables."""
+        """After the command's exit: the rows of what the agents wrote since the last poll and
+        of what that poll left for later (its bounds), one poll's worth at a time, up to
+        MAX_FINAL_POLLS polls: the first always (the last poll may have found the file short
+        of a bound, and the process wrote on until its exit), the others while a poll left
+        lines. What the last leaves even so is counted, from then on, by stats()
+        (`unread_bytes_at_end`). Yields poll()'s tables."""
         self._drained = True
-        for _ in range(MAX_FINAL_POLLS):
-            if not self._left_lines:
+        for n in range(MAX_FINAL_POLLS):
+            if n and not self._left_lines:
                 return
             tables = self.poll(anchor)
             if tables is not None:
