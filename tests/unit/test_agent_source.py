@@ -331,8 +331,8 @@ def test_after_the_exit_the_lines_a_poll_left_are_read_and_the_rest_counted(tmp_
 def test_after_the_exit_the_lines_written_since_the_last_poll_are_read(tmp_path):
     """The last poll before the exit found the file short of its bound, and the process wrote
     on until it exited: the drain reads that too. It read nothing then: a 48 MiB flood of
-    lines lost 19 MB (377,379 of 600,000 lines recorded) once the teardown was short enough
-    for no flush to come between the exit and the drain."""
+    lines lost 19 MB (377,379 of 600,000 lines recorded) when no flush's poll came between
+    the last poll that hit a bound and the drain."""
     line = GOOD % (1, 1)
     agent_file(tmp_path, "7.jsonl").write_bytes(line * 3)
     source = AgentSource(tmp_path / "rec.memprof")
