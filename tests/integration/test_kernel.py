@@ -62,6 +62,18 @@ def pipe_info_finding(report: dict) -> dict:
     return max(matching, key=lambda f: f["live_bytes"])
 
 
+def allocations_per_function(rec, layers: tuple[str, ...]) -> dict[str, int]:
+    """Per function name: the allocations of `layers` in recording `rec` whose chain holds it
+    (each counted once per chain, however often the function recurs there)."""
+    events = rec.events
+    allocations = events[events["layer"].isin(list(layers)).to_numpy() & (events["action"] == "alloc").to_numpy()]
+    per_function: dict[str, int] = {}
+    for stack_id, count in allocations["stack_id"].value_counts().items():
+        for function in {f["function"] for f in rec.stack_frames(int(stack_id))}:
+            per_function[function] = per_function.get(function, 0) + int(count)
+    return per_function
+
+
 def read_meta(recording: Path) -> dict:
     return json.loads((recording / "meta.json").read_text())
 
@@ -402,14 +414,7 @@ def test_allocations_in_an_interrupt_are_not_charged_to_the_task_it_interrupted(
     result = run_memprof("record", "-q", "-o", recording, "--stack-every", "1", "--page-stack-every", "1",
                          "--", sys.executable, "-c", _TCP_TO_ITSELF, trips, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    rec = open_recording(recording)
-    events = rec.events
-    kernel = events[events["layer"].isin(["kernel_slab", "kernel_page"]).to_numpy()
-                    & (events["action"] == "alloc").to_numpy()]
-    per_function: dict[str, int] = {}
-    for stack_id, count in kernel["stack_id"].value_counts().items():
-        for function in {f["function"] for f in rec.stack_frames(int(stack_id))}:
-            per_function[function] = per_function.get(function, 0) + int(count)
+    per_function = allocations_per_function(open_recording(recording), ("kernel_slab", "kernel_page"))
     in_interrupt = {f: per_function.get(f, 0) for f in ("handle_softirqs", "__do_softirq", "net_rx_action")}
     assert not any(in_interrupt.values()), in_interrupt
     assert per_function.get("tcp_sendmsg_locked", 0) >= trips, per_function.get("tcp_sendmsg_locked")
@@ -439,13 +444,7 @@ def test_path_name_buffers_are_counted_not_recorded_and_every_other_allocation_i
     result = run_memprof("record", "-q", "-o", recording, "--stack-every", "1",
                          "--", sys.executable, "-c", _STATS_AND_OPENS, stats, opens, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    rec = open_recording(recording)
-    events = rec.events
-    kernel = events[(events["layer"] == "kernel_slab").to_numpy() & (events["action"] == "alloc").to_numpy()]
-    per_function: dict[str, int] = {}
-    for stack_id, count in kernel["stack_id"].value_counts().items():
-        for function in {f["function"] for f in rec.stack_frames(int(stack_id))}:
-            per_function[function] = per_function.get(function, 0) + int(count)
+    per_function = allocations_per_function(open_recording(recording), ("kernel_slab",))
     assert not {f: n for f, n in per_function.items() if f.startswith("getname")}, per_function
     assert per_function.get("alloc_empty_file", 0) >= opens, per_function.get("alloc_empty_file")
     assert per_function.get("vfs_fstatat", 0) < stats // 10  # a stat allocates nothing else

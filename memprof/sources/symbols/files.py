@@ -140,12 +140,12 @@ def file_at(path: str) -> FileAt:
 
 
 def file_identity(path: str) -> tuple | None:
-    """What tells a file from its replacement at the same path; None if it cannot be stat'ed."""
+    """What tells a file from its replacement at the same path (FileAt.identity); None if it
+    cannot be stat'ed."""
     try:
-        st = stat_of(path)
+        return file_at(path).identity
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
 def open_binary(path: str):
