@@ -6,8 +6,10 @@ Units live in column names: `ts_ns` is CLOCK_MONOTONIC nanoseconds of the record
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class Layer(str, enum.Enum):
@@ -101,46 +103,66 @@ class ModelStateRole(str, enum.Enum):
 LAYERS = [layer.value for layer in Layer]
 ACTIONS = [action.value for action in Action]
 
-_category = pa.dictionary(pa.int8(), pa.string())
-# `category` holds the user's mark labels (one per training step is common: `batch 17`), so
-# its index is int32; recordings written before held int8 indices, which readers cast up.
-_labels = pa.dictionary(pa.int32(), pa.string())
-
-EVENTS_SCHEMA = pa.schema([
-    ("ts_ns", pa.int64()),
-    ("seq", pa.int64()),
-    ("layer", _category),
-    ("action", _category),
-    ("addr", pa.uint64()),
-    ("size_bytes", pa.int64()),
-    ("requested_bytes", pa.int64()),
-    ("device", _category),
-    ("pid", pa.int32()),
-    ("tid", pa.int32()),
-    ("stack_id", pa.int64()),
-    ("alloc_id", pa.int64()),
-    ("step", pa.int32()),
-    ("category", _labels),
-    # Sampled events stand for this many (1 / the probability they were taken with); null
-    # means 1. Totals weight each allocation by it, so sampled estimates stay unbiased.
-    ("weight", pa.float64()),
-])
-EVENT_COLUMNS = EVENTS_SCHEMA.names
-
-STACKS_SCHEMA = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("frame_id", pa.int64())])
-
-FRAMES_SCHEMA = pa.schema([
-    ("frame_id", pa.int64()),
-    ("kind", pa.string()),
-    ("function", pa.string()),
-    ("module", pa.string()),
-    ("file", pa.string()),
-    ("line", pa.int32()),
-])
-
+# The tables' columns, in their schemas' order (tests/unit/test_startup_imports.py holds that
+# they are the schemas' names). Plain lists, so that the recorder's modules name columns
+# without importing pyarrow (below).
+EVENT_COLUMNS = ["ts_ns", "seq", "layer", "action", "addr", "size_bytes", "requested_bytes", "device", "pid",
+                 "tid", "stack_id", "alloc_id", "step", "category", "weight"]
 # A frame as reports and JSON carry it: FRAMES_SCHEMA without its id.
-FRAME_KEYS = tuple(name for name in FRAMES_SCHEMA.names if name != "frame_id")
+FRAME_KEYS = ("kind", "function", "module", "file", "line")
 
-SAMPLES_SCHEMA = pa.schema([
-    ("ts_ns", pa.int64()), ("metric", pa.string()), ("device", pa.string()), ("value", pa.float64()),
-])
+# The Arrow schemas are built at their first use, through the module's __getattr__ (PEP 562):
+# `from memprof.model.schema import EVENTS_SCHEMA` works as before, and a module that names
+# only the enums or the columns above imports neither pyarrow nor numpy. `record` imports
+# this module before the command starts, and pyarrow with numpy cost 80-115 ms of that
+# (issue 24, bench/RESULTS.md); the recorder's first poll after the start imports them.
+ARROW_SCHEMAS = ("EVENTS_SCHEMA", "STACKS_SCHEMA", "FRAMES_SCHEMA", "SAMPLES_SCHEMA")
+
+
+def _arrow_schemas() -> dict[str, "pa.Schema"]:
+    import pyarrow as pa
+
+    category = pa.dictionary(pa.int8(), pa.string())
+    # `category` holds the user's mark labels (one per training step is common: `batch 17`), so
+    # its index is int32; recordings written before held int8 indices, which readers cast up.
+    labels = pa.dictionary(pa.int32(), pa.string())
+    events = pa.schema([
+        ("ts_ns", pa.int64()),
+        ("seq", pa.int64()),
+        ("layer", category),
+        ("action", category),
+        ("addr", pa.uint64()),
+        ("size_bytes", pa.int64()),
+        ("requested_bytes", pa.int64()),
+        ("device", category),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("stack_id", pa.int64()),
+        ("alloc_id", pa.int64()),
+        ("step", pa.int32()),
+        ("category", labels),
+        # Sampled events stand for this many (1 / the probability they were taken with); null
+        # means 1. Totals weight each allocation by it, so sampled estimates stay unbiased.
+        ("weight", pa.float64()),
+    ])
+    stacks = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("frame_id", pa.int64())])
+    frames = pa.schema([
+        ("frame_id", pa.int64()),
+        ("kind", pa.string()),
+        ("function", pa.string()),
+        ("module", pa.string()),
+        ("file", pa.string()),
+        ("line", pa.int32()),
+    ])
+    samples = pa.schema([
+        ("ts_ns", pa.int64()), ("metric", pa.string()), ("device", pa.string()), ("value", pa.float64()),
+    ])
+    return dict(zip(ARROW_SCHEMAS, (events, stacks, frames, samples)))
+
+
+def __getattr__(name: str):
+    if name in ARROW_SCHEMAS:
+        schemas = _arrow_schemas()
+        globals().update(schemas)  # built once: later look-ups find them without this call
+        return schemas[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

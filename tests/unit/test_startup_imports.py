@@ -109,3 +109,20 @@ def test_bccs_compile_begins_before_numpy_or_pyarrow_is_imported():
     """)
     assert "memprof.sources.ebpf.early" in loaded and "memprof.sources.ebpf.loading" in loaded
     assert "numpy" not in loaded and "pyarrow" not in loaded, sorted(m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow"))[:5]
+
+
+def test_the_model_names_its_enums_and_columns_without_pyarrow():
+    """memprof.model's Arrow schemas are built at their first use (schema.__getattr__), so the
+    recorder's modules that name only layers, actions or columns import no pyarrow; the
+    plain column lists are the schemas' own names."""
+    loaded = _modules_after("""
+        from memprof.model import Action, Layer, RecordingMeta, EVENT_COLUMNS
+        from memprof.model.schema import FRAME_KEYS, LAYERS
+    """)
+    assert "memprof.model.schema" in loaded and "pyarrow" not in loaded and "numpy" not in loaded
+    from memprof.model import EVENT_COLUMNS, EVENTS_SCHEMA, FRAMES_SCHEMA, SAMPLES_SCHEMA, STACKS_SCHEMA
+    from memprof.model import schema
+    assert EVENTS_SCHEMA.names == EVENT_COLUMNS
+    assert schema.FRAME_KEYS == tuple(name for name in FRAMES_SCHEMA.names if name != "frame_id")
+    assert STACKS_SCHEMA.names == ["stack_id", "depth", "frame_id"] and "value" in SAMPLES_SCHEMA.names
+    assert schema.EVENTS_SCHEMA is EVENTS_SCHEMA  # built once
