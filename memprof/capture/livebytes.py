@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.recording import arrow_build
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-import pyarrow as pa
+from memprof.lazy_import import numpy as np, pyarrow as pa
 
-CONVERTIBLE = (np.ndarray, list, tuple, range)  # what these functions take as values
+
+def convertible(value) -> bool:
+    """Whether these functions take `value` as values: a numpy array, list, tuple or range."""
+    return isinstance(value, (list, tuple, range)) or isinstance(value, np.ndarray)
 
 
 def numeric(values, type_: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:

@@ -19,18 +19,34 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-import pyarrow as pa
-
 from memprof.errors import UsageError
+from memprof.lazy_import import numpy as np, pyarrow as pa
 from memprof.recording import arrow_build
 from memprof.model.meta import FOLDED_FORMAT_VERSION, RecordingMeta
-from memprof.model.schema import EVENTS_SCHEMA, FRAMES_SCHEMA, SAMPLES_SCHEMA, STACKS_SCHEMA
+from memprof.model import schema
 
 META_NAME = "meta.json"
-TABLES: dict[str, pa.Schema] = {
-    "events": EVENTS_SCHEMA, "stacks": STACKS_SCHEMA, "frames": FRAMES_SCHEMA, "samples": SAMPLES_SCHEMA,
-}
+
+
+class _Tables(Mapping):
+    """A recording's tables: name -> Arrow schema, each schema looked up in model.schema at
+    its use. `record` opens its writer before the command starts, and the names are all it
+    needs then; the schemas (pyarrow) come with the first rows, once the command runs."""
+
+    _NAMES = {"events": "EVENTS_SCHEMA", "stacks": "STACKS_SCHEMA", "frames": "FRAMES_SCHEMA",
+              "samples": "SAMPLES_SCHEMA"}
+
+    def __getitem__(self, name: str) -> pa.Schema:
+        return getattr(schema, self._NAMES[name])
+
+    def __iter__(self):
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+
+TABLES: Mapping[str, pa.Schema] = _Tables()
 # Columns that may not be missing or null; every other column of a table is nullable.
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     # `layer` is null on `mark` rows (an exit or a step belongs to no allocator layer).
@@ -394,7 +410,7 @@ def _to_array(field: pa.Field, value: _Column, length: int, where: str) -> pa.Ar
             return arrow_build.repeated(value, field.type, length)
         if isinstance(value, (pa.Array, pa.ChunkedArray)):
             return _cast(_combine(value), field.type)
-        if isinstance(value, arrow_build.CONVERTIBLE):
+        if arrow_build.convertible(value):
             if pa.types.is_string(field.type):
                 return arrow_build.strings(value)
             return arrow_build.numeric(value, field.type)
@@ -415,7 +431,7 @@ def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
         codes = np.asarray(value.codes)
         array = pa.DictionaryArray.from_arrays(
             pa.array(codes, mask=codes < 0), pa.array(np.asarray(value.categories, dtype=object), type_.value_type))
-    elif isinstance(value, arrow_build.CONVERTIBLE) and all(v is None or isinstance(v, str) for v in value):
+    elif arrow_build.convertible(value) and all(v is None or isinstance(v, str) for v in value):
         array = arrow_build.strings(value)
         if array.null_count == len(array):
             return pa.nulls(length, type_)  # as pa.array's null type below

@@ -1,10 +1,17 @@
 """What a whole recording loads into the recorder's process (issue 24: size and start-up),
 with real eBPF: no pandas, whatever the command and whether or not the status line (and its
 live bytes) is on; and the recording it writes reads back with the known numbers. Decoding
-and writing alone are checked without privileges in tests/unit/test_startup_imports.py."""
+and writing alone are checked without privileges in tests/unit/test_startup_imports.py.
+
+And what `record` has imported when it lets the command start: with what it keeps across
+runs in place (the compiled program, libc10's call site, the interpreter's answers), neither
+numpy, pyarrow nor pyelftools, which cost the start ~100 ms of CPU on a 2-vCPU machine where
+it is CPU-bound (memprof/lazy_import.py); the recording they are imported for once the
+command runs is as whole: the tensors a Python command holds, with its Python frames."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_kernel import KERNEL_LEAK, PIPE_BUFFER_ARRAY_BYTES, pipe_info_finding
+from tests.integration.test_mount_namespaces import SCRIPT, held_tensors, python_functions
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +60,45 @@ def test_a_recording_without_pandas_finds_the_known_kernel_leak(tmp_path, leaks_
     assert out == {"exit": 0, "pandas": False}
     finding = pipe_info_finding(leaks_json(tmp_path / "leak.memprof", "--layer", "kernel_slab", "--top", "1000"))
     assert (finding["live_count"], finding["live_bytes"]) == (257, 257 * PIPE_BUFFER_ARRAY_BYTES)
+
+
+# `python -c HOOK record …`: memprof's own entry point, which writes the names of the
+# imported modules to $MODULES_AT_RELEASE the moment it lets the command start.
+HOOK = """
+import json, os, sys
+from memprof.capture import target
+
+release = target.GatedChild.release
+
+
+def noting_release(self, *args, **kwargs):
+    with open(os.environ["MODULES_AT_RELEASE"], "w") as f:
+        json.dump(sorted(sys.modules), f)
+    return release(self, *args, **kwargs)
+
+
+target.GatedChild.release = noting_release
+sys.argv[0] = "memprof"
+from memprof.cli.main import main
+main()
+"""
+HEAVY = ("numpy", "pyarrow", "elftools", "pandas", "capstone")
+
+
+def test_the_command_starts_before_numpy_pyarrow_or_pyelftools_is_imported(tmp_path, leaks_json):
+    pytest.importorskip("torch")
+    script = tmp_path / "hold.py"
+    script.write_text(SCRIPT)
+    noted = tmp_path / "modules.json"
+    for run in range(2):  # the first keeps what the second finds kept (a fresh CI machine has nothing)
+        recording = tmp_path / f"r{run}.memprof"
+        result = subprocess.run([sys.executable, "-c", HOOK, "record", "-q", "-o", str(recording), "--",
+                                 sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "MODULES_AT_RELEASE": str(noted)})
+        assert result.returncode == 0, result.stderr
+    modules = json.loads(noted.read_text())
+    assert "memprof.capture.session" in modules and "memprof.sources.ebpf.source" in modules
+    assert [m for m in modules if m.split(".")[0] in HEAVY] == []
+
+    tensors = held_tensors(leaks_json, recording)
+    assert python_functions(tensors[0])[:2] == ["hold_tensors", "<module>"]

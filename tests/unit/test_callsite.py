@@ -152,9 +152,13 @@ def test_a_kept_call_site_is_not_used_for_a_changed_file_or_other_symbols(librar
     assert find_call_site(str(library), "alloc_local", "local_hook").offset is not None
     assert len(list(cache_dir.glob("*.site"))) == 3
     with open(library, "rb") as f:
-        name = symbol_cache.file_key(os.fstat(f.fileno()), "alloc_once", "hook", kind="call-site")
+        name = symbol_cache.file_key(os.fstat(f.fileno()), "alloc_once", "hook", kind="call-site-record")
         assert C._kept(f, name, "alloc_once", "hook") == first
-    kept = symbol_cache.load(name, C._KEPT_FIELDS, C._KEPT_SUFFIX)
-    symbol_cache.store_small(name, {"offset": kept["offset"], "file_offset": kept["file_offset"] + 1}, C._KEPT_SUFFIX)
+    kept = symbol_cache.load_record(name, C._KEPT_SUFFIX)
+    symbol_cache.store_record(name, {**kept, "file_offset": kept["file_offset"] + 1}, C._KEPT_SUFFIX)
     with open(library, "rb") as f:
         assert C._kept(f, name, "alloc_once", "hook") is None  # its byte is no `call`
+    for spoiled in ({"offset": True, "file_offset": kept["file_offset"]}, {"offset": kept["offset"]}, {}):
+        symbol_cache.store_record(name, spoiled, C._KEPT_SUFFIX)
+        with open(library, "rb") as f:
+            assert C._kept(f, name, "alloc_once", "hook") is None, spoiled

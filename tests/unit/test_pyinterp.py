@@ -274,3 +274,56 @@ def test_doctor_unsupported_python_does_not_change_the_exit_status():
     rows = [line for line in with_old.output.splitlines() if "│ Python frames" in line]
     assert len(rows) == 3, with_old.output
     assert "unsupported" in rows[1] and "CPython 3.9 is not supported" in rows[1]
+
+
+# --- kept across runs ---
+
+
+@pytest.fixture
+def symbol_cache_dir(monkeypatch):
+    """A symbol cache folder of the test's own, only root may write, as the real one."""
+    import uuid
+    from memprof.sources.symbols import symbol_cache
+    if os.geteuid() != 0:
+        pytest.skip("the cache serves root")
+    top = f"/var/cache/memprof-tests/{uuid.uuid4().hex}"
+    monkeypatch.setattr(symbol_cache, "CACHE_DIR", f"{top}/symbols")
+    monkeypatch.delenv(symbol_cache.OFF_ENV, raising=False)
+    yield f"{top}/symbols"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _forget_this_run():
+    """As a new recorder: nothing of this process's own caches."""
+    from memprof.sources.cpython import interp
+    interp._inspect_cached.cache_clear()
+    interp._links_libpython.cache_clear()
+
+
+def test_a_layout_is_kept_across_runs_and_used_only_while_the_table_has_it(symbol_cache_dir, tmp_path, monkeypatch):
+    """What start-up confirms of an interpreter is kept in root's symbol cache folder: a later
+    recorder neither reads the file nor imports pyelftools for it. A kept layout is used only
+    while the offsets table holds the entry it confirmed."""
+    from memprof.sources.cpython import interp
+    lib = _copy(INTERPRETERS[3][0], tmp_path)
+    first = inspect_python(lib)
+    _forget_this_run()
+    monkeypatch.setattr(interp, "_Inspection", None)  # reading the file again would fail
+    kept = inspect_python(lib)
+    assert kept == first and kept is not first and kept.offsets is OFFSETS[(3, 12)]
+    _forget_this_run()
+    monkeypatch.setitem(OFFSETS, (3, 12), {**OFFSETS[(3, 12)], "sizeof_runtime": 1})
+    with pytest.raises(TypeError):  # the table's entry changed: the kept layout is not used, the file is read
+        inspect_python(lib)
+    _forget_this_run()
+
+
+def test_what_an_executable_links_is_kept_across_runs(symbol_cache_dir, monkeypatch):
+    from memprof.sources.cpython import interp
+    lib, exe, _ = INTERPRETERS[3]
+    _forget_this_run()
+    assert runtime_file(_need(exe)) == os.path.realpath(_need(lib))
+    _forget_this_run()
+    monkeypatch.setattr(interp, "_libpython_needed", None)  # reading the file again would fail
+    assert runtime_file(exe) == os.path.realpath(lib)
+    _forget_this_run()

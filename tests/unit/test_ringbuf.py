@@ -53,7 +53,7 @@ def ring():
 
 
 def test_drains_committed_records_in_order_and_advances_the_consumer(ring):
-    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE)
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: EVENT_DTYPE)
     for ts in range(1, 6):
         ring.produce(ts)
     out = consumer.drain()
@@ -64,7 +64,7 @@ def test_drains_committed_records_in_order_and_advances_the_consumer(ring):
 
 
 def test_stops_at_the_first_record_still_being_written(ring):
-    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE)
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: EVENT_DTYPE)
     ring.produce(1)
     ring.produce(2, busy=True)
     ring.produce(3)
@@ -74,7 +74,7 @@ def test_stops_at_the_first_record_still_being_written(ring):
 
 
 def test_records_that_wrap_around_the_end_come_out_whole(ring):
-    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE)
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: EVENT_DTYPE)
     per_ring = SIZE // STRIDE
     seen = []
     for ts in range(1, 3 * per_ring):
@@ -86,8 +86,22 @@ def test_records_that_wrap_around_the_end_come_out_whole(ring):
 
 
 def test_a_record_of_another_size_is_an_error_not_garbage(ring):
-    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE)
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: EVENT_DTYPE)
     ring.produce(1)
     struct.pack_into("<I", ring.map, 2 * PAGE, 24)
     with pytest.raises(RuntimeError, match="unexpected length 24"):
         consumer.drain()
+
+
+def test_the_records_dtype_is_asked_at_the_first_drain_and_checked(ring):
+    """`record` maps the ring before the command starts, without numpy: the dtype comes at
+    the first drain, and one of another size than the records' is refused there."""
+    asked = []
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: asked.append(1) or EVENT_DTYPE)
+    assert asked == []
+    ring.produce(1)
+    assert consumer.drain()["ts_ns"].tolist() == [1] and consumer.drain().size == 0
+    assert asked == [1]
+    wrong = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize + 8, lambda: EVENT_DTYPE)
+    with pytest.raises(ValueError, match="not 80"):
+        wrong.drain()

@@ -89,18 +89,26 @@ def inspect_python(path: str) -> PythonBinary:
 
 @functools.lru_cache(maxsize=64)
 def _inspect_cached(file: FileAt) -> PythonBinary | PythonLayoutError:
-    """inspect_python's work, returning its refusal rather than raising (so that it is cached)."""
+    """inspect_python's work, returning its refusal rather than raising (so that it is cached);
+    a confirmation kept from an earlier run of the same file is taken as it is (_kept)."""
+    kept = _kept_inspection(file)
+    if kept is not None:
+        return kept
     from elftools.common.exceptions import ELFError
     path = file.path
     try:
         with open_binary(path) as f:
-            return _Inspection(path, f).run()
+            found = _Inspection(path, f).run()
     except PythonLayoutError as e:
         return e
     except OSError as e:
         return PythonLayoutError(f"cannot read {path}: {e.strerror}", "check the path")
     except (ELFError, struct.error) as e:  # a truncated or malformed ELF file
         return PythonLayoutError(f"cannot parse {path} as ELF: {e}", _HINT_FILE)
+    _keep(file, "python-runtime", {"version": list(found.version), "runtime_vaddr": found.runtime_vaddr,
+                                   "code_type_vaddr": found.code_type_vaddr, "init_vaddr": found.init_vaddr,
+                                   "offsets": found.offsets})
+    return found
 
 
 def python_file_in_maps(maps: Sequence[Mapping]) -> str | None:
@@ -178,13 +186,77 @@ def runtime_file(path: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _links_libpython(file: FileAt) -> tuple[list[str], list[str]]:
     """_libpython_needed of the executable `file`; ([], []) for one that cannot be read.
-    Per file, not per path: $ORIGIN is expanded per path (_library_dirs)."""
+    Per file, not per path: $ORIGIN is expanded per path (_library_dirs). Kept across runs
+    (_kept)."""
+    kept = _kept(file, "python-links")
+    if kept is not None and _strings(kept.get("needed")) and _strings(kept.get("runpaths")):
+        return kept["needed"], kept["runpaths"]
     from elftools.common.exceptions import ELFError
     try:
         with open_binary(file.path) as f:
-            return _libpython_needed(f)
+            needed, runpaths = _libpython_needed(f)
     except (OSError, ELFError):
         return [], []
+    _keep(file, "python-links", {"needed": needed, "runpaths": runpaths})
+    return needed, runpaths
+
+
+# --- kept across runs ---
+#
+# What the recorder learns of an interpreter file before the command starts (what it links,
+# its confirmed layout) is kept in root's symbol cache folder (symbols/symbol_cache.py),
+# named by the file's device, inode, size, mtime and ctime, this module's _KEPT_FORMAT and
+# the offsets table's entries: pyelftools' import and the ELF reads took ~30 ms of the start
+# of every Python command, and numpy's import with them (memprof/lazy_import.py). A kept
+# confirmation holds the table entry it confirmed, and is used only while the table has
+# that entry. Refusals are not kept: their files are read again.
+_KEPT_FORMAT = 1  # bump when what a check reads or decides changes
+_KEPT_SUFFIX = ".python"
+
+
+def _kept(file: FileAt, kind: str) -> dict | None:
+    from memprof.sources.symbols import symbol_cache
+    return symbol_cache.load_record(_kept_name(file, kind), _KEPT_SUFFIX)
+
+
+def _keep(file: FileAt, kind: str, record: dict) -> None:
+    from memprof.sources.symbols import symbol_cache
+    symbol_cache.store_record(_kept_name(file, kind), record, _KEPT_SUFFIX)
+
+
+def _kept_name(file: FileAt, kind: str) -> str:
+    from memprof.sources.symbols import symbol_cache
+    dev, ino, mtime_ns, size = file.identity
+    return symbol_cache.key(kind, _KEPT_FORMAT, _table_text(), dev, ino, size, mtime_ns, file.ctime_ns)
+
+
+@functools.cache
+def _table_text() -> str:
+    return repr(sorted(OFFSETS.items()))
+
+
+def _kept_inspection(file: FileAt) -> PythonBinary | None:
+    """The confirmation kept for `file`, named by its path now; None where none is, or it
+    is not one this table would give."""
+    kept = _kept(file, "python-runtime")
+    if kept is None:
+        return None
+    version, offsets = kept.get("version"), kept.get("offsets")
+    addresses = [kept.get(k) for k in ("runtime_vaddr", "code_type_vaddr", "init_vaddr")]
+    if not (isinstance(version, list) and len(version) == 3 and all(_is_int(v) for v in version + addresses)):
+        return None
+    version = tuple(version)
+    if offsets != OFFSETS.get(version[:2]):
+        return None
+    return PythonBinary(file.path, version, *addresses[:2], OFFSETS[version[:2]], addresses[2])
+
+
+def _is_int(value) -> bool:
+    return type(value) is int  # noqa: E721 (JSON's true is no address)
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 # --- reading the file ---

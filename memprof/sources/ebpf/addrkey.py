@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import secrets
 
-import numpy as np
+from memprof.lazy_import import numpy as np
 
 ROUNDS = 4
 # Right shifts of the rounds: near half of the 56-bit word, so that each round's shift
@@ -47,13 +47,15 @@ ALIGN_BITS = 3   # low bits kept as they are (0 in every kernel address: 8-align
 WORD_BITS = 56   # bits below the top byte, which is flipped (0xff in every kernel address)
 _LOW = (1 << ALIGN_BITS) - 1
 _MIXED = (1 << WORD_BITS) - 1 - _LOW                 # bits 3..55: the ones mixed
-_TOP = np.uint64(0xFFFF_FFFF_FFFF_FFFF ^ ((1 << WORD_BITS) - 1))
-_BELOW_TOP = np.uint64((1 << WORD_BITS) - 1)
+# Plain ints, made numpy's uint64 at each pass (`record` imports this module before the
+# command starts, without numpy: memprof/lazy_import.py).
+_TOP = 0xFFFF_FFFF_FFFF_FFFF ^ ((1 << WORD_BITS) - 1)
+_BELOW_TOP = (1 << WORD_BITS) - 1
 # The bits each round's shifted copy may flip: those whose source (bit + shift) is below
 # the top byte and that are not kept. Then a round reads bits 0..55 only and the top byte,
 # which the multiplication dirties, never flows down: bits 0..55 of the image depend on
 # bits 0..55 of the address alone, and the round stays invertible (top down).
-_SHIFT_MASKS = tuple(np.uint64(((1 << (WORD_BITS - s)) - 1) & ~_LOW) for s in _SHIFTS)
+_SHIFT_MASKS = tuple(((1 << (WORD_BITS - s)) - 1) & ~_LOW for s in _SHIFTS)
 _CHUNK = 1 << 15  # addresses per pass: 256 KiB, within L2
 
 
@@ -74,9 +76,9 @@ class AddressKey:
         # (invertible mod 2^56) and x·m ≡ x mod 8 (the low bits stay as they are).
         if any(w & ~_MIXED for w in (*xors, final)) or any(m & ~(_MIXED | 1) or m & _LOW != 1 for m in multipliers):
             raise ValueError("key words must leave the low bits and the top byte of an address as they are")
-        self._xors = tuple(np.uint64(w) for w in xors)
-        self._multipliers = tuple(np.uint64(m) for m in multipliers)
-        self._final = np.uint64(final)
+        self._xors = tuple(xors)
+        self._multipliers = tuple(multipliers)
+        self._final = final
 
     @classmethod
     def generate(cls) -> "AddressKey":
@@ -98,22 +100,23 @@ class AddressKey:
 
     def _mix(self, x: np.ndarray, scratch: np.ndarray) -> None:
         """Apply the permutation to `x` in place (`scratch`: two rows as long as `x`)."""
+        u64 = np.uint64
         top, shifted = scratch
-        np.bitwise_and(x, _TOP, out=top)
+        np.bitwise_and(x, u64(_TOP), out=top)
         for xor, mul, shift, mask in zip(self._xors, self._multipliers, _SHIFTS, _SHIFT_MASKS):
-            x ^= xor
-            x *= mul  # wraps mod 2^64; bits 0..55 are the product mod 2^56, the one we mean
-            np.right_shift(x, np.uint64(shift), out=shifted)
-            shifted &= mask
+            x ^= u64(xor)
+            x *= u64(mul)  # wraps mod 2^64; bits 0..55 are the product mod 2^56, the one we mean
+            np.right_shift(x, u64(shift), out=shifted)
+            shifted &= u64(mask)
             x ^= shifted
-        x &= _BELOW_TOP
+        x &= u64(_BELOW_TOP)
         x |= top
-        x ^= self._final | _TOP  # the last key word, and the top byte flipped
+        x ^= u64(self._final | _TOP)  # the last key word, and the top byte flipped
 
     def words(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """The key words (xors, multipliers, final), for tests that invert `apply`. Never
         write them anywhere: with them, every image gives its address back."""
-        return (tuple(map(int, self._xors)), tuple(map(int, self._multipliers)), int(self._final))
+        return self._xors, self._multipliers, self._final
 
     def __repr__(self) -> str:
         return "AddressKey(<secret>)"

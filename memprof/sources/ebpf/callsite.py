@@ -22,8 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import defined_symbol, demangle, symbol_indices
 from memprof.sources.symbols.files import open_binary, section_bytes
@@ -33,7 +32,8 @@ _FRAME_SETUP = bytes.fromhex("554889e5")  # push %rbp; mov %rsp,%rbp
 _CALL_REL32 = 0xE8
 _MAX_FUNCTION_BYTES = 1 << 16
 _R_X86_64_JUMP_SLOT = 7
-_ELF64_RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")])  # x86-64 only, as the decoding
+# Elf64_Rela as numpy's dtype fields; x86-64 only, as the decoding
+_ELF64_RELA = [("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")]
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,13 @@ def find_call_site(path: str, caller: str, callee: str) -> CallSite:
     except OSError as e:
         return CallSite(None, f"cannot read {path}: {e}")
     with f:
-        name = symbol_cache.file_key(os.fstat(f.fileno()), caller, callee, kind="call-site")
+        name = symbol_cache.file_key(os.fstat(f.fileno()), caller, callee, kind="call-site-record")
         kept = _kept(f, name, caller, callee)
         if kept is not None:
             return kept
         site = _decode(f, path, caller, callee)
         if site.file_offset is not None:
-            symbol_cache.store_small(name, {"offset": np.array([site.offset], np.int64),
-                                            "file_offset": np.array([site.file_offset], np.int64)}, _KEPT_SUFFIX)
+            symbol_cache.store_record(name, {"offset": site.offset, "file_offset": site.file_offset}, _KEPT_SUFFIX)
         return site
 
 
@@ -70,17 +69,17 @@ def find_call_site(path: str, caller: str, callee: str) -> CallSite:
 # 20-30 ms of each start of a command whose Python environment has torch, on its path
 # (bench/RESULTS.md). An entry is named by the file's device, inode, size, mtime and ctime
 # (a change to the file changes its ctime, which no user can set back) with the two
-# symbols, in symbol_cache's folder, counted apart from the symbol tables.
+# symbols, in symbol_cache's folder, counted apart from the symbol tables: a JSON record,
+# read before the command starts without numpy (memprof/lazy_import.py).
 _KEPT_SUFFIX = ".site"
-_KEPT_FIELDS = {"offset": np.dtype(np.int64), "file_offset": np.dtype(np.int64)}
 
 
 def _kept(f, name: str, caller: str, callee: str) -> CallSite | None:
     """The call site kept under `name`, if its byte in `f` is still a `call`; None otherwise."""
-    arrays = symbol_cache.load(name, _KEPT_FIELDS, _KEPT_SUFFIX)
-    if arrays is None or arrays["offset"].size != 1 or arrays["file_offset"].size != 1:
+    record = symbol_cache.load_record(name, _KEPT_SUFFIX) or {}
+    offset, at = record.get("offset"), record.get("file_offset")
+    if type(offset) is not int or type(at) is not int:  # noqa: E721 (not bool, a JSON true)
         return None
-    offset, at = int(arrays["offset"][0]), int(arrays["file_offset"][0])
     if not 0 <= offset < _MAX_FUNCTION_BYTES or at < 0 or os.pread(f.fileno(), 1, at) != bytes([_CALL_REL32]):
         return None
     return _found(caller, callee, offset, at)
@@ -182,7 +181,8 @@ def _jump_slots(elf, callee: str) -> set[int]:
     if indices.size == 0:
         return set()
     data = section_bytes(section)
-    relocs = np.frombuffer(data, dtype=_ELF64_RELA, count=len(data) // _ELF64_RELA.itemsize)
+    rela = np.dtype(_ELF64_RELA)
+    relocs = np.frombuffer(data, dtype=rela, count=len(data) // rela.itemsize)
     info = relocs["info"]
     hits = ((info & 0xFFFFFFFF) == _R_X86_64_JUMP_SLOT) & np.isin(info >> np.uint64(32), indices)
     return {int(offset) for offset in relocs["offset"][hits]}

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
-import numpy as np
-import pyarrow as pa
-
+from memprof.lazy_import import numpy as np, pyarrow as pa
 from memprof.model import Action, Layer
 from memprof.model.schema import Mark
 from memprof.recording import arrow_build
@@ -24,17 +22,32 @@ from memprof.sources.ebpf.addrkey import AddressKey
 LAYER_NAMES = [layer.value for layer in Layer]
 ACTION_NAMES = [action.value for action in Action]
 DEVICE_NAMES = ["cpu", "cuda"]
-# The record's layer byte -> index in LAYER_NAMES; its kind -> index in ACTION_NAMES.
-_LAYER_INDEX = np.full(256, -1, dtype=np.int8)
-for _code, _name in enumerate(R.LAYER_CODES):
-    _LAYER_INDEX[_code] = LAYER_NAMES.index(_name)
-_KIND_ACTION = np.full(256, ACTION_NAMES.index(Action.FREE.value), dtype=np.int8)
-_KIND_ACTION[list(R.ALLOC_KINDS)] = ACTION_NAMES.index(Action.ALLOC.value)
-_KIND_ACTION[[R.EXIT_MARK, R.PROC_EXEC]] = ACTION_NAMES.index(Action.MARK.value)
 # The mark records' `category`: the index of each kind's label in MARK_NAMES.
 MARK_NAMES = [Mark.EXIT.value, Mark.EXEC.value]
-_MARK_INDEX = np.full(256, -1, dtype=np.int8)
-_MARK_INDEX[R.EXIT_MARK], _MARK_INDEX[R.PROC_EXEC] = 0, 1
+
+
+class _Lookups(NamedTuple):
+    """Per record byte (0-255): the layer byte's index in LAYER_NAMES, the kind's in
+    ACTION_NAMES, and the kind's in MARK_NAMES (-1: none)."""
+
+    layer: "np.ndarray"
+    action: "np.ndarray"
+    mark: "np.ndarray"
+
+
+@functools.cache
+def _lookups() -> _Lookups:
+    """Built at the first decode, not at import: `record` imports this module before the
+    command starts, and numpy with it would cost that start ~50 ms (memprof/lazy_import.py)."""
+    layer = np.full(256, -1, dtype=np.int8)
+    for code, name in enumerate(R.LAYER_CODES):
+        layer[code] = LAYER_NAMES.index(name)
+    action = np.full(256, ACTION_NAMES.index(Action.FREE.value), dtype=np.int8)
+    action[list(R.ALLOC_KINDS)] = ACTION_NAMES.index(Action.ALLOC.value)
+    action[[R.EXIT_MARK, R.PROC_EXEC]] = ACTION_NAMES.index(Action.MARK.value)
+    mark = np.full(256, -1, dtype=np.int8)
+    mark[R.EXIT_MARK], mark[R.PROC_EXEC] = 0, 1
+    return _Lookups(layer, action, mark)
 
 
 @dataclass
@@ -63,11 +76,12 @@ class MemoryDecoder:
 
     def decode(self, recs: np.ndarray) -> EventBatch:
         """Columns of the events table for the memory records among `recs`."""
+        lookups = _lookups()
         kinds = recs["kind"]
-        mem = recs[(kinds <= R.USER_FREE) | (_MARK_INDEX[kinds] >= 0)]
+        mem = recs[(kinds <= R.USER_FREE) | (lookups.mark[kinds] >= 0)]
         k, layer, flags = mem["kind"], mem["layer"], mem["flags"]
         is_alloc = np.isin(k, R.ALLOC_KINDS)
-        mark_index = _MARK_INDEX[k]
+        mark_index = lookups.mark[k]
         is_mark = mark_index >= 0
         size = mem["size"].astype(np.int64)
         requested = np.where(k == R.USER_ALLOC, size, mem["requested"].astype(np.int64))
@@ -78,8 +92,8 @@ class MemoryDecoder:
         is_device = (layer == R.LAYER_CODES.index(Layer.CUDA_DRIVER.value)) & ((flags & R.FLAG_HOST) == 0) & ~is_mark
         columns = {
             "ts_ns": mem["ts_ns"].astype(np.int64),
-            "layer": _categorical(np.where(is_mark, -1, _LAYER_INDEX[layer]).astype(np.int8), LAYER_NAMES),
-            "action": _categorical(_KIND_ACTION[k], ACTION_NAMES),
+            "layer": _categorical(np.where(is_mark, -1, lookups.layer[layer]).astype(np.int8), LAYER_NAMES),
+            "action": _categorical(lookups.action[k], ACTION_NAMES),
             "addr": self.keyed_addresses(k, mem["addr"]),
             "size_bytes": _masked(size, (~is_alloc & (size == 0)) | is_mark),
             "requested_bytes": _masked(requested, ~is_alloc),
@@ -117,10 +131,10 @@ class MemoryDecoder:
         return weight
 
 
-def _categorical(codes: np.ndarray, categories: list[str], index_type: pa.DataType = pa.int8()) -> pa.DictionaryArray:
+def _categorical(codes: np.ndarray, categories: list[str], index_type: pa.DataType | None = None) -> pa.DictionaryArray:
     """A category column: `codes` index `categories`, -1 is null; indices of the schema's
-    `index_type`, so that the writer stores the array as it is (recording/writer.py)."""
-    indices = arrow_build.numeric(codes, index_type, mask=codes < 0)
+    `index_type` (None: int8), so that the writer stores the array as it is (recording/writer.py)."""
+    indices = arrow_build.numeric(codes, index_type or pa.int8(), mask=codes < 0)
     return pa.DictionaryArray.from_arrays(indices, _dictionary(tuple(categories)))
 
 

@@ -109,8 +109,8 @@ def late_programs(options) -> list[tuple[str, int]]:
     their library is already known, else verified for one mapped later), as (program, bcc
     program type). The native family's depend on the interposer's choice, made later: they
     are loaded in the foreground. Listed on the compile's thread, after the programs before
-    the command: the families' module (uprobes.py) imports numpy and pyarrow, which neither
-    `begin` nor those loads should wait for."""
+    the command: neither `begin` nor those loads wait for the families' module (uprobes.py)
+    and what it imports."""
     from bcc import BPF
     from memprof.sources.ebpf import uprobes as U
     late = []

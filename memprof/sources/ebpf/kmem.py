@@ -109,9 +109,14 @@ def interrupt_entry_text(lines) -> tuple[int, int]:
     asm_common_interrupt is not found once with an address (kallsyms shows others zeros), or
     nothing follows the stubs in `lines`: then only interrupts on stacks of their own are
     told apart."""
-    from memprof.sources.symbols.symbolize import KernelSymbols  # its parse: text symbols, no __pfx_ twins
-    table = KernelSymbols.from_lines(lines)
-    names = table.names.tolist()
+    from memprof.sources.symbols.symbolize import kallsyms_text_symbols  # no __pfx_ twins
+    # By address, the first of each address kept, as KernelSymbols keeps them; in plain
+    # Python: `record` asks before the command starts, without numpy (memprof/lazy_import.py).
+    starts, names = [], []
+    for start, name, _ in sorted(kallsyms_text_symbols(lines), key=lambda symbol: symbol[0]):
+        if not starts or start != starts[-1]:
+            starts.append(start)
+            names.append(name)
     if names.count("asm_common_interrupt") != 1:
         return 0, 0
     first = last = names.index("asm_common_interrupt")
@@ -119,7 +124,7 @@ def interrupt_entry_text(lines) -> tuple[int, int]:
         last += 1
     if last + 1 >= len(names):
         return 0, 0
-    return int(table.starts[first]), int(table.starts[last + 1])
+    return starts[first], starts[last + 1]
 
 
 def read_interrupt_entry_text(path: str = "/proc/kallsyms") -> tuple[int, int]:

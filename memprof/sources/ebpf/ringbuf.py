@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import mmap
 import struct
+from typing import Callable
 
-import numpy as np
+from memprof.lazy_import import numpy as np
 
 _BUSY_BIT = 1 << 31
 _DISCARD_BIT = 1 << 30
@@ -33,16 +34,28 @@ class RingBufferConsumer:
     (a copy), and advances the consumer position so the kernel can reuse the space.
     """
 
-    def __init__(self, map_fd: int, size_bytes: int, dtype: np.dtype):
+    def __init__(self, map_fd: int, size_bytes: int, record_bytes: int, dtype: Callable[[], np.dtype]):
+        """`dtype()` gives the records' numpy dtype (of `record_bytes` each), asked at the first
+        drain: `record` maps the ring before the command starts, without numpy
+        (memprof/lazy_import.py)."""
         if size_bytes & (size_bytes - 1):
             raise ValueError("ring buffer size must be a power of two")
         self._size = size_bytes
         self._mask = size_bytes - 1
-        self._dtype = dtype
-        self._stride = (_HEADER_BYTES + dtype.itemsize + 7) & ~7
+        self._record_bytes = record_bytes
+        self._dtype_of = dtype
+        self._stride = (_HEADER_BYTES + record_bytes + 7) & ~7
         self._consumer = mmap.mmap(map_fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._producer = mmap.mmap(map_fd, _PAGE + size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=_PAGE)
-        self._data = np.frombuffer(self._producer, dtype=np.uint8, offset=_PAGE)
+        self._views: tuple[np.ndarray, np.dtype] | None = None  # the data area's bytes, the records' dtype
+
+    def _data_and_dtype(self) -> tuple[np.ndarray, np.dtype]:
+        if self._views is None:
+            dtype = self._dtype_of()
+            if dtype.itemsize != self._record_bytes:
+                raise ValueError(f"records of {dtype.itemsize} bytes, not {self._record_bytes}")
+            self._views = np.frombuffer(self._producer, dtype=np.uint8, offset=_PAGE), dtype
+        return self._views
 
     @property
     def consumer_pos(self) -> int:
@@ -54,31 +67,32 @@ class RingBufferConsumer:
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Committed records since the last drain, oldest first (at most `max_records`)."""
+        data, dtype = self._data_and_dtype()
         cons = self.consumer_pos
         avail = self.producer_pos - cons
         n = avail // self._stride
         if max_records is not None:
             n = min(n, max_records)
         if n <= 0:
-            return np.empty(0, dtype=self._dtype)
-        raw = self._span(cons & self._mask, n * self._stride).reshape(n, self._stride)
+            return np.empty(0, dtype=dtype)
+        raw = self._span(data, cons & self._mask, n * self._stride).reshape(n, self._stride)
         lengths = raw[:, :4].copy().view("<u4").ravel()
         n = self._committed_prefix(lengths)
         if n == 0:
-            return np.empty(0, dtype=self._dtype)
+            return np.empty(0, dtype=dtype)
         self._check_lengths(lengths[:n])
-        body = raw[:n, _HEADER_BYTES:_HEADER_BYTES + self._dtype.itemsize]
-        records = np.ascontiguousarray(body).view(self._dtype).ravel()
+        body = raw[:n, _HEADER_BYTES:_HEADER_BYTES + self._record_bytes]
+        records = np.ascontiguousarray(body).view(dtype).ravel()
         struct.pack_into("<Q", self._consumer, 0, cons + n * self._stride)
         return records
 
-    def _span(self, start: int, length: int) -> np.ndarray:
-        """`length` bytes of the data area from `start`: a view, or, for a batch that wraps
-        past the end, a copy of its two pieces joined (`length` never exceeds the ring)."""
+    def _span(self, data: np.ndarray, start: int, length: int) -> np.ndarray:
+        """`length` bytes of the data area `data` from `start`: a view, or, for a batch that
+        wraps past the end, a copy of its two pieces joined (`length` never exceeds the ring)."""
         end = start + length
         if end <= self._size:
-            return self._data[start:end]
-        return np.concatenate((self._data[start:], self._data[:end - self._size]))
+            return data[start:end]
+        return np.concatenate((data[start:], data[:end - self._size]))
 
     @staticmethod
     def _committed_prefix(lengths: np.ndarray) -> int:
@@ -89,11 +103,11 @@ class RingBufferConsumer:
     def _check_lengths(self, lengths: np.ndarray) -> None:
         # We never discard and every record has one size; anything else means the map is
         # shared with a program of another layout, which would make every later row garbage.
-        bad = (lengths & ~np.uint32(_DISCARD_BIT)) != self._dtype.itemsize
+        bad = (lengths & ~np.uint32(_DISCARD_BIT)) != self._record_bytes
         if bad.any():
             raise RuntimeError(f"ring buffer record of unexpected length {int(lengths[bad][0])}")
 
     def close(self) -> None:
-        self._data = None
+        self._views = None
         self._producer.close()
         self._consumer.close()

@@ -13,8 +13,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.model import SourceStats
 from memprof.sources.cpython.frames import PythonFrames
 from memprof.sources.ebpf import bpfinfo, early
@@ -53,6 +52,7 @@ class EbpfSource:
         self._libraries: LibraryProbes | None = None
         self._python: PythonFrames | None = None
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
+        self._symbols: SymbolPrewarm | None = None  # start(): the ELF symbol tables read ahead
         self._process_probes_detach: threading.Thread | Holder | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
         # Kernel frees, in the last poll and in all, of allocations the target held
@@ -82,7 +82,8 @@ class EbpfSource:
         self._libraries.attach_known(known)
         self._libraries.attach_mapped(attached)
         self._libraries.verify_programs_of_late_families()
-        self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_DTYPE)
+        self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_BYTES,
+                                        lambda: R.EVENT_DTYPE)
         self._python = PythonFrames(self._bpf, self.options.python)
         self._python.install()
         self._python.prewarm(self.command_path)
@@ -99,7 +100,8 @@ class EbpfSource:
         kept, symbolize.load_kernel_symbols) and the command never waits for it. It must come
         after the start's programs are loaded: they top every kernel stack (dropped by name),
         and kallsyms, or their program info, names them only once they are."""
-        self._symbols.begin()  # where start() did not: it had no compile to overlap
+        if self._symbols is not None:
+            self._symbols.begin()  # where start() did not: it had no compile to overlap
         if self._kallsyms is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-kallsyms")
             self._kallsyms = pool.submit(load_kernel_symbols, _program_symbols)

@@ -10,8 +10,7 @@ import functools
 import os
 import weakref
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.files import open_binary, section_bytes
 
@@ -70,7 +69,7 @@ def demangle(name: str) -> str:
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _SHN_UNDEF = 0
 # Among aliases at one address (malloc / __libc_malloc) prefer global, then weak, then local.
-_BINDING_RANK = np.array([2, 0, 1] + [3] * 13, dtype=np.uint8)  # STB_LOCAL=0, GLOBAL=1, WEAK=2
+_BINDING_RANK = (2, 0, 1) + (3,) * 13  # STB_LOCAL=0, GLOBAL=1, WEAK=2
 
 
 def _sym_dtype(elfclass: int, little: bool) -> np.dtype:
@@ -101,7 +100,7 @@ def _alias_rank(syms: np.ndarray, strtab: StringTable) -> np.ndarray:
     lead = strtab.leading_bytes(syms["name"].astype(np.int64), 2)
     under1 = lead[:, 0] == ord("_")
     under2 = under1 & (lead[:, 1] == ord("_"))
-    binding = _BINDING_RANK[syms["info"] >> 4].astype(np.int64)
+    binding = np.array(_BINDING_RANK, dtype=np.int64)[syms["info"] >> 4]
     return binding * 8 + (under1.astype(np.int64) + under2) * 2 + (syms["size"] == 0)
 
 
@@ -239,9 +238,8 @@ class ElfSymbols:
     # interpreter's, libc's and libstdc++'s (40-300 kB) take 5-25 ms, less than a kept entry
     # would save them.
     CACHED_STRTAB_BYTES = 4 << 20
-    _ARRAYS = {"seg_offset": np.dtype(np.uint64), "seg_filesz": np.dtype(np.uint64),
-               "seg_vaddr": np.dtype(np.uint64), "values": np.dtype(np.uint64), "sizes": np.dtype(np.uint64),
-               "name_offsets": np.dtype(np.int64), "strtab": np.dtype(np.int64)}
+    _ARRAYS = {"seg_offset": "uint64", "seg_filesz": "uint64", "seg_vaddr": "uint64", "values": "uint64",
+               "sizes": "uint64", "name_offsets": "int64", "strtab": "int64"}
 
     def __init__(self, path: str):
         with open_binary(path) as f:

@@ -19,8 +19,7 @@ import os
 import struct
 from typing import NamedTuple
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.sources.symbols.files import MAX_SECTION_BYTES, file_identity, open_binary
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1

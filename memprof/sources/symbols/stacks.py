@@ -14,8 +14,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
-
+from memprof.lazy_import import numpy as np
 from memprof.model import FrameKind
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS
 from memprof.sources.cpython.frames import PyFrame, merge_chain

@@ -7,8 +7,9 @@ numpy arrays (8 MB for libtorch_cpu.so): this cache keeps them in one `.npz` ent
 file, named by a hash of what tells that file from any other (device, inode, size, mtime
 and ctime: the kernel sets ctime on any change and no user can set it back) and FORMAT.
 Names are not kept: they are read from the file itself when an address needs one. The
-folder also keeps small entries of other kinds, counted apart (`store_small`): libc10's
-allocation call site (sources/ebpf/callsite.py).
+folder also keeps small entries of other kinds, counted apart: records of plain values, as
+JSON (`store_record`), which a recorder reads before the command starts, without numpy
+(memprof/lazy_import.py): libc10's allocation call site (sources/ebpf/callsite.py).
 
 The cache is root's: /var/cache/memprof/symbols, with memprof/root_cache.py's rules. An
 entry is loaded with allow_pickle=False and used only when its arrays have the types and
@@ -18,20 +19,21 @@ install turns it off with the BPF cache).
 """
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from typing import Mapping
 
-import numpy as np
-
 from memprof import root_cache
+from memprof.lazy_import import numpy as np
 
 CACHE_DIR = "/var/cache/memprof/symbols"
 FORMAT = 1  # bump when what an entry holds, or how the arrays are computed, changes
 KEEP_ENTRIES = 32  # one per large file; the oldest beyond this are removed
-KEEP_SMALL_ENTRIES = 64  # of each kind of small entry (store_small)
+KEEP_SMALL_ENTRIES = 64  # of each kind of small entry (store_record)
 OFF_ENV = "MEMPROF_SYMBOL_CACHE"
 _SUFFIX = ".npz"
+_MAX_RECORD_BYTES = 1 << 16  # a record is a few hundred bytes
 
 
 def enabled() -> bool:
@@ -58,14 +60,13 @@ def file_key(st: os.stat_result, *also: object, kind: str = "elf") -> str:
     return key(kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, *also)
 
 
-def load(name: str, expected: Mapping[str, np.dtype], suffix: str = _SUFFIX) -> dict[str, np.ndarray] | None:
+def load(name: str, expected: Mapping[str, str]) -> dict[str, np.ndarray] | None:
     """The arrays of entry `name`, when it holds exactly the 1-D arrays `expected` names, of
-    those dtypes; None otherwise (absent, foreign, off, spoiled). `suffix`: a small entry's
-    (store_small)."""
+    those dtypes (numpy's names: "uint64"); None otherwise (absent, foreign, off, spoiled)."""
     if not enabled():
         return None
     try:
-        arrays = root_cache.read(CACHE_DIR, name + suffix, lambda f: _arrays(f, expected))
+        arrays = root_cache.read(CACHE_DIR, name + _SUFFIX, lambda f: _arrays(f, expected))
     except (OSError, ValueError, zipfile.BadZipFile, EOFError):
         return None
     if arrays is None or any(a.dtype != expected[field] or a.ndim != 1 for field, a in arrays.items()):
@@ -73,7 +74,7 @@ def load(name: str, expected: Mapping[str, np.dtype], suffix: str = _SUFFIX) -> 
     return arrays
 
 
-def _arrays(f, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray] | None:
+def _arrays(f, expected: Mapping[str, str]) -> dict[str, np.ndarray] | None:
     with np.load(f, allow_pickle=False) as npz:
         if set(npz.files) != set(expected):
             return None
@@ -86,9 +87,23 @@ def store(name: str, arrays: Mapping[str, np.ndarray]) -> None:
         root_cache.keep(CACHE_DIR, name + _SUFFIX, lambda f: np.savez(f, **arrays), _SUFFIX, KEEP_ENTRIES)
 
 
-def store_small(name: str, arrays: Mapping[str, np.ndarray], suffix: str) -> None:
-    """store() for a small entry of another kind, whose file name ends in `suffix` (not in
-    ".npz": load() is given the same suffix) and which is counted apart: KEEP_SMALL_ENTRIES
-    of each such suffix, that never push a symbol table out."""
+def load_record(name: str, suffix: str) -> dict | None:
+    """The JSON object of the small entry `name` (store_record, with the same `suffix`);
+    None where absent, off, or not a JSON object of at most _MAX_RECORD_BYTES. What its
+    values mean is the caller's to check, as a read would give them."""
+    if not enabled():
+        return None
+    try:
+        record = root_cache.read(CACHE_DIR, name + suffix, lambda f: json.loads(f.read(_MAX_RECORD_BYTES + 1)))
+    except (OSError, ValueError):  # json's errors are ValueErrors, a cut entry's too
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def store_record(name: str, record: Mapping[str, object], suffix: str) -> None:
+    """Keep `record` (plain values: what json writes) as the small entry `name`; never raises,
+    as store(). Counted apart from the symbol tables: KEEP_SMALL_ENTRIES of `suffix`."""
     if enabled():
-        root_cache.keep(CACHE_DIR, name + suffix, lambda f: np.savez(f, **arrays), suffix, KEEP_SMALL_ENTRIES)
+        text = json.dumps(record).encode()
+        if len(text) <= _MAX_RECORD_BYTES:
+            root_cache.keep(CACHE_DIR, name + suffix, lambda f: f.write(text), suffix, KEEP_SMALL_ENTRIES)

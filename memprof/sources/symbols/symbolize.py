@@ -20,11 +20,10 @@ import functools
 import os
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Sequence
-
-import numpy as np
+from typing import Callable, Iterable, Iterator, Sequence
 
 from memprof.errors import NoPrivilegeError
+from memprof.lazy_import import numpy as np
 from memprof.quiet_threads import start_quiet
 from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
@@ -67,6 +66,27 @@ def _as_addrs(addrs) -> np.ndarray:
 # --- Kernel ---
 
 
+def kallsyms_text_symbols(lines: Iterable[str]) -> Iterator[tuple[int, str, str]]:
+    """(start, name, module) of each text symbol among kallsyms `lines` (trailing newlines
+    allowed), in their order: a line that is not a text symbol with a hex address, a zero
+    address or a __pfx_ padding twin is skipped; the core kernel's module is "vmlinux"."""
+    module_names: dict[str, str] = {}  # one str per module, not one per symbol
+    for line in lines:
+        # split(" ", 2), not split(): kallsyms is single-space separated and this halves parsing.
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or parts[1] not in _KERNEL_TEXT_TYPES:
+            continue
+        name, _, module = parts[2].rstrip("\n").partition("\t")
+        try:
+            start = int(parts[0], 16)
+        except ValueError:
+            continue
+        if start == 0 or name.startswith(_KERNEL_PADDING_PREFIX):
+            continue
+        module = module.strip("[]") or "vmlinux"
+        yield start, name, module_names.setdefault(module, module)
+
+
 class KernelSymbols:
     """Kernel text symbols from kallsyms, sorted by start address.
 
@@ -102,23 +122,10 @@ class KernelSymbols:
         """Parse kallsyms lines (trailing newlines allowed); a line that is not a text
         symbol with a hex address is skipped."""
         starts, names, modules = [], [], []
-        module_names: dict[str, str] = {}  # one str per module, not one per symbol
-        for line in lines:
-            # split(" ", 2), not split(): kallsyms is single-space separated and this halves parsing.
-            parts = line.split(" ", 2)
-            if len(parts) != 3 or parts[1] not in _KERNEL_TEXT_TYPES:
-                continue
-            name, _, module = parts[2].rstrip("\n").partition("\t")
-            try:
-                start = int(parts[0], 16)
-            except ValueError:
-                continue
-            if start == 0 or name.startswith(_KERNEL_PADDING_PREFIX):
-                continue
+        for start, name, module in kallsyms_text_symbols(lines):
             starts.append(start)
             names.append(name)
-            module = module.strip("[]") or "vmlinux"
-            modules.append(module_names.setdefault(module, module))
+            modules.append(module)
         return cls(np.array(starts, dtype=np.uint64), np.array(names, dtype=object),
                    np.array(modules, dtype=object))
 
@@ -188,8 +195,7 @@ def _split(blob: np.ndarray) -> list[str] | None:
 # the kernel's and its modules' text, stays as it is until a module loads or unloads.
 _TRANSIENT_MODULE = "bpf"
 _TRANSIENT_PREFIX = "__builtin__"
-_KEPT_KERNEL = {"starts": np.dtype(np.uint64), "names": np.dtype(np.uint8), "module_ids": np.dtype(np.uint32),
-                "modules": np.dtype(np.uint8)}
+_KEPT_KERNEL = {"starts": "uint64", "names": "uint8", "module_ids": "uint32", "modules": "uint8"}
 
 
 def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) -> KernelSymbols:
