@@ -1,5 +1,4 @@
-"""numpy, pyarrow and pyarrow.parquet imported at their first use, for `record`'s start-up
-(issue 24).
+"""numpy and pyarrow imported at their first use, for `record`'s start-up (issue 24).
 
 `record` imports the recorder before the command starts, and importing numpy and pyarrow
 took ~80 ms of that (bench/RESULTS.md), on a 2-vCPU machine whose start-up is CPU-bound:
@@ -13,12 +12,13 @@ The first look-up of an attribute imports the module (an ordinary import: safe w
 threads do it first, and raising what the import raises) and keeps the attribute on the
 stand-in, so later look-ups cost what a module attribute's does. Names used at import time
 (a default argument, a module constant) would import it at once: such modules build those
-at their first use (tests/unit/test_startup_imports.py holds that `record`'s start imports
-neither).
+at their first use (tests/unit/test_startup_imports.py and, for a whole start,
+tests/integration/test_recorder_imports.py hold that `record`'s start imports neither).
 
 Not importlib.util.LazyLoader: its module object sits in sys.modules, where any other
-`import numpy` (pyarrow's own) loads it at once, and before Python 3.12 it is not safe
-when two threads touch it first, as the recorder's flush, symbol and kallsyms threads may.
+`import numpy` (pyarrow's own) loads it at once, and in Python 3.11 it is not safe when two
+threads touch it first (CPython gh-114763, fixed in 2024), as the recorder's flush, symbol
+and kallsyms threads may.
 """
 from __future__ import annotations
 
@@ -46,4 +46,3 @@ class LazyModule:
 
 numpy = LazyModule("numpy")
 pyarrow = LazyModule("pyarrow")
-pyarrow_parquet = LazyModule("pyarrow.parquet")
