@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import select
 import signal
 import time
 from concurrent.futures import Future
@@ -148,9 +149,11 @@ def _yield_to_target() -> None:
         pass
 
 
-def _next_signal(signals: tuple[int, ...], timeout_s: float) -> signal.struct_siginfo | None:
+def _next_signal(signals: tuple[int, ...], timeout_s: float, wake_fd: int | None = None) -> signal.struct_siginfo | None:
     """One pending signal of `signals` (all blocked), waiting up to `timeout_s` seconds for
-    it; None when none came. It may come up to `timeout_s` late.
+    it; None when none came. It may come up to `timeout_s` late. The wait ends early when
+    `wake_fd` polls readable (the command's pidfd: its exit is then seen at once, not up to
+    a poll period later).
 
     It sleeps, then takes the signal with a zero timeout, rather than blocking in
     sigtimedwait: CPython's sigtimedwait returns a siginfo it never filled in (si_signo 0, or
@@ -160,7 +163,10 @@ def _next_signal(signals: tuple[int, ...], timeout_s: float) -> signal.struct_si
     error. A zero timeout never sleeps, so no stop can interrupt it."""
     info = signal.sigtimedwait(signals, 0)
     if info is None:
-        time.sleep(timeout_s)
+        if wake_fd is None:
+            time.sleep(timeout_s)
+        else:
+            select.select([wake_fd], [], [], timeout_s)
         info = signal.sigtimedwait(signals, 0)
     return info
 
@@ -604,13 +610,14 @@ class Session:
             self._stop_requested = True
 
     def _take_signal(self, timeout_s: float) -> int | None:
-        """Wait up to `timeout_s` for a signal; pass it on to the command (unless the
-        terminal sent it, which reached the command already). Returns it; None for SIGCHLD
-        or a timeout. A signal another thread was handed (see _BlockedSignals) comes first,
+        """Wait up to `timeout_s` for a signal, or for the command's exit; pass a signal on to
+        the command (unless the terminal sent it, which reached the command already). Returns
+        it; None for SIGCHLD, the exit or a timeout. A signal another thread was handed (see _BlockedSignals) comes first,
         and is not passed on: who sent it cannot be told there."""
         if _QUEUED_SIGNALS:
             return _QUEUED_SIGNALS.pop(0)
-        info = _next_signal(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s)
+        wake_fd = self.child.exit_fd() if self.child is not None else None
+        info = _next_signal(FORWARDED_SIGNALS + (signal.SIGCHLD,), timeout_s, wake_fd)
         if info is None or info.si_signo == signal.SIGCHLD:
             return None
         if self.child is not None and info.si_code != _SI_KERNEL:

@@ -103,6 +103,11 @@ class GatedChild:
         os.close(self._err_r)
         self.wait()
 
+    def exit_fd(self) -> int | None:
+        """A descriptor that polls readable once the child has exited (its pidfd), while it is
+        not yet reaped; None after, or where the kernel has no pidfds. Not to be closed."""
+        return self._pidfd if self.status is None else None
+
     def poll(self) -> int | None:
         """Exit status once reaped (128+N when killed by signal N), else None."""
         if self.status is None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -101,3 +102,20 @@ def test_sudo_variables_that_name_no_user_are_one_clear_error(environ):
 def test_sudo_by_root_itself_runs_as_root():
     from memprof.capture.target import RunAs
     assert RunAs.from_sudo({"SUDO_UID": "0", "SUDO_GID": "0"}) is None
+
+
+def test_the_wait_ends_when_the_command_exits_not_a_poll_period_later():
+    """The loop's wait between polls ends at the command's exit (its pidfd polls readable):
+    the exit, and the teardown after it, begin at once. The child is reaped once, and its
+    descriptor is gone after."""
+    from memprof.capture import session as S
+    from memprof.capture.target import GatedChild
+    child = GatedChild(["/bin/true"], "/bin/true", None)
+    fd = child.exit_fd()
+    if fd is None:
+        pytest.skip("no pidfds on this kernel (before 5.3): the wait keeps its period")
+    child.release()
+    t0 = time.monotonic()
+    assert S._next_signal((signal.SIGUSR2,), 30, fd) is None
+    assert time.monotonic() - t0 < 15  # the exit, not the 30 s timeout, ended it
+    assert child.wait() == 0 and child.exit_fd() is None
