@@ -22,6 +22,13 @@ SETTINGS = {
     # flush interval plus one flush; `report leaks` of 1.7 M events also ran in 1.3 s and
     # 455 MB against 1.5-1.9 s and 493 MB (bench/RESULTS.md, "Arrow's allocator").
     "ARROW_DEFAULT_MEMORY_POOL": "system",
+    # Before numpy is imported: no OpenBLAS worker threads. numpy's import starts one per
+    # extra CPU, and each spins before it sleeps: the import took 90-182 ms of the process's
+    # CPU with them and 51-56 ms without, and ~20 ms more in the half second after it (three
+    # runs each). `record` imports numpy once the command runs, beside it (bench/RESULTS.md).
+    # memprof's linear algebra is a few 2x2 and 3x3 systems
+    # (analysis/growth_regime.py), which threads would only slow.
+    "OPENBLAS_NUM_THREADS": "1",
 }
 _set_here: set[str] = set()  # the names apply() set, because the environment had none
 

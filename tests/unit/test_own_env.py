@@ -29,3 +29,16 @@ def test_a_fresh_memprof_process_keeps_its_tuning_out_of_a_child():
     env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_memprof_imports_numpy_without_openblas_threads():
+    """OpenBLAS's worker threads spin after numpy's import, on the CPU the recorded command
+    would use next: memprof's own process has none (own_env.SETTINGS), its commands keep the
+    user's setting (the test above)."""
+    code = ("import os, sys; sys.argv = ['memprof', '--version']\n"
+            "import memprof.cli.main\n"
+            "import numpy\n"
+            "print(len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
