@@ -612,8 +612,8 @@ class Session:
     def _take_signal(self, timeout_s: float) -> int | None:
         """Wait up to `timeout_s` for a signal, or for the command's exit; pass a signal on to
         the command (unless the terminal sent it, which reached the command already). Returns
-        it; None for SIGCHLD, the exit or a timeout. A signal another thread was handed (see _BlockedSignals) comes first,
-        and is not passed on: who sent it cannot be told there."""
+        it; None for SIGCHLD, the exit or a timeout. A signal another thread was handed (see
+        _BlockedSignals) comes first, and is not passed on: who sent it cannot be told there."""
         if _QUEUED_SIGNALS:
             return _QUEUED_SIGNALS.pop(0)
         wake_fd = self.child.exit_fd() if self.child is not None else None
