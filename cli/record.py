@@ -251,6 +251,14 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
                        user_stack_every=user_stack_every, allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
                        ringbuf_bytes=ring_buffer, python=PythonOptions(enabled=python_frames))
     early.begin(ebpf)  # bcc compiles on a thread while the recorder below is imported and checks its input
+    # numpy and pyarrow, before the command starts, though the recorder's modules would
+    # import them at its first poll (memprof/lazy_import.py): imported after the start,
+    # their loads (dlopen and module setup hold the GIL for tens of milliseconds at a time)
+    # held up the recorder's first RSS sample and its first drain while the command began,
+    # and a 64 MiB allocation in a Python command's first moments went unseen (CI,
+    # bench/RESULTS.md, 2026-12-05).
+    import numpy  # noqa: F401
+    import pyarrow  # noqa: F401
 
     from memprof.cli import console
     from memprof.cli.status import StatusLine

@@ -1,19 +1,21 @@
-"""numpy and pyarrow imported at their first use, for `record`'s start-up (issue 24).
+"""numpy and pyarrow imported at their first use, so that `record` decides when (issue 24).
 
-`record` imports the recorder before the command starts, and importing numpy and pyarrow
-took ~80 ms of that (bench/RESULTS.md), on a 2-vCPU machine whose start-up is CPU-bound:
-bcc's program loads and the maps' creation share the CPUs with it. Nothing before the
-command's start needs either; the recorder's first poll, once the command runs, imports
-them. A module on that path binds `np` and `pa` from here instead of importing them:
+The recorder's modules bind `np` and `pa` from here instead of importing them:
 
     from memprof.lazy_import import numpy as np
+
+so that importing the recorder imports neither, and the one place that imports them is
+cli/record.py. It imports them before the command starts, on purpose: after the start
+(tried: bench/RESULTS.md, 2026-12-05) the command reached its first instruction 80-170 ms
+sooner, but the loads then held the GIL while the command began, the recorder's first RSS
+sample came after a Python command's first 64 MiB, and the whole command was no shorter.
 
 The first look-up of an attribute imports the module (an ordinary import: safe when two
 threads do it first, and raising what the import raises) and keeps the attribute on the
 stand-in, so later look-ups cost what a module attribute's does. Names used at import time
 (a default argument, a module constant) would import it at once: such modules build those
-at their first use (tests/unit/test_startup_imports.py and, for a whole start,
-tests/integration/test_recorder_imports.py hold that `record`'s start imports neither).
+at their first use (tests/unit/test_startup_imports.py holds that importing the recorder
+imports neither).
 
 Not importlib.util.LazyLoader: its module object sits in sys.modules, where any other
 `import numpy` (pyarrow's own) loads it at once, and in Python 3.11 it is not safe when two

@@ -113,9 +113,8 @@ FRAME_KEYS = ("kind", "function", "module", "file", "line")
 
 # The Arrow schemas are built at their first use, through the module's __getattr__ (PEP 562):
 # `from memprof.model.schema import EVENTS_SCHEMA` works as before, and a module that names
-# only the enums or the columns above imports neither pyarrow nor numpy. `record` imports
-# this module before the command starts, and pyarrow with numpy cost 80-115 ms of that
-# (issue 24, bench/RESULTS.md); the recorder's first poll after the start imports them.
+# only the enums or the columns above imports neither pyarrow nor numpy: cli/record.py
+# alone decides when `record` imports them (memprof/lazy_import.py).
 ARROW_SCHEMAS = ("EVENTS_SCHEMA", "STACKS_SCHEMA", "FRAMES_SCHEMA", "SAMPLES_SCHEMA")
 
 

@@ -29,8 +29,8 @@ def test_the_recorder_imports_no_pandas_before_the_command_starts():
     assert "memprof.capture.session" in loaded and "memprof.recording.writer" in loaded
     assert "pandas" not in loaded and "pyarrow.parquet" not in loaded
     assert "memprof.recording.reader" not in loaded and "memprof.capture.compactor" not in loaded
-    # Nor numpy or pyarrow, until the first poll (memprof/lazy_import.py); a whole recording's
-    # start: tests/integration/test_recorder_imports.py.
+    # Nor numpy or pyarrow (memprof/lazy_import.py): `record` imports them itself, where it
+    # chooses (cli/record.py); a whole recording's start: tests/integration/test_recorder_imports.py.
     assert "numpy" not in loaded and "pyarrow" not in loaded
 
 

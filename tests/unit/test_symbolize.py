@@ -337,36 +337,3 @@ def test_a_mapped_files_name_that_is_not_utf8_is_read_with_its_bytes_escaped(tmp
         finally:
             proc.kill()
     assert text.count(f"{tmp_path}/lib\\xff\\xfe.so\n") == 1
-
-
-def test_symbols_read_ahead_later_are_read_only_once_begun(monkeypatch):
-    """With no compile to overlap, the recorder reads ahead only once the command runs
-    (SymbolPrewarm(begin_now=False), then begin()): nothing is read before, and wait()
-    begins the reading where nobody did."""
-    import memprof.sources.symbols.symbolize as symbolize
-    reads = []
-    real = symbolize.ElfSymbols
-    monkeypatch.setattr(symbolize, "ElfSymbols", lambda path: reads.append(path) or real(path))
-    libc = os.path.realpath(next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)))
-    later = symbolize.SymbolPrewarm(UserSymbolizer(), [libc], begin_now=False)
-    assert reads == []
-    later.begin()
-    later.begin()  # a second call starts nothing more
-    later.wait()
-    assert reads == [libc]
-    unbegun = symbolize.SymbolPrewarm(UserSymbolizer(), [libc], begin_now=False)
-    unbegun.wait()
-    assert reads == [libc, libc]
-
-
-def test_the_start_reads_ahead_only_while_bcc_compiles(monkeypatch):
-    """early.compiling(): what decides whether start() reads the symbol tables before the
-    command (a compile to overlap) or after it starts (a kept program, nothing to overlap)."""
-    from memprof.sources.ebpf import early
-    monkeypatch.setattr(early, "_pending", None)
-    assert early.compiling()  # nothing begun: the foreground may compile
-    pending = early._Early("text", [], options=None)
-    monkeypatch.setattr(early, "_pending", pending)
-    assert not early.compiling()  # looking for a kept program, or loading one
-    pending.compiling = True
-    assert early.compiling()

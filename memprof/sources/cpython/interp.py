@@ -206,8 +206,8 @@ def _links_libpython(file: FileAt) -> tuple[list[str], list[str]]:
 # What the recorder learns of an interpreter file before the command starts (what it links,
 # its confirmed layout) is kept in root's symbol cache folder (symbols/symbol_cache.py),
 # named by the file's device, inode, size, mtime and ctime, this module's _KEPT_FORMAT and
-# the offsets table's entries: pyelftools' import and the ELF reads took ~30 ms of the start
-# of every Python command, and numpy's import with them (memprof/lazy_import.py). A kept
+# the offsets table's entries: the ELF reads took ~7 ms of the start of every Python command
+# (a scratch timing of runtime_file and inspect_python, three runs). A kept
 # confirmation holds the table entry it confirmed, and is used only while the table has
 # that entry. Refusals are not kept: their files are read again.
 _KEPT_FORMAT = 1  # bump when what a check reads or decides changes

@@ -47,8 +47,8 @@ ALIGN_BITS = 3   # low bits kept as they are (0 in every kernel address: 8-align
 WORD_BITS = 56   # bits below the top byte, which is flipped (0xff in every kernel address)
 _LOW = (1 << ALIGN_BITS) - 1
 _MIXED = (1 << WORD_BITS) - 1 - _LOW                 # bits 3..55: the ones mixed
-# Plain ints, made numpy's uint64 at each pass (`record` imports this module before the
-# command starts, without numpy: memprof/lazy_import.py).
+# Plain ints, made numpy's uint64 at each pass: importing this module imports no numpy
+# (memprof/lazy_import.py).
 _TOP = 0xFFFF_FFFF_FFFF_FFFF ^ ((1 << WORD_BITS) - 1)
 _BELOW_TOP = (1 << WORD_BITS) - 1
 # The bits each round's shifted copy may flip: those whose source (bit + shift) is below

@@ -69,8 +69,8 @@ def find_call_site(path: str, caller: str, callee: str) -> CallSite:
 # 20-30 ms of each start of a command whose Python environment has torch, on its path
 # (bench/RESULTS.md). An entry is named by the file's device, inode, size, mtime and ctime
 # (a change to the file changes its ctime, which no user can set back) with the two
-# symbols, in symbol_cache's folder, counted apart from the symbol tables: a JSON record,
-# read before the command starts without numpy (memprof/lazy_import.py).
+# symbols, in symbol_cache's folder, counted apart from the symbol tables: a JSON record
+# of plain values.
 _KEPT_SUFFIX = ".site"
 
 

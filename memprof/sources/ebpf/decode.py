@@ -37,8 +37,8 @@ class _Lookups(NamedTuple):
 
 @functools.cache
 def _lookups() -> _Lookups:
-    """Built at the first decode, not at import: `record` imports this module before the
-    command starts, and numpy with it would cost that start ~50 ms (memprof/lazy_import.py)."""
+    """Built at the first decode, not at import: importing this module imports no numpy
+    (memprof/lazy_import.py)."""
     layer = np.full(256, -1, dtype=np.int8)
     for code, name in enumerate(R.LAYER_CODES):
         layer[code] = LAYER_NAMES.index(name)

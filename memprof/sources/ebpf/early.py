@@ -48,7 +48,6 @@ class _Early:
     options: Any  # the EbpfOptions compiled for: the thread lists the programs to load from them
     done: threading.Event = field(default_factory=threading.Event)
     bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
-    compiling: bool = False  # no compiled program was kept for these: bcc compiles (compiling())
 
 
 def begin(options) -> None:
@@ -80,17 +79,6 @@ def take(text: str, cflags: list[str]):
     if early.bpf is not None:
         early.bpf.cleanup()  # its maps: the ring buffer alone pins ringbuf_bytes of kernel memory
     return None
-
-
-def compiling() -> bool:
-    """Whether start-up has a compile's time to overlap: the thread `begin` started is
-    compiling (no compiled program was kept for these options), or nothing was begun (the
-    foreground compiles or takes a kept program; it cannot be told yet). False while the
-    thread still looks for a kept program: start-up asks ~0.1 s after `begin`, and a miss is
-    known within milliseconds of it (the entry's name, then no such file), so that is an
-    answer already in practice."""
-    early = _pending
-    return early is None or early.compiling
 
 
 def programs_before(options) -> list[tuple[str, int]]:
@@ -236,7 +224,6 @@ def _compile(early: _Early) -> None:
                 _load_in_parallel(early.bpf, programs_before(early.options))
                 early.bpf.load_behind(late_programs(early.options))
                 return
-            early.compiling = True
             try:
                 early.bpf = _compile_answered(early.text, early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why

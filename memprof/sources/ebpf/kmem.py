@@ -111,7 +111,7 @@ def interrupt_entry_text(lines) -> tuple[int, int]:
     told apart."""
     from memprof.sources.symbols.symbolize import kallsyms_text_symbols  # no __pfx_ twins
     # By address, the first of each address kept, as KernelSymbols keeps them; in plain
-    # Python: `record` asks before the command starts, without numpy (memprof/lazy_import.py).
+    # Python: the head of kallsyms is small, and this module imports no numpy.
     starts, names = [], []
     for start, name, _ in sorted(kallsyms_text_symbols(lines), key=lambda symbol: symbol[0]):
         if not starts or start != starts[-1]:

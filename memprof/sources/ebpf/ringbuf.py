@@ -36,8 +36,7 @@ class RingBufferConsumer:
 
     def __init__(self, map_fd: int, size_bytes: int, record_bytes: int, dtype: Callable[[], np.dtype]):
         """`dtype()` gives the records' numpy dtype (of `record_bytes` each), asked at the first
-        drain: `record` maps the ring before the command starts, without numpy
-        (memprof/lazy_import.py)."""
+        drain, so that importing the recorder imports no numpy (memprof/lazy_import.py)."""
         if size_bytes & (size_bytes - 1):
             raise ValueError("ring buffer size must be a power of two")
         self._size = size_bytes

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from memprof.lazy_import import numpy as np
 from memprof.model import SourceStats
 from memprof.sources.cpython.frames import PythonFrames
-from memprof.sources.ebpf import bpfinfo, early
+from memprof.sources.ebpf import bpfinfo
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
@@ -52,7 +52,6 @@ class EbpfSource:
         self._libraries: LibraryProbes | None = None
         self._python: PythonFrames | None = None
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
-        self._symbols: SymbolPrewarm | None = None  # start(): the ELF symbol tables read ahead
         self._process_probes_detach: threading.Thread | Holder | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
         # Kernel frees, in the last poll and in all, of allocations the target held
@@ -68,11 +67,9 @@ class EbpfSource:
         """Compile, attach, and begin following `pids` and their future descendants."""
         known = known_libraries(self.options, self.command_path, self.command_run_as)
         # ELF symbol tables are read on a thread while bcc compiles (begun by early.py, taken
-        # by compile_program), not at the first flushes, which come while the target runs;
-        # with nothing to compile, once the command runs (prefetch_kernel_symbols).
+        # by compile_program), not at the first flushes, which come while the target runs.
         attached = [current_maps(pid) for pid in pids]  # record --pid: what each maps now, read once
-        self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, attached),
-                                      begin_now=early.compiling())
+        self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, attached))
         self._bpf = compile_program(self.options, self.enabled)
         if self.enabled("kmem"):
             self._tracepoints.attach(self._bpf)
@@ -95,13 +92,11 @@ class EbpfSource:
             self.track(pid)
 
     def prefetch_kernel_symbols(self) -> None:
-        """Read kallsyms on a thread of its own, from now (and the ELF symbol tables, where
-        start() left them for now): once the command runs, so that the first flush finds it read (0.15-0.26 s of CPU here; 20-30 ms where its lasting part was
+        """Read kallsyms on a thread of its own, from now: once the command runs, so that the
+        first flush finds it read (0.15-0.26 s of CPU here; 20-30 ms where its lasting part was
         kept, symbolize.load_kernel_symbols) and the command never waits for it. It must come
         after the start's programs are loaded: they top every kernel stack (dropped by name),
         and kallsyms, or their program info, names them only once they are."""
-        if self._symbols is not None:
-            self._symbols.begin()  # where start() did not: it had no compile to overlap
         if self._kallsyms is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-kallsyms")
             self._kallsyms = pool.submit(load_kernel_symbols, _program_symbols)

@@ -8,8 +8,8 @@ file, named by a hash of what tells that file from any other (device, inode, siz
 and ctime: the kernel sets ctime on any change and no user can set it back) and FORMAT.
 Names are not kept: they are read from the file itself when an address needs one. The
 folder also keeps small entries of other kinds, counted apart: records of plain values, as
-JSON (`store_record`), which a recorder reads before the command starts, without numpy
-(memprof/lazy_import.py): libc10's allocation call site (sources/ebpf/callsite.py).
+JSON (`store_record`): libc10's allocation call site (sources/ebpf/callsite.py), what an
+interpreter file links and its confirmed layout (sources/cpython/interp.py).
 
 The cache is root's: /var/cache/memprof/symbols, with memprof/root_cache.py's rules. An
 entry is loaded with allow_pickle=False and used only when its arrays have the types and

@@ -504,38 +504,26 @@ class SymbolPrewarm:
     """Reads the ELF symbol tables of `paths` into `user` (a UserSymbolizer) on a thread of
     its own, while the recorder does other work.
 
-    While bcc compiles the recorder's programs (a cold start: ~1 s here, on a thread of
-    sources/ebpf/early.py, in ctypes calls that release the GIL), the recorder reads them
-    then (`begin_now`), so that the first flushes after the target starts do not:
-    libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.3 s to read and sort, and reading
-    them while the target runs competes with it for what the CPUs share. From a compiled
-    program kept across runs, nothing is compiled and the tables come from symbol_cache.py
-    (~30 ms of CPU for a PyTorch command's five files, in Python that holds the GIL): read
-    before the command starts, they only delayed it, the start-up's own work waiting for the
-    GIL. The recorder then calls `begin()` once the command runs (issue 24, bench/RESULTS.md).
-    `user` must not be used by anyone else before `wait()` returns; files that cannot be read
-    are remembered as such, exactly as `UserSymbolizer.symbols_for` would.
+    The recorder starts one while bcc compiles its programs (1.3-2 s here, on a thread of
+    sources/ebpf/early.py, in ctypes calls that release the GIL), so that the first flushes after the target starts do not read
+    them: libtorch_cpu.so alone holds 89 MB of symbol tables, ~0.3 s to read and sort (~10 ms
+    where symbol_cache.py kept them from an earlier run), and reading them while the target
+    runs competes with it for what the CPUs share. `user` must
+    not be used by anyone else before `wait()` returns; files that cannot be read are
+    remembered as such, exactly as `UserSymbolizer.symbols_for` would.
 
     kallsyms is not read ahead: it names the recorder's own BPF programs (on top of every
     kernel stack, and dropped by name) only once they are loaded."""
 
-    def __init__(self, user: UserSymbolizer, paths: Sequence[str], begin_now: bool = True):
+    def __init__(self, user: UserSymbolizer, paths: Sequence[str]):
         self.user = user
-        self._thread = threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols", daemon=True)
-        if begin_now:
-            self.begin()
-
-    def begin(self) -> None:
-        """Start reading, unless already begun."""
-        if self._thread.ident is None:
-            start_quiet(self._thread)
+        self._thread = start_quiet(threading.Thread(target=self._read, args=(list(paths),), name="memprof-symbols",
+                                                    daemon=True))
 
     def _read(self, paths: list[str]) -> None:
         for path in paths:
             self.user.symbols_for(path)
 
     def wait(self) -> None:
-        """Block until every table is read (at once, after the first call); begins the
-        reading first where nothing did."""
-        self.begin()
+        """Block until every table is read (at once, after the first call)."""
         self._thread.join()
