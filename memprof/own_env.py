@@ -41,6 +41,16 @@ def apply() -> None:
             _set_here.add(name)
 
 
+def undo() -> None:
+    """Remove the settings apply() made, for a process that goes on to start other programs
+    as a user would: the test suite, whose modules import memprof's CLI (which applies them)
+    in pytest's own process. Whatever it starts would inherit memprof's tuning as the user's
+    own, which memprof then keeps for its commands (tests/conftest.py)."""
+    for name in _set_here:
+        os.environ.pop(name, None)
+    _set_here.clear()
+
+
 def for_commands(environ: Mapping[str, str], run_as=None) -> dict[str, str]:
     """`environ` without the settings apply() made: what a command memprof runs gets. Run as
     `run_as` (a capture.target.RunAs, the user sudo names; None: memprof's own user), it

@@ -42,3 +42,15 @@ def test_memprof_imports_numpy_without_openblas_threads():
     env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_undo_takes_back_only_what_apply_set(monkeypatch):
+    import os
+    monkeypatch.setattr(own_env, "_set_here", set())
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")  # the user's own: theirs to keep
+    own_env.apply()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    own_env.undo()
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["NUMPY_MADVISE_HUGEPAGE"] == "1"
+    assert own_env.for_commands(os.environ)["NUMPY_MADVISE_HUGEPAGE"] == "1"
