@@ -20,28 +20,26 @@ def test_apply_sets_only_what_is_unset_and_commands_get_neither(monkeypatch):
     assert child["PATH"] == os.environ["PATH"]
 
 
-def test_a_fresh_memprof_process_keeps_its_tuning_out_of_a_child():
-    code = ("import os, sys; sys.argv = ['memprof', '--version']\n"
-            "import memprof.cli.main\n"
-            "from memprof import own_env\n"
-            "assert os.environ['ARROW_DEFAULT_MEMORY_POOL'] == 'system'\n"
-            "print(sorted(set(own_env.SETTINGS) & set(own_env.for_commands(os.environ))))")
+def _in_a_fresh_memprof(code: str) -> str:
+    """What `code` prints, run after memprof's CLI is imported in a fresh interpreter whose
+    environment has none of memprof's settings."""
+    script = "import os, sys; sys.argv = ['memprof', '--version']\nimport memprof.cli.main\n" + code
     env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_fresh_memprof_process_keeps_its_tuning_out_of_a_child():
+    assert _in_a_fresh_memprof("from memprof import own_env\n"
+                               "assert os.environ['ARROW_DEFAULT_MEMORY_POOL'] == 'system'\n"
+                               "print(sorted(set(own_env.SETTINGS) & set(own_env.for_commands(os.environ))))") == "[]"
 
 
 def test_memprof_imports_numpy_without_openblas_threads():
     """OpenBLAS's worker threads spin after numpy's import, on the CPU the recorded command
     would use next: memprof's own process has none (own_env.SETTINGS), its commands keep the
     user's setting (the test above)."""
-    code = ("import os, sys; sys.argv = ['memprof', '--version']\n"
-            "import memprof.cli.main\n"
-            "import numpy\n"
-            "print(len(os.listdir('/proc/self/task')))")
-    env = {k: v for k, v in __import__("os").environ.items() if k not in own_env.SETTINGS}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
+    assert _in_a_fresh_memprof("import numpy\nprint(len(os.listdir('/proc/self/task')))") == "1"
 
 
 def test_undo_takes_back_only_what_apply_set(monkeypatch):
