@@ -149,7 +149,8 @@ def _yield_to_target() -> None:
         pass
 
 
-def _next_signal(signals: tuple[int, ...], timeout_s: float, wake_fd: int | None = None) -> signal.struct_siginfo | None:
+def _next_signal(signals: tuple[int, ...], timeout_s: float,
+                 wake_fd: int | None = None) -> signal.struct_siginfo | None:
     """One pending signal of `signals` (all blocked), waiting up to `timeout_s` seconds for
     it; None when none came. It may come up to `timeout_s` late. The wait ends early when
     `wake_fd` polls readable (the command's pidfd: its exit is then seen at once, not up to

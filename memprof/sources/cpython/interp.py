@@ -31,6 +31,7 @@ from typing import NamedTuple, Sequence
 
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
+from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import defined_in, defined_symbol
 from memprof.sources.symbols.files import (FileAt, file_at, file_identity, is_regular_file, open_binary, section_bytes,
                                            split_process_root)
@@ -215,19 +216,15 @@ _KEPT_SUFFIX = ".python"
 
 
 def _kept(file: FileAt, kind: str) -> dict | None:
-    from memprof.sources.symbols import symbol_cache
     return symbol_cache.load_record(_kept_name(file, kind), _KEPT_SUFFIX)
 
 
 def _keep(file: FileAt, kind: str, record: dict) -> None:
-    from memprof.sources.symbols import symbol_cache
     symbol_cache.store_record(_kept_name(file, kind), record, _KEPT_SUFFIX)
 
 
 def _kept_name(file: FileAt, kind: str) -> str:
-    from memprof.sources.symbols import symbol_cache
-    dev, ino, mtime_ns, size = file.identity
-    return symbol_cache.key(kind, _KEPT_FORMAT, _table_text(), dev, ino, size, mtime_ns, file.ctime_ns)
+    return symbol_cache.file_key(file.stat, _KEPT_FORMAT, _table_text(), kind=kind)
 
 
 @functools.cache

@@ -121,14 +121,14 @@ class FileAt:
     every path that names the file (each process of a container names it under its own
     /proc/PID/root) while it is unchanged."""
 
-    __slots__ = ("path", "identity", "ctime_ns")
+    __slots__ = ("path", "identity", "stat")
 
     def __init__(self, path: str, st: os.stat_result):
         self.path = path
         self.identity = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        # Not part of the identity: for what is kept across runs (the kernel sets ctime on
-        # any change, and no user can set it back, as they can mtime).
-        self.ctime_ns = st.st_ctime_ns
+        # Whole, for what is kept across runs, named as symbol_cache.file_key names it (with
+        # the ctime, which the kernel sets on any change and no user can set back).
+        self.stat = st
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FileAt) and other.identity == self.identity
