@@ -25,9 +25,9 @@ SETTINGS = {
     # Before numpy is imported: no OpenBLAS worker threads. numpy's import starts one per
     # extra CPU, and each spins before it sleeps: the import took 90-182 ms of the process's
     # CPU with them and 51-56 ms without, and ~20 ms more in the half second after it (three
-    # runs each). `record` imports numpy once the command runs, beside it (bench/RESULTS.md).
-    # memprof's linear algebra is a few 2x2 and 3x3 systems
-    # (analysis/growth_regime.py), which threads would only slow.
+    # runs each), CPU that `record` spends while its program loads compete for both vCPUs.
+    # memprof's linear algebra is a few 2x2 and 3x3 systems (analysis/growth_regime.py),
+    # which threads would only slow.
     "OPENBLAS_NUM_THREADS": "1",
 }
 _set_here: set[str] = set()  # the names apply() set, because the environment had none

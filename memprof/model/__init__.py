@@ -1,8 +1,7 @@
 """The timeline's schema, enums and recording metadata (DESIGN.md §3). No I/O here.
 
 The Arrow schemas are looked up in `schema` at their first use (its __getattr__), so that
-importing this package imports neither pyarrow nor numpy: `record` imports it before the
-command starts."""
+importing this package imports neither pyarrow nor numpy (memprof/lazy_import.py)."""
 from memprof.model import schema as _schema
 from memprof.model.schema import Action, FrameKind, Layer, EVENT_COLUMNS
 from memprof.model.meta import ClockAnchor, RecordingMeta, SourceStats, FORMAT_VERSION

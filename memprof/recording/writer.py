@@ -30,8 +30,7 @@ META_NAME = "meta.json"
 
 class _Tables(Mapping):
     """A recording's tables: name -> Arrow schema, each schema looked up in model.schema at
-    its use. `record` opens its writer before the command starts, and the names are all it
-    needs then; the schemas (pyarrow) come with the first rows, once the command runs."""
+    its use, so that importing the writer imports no pyarrow (memprof/lazy_import.py)."""
 
     _NAMES = {"events": "EVENTS_SCHEMA", "stacks": "STACKS_SCHEMA", "frames": "FRAMES_SCHEMA",
               "samples": "SAMPLES_SCHEMA"}
