@@ -195,6 +195,25 @@ def _teardown_over(since_exit_s: float, since_free_s: float, barrier_drained: bo
     return since_exit_s >= TEARDOWN_GRACE_S and since_free_s >= TEARDOWN_QUIET_S
 
 
+def _last_held_free(last_free_s: float, held_free_ns: int | None) -> float:
+    """When the target's last held kernel allocation was freed, as far as the drains
+    so far tell (time.monotonic() seconds): the kernel's stamp of the latest such free, not
+    when a drain found it (up to a poll period and a flush later), so that the quiet after
+    it is counted from the free. `last_free_s`: the answer so far (the loop's start at
+    first)."""
+    return last_free_s if held_free_ns is None else max(last_free_s, held_free_ns / 1e9)
+
+
+def _teardown_wait_s(now_s: float, last_free_s: float, barrier_ended_s: float | None) -> float:
+    """How long the loop waits for the next drain once the tree has exited: a poll period,
+    but once the rcu_barrier() has returned, no longer than until the quiet after it is over
+    (TEARDOWN_QUIET_AFTER_BARRIER_S from the last held free, _teardown_over), so that the
+    teardown ends when it may, not up to a poll period later. At least 1 ms."""
+    if barrier_ended_s is None:
+        return POLL_S
+    return min(POLL_S, max(0.001, last_free_s + TEARDOWN_QUIET_AFTER_BARRIER_S - now_s))
+
+
 def _tree_exit_time(seen_s: float, last_exit_ns: int | None) -> float:
     """When the tree exited (time.monotonic() seconds), which the teardown's grace counts
     from: the kernel's stamp of its last process's exit when the source has one, else
@@ -545,27 +564,27 @@ class Session:
             last_free = start
             self._ingest()  # at once: what the target did since its release (a dlopen to probe, say)
             while True:
-                self._wait_signal(POLL_S)
+                self._wait_signal(POLL_S if tree_gone_at is None else _teardown_wait_s(
+                    time.monotonic(), last_free, barrier.ended_s if barrier is not None else None))
                 now = time.monotonic()
                 self._ingest()
-                if self.source.last_held_frees:
-                    last_free = now
+                last_free = _last_held_free(last_free, self.source.last_held_free_ns)
+                stopping = self._stop_requested or (deadline is not None and now >= deadline)
+                # The exit is looked for before the status line and the flush: the barrier and
+                # the detach then begin at once, not after a flush's symbolizing (31 ms in a
+                # `record -- true`, bench/RESULTS.md), and the teardown ends that much sooner.
+                if tree_gone_at is None and not stopping and self._tree_exited(root):
+                    tree_gone_at = _tree_exit_time(now, self.source.last_exit_ns())
+                    barrier = self._begin_teardown()
                 if now >= next_status:
                     self._report_status(now - start)
                     next_status = now + 0.25
                 if now >= next_flush and self._flush():
                     next_flush = now + FLUSH_S
-                if self._stop_requested or (deadline is not None and now >= deadline):
+                if stopping:
                     if tree_gone_at is None:
                         self.on_phase(Phase(STOPPING, why="interrupted" if self._stop_requested else "--duration reached"))
                     break
-                if tree_gone_at is None and self._tree_exited(root):
-                    tree_gone_at = _tree_exit_time(now, self.source.last_exit_ns())
-                    why = "the command exited" if self.child else "the process exited"
-                    self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
-                    barrier = self._begin_rcu_barrier()
-                    self.source.detach_process_probes()  # the kernel's last frees still come through kmem
-                    self._cpu_marks.append(time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID))
                 if tree_gone_at is not None and _teardown_over(
                         now - tree_gone_at, now - last_free, barrier is not None and barrier.drained_by(now)):
                     self._note_teardown(barrier, time.monotonic() - tree_gone_at)
@@ -585,6 +604,17 @@ class Session:
                             self._interrupted, int(meta.folds[-1].get("n", len(meta.folds))) if meta.folds else 0,
                             self.compactor.final_bytes if self.compactor else 0, self.request.max_size_bytes,
                             bool(self.compactor and self.compactor.said_over))
+
+    def _begin_teardown(self) -> RcuBarrier | None:
+        """The tree has exited: say so, ask for the barrier, detach the probes only its
+        processes reach, and mark the recorder's CPU clock. Returns the barrier (see
+        _begin_rcu_barrier)."""
+        why = "the command exited" if self.child else "the process exited"
+        self.on_phase(Phase(STOPPING, seconds=TEARDOWN_MAX_S, why=why))
+        barrier = self._begin_rcu_barrier()
+        self.source.detach_process_probes()  # the kernel's last frees still come through kmem
+        self._cpu_marks.append(time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID))
+        return barrier
 
     def _begin_rcu_barrier(self) -> RcuBarrier | None:
         """The rcu_barrier() that lets the teardown wait for the kernel's deferred frees rather

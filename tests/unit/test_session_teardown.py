@@ -1,6 +1,7 @@
 """When `record` stops listening after the target's tree has exited."""
-from memprof.capture.session import (TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_AFTER_BARRIER_S, TEARDOWN_QUIET_S,
-                                     _cpu_phases, _teardown_over, _tree_exit_time)
+from memprof.capture.session import (POLL_S, TEARDOWN_GRACE_S, TEARDOWN_MAX_S, TEARDOWN_QUIET_AFTER_BARRIER_S,
+                                     TEARDOWN_QUIET_S, _cpu_phases, _last_held_free, _teardown_over, _teardown_wait_s,
+                                     _tree_exit_time)
 
 
 def test_waits_the_grace_even_when_quiet():
@@ -24,6 +25,23 @@ def test_a_drained_rcu_barrier_stands_for_the_grace():
     assert not _teardown_over(TEARDOWN_GRACE_S / 4, since_free_s=TEARDOWN_QUIET_AFTER_BARRIER_S / 2,
                               barrier_drained=True)
     assert TEARDOWN_QUIET_AFTER_BARRIER_S < TEARDOWN_QUIET_S
+
+
+def test_the_quiet_counts_from_the_kernels_stamp_of_the_last_held_free():
+    """A free found by a drain 30 ms after it happened has been quiet 30 ms already."""
+    assert _last_held_free(10.0, held_free_ns=10_470_000_000) == 10.47
+    assert _last_held_free(10.5, held_free_ns=None) == 10.5  # none in this drain: as before
+    assert _last_held_free(10.5, held_free_ns=10_400_000_000) == 10.5  # never earlier than known
+
+
+def test_after_the_barrier_the_wait_ends_when_the_quiet_would():
+    """Before the barrier returns the loop polls as usual; after it, it wakes when the quiet
+    after the last held free is over, not up to a poll period later (but never spins)."""
+    quiet = TEARDOWN_QUIET_AFTER_BARRIER_S
+    assert _teardown_wait_s(now_s=10.0, last_free_s=9.99, barrier_ended_s=None) == POLL_S
+    assert abs(_teardown_wait_s(now_s=10.0, last_free_s=10.0 - quiet + 0.005, barrier_ended_s=9.9) - 0.005) < 1e-9
+    assert _teardown_wait_s(now_s=10.0, last_free_s=10.0, barrier_ended_s=9.9) == min(POLL_S, quiet)
+    assert _teardown_wait_s(now_s=10.0, last_free_s=5.0, barrier_ended_s=9.9) == 0.001
 
 
 def test_an_rcu_barrier_waits_for_the_kernel_and_says_when(tmp_path):

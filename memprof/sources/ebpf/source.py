@@ -57,6 +57,7 @@ class EbpfSource:
         # Kernel frees, in the last poll and in all, of allocations the target held
         # (MP_FLAG_HELD, bpf/kmem.bpf.c): what the teardown waits for.
         self.last_held_frees = 0
+        self.last_held_free_ns: int | None = None  # the latest one's stamp (CLOCK_MONOTONIC), of any poll
         self._held_frees = 0
 
     def enabled(self, family: str) -> bool:
@@ -124,8 +125,11 @@ class EbpfSource:
     def poll(self) -> EventBatch | None:
         """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
         recs = self._ring.drain()
-        self.last_held_frees = int(np.count_nonzero(recs["flags"] & R.FLAG_HELD))
+        held = (recs["flags"] & R.FLAG_HELD) != 0
+        self.last_held_frees = int(np.count_nonzero(held))
         self._held_frees += self.last_held_frees
+        if self.last_held_frees:
+            self.last_held_free_ns = int(recs["ts_ns"][held].max())
         if recs.size == 0:
             return None
         self.stats.events += int(recs.size)
