@@ -72,25 +72,39 @@ class EbpfSource:
         attached = [current_maps(pid) for pid in pids]  # record --pid: what each maps now, read once
         self._symbols = SymbolPrewarm(UserSymbolizer(), prewarm_paths(known, self.command_path, attached))
         self._bpf = compile_program(self.options, self.enabled)
-        if self.enabled("kmem"):
-            self._tracepoints.attach(self._bpf)
-            self.stats.detail["tracepoints"] = self._tracepoints.names()
-            self.stats.detail["interrupt_entry_text_found"] = any(self._tracepoints.interrupt_entry_text)
         self._libraries = LibraryProbes(self._bpf, self.options, self.stats.detail)
-        self._libraries.attach_known(known)
-        self._libraries.attach_mapped(attached)
-        self._libraries.verify_programs_of_late_families()
-        self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_BYTES,
-                                        lambda: R.EVENT_DTYPE)
-        self._python = PythonFrames(self._bpf, self.options.python)
-        self._python.install()
-        self._python.prewarm(self.command_path)
+        # The libraries' uprobes are placed on a thread beside the rest of the start: the
+        # first uprobe a process places waits out an RCU grace period in the kernel (the
+        # uprobes' dup_mmap_sem, taken for writing: 11-42 ms in a record, up to ~100 ms
+        # under load), which the tracepoints' attach, the ring buffer's mapping and the
+        # Python probes (whose own uprobes then ride the same grace period) need not wait
+        # for. They touch other parts of bcc's object (each program is loaded by one side).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-uprobes") as beside:
+            libraries = beside.submit(self._attach_libraries, known, attached)
+            if self.enabled("kmem"):
+                self._tracepoints.attach(self._bpf)
+                self.stats.detail["tracepoints"] = self._tracepoints.names()
+                self.stats.detail["interrupt_entry_text_found"] = any(self._tracepoints.interrupt_entry_text)
+            self._ring = RingBufferConsumer(self._bpf["events"].map_fd, self.options.ringbuf_bytes, R.EVENT_BYTES,
+                                            lambda: R.EVENT_DTYPE)
+            self._python = PythonFrames(self._bpf, self.options.python)
+            self._python.install()
+            self._python.prewarm(self.command_path)
+            libraries.result()  # what it raised, raised here
         # kallsyms is read at the first flush, not here: the command waits for start() to return.
         self._stacks = StackInterner(self._read_stack, self.processes.maps_of, self._kernel_symbols,
                                      python_frames=self._python.frames, read_user_stack=self._read_user_stack,
                                      user_symbols=self._symbols.user)
         for pid in pids:
             self.track(pid)
+
+    def _attach_libraries(self, known: dict[str, list[str]], attached: list[list]) -> None:
+        """The uprobes of the libraries known before the command starts (`known`) and of
+        those the processes attached to map (`attached`), and the later families' programs
+        verified."""
+        self._libraries.attach_known(known)
+        self._libraries.attach_mapped(attached)
+        self._libraries.verify_programs_of_late_families()
 
     def prefetch_kernel_symbols(self) -> None:
         """Read kallsyms on a thread of its own, from now: once the command runs, so that the
