@@ -68,9 +68,23 @@ def test_the_holder_lets_go_when_the_recorder_closes_the_pipe_without_a_word():
         os.close(fd)
 
 
+def test_a_holder_holds_the_later_group_alone():
+    """A command with no uprobe (`record -- true`) leaves the kmem tracepoints' links alone
+    to hold: the holder still closes them, not the recorder (whose closes wait)."""
+    later_r, later_w = os.pipe()
+    holder = probe_holder.hold([], later=[later_w])
+    assert holder is not None
+    os.close(later_w)
+    holder.release_first()
+    assert not eof_within(later_r, 0.3)
+    holder.release_later()
+    assert eof_within(later_r, 5)
+    os.close(later_r)
+
+
 def test_no_holder_when_turned_off_or_with_nothing_to_hold(monkeypatch):
     r, w = os.pipe()
-    assert probe_holder.hold([]) is None
+    assert probe_holder.hold([]) is None and probe_holder.hold([], later=[]) is None
     monkeypatch.setenv(probe_holder.HOLDER_ENV, "0")
     assert probe_holder.hold([w]) is None
     os.close(w)

@@ -172,11 +172,12 @@ class LibraryProbes:
             attach_place(self._bpf, path, probe.symbol, place)
         return how
 
-    def probe_new_mappings(self, maps, mapped_ns: int | None = None, placed: str = ON_MAPPING) -> None:
-        """Probe the allocator libraries and Python runtimes among a process's mappings
-        (`mapped_ns`: when the kernel reported the mapping that prompted this, if one did;
-        `placed` as probe_library takes it). Each file is probed as the process finds it
-        (Mapping.file: a container's own libc10, not root's file of that name)."""
+    def probe_new_mappings(self, maps, mapped_ns: int | None = None, placed: str = ON_MAPPING,
+                           pythons: bool = True) -> None:
+        """Probe the allocator libraries and (`pythons`) the Python runtimes among a process's
+        mappings (`mapped_ns`: when the kernel reported the mapping that prompted this, if
+        one did; `placed` as probe_library takes it). Each file is probed as the process
+        finds it (Mapping.file: a container's own libc10, not root's file of that name)."""
         for m in maps:
             if not m.path or not m.path.startswith("/"):
                 continue
@@ -185,7 +186,13 @@ class LibraryProbes:
                 self.probe_library(m.file, family, placed, mapped_ns)
             elif "native" in self._families and self._is_native_library(m.path):
                 self.probe_library(m.file, "native", placed, mapped_ns)
-        for path in {m.file for m in maps if m.path and _is_python(m.path)}:
+        if pythons:
+            self.probe_finalize_of({m.file for m in maps if m.path and _is_python(m.path)})
+
+    def probe_finalize_of(self, runtimes) -> None:
+        """Probe each Python runtime file of `runtimes` (a static build's executable, a shared
+        build's libpython) at Py_FinalizeEx, once."""
+        for path in runtimes:
             self._probe_finalize(path)
 
     def close_files(self) -> None:

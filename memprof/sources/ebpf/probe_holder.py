@@ -62,7 +62,7 @@ def hold(first: list[int], later: list[int] = ()) -> Holder | None:
     """A forked holder of `first` and `later` (each open in this process), or None when the
     holder is off (MEMPROF_PROBE_HOLDER=0), there is nothing to hold, or fork failed
     (EAGAIN, ENOMEM): the caller then closes them itself, waiting as before."""
-    if not first or os.environ.get(HOLDER_ENV, "1") == "0":
+    if not (first or later) or os.environ.get(HOLDER_ENV, "1") == "0":
         return None
     wait_end, go_end = os.pipe()
     try:

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from memprof.lazy_import import numpy as np
 from memprof.model import SourceStats
-from memprof.sources.cpython.frames import PythonFrames
+from memprof.sources.cpython.frames import PythonFrames, python_runtimes
 from memprof.sources.ebpf import bpfinfo
 from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
@@ -99,11 +99,12 @@ class EbpfSource:
             self.track(pid)
 
     def _attach_libraries(self, known: dict[str, list[str]], attached: list[list]) -> None:
-        """The uprobes of the libraries known before the command starts (`known`) and of
-        those the processes attached to map (`attached`), and the later families' programs
-        verified."""
+        """The uprobes of the libraries known before the command starts (`known`), of those
+        the processes attached to map (`attached`) and of the command's Python runtime, and
+        the later families' programs verified."""
         self._libraries.attach_known(known)
         self._libraries.attach_mapped(attached)
+        self._libraries.probe_finalize_of(python_runtimes(self.command_path))
         self._libraries.verify_programs_of_late_families()
 
     def prefetch_kernel_symbols(self) -> None:
@@ -133,7 +134,7 @@ class EbpfSource:
         key = ctypes.c_int(pid >> 6)
         table[key] = ctypes.c_ulonglong(table[key].value | (1 << (pid & 63)))
         self.processes.add(pid, None, None)
-        self._refresh_processes(only_stale=True)
+        self._refresh_processes(only_stale=True, before_exec=before_exec)
 
     # ---- polling ----
     def poll(self) -> EventBatch | None:
@@ -183,9 +184,13 @@ class EbpfSource:
         frames, word_at_sp = ips[:USER_STACK_DEPTH], ips[-1]
         return UserStack(frames[:frames.index(0)] if 0 in frames else frames, word_at_sp)
 
-    def _refresh_processes(self, only_stale: bool, mapped_ns: int | None = None) -> None:
+    def _refresh_processes(self, only_stale: bool, mapped_ns: int | None = None, before_exec: bool = False) -> None:
+        """Read the maps of the processes that need it and probe what they map. `before_exec`:
+        the one to read is memprof's gated child, whose maps are still memprof's own: its
+        interpreter is not probed for Py_FinalizeEx (a uprobe on memprof's Python, not the
+        command's; the command's own runtime is probed from its path, _attach_libraries)."""
         for info in self.processes.refresh(only_stale=only_stale):
-            self._libraries.probe_new_mappings(info.maps, mapped_ns)
+            self._libraries.probe_new_mappings(info.maps, mapped_ns, pythons=not before_exec)
             self._python.register(info.pid, info.maps)
 
     def periodic(self) -> None:
