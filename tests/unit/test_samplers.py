@@ -19,6 +19,7 @@ import types
 import pytest
 
 from memprof.model.schema import SAMPLES_SCHEMA
+from memprof.sources import samplers
 from memprof.sources.samplers import NvmlSampler, RssSampler, Samplers
 
 MiB = 1 << 20
@@ -222,6 +223,25 @@ def fake_pynvml(*, init_error=None, processes_error=False, calls=None) -> types.
         used=memory[h][0], total=memory[h][1], free=memory[h][1] - memory[h][0])
     module.nvmlDeviceGetComputeRunningProcesses = running
     return module
+
+
+REAL_DRIVER_CHECK = samplers._nvidia_driver_present
+
+
+@pytest.fixture(autouse=True)
+def nvidia_driver_present(monkeypatch):
+    """The stand-in pynvml is asked on this GPU-less machine as if a driver were loaded."""
+    monkeypatch.setattr(samplers, "_nvidia_driver_present", lambda: True)
+
+
+def test_without_a_driver_pynvml_is_not_even_imported(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(calls=calls))
+    monkeypatch.setattr(samplers, "NVIDIA_DRIVER_SIGNS", ("/nonexistent/nvidia", "/nonexistent/nvidiactl"))
+    monkeypatch.setattr(samplers, "_nvidia_driver_present", REAL_DRIVER_CHECK)
+    ok, why = NvmlSampler().available()
+    assert not ok and why == "no NVIDIA driver (none of /nonexistent/nvidia, /nonexistent/nvidiactl exists)"
+    assert calls == []  # no nvmlInit
 
 
 def test_nvml_rows_from_stand_in(monkeypatch):
