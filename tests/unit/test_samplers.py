@@ -234,7 +234,7 @@ def nvidia_driver_present(monkeypatch):
     monkeypatch.setattr(samplers, "_nvidia_driver_present", lambda: True)
 
 
-def test_without_a_driver_pynvml_is_not_even_imported(monkeypatch):
+def test_without_a_driver_nvml_is_not_asked(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(calls=calls))
     monkeypatch.setattr(samplers, "NVIDIA_DRIVER_SIGNS", ("/nonexistent/nvidia", "/nonexistent/nvidiactl"))

@@ -170,13 +170,13 @@ class PythonFrames:
             notes[runtime] = note
         return notes
 
-    def prewarm(self, executable: str | None) -> None:
-        """Inspect the interpreter a command will run before it starts (parsing an ELF takes
+    def prewarm(self, runtimes: Sequence[str]) -> None:
+        """Inspect the interpreters a command will run before it starts (parsing an ELF takes
         0.1-0.3 s; done at exec time, it would cost the target its first Python frames).
-        `executable`: the command's file; a script's #! interpreter is followed."""
+        `runtimes`: python_runtimes() of the command's file."""
         if not self.options.enabled:
             return
-        for runtime in python_runtimes(executable):
+        for runtime in runtimes:
             runtime_file(runtime)  # register() asks it of the mapped libpython too
             try:
                 self.register_at_start(inspect_python(runtime))

@@ -54,10 +54,9 @@ class EbpfSource:
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
         self._process_probes_detach: threading.Thread | Holder | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes)
-        # Kernel frees, in the last poll and in all, of allocations the target held
-        # (MP_FLAG_HELD, bpf/kmem.bpf.c): what the teardown waits for.
-        self.last_held_frees = 0
-        self.last_held_free_ns: int | None = None  # the latest one's stamp (CLOCK_MONOTONIC), of any poll
+        # Kernel frees of allocations the target held (MP_FLAG_HELD, bpf/kmem.bpf.c), what
+        # the teardown waits for: the latest one's stamp (CLOCK_MONOTONIC), and how many.
+        self.last_held_free_ns: int | None = None
         self._held_frees = 0
 
     def enabled(self, family: str) -> bool:
@@ -80,7 +79,8 @@ class EbpfSource:
         # Python probes (whose own uprobes then ride the same grace period) need not wait
         # for. They touch other parts of bcc's object (each program is loaded by one side).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprof-uprobes") as beside:
-            libraries = beside.submit(self._attach_libraries, known, attached)
+            runtimes = python_runtimes(self.command_path)  # the command's own (a #! script's interpreter's)
+            libraries = beside.submit(self._attach_libraries, known, attached, runtimes)
             if self.enabled("kmem"):
                 self._tracepoints.attach(self._bpf)
                 self.stats.detail["tracepoints"] = self._tracepoints.names()
@@ -89,7 +89,7 @@ class EbpfSource:
                                             lambda: R.EVENT_DTYPE)
             self._python = PythonFrames(self._bpf, self.options.python)
             self._python.install()
-            self._python.prewarm(self.command_path)
+            self._python.prewarm(runtimes)
             libraries.result()  # what it raised, raised here
         # kallsyms is read at the first flush, not here: the command waits for start() to return.
         self._stacks = StackInterner(self._read_stack, self.processes.maps_of, self._kernel_symbols,
@@ -98,13 +98,13 @@ class EbpfSource:
         for pid in pids:
             self.track(pid)
 
-    def _attach_libraries(self, known: dict[str, list[str]], attached: list[list]) -> None:
+    def _attach_libraries(self, known: dict[str, list[str]], attached: list[list], runtimes: list[str]) -> None:
         """The uprobes of the libraries known before the command starts (`known`), of those
-        the processes attached to map (`attached`) and of the command's Python runtime, and
-        the later families' programs verified."""
+        the processes attached to map (`attached`) and of the command's Python `runtimes`,
+        and the later families' programs verified."""
         self._libraries.attach_known(known)
         self._libraries.attach_mapped(attached)
-        self._libraries.probe_finalize_of(python_runtimes(self.command_path))
+        self._libraries.probe_finalize_of(runtimes)
         self._libraries.verify_programs_of_late_families()
 
     def prefetch_kernel_symbols(self) -> None:
@@ -141,9 +141,9 @@ class EbpfSource:
         """Drain the ring buffer: memory events as columns; lifecycle events applied here."""
         recs = self._ring.drain()
         held = (recs["flags"] & R.FLAG_HELD) != 0
-        self.last_held_frees = int(np.count_nonzero(held))
-        self._held_frees += self.last_held_frees
-        if self.last_held_frees:
+        held_frees = int(np.count_nonzero(held))
+        self._held_frees += held_frees
+        if held_frees:
             self.last_held_free_ns = int(recs["ts_ns"][held].max())
         if recs.size == 0:
             return None
