@@ -105,3 +105,16 @@ def test_the_records_dtype_is_asked_at_the_first_drain_and_checked(ring):
     wrong = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize + 8, lambda: EVENT_DTYPE)
     with pytest.raises(ValueError, match="not 80"):
         wrong.drain()
+
+
+@pytest.mark.parametrize("records", [1, 3])
+def test_drained_records_are_a_copy_the_kernel_may_write_over(ring, records):
+    """Once drained, a record's slot is the kernel's again: the records handed out must not
+    alias the ring. numpy counts a one-row slice as contiguous, so a drain of one record
+    came out as a view of the mapping."""
+    consumer = RingBufferConsumer(ring.fd, SIZE, EVENT_DTYPE.itemsize, lambda: EVENT_DTYPE)
+    for ts in range(1, records + 1):
+        ring.produce(ts)
+    out = consumer.drain()
+    ring.map[2 * PAGE:2 * PAGE + records * STRIDE] = b"\xff" * (records * STRIDE)  # the kernel reuses the slots
+    assert out["ts_ns"].tolist() == list(range(1, records + 1))

@@ -81,7 +81,10 @@ class RingBufferConsumer:
             return np.empty(0, dtype=dtype)
         self._check_lengths(lengths[:n])
         body = raw[:n, _HEADER_BYTES:_HEADER_BYTES + self._record_bytes]
-        records = np.ascontiguousarray(body).view(dtype).ravel()
+        # A copy always: the slots are the kernel's again once the consumer position moves.
+        # (np.ascontiguousarray copied only when it had to, and a one-row slice counts as
+        # contiguous: a drain of one record was a view of the mapping.)
+        records = body.copy().view(dtype).ravel()
         struct.pack_into("<Q", self._consumer, 0, cons + n * self._stride)
         return records
 
