@@ -257,13 +257,15 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     unseen, ~100 at a time: ftrace's kmem_cache_free event counted all 40,000 socket-inode
     frees of a run where memprof and an independent raw-tracepoint program each missed the
     same 274, all in tokio-rt-worker's softirq context, and no program's recursion counter
-    moved. Most such addresses come back while "live", so the report says the chain is
-    unconfirmed and counts its proven missed frees; those lost near the end stay live (273
-    socket inodes, 227 KiB, in one run here, whose chain had 143 proven missed). A pipe or
-    socket actually kept is never handed out again, so its finding is confirmed: the byte
-    and count thresholds above hold for confirmed findings. An unconfirmed finding is
-    allowed up to 1,000 live allocations (5 % of the iterations; 273 is the most seen here),
-    where one pipe or socket kept per iteration would be 20,000.
+    moved. Only frees run by RCU callbacks can be lost so (the target's own frees run with
+    the target current), and in this workload those are two kinds: the sockets' inodes
+    (sock_alloc_inode) and the LSM blobs (security_inode_alloc). Their chains are held to
+    1,000 live allocations each (5 % of the iterations; 273 socket inodes, 227 KiB, is the
+    most seen here), where a pipe or socket kept per iteration would be 20,000. Whether
+    the report calls them confirmed does not tell: a chain whose frees went missing near
+    the end has no address handed out again (CI saw 88 pipes' blobs so, "confirmed"). A
+    pipe or socket actually kept keeps its other allocations too (the pipe's ring, its
+    files, the socket itself), which the thresholds above still catch.
     """
     recording, result = churn_recording
     assert result.returncode == 0, result.stderr
@@ -273,22 +275,21 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     findings = report["findings"]
     context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
     assert [f for f in findings if f["kind"] == "grows_per_step"] == [], context
-    confirmed = [f for f in findings if f["confirmed"]]
-    assert max((f["live_bytes"] for f in confirmed), default=0) <= 64 * KIB, context
-    assert sum(f["live_bytes"] for f in confirmed) < 256 * KIB, context
-    # See the docstring: a chain some of whose frees the probes never saw.
-    unconfirmed = [f for f in findings if not f["confirmed"]]
-    assert all(f["live_count"] <= 1000 for f in unconfirmed), describe(unconfirmed)
-    named = [f for f in findings if any("pipe" in fn or "sock" in fn for fn in functions(f))]
+    # See the docstring: what this VM's BPF blind spot can lose.
+    rcu_freed = [f for f in findings if {"security_inode_alloc", "sock_alloc_inode"} & set(functions(f, "kernel"))]
+    assert all(f["live_count"] <= 1000 for f in rcu_freed), describe(rcu_freed)
+    others = [f for f in findings if f not in rcu_freed]
+    assert max((f["live_bytes"] for f in others), default=0) <= 64 * KIB, context
+    assert sum(f["live_bytes"] for f in others) < 256 * KIB, context
+    named = [f for f in others if any("pipe" in fn or "sock" in fn for fn in functions(f))]
     own_pid = [f for f in named if "pidfs_register_pid" in functions(f, "kernel")]  # see the docstring
     assert sum(f["live_count"] for f in own_pid) <= 1, describe(own_pid)
     named = [f for f in named if f not in own_pid and "allocate_slab" not in functions(f, "kernel")]
-    named_confirmed = [f for f in named if f["confirmed"]]
     # A page's free can be unseen (its address then meets an unrelated free later): a stray
     # single allocation is within the thresholds; a pipe or socket actually kept would be
     # thousands.
-    assert sum(f["live_count"] for f in named_confirmed) <= 16, \
-        f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named_confirmed)}"
+    assert sum(f["live_count"] for f in named) <= 16, \
+        f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}"
 
 
 def test_frees_flagged_held_are_the_frees_of_allocations_the_target_held(churn_recording):
