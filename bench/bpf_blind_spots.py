@@ -52,20 +52,13 @@ RAW_TRACEPOINT_PROBE(sched_switch)  /* (preempt, prev, next, prev_state) */
 """
 
 
-def command_of(tgid: int) -> str:
-    try:
-        with open(f"/proc/{tgid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to count (default 8)")
     args = parser.parse_args()
     from bcc import BPF
     from memprof.sources.ebpf.btf_answers import kernel_btf
+    from memprof.sources.symbols.procs import read_comm
     offset = kernel_btf().member_offset("task_struct", "tgid")
     bpf = BPF(text=PROGRAM.replace("TASK_TGID_OFF", str(offset)))
     time.sleep(args.seconds)
@@ -76,7 +69,7 @@ def main() -> int:
     for tgid, (out, into) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
         if into:
             mark = "  <- no BPF program runs while it is current" if tgid in blind else ""
-            print(f"  pid {tgid:>7} {command_of(tgid):<16} in {into:>6}  out {out:>6}{mark}")
+            print(f"  pid {tgid:>7} {read_comm(tgid) or '?':<16} in {into:>6}  out {out:>6}{mark}")
     return 1 if blind else 0
 
 
