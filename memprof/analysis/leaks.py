@@ -168,6 +168,11 @@ class LeakResult:
     native family, `record --sources +native`); None when unknown. Without it a leak there
     is in no finding.
 
+    `unseen_tasks` is for the caller to fill from the recording's metadata: the processes no
+    probe ran under (loss.unseen_tasks: [{"pid", "comm", "threads", "switches"}]). The
+    kernel's frees on their time went unseen, so a kernel finding that outlived the process
+    may be memory already freed (`may_be_freed_unseen`).
+
     `model_state`: the model's own memory live at the end (parameters, buffers, gradients,
     optimizer state, as the agent named them; any age), totalled by role, layer and device
     (model_state.model_state_totals). None of it is ever a finding; its chains are among
@@ -191,6 +196,15 @@ class LeakResult:
     python_frames: bool | None = None
     heap_recorded: bool | None = None
     model_state: list[ModelStateTotal] = field(default_factory=list)
+    unseen_tasks: list[dict] = field(default_factory=list)
+
+    def may_be_freed_unseen(self, finding: LeakFinding) -> bool:
+        """Whether `finding` may be frees no probe saw: kernel memory still held after the
+        target's exit, in a recording where the kernel ran on some process's time unseen
+        (RCU callbacks free closed sockets and inodes there). What the exit released was
+        seen to be freed, and a chain released before the end was seen too."""
+        return (bool(self.unseen_tasks) and finding.layer in _KERNEL_LAYERS and not finding.released_at_exit
+                and not finding.released_before_end and self.end_ns < self.recording_end_ns)
 
 
 def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_age_ns: int = DEFAULT_MIN_AGE_NS,

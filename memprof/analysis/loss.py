@@ -48,6 +48,14 @@ def skipped_frees_by_layer(meta: RecordingMeta) -> dict[str, int]:
     return out
 
 
+def unseen_tasks(meta: RecordingMeta) -> list[dict]:
+    """The processes no probe ran under while recording (the eBPF source's count of context
+    switches no program saw, bpf/kmem.bpf.c), each {"pid", "comm", "threads", "switches"};
+    [] when none, or not counted."""
+    ebpf = meta.sources.get("ebpf")
+    return list(ebpf.detail.get("unseen_tasks") or []) if ebpf is not None else []
+
+
 def recording_notes(meta: RecordingMeta) -> list[Note]:
     """Plain-words notes on how complete the recording is, for every report: those that
     change the results (CAVEAT) first, then those that only say how it was recorded (INFO).
@@ -75,6 +83,7 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
         notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
         notes += [Note(text) for text in _python_notes(name, stats.detail.get("python") or {})]
         notes += [Note(text) for text in _unread_agent_notes(name, stats.detail)]
+        notes += [Note(text) for text in _unseen_task_notes(name, stats.detail.get("unseen_tasks") or [])]
         notes += [Note(text, Severity.INFO) for text in _step_source_notes(stats.detail.get("step_sources") or {})]
     return sorted(notes, key=lambda note: note.severity is Severity.INFO)  # stable: caveats first
 
@@ -159,6 +168,28 @@ def _unread_agent_notes(name: str, detail: dict) -> list[str]:
         return []
     return [f"{name}: {format_bytes(unread)} of the agents' lines were still unread when the recording ended "
             "(written faster than memprof reads them); the steps, marks and CUDA events in them are not recorded"]
+
+
+def _unseen_task_notes(name: str, unseen: list[dict]) -> list[str]:
+    """The processes no probe ran under (kmem.bpf.c's unseen switches; bpf/README.md "Missed
+    frees", 4), in one note: the kernel's frees on their time went unrecorded."""
+    if not unseen:
+        return []
+    switches = sum(int(p.get("switches", 0) or 0) for p in unseen)
+    return [f"{name}: no probe ran while {name_processes(unseen)} had a CPU "
+            f"({switches} {'time' if switches == 1 else 'times'} seen), a property of this machine (a sandbox's or hypervisor's "
+            "agent can do it). What the kernel did on that time went unrecorded, among it the RCU callbacks that "
+            "free closed sockets', files' and inodes' memory: kernel allocations freed there are counted as live. "
+            "Most are found out when their address is handed out again (the findings' missed frees); the rest "
+            "show as kernel findings still held after the target exited (released_at_exit false), which may be "
+            "memory already freed."]
+
+
+def name_processes(unseen: list[dict]) -> str:
+    """Processes of `unseen_tasks` by pid and name: 'process 1 (process_api)', or
+    'processes 1 (a), 7 (gone)'."""
+    names = ", ".join(f"{p.get('pid')} ({p.get('comm') or 'gone'})" for p in unseen)
+    return f"{'process' if len(unseen) == 1 else 'processes'} {names}"
 
 
 def _late_probe_notes(name: str, uprobes: dict, start_ns: int) -> list[str]:

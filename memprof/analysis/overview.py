@@ -19,7 +19,7 @@ from memprof.analysis.leaks import (
     DEFAULT_MIN_AGE_NS, LeakResult, cut, end_of_target, exit_times, find_leaks, find_leaks_by_rank,
 )
 from memprof.analysis.lifetimes import Lifetimes
-from memprof.analysis.loss import recording_notes, skipped_frees_by_layer
+from memprof.analysis.loss import recording_notes, skipped_frees_by_layer, unseen_tasks
 from memprof.analysis.ranks import rank_of_pid
 from memprof.analysis.trend import MIN_POINTS
 from memprof.errors import UsageError
@@ -81,6 +81,7 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
     result.python_frames = python_frames_read(meta)
     result.heap_recorded = heap_recorded(meta)
+    result.unseen_tasks = unseen_tasks(meta)
     return result
 
 

@@ -5,6 +5,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from memprof.analysis.caches import is_agent_file
+from memprof.analysis.loss import name_processes
 from memprof.model.schema import FRAME_KEYS
 from memprof.report.labels import chain_name, frame_label, in_module
 from memprof.report.safe_text import escape
@@ -35,7 +36,10 @@ def to_json(view: LeaksView) -> dict:
     missed_frees, unconfirmed_frees, min_age_ns, end_ns, and left_out (what the filters cut:
     younger_count/younger_bytes live at the end but younger than min_age_ns, `top` and the
     findings_total/not_leaks_total it cut from), and heap_recorded (whether the C library's
-    heap was recorded: without it a leak there is in no finding; null when unknown). Times
+    heap was recorded: without it a leak there is in no finding; null when unknown), and
+    unseen_tasks (the processes no probe ran under: pid, comm, threads, switches; a finding's
+    may_be_freed_unseen says it is kernel memory that outlived the target in such a
+    recording, which the kernel may have freed unseen). Times
     are CLOCK_MONOTONIC ns, slopes bytes per step (or window) and bytes per second."""
     result, chains, about = view.result, view.chains, view.about
     recording_path, lost_events = about.path, about.lost_events
@@ -53,6 +57,7 @@ def to_json(view: LeaksView) -> dict:
         "end_ns": int(result.end_ns),
         "left_out": left_out_json(result),
         "heap_recorded": result.heap_recorded,
+        "unseen_tasks": result.unseen_tasks,
     }
 
 
@@ -88,6 +93,7 @@ def _finding_json(finding: LeakFinding, chains: dict[int, list[dict]], result: L
         "within_slope_bytes_per_step": finding.within_slope_bytes_per_step,
         "confirmed": bool(finding.confirmed),
         "chain_missed_frees": int(finding.chain_missed_frees),
+        "may_be_freed_unseen": result.may_be_freed_unseen(finding),
         "stack": [{key: frame.get(key) for key in FRAME_KEYS} for frame in finding_chain(finding, chains)],
         # False: the chain has no Python frames (the eBPF sources record kernel and native
         # frames only), not that no Python code was involved.
@@ -178,11 +184,12 @@ def _warnings(result: LeakResult, lost_events: int) -> list[tuple[str, bool]]:
 def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
     """What frees that were never seen mean for the findings, and whether to act."""
     whose = "its address was" if missed == 1 else "their addresses were"
+    where = (", or on the time of a process no probe ran under (see the notes)," if result.unseen_tasks else "")
     what = (f"{counted(missed, 'free was', 'frees were')} never seen{_by_layer(result.missed_frees)}: {whose} "
-            "handed out again while still counted live (the kernel frees some memory in bulk where its probes "
-            "cannot see), so memprof closed those allocations itself.")
+            f"handed out again while still counted live (the kernel frees some memory in bulk{where} where its "
+            "probes cannot see), so memprof closed those allocations itself.")
     unconfirmed = sum(1 for f in result.findings if not f.confirmed)
-    if not unconfirmed:
+    if not unconfirmed and not any(result.may_be_freed_unseen(f) for f in result.findings):
         return f"{what} None of the findings below is affected: nothing to do.", False
     return (f"{what} {counted(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
             f"{'its size is' if unconfirmed == 1 else 'their sizes are'} an upper bound, as some of "
@@ -216,6 +223,9 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
     if not finding.confirmed:
         lines.append(f"    [yellow]unconfirmed[/]: {counted(finding.chain_missed_frees, 'free', 'frees')} of this "
                      "chain went unseen (its address was handed out again), so some of these may already be free")
+    if result.may_be_freed_unseen(finding):
+        lines.append(f"    [yellow]may be freed unseen[/]: no probe ran while {escape(name_processes(result.unseen_tasks))} "
+                     "had a CPU (see the notes)")
     if not chain:
         return lines + ["    (no stack recorded)"]
     for item in _visible(chain):

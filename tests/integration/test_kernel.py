@@ -41,7 +41,7 @@ def functions(finding: dict, kind: str | None = None) -> list[str]:
 def describe(findings: list[dict], limit: int = 8) -> str:
     """Findings in one line each, for assertion messages."""
     return "\n".join(f"  {f['layer']} count={f['live_count']} bytes={f['live_bytes']} "
-                     f"released_at_exit={f['released_at_exit']} {functions(f)[:12]}" for f in findings[:limit])
+                     f"released_at_exit={f['released_at_exit']} unseen={f.get('may_be_freed_unseen')} {functions(f)[:12]}" for f in findings[:limit])
 
 
 def merged(findings: list[dict]) -> list[dict]:
@@ -76,6 +76,21 @@ def allocations_per_function(rec, layers: tuple[str, ...]) -> dict[str, int]:
 
 def read_meta(recording: Path) -> dict:
     return json.loads((recording / "meta.json").read_text())
+
+
+# The kernel objects of these workloads that RCU callbacks free, on whichever task's time the
+# softirq runs: what a machine's BPF blind spot can take (see
+# test_kernel_churn_reports_no_pipe_or_socket_leak).
+FREED_BY_RCU = {"security_inode_alloc", "sock_alloc_inode"}
+
+
+def freed_by_rcu(finding: dict) -> bool:
+    return bool(FREED_BY_RCU & set(functions(finding, "kernel")))
+
+
+def unseen_tasks(recording: Path) -> list[dict]:
+    """The processes no probe ran under while `recording` was made (meta.json; kmem.bpf.c)."""
+    return read_meta(recording)["sources"]["ebpf"]["detail"]["unseen_tasks"]
 
 
 def assert_error(result: subprocess.CompletedProcess, code: int, *phrases: str) -> None:
@@ -129,7 +144,12 @@ def test_kernel_leak_known_answer(tmp_path, run_memprof, leaks_json, args, held)
     # sandbox hides from BPF (see test_attach_with_pid); 257 pipes (263 KB) cannot.
     top = pipe_info_finding(report)
     if held == 257:
-        assert top == findings[0], context
+        # Only RCU-freed churn can outrank it, and only where the report says it may be frees
+        # no probe saw (a process went unseen; the churn outlived the target): CI once saw
+        # 319 socket inodes, 265 KB, so.
+        above = findings[:findings.index(top)]
+        assert all(freed_by_rcu(f) and f["may_be_freed_unseen"] for f in above), context
+        assert not above or unseen_tasks(recording), context
     assert top["live_count"] == held, context
     assert top["live_bytes"] == held * PIPE_BUFFER_ARRAY_BYTES, context
     assert "alloc_pipe_info" in functions(top, "kernel"), context
@@ -261,8 +281,9 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     with the target current); in this workload those are the RCU callbacks', of two kinds:
     the sockets' inodes (sock_alloc_inode) and the LSM blobs (security_inode_alloc). (A
     handful of others a run, 192-byte objects and 16 KiB pages, went missing too; none was
-    left live.) Their chains are held to
-    1,000 live allocations each (5 % of the iterations; 273 socket inodes, 227 KiB, is the
+    left live.) Where the recording names a process no probe ran under (meta.json's
+    unseen_tasks: record counts the context switches no program saw) and the report marks
+    their chains may_be_freed_unseen, those chains are held to 1,000 live allocations each (5 % of the iterations; 273 socket inodes, 227 KiB, is the
     most seen here), where a pipe or socket kept per iteration would be 20,000. Whether
     the report calls them confirmed does not tell: a chain whose frees went missing near
     the end has no address handed out again (CI saw 88 pipes' blobs so, "confirmed"). A
@@ -277,11 +298,11 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     findings = report["findings"]
     context = f"lost_events={report['lost_events']} unconfirmed_frees={report['unconfirmed_frees']}\n{describe(findings)}"
     assert [f for f in findings if f["kind"] == "grows_per_step"] == [], context
-    # See the docstring: what this VM's BPF blind spot can lose.
-    freed_by_rcu = {"security_inode_alloc", "sock_alloc_inode"}
+    # See the docstring: what this VM's BPF blind spot can lose, where the recording names a
+    # process no probe ran under; elsewhere those chains are held to the thresholds too.
     rcu_freed, others = [], []
     for f in findings:
-        (rcu_freed if freed_by_rcu & set(functions(f, "kernel")) else others).append(f)
+        (rcu_freed if freed_by_rcu(f) and f["may_be_freed_unseen"] else others).append(f)
     assert all(f["live_count"] <= 1000 for f in rcu_freed), describe(rcu_freed)
     assert max((f["live_bytes"] for f in others), default=0) <= 64 * KIB, context
     assert sum(f["live_bytes"] for f in others) < 256 * KIB, context
@@ -294,6 +315,27 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     # thousands.
     assert sum(f["live_count"] for f in named) <= 16, \
         f"pipe/socket allocations reported as leaks:\n{context.splitlines()[0]}\n{describe(named)}"
+
+
+def test_the_recording_names_the_processes_no_probe_ran_under_never_the_targets(churn_recording, leaks_json):
+    """kmem.bpf.c notes per CPU the task each context switch brings in; the next switch runs
+    with that task current, and when it comes from another task, the noted one's switch out
+    ran no program. meta.json lists such processes (on this VM, PID 1, the sandbox's agent:
+    bench/RESULTS.md "Frees no probe sees"). The target's own threads are never among them:
+    its events are all recorded. A report says so in a note exactly when there is one."""
+    recording, result = churn_recording
+    assert result.returncode == 0, result.stderr
+    unseen = unseen_tasks(recording)
+    assert isinstance(unseen, list)  # counted: this kernel's task_struct and sched_switch allow it
+    targets = {p["pid"] for p in read_meta(recording)["processes"]}
+    for process in unseen:
+        assert process["pid"] not in targets, unseen
+        assert process["switches"] >= len(process["threads"]) >= 1, unseen
+        assert process["threads"] == sorted(process["threads"]), unseen
+    notes = [n for n in leaks_json(recording)["notes"] if "no probe ran while" in n]
+    assert len(notes) == (1 if unseen else 0), notes
+    for process in unseen:
+        assert f"{process['pid']} ({process['comm'] or 'gone'})" in notes[0]
 
 
 def test_frees_flagged_held_are_the_frees_of_allocations_the_target_held(churn_recording):

@@ -155,7 +155,9 @@ def test_json_keys_and_types():
     result.unconfirmed_frees["kernel_slab"] = 12
     doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof", lost_events=3), chains))
     assert set(doc) == {"recording", "lost_events", "notes", "findings", "not_leaks", "checkpoints", "missed_frees",
-                        "unconfirmed_frees", "min_age_ns", "end_ns", "left_out", "model_state", "heap_recorded"}
+                        "unconfirmed_frees", "min_age_ns", "end_ns", "left_out", "model_state", "heap_recorded",
+                        "unseen_tasks"}
+    assert doc["unseen_tasks"] == []
     assert doc["not_leaks"] == [] and doc["checkpoints"] is None and doc["model_state"] == []
     assert doc["recording"] == "/tmp/run.memprof" and doc["lost_events"] == 3 and doc["notes"] == []
     assert doc["unconfirmed_frees"] == {"kernel_slab": 12} and doc["missed_frees"] == {}
@@ -164,7 +166,9 @@ def test_json_keys_and_types():
     assert set(first) == {"layer", "name", "younger_count", "younger_bytes", "kind", "reason", "explanation", "slope_bytes_per_step", "slope_bytes_per_s",
                           "confidence", "live_bytes", "live_count", "first_ns", "last_ns", "growth_bytes_per_s",
                           "released_at_exit", "released_before_end", "within_slope_bytes_per_step", "confirmed",
-                          "chain_missed_frees", "python_frames", "stack", "module", "ranks", "hosts"}
+                          "chain_missed_frees", "may_be_freed_unseen", "python_frames", "stack", "module", "ranks",
+                          "hosts"}
+    assert first["may_be_freed_unseen"] is False  # no process went unseen
     assert first["module"] is None  # the recording has no module boundaries
     assert first["ranks"] == [] and first["hosts"] == []  # no distributed job
     assert (first["kind"], first["reason"], first["confidence"]) == ("held_at_end", "held", None)
@@ -196,6 +200,41 @@ def test_table_shows_findings_and_escapes_brackets():
     assert "first seen +1.00s, last seen +1.00s" in text
     assert "(no stack recorded)" in text
     assert "skipped" not in text and "lost" not in text
+
+
+PROCESS_API = {"pid": 1, "comm": "process_api", "threads": [97, 103], "switches": 9}
+
+
+def test_kernel_memory_that_outlived_the_target_may_be_freed_unseen_where_a_process_went_unseen():
+    rows = [(1 * S, "alloc", 0x100 + i, 4096, 1) for i in range(3)]            # held after the exit
+    rows += [(1 * S, "alloc", 0x900 + i, 64, 2) for i in range(5)]
+    rows += [(int(10.5 * S), "free", 0x900 + i, 0, None) for i in range(5)]    # freed by the exit: seen
+    result = leaks_of(rows, end_ns=10 * S, recording_end_ns=11 * S)
+    assert not any(result.may_be_freed_unseen(f) for f in result.findings)  # no process went unseen
+    result.unseen_tasks = [PROCESS_API]
+    outlived, released = sorted(result.findings, key=lambda f: f.released_at_exit)
+    assert (outlived.stack_id, released.stack_id) == (1, 2)
+    assert result.may_be_freed_unseen(outlived) and not result.may_be_freed_unseen(released)
+    doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof"), {}))
+    assert doc["unseen_tasks"] == [PROCESS_API]
+    assert [f["may_be_freed_unseen"] for f in doc["findings"]] == [True, False]  # biggest first
+    text = " ".join(render(result, {}).split())
+    assert text.count("may be freed unseen") == 1
+    assert "may be freed unseen: no probe ran while process 1 (process_api) had a CPU (see the notes)" in text
+
+
+@pytest.mark.parametrize("layer", ["torch_cpu", "native_heap"])
+def test_user_space_memory_is_never_freed_unseen_so(layer):
+    """A process's own frees run on its own time, which the probes see."""
+    result = leaks_of([(1 * S, "alloc", 0x100, 4096, 1)], end_ns=10 * S, recording_end_ns=11 * S, layer=layer)
+    result.unseen_tasks = [PROCESS_API]
+    assert result.findings and not any(result.may_be_freed_unseen(f) for f in result.findings)
+
+
+def test_a_target_still_running_has_nothing_outlive_it():
+    result = leaks_of([(1 * S, "alloc", 0x100, 4096, 1)], end_ns=10 * S)  # recorded up to its end: no exit
+    result.unseen_tasks = [PROCESS_API]
+    assert result.findings and not any(result.may_be_freed_unseen(f) for f in result.findings)
 
 
 def test_table_cuts_long_chains():

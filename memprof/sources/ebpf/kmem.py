@@ -53,6 +53,7 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         name_off = btf.member_offset("kmem_cache", "name")
         task_stack_off = btf.member_offset("task_struct", "stack")
         takes_cache = _takes_cache(btf.raw_tracepoint_params("kmem_cache_alloc"))
+        next_arg = unseen_switch_next_arg(btf)
     except BtfError as e:
         raise SourceUnavailableError(f"cannot read struct kmem_cache or task_struct from BTF: {e.message}", e.hint) from e
     skip = 0 if options.include_user_pages else _GFP_MOVABLE
@@ -66,6 +67,8 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         f"-DPAGE_SKIP_GFP={skip:#x}",
         f"-DPAGE_SHIFT_BYTES={mmap.PAGESIZE.bit_length() - 1}",
     ]
+    if next_arg is not None:
+        flags.append(f"-DUNSEEN_SWITCH_NEXT_ARG={next_arg}")
     if takes_cache:
         flags.append("-DKMEM_CACHE_ALLOC_TAKES_CACHE=1")
         if names_cache_is_its_own():
@@ -166,7 +169,39 @@ def _program_for(tp: str, params: list[str]) -> str:
     raise ValueError(f"no program for tracepoint {tp}")
 
 
+def unseen_switch_next_arg(btf) -> int | None:
+    """Where sched_switch's raw tracepoint passes the incoming task (its second task_struct
+    pointer), for kmem.bpf.c's count of switches no program saw; None (not compiled) where
+    task_struct's `tgid` does not follow `pid`, which the program reads as one word."""
+    if btf.member_offset("task_struct", "tgid") != btf.member_offset("task_struct", "pid") + 4:
+        return None
+    tasks = [i for i, param in enumerate(btf.raw_tracepoint_params("sched_switch")) if param == "struct task_struct *"]
+    return tasks[1] if len(tasks) >= 2 else None
+
+
 def _takes_cache(params: list[str]) -> bool:
     """Whether kmem_cache_alloc's raw tracepoint `params` pass the cache (since 6.0) rather
     than the sizes: which of the two programs is compiled and attached."""
     return len(params) > 2 and "struct kmem_cache *" in params[2]
+
+
+def unseen_tasks(bpf) -> list[dict] | None:
+    """The processes no BPF program ran under for a while, from kmem.bpf.c's `unseen_tasks`
+    (their threads' switches out that no program saw; bpf/README.md "Missed frees", 4):
+    [{"pid": tgid, "comm": its name now ("" once gone), "threads": [tid, …], "switches": n}],
+    most switches first. None where the count was not compiled (unseen_switch_next_arg)."""
+    from memprof.sources.symbols.procs import read_comm
+    try:
+        table = bpf["unseen_tasks"]
+    except KeyError:
+        return None
+    by_process: dict[int, dict] = {}
+    for key, times in table.items():
+        tgid, tid = key.value >> 32, key.value & 0xFFFFFFFF
+        process = by_process.setdefault(tgid, {"pid": tgid, "comm": read_comm(tgid) if tgid else "idle",
+                                               "threads": [], "switches": 0})
+        process["threads"].append(tid)
+        process["switches"] += int(times.value)
+    for process in by_process.values():
+        process["threads"].sort()
+    return sorted(by_process.values(), key=lambda p: (-p["switches"], p["pid"]))
