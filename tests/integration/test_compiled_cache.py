@@ -96,7 +96,8 @@ def test_an_entry_rebuilds_the_instructions_and_maps_bcc_compiled(compiled, cach
         # bcc's own autoload, by the programs' names
         assert cached.tracepoint_fds == bpf.tracepoint_fds == {}
         assert sorted(cached.raw_tracepoint_fds) == sorted(bpf.raw_tracepoint_fds) == \
-            [b"sched_process_exec", b"sched_process_exit", b"sched_process_fork", b"signal_deliver", b"sys_enter"]
+            [b"sched_process_exec", b"sched_process_exit", b"sched_process_fork", b"sched_switch", b"signal_deliver",
+             b"sys_enter"]
     finally:
         if cached is not None:
             cached.cleanup()
