@@ -33,3 +33,22 @@ def test_the_users_interpreter_runs_as_the_user_never_as_root(make_user, memprof
     # the site-packages query, then the command itself: both as the user
     assert len(runs) == 2 and set(runs) == {str(user.uid)}, runs
 
+
+
+def test_the_interpreter_a_users_script_names_runs_as_the_user_never_as_root(make_user, memprof_as_root):
+    """A console script (torchrun's kind): memprof reads its #! line and asks the Python named
+    there, which is as much the user's file as the script."""
+    user = make_user()
+    notes = user.home / "ran-as"
+    python = user.write(user.home / "python3",
+                        NOTING_PYTHON.format(notes=notes, python=os.path.realpath(sys.executable)))
+    tool = user.write(user.home / "tool", f"#!{python}\nprint('tool ran')\n")
+    user.run(["chmod", "755", str(python), str(tool)])
+    user.write(notes, "")
+    recording = user.home / "r.memprof"
+    result = memprof_as_root(user, "record", "-q", "-o", recording, "--", tool, cwd=user.home)
+    assert result.returncode == 0, result.stderr
+    assert "tool ran" in result.stdout
+    runs = notes.read_text().split()
+    # the site-packages query (new: it was skipped for a script), then the script itself
+    assert len(runs) == 2 and set(runs) == {str(user.uid)}, runs

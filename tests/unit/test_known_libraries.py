@@ -133,3 +133,31 @@ def test_the_querys_answer_is_taken_as_folders_not_patterns(tmp_path, monkeypatc
     assert uprobes.find_known_libraries("/usr/bin/python3", environ={})["torch"] == []
     monkeypatch.setattr(uprobes, "_python_site_dirs", lambda *a: [str(tmp_path / "real")])
     assert uprobes.find_known_libraries("/usr/bin/python3", environ={})["torch"] == [str(lib)]
+
+
+def test_a_console_script_finds_the_torch_of_the_python_on_its_shebang_line(venv_with_torch_lib, tmp_path):
+    """torchrun and every console script pip writes: `#!/abs/venv/bin/python`. Its libc10 is
+    probed before the command starts, as for `python script.py`."""
+    python, lib = venv_with_torch_lib
+    script = tmp_path / "torchrun"
+    script.write_text(f"#!{python}\nimport sys\n")
+    script.chmod(0o755)
+    assert find_known_libraries(str(script), environ={})["torch"] == [str(lib.resolve())]
+
+
+@pytest.mark.parametrize("first_line, wanted", [
+    ("#!/venv/bin/python3.11 -u", "/venv/bin/python3.11"),
+    ("#!/usr/bin/env python3", "which:python3"),
+    ("#!/bin/sh", None),  # a shell script: not a Python
+    ("import sys", None),  # no #! line
+])
+def test_the_python_a_command_runs(tmp_path, first_line, wanted):
+    import shutil
+
+    from memprof.sources.cpython.frames import command_python
+    script = tmp_path / "cmd"
+    script.write_text(first_line + "\n")
+    if wanted and wanted.startswith("which:"):
+        wanted = shutil.which(wanted[len("which:"):])
+    assert command_python(str(script)) == wanted
+    assert command_python("/usr/bin/python3") == "/usr/bin/python3"  # a Python itself

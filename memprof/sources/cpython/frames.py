@@ -315,15 +315,24 @@ def python_runtimes(executable: str | None, process_maps: Sequence[Sequence[Mapp
     and of each process whose mappings are in `process_maps`. By name only: whether each is a
     CPython whose layout is known is for inspect_python to say."""
     found = []
-    if executable:
-        for path in (executable, _shebang_interpreter(executable)):
-            if path and os.path.basename(path).startswith("python"):
-                found.append(runtime_file(os.path.realpath(path)))
+    python = command_python(executable) if executable else None
+    if python:
+        found.append(runtime_file(os.path.realpath(python)))
     for maps in process_maps:
         path = python_file_in_maps(maps)
         if path is not None:
             found.append(runtime_file(path))
     return list(dict.fromkeys(found))
+
+
+def command_python(command_path: str) -> str | None:
+    """The Python that `command_path` runs: itself when its name starts with "python", else
+    the interpreter on its #! line when that one's does (torchrun, accelerate, any console
+    script pip wrote); None when neither is a Python."""
+    for path in (command_path, _shebang_interpreter(command_path)):
+        if path and os.path.basename(path).startswith("python"):
+            return path
+    return None
 
 
 def _shebang_interpreter(path: str) -> str | None:

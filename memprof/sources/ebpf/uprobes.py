@@ -206,16 +206,20 @@ _SITE_DIRS_MAX_BYTES = 1 << 20  # a real answer is a few KiB
 
 def _python_site_dirs(command_path: str | None, run_as: "RunAs | None" = None) -> list[str]:
     """site-packages of the command's interpreter (a virtual environment's too), when the
-    command is a Python (~20 ms), as that interpreter reports them.
+    command is a Python or a script whose #! line names one (torchrun: its libc10 is then
+    probed before the start, not at the first re-read of the mappings), as that
+    interpreter reports them (~20 ms).
 
     The interpreter is the user's program (their virtual environment's, or any file they
     named), so it runs as the command will: as `run_as` (the user sudo names) with the
     environment the command gets, never as root on their behalf (docs/SECURITY.md). Root
     only reads what it prints, at most _SITE_DIRS_MAX_BYTES within _SITE_DIRS_TIMEOUT_S:
     folders to look for libc10.so in, whose files are read as the target's libraries are."""
-    if not command_path or not os.path.basename(command_path).startswith("python"):
+    from memprof.sources.cpython.frames import command_python  # record imports it anyway (source.py)
+    python = command_python(command_path) if command_path else None
+    if python is None:
         return []
-    out = _bounded_output([command_path, "-S", "-c", _SITE_DIRS_CODE], run_as)
+    out = _bounded_output([python, "-S", "-c", _SITE_DIRS_CODE], run_as)
     return [line for line in out.splitlines() if line.endswith(("site-packages", "dist-packages"))]
 
 
