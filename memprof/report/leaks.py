@@ -189,12 +189,20 @@ def _unseen_frees(result: LeakResult, missed: int) -> tuple[str, bool]:
             f"handed out again while still counted live (the kernel frees some memory in bulk{where} where its "
             "probes cannot see), so memprof closed those allocations itself.")
     unconfirmed = sum(1 for f in result.findings if not f.confirmed)
-    if not unconfirmed and not any(result.may_be_freed_unseen(f) for f in result.findings):
+    unseen = sum(1 for f in result.findings if f.confirmed and result.may_be_freed_unseen(f))
+    if not unconfirmed and not unseen:
         return f"{what} None of the findings below is affected: nothing to do.", False
-    return (f"{what} {counted(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
-            f"{'its size is' if unconfirmed == 1 else 'their sizes are'} an upper bound, as some of "
-            f"{'its' if unconfirmed == 1 else 'their'} allocations may already be free. This is not a fault of "
-            "your program; trust an unconfirmed finding once it also grows from step to step.", True)
+    affected = []
+    if unconfirmed:
+        affected.append(f"{counted(unconfirmed, 'finding below is', 'findings below are')} marked unconfirmed: "
+                        f"{'its size is' if unconfirmed == 1 else 'their sizes are'} an upper bound, as some of "
+                        f"{'its' if unconfirmed == 1 else 'their'} allocations may already be free.")
+    if unseen:
+        affected.append(f"{counted(unseen, 'other finding is', 'other findings are')} kernel memory that outlived "
+                        "the target where frees went unseen (marked 'may be freed unseen'): "
+                        f"{'it' if unseen == 1 else 'they'} may already be free.")
+    return (f"{what} {' '.join(affected)} This is not a fault of your program; trust such a finding once it also "
+            "grows from step to step.", True)
 
 
 def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns: int, result: LeakResult) -> list[str]:

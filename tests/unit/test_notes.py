@@ -105,6 +105,36 @@ def test_unseen_frees_of_a_findings_chain_say_which_findings_and_what_to_do():
     assert "not a fault of your program" in text
 
 
+def _unseen_free_result(second_stack: int, *, unseen_tasks: list[dict]):
+    """As _unseen_free_text, with stack 3's kernel allocation still held after the exit, in
+    a recording where `unseen_tasks` went unseen."""
+    rows = [(1 * S, "alloc", 0xA0, 100, 1), (2 * S, "alloc", 0xA0, 50, second_stack), (1 * S, "alloc", 0xB0, 70, 3)]
+    result = find_leaks(pair_lifetimes(events_frame(rows, layer="kernel_slab")), end_ns=10 * S, recording_end_ns=11 * S)
+    result.unseen_tasks = unseen_tasks
+    return result
+
+
+PROCESS_API = [{"pid": 1, "comm": "process_api", "threads": [97], "switches": 3}]
+
+
+def test_unseen_frees_where_a_process_went_unseen_name_that_cause_and_the_findings_it_may_touch():
+    text = " ".join(_render(_unseen_free_result(2, unseen_tasks=PROCESS_API)).split())
+    assert ("the kernel frees some memory in bulk, or on the time of a process no probe ran under (see the notes), "
+            "where its probes cannot see") in text
+    assert "None of the findings below is affected" not in text and "marked unconfirmed" not in text  # all confirmed
+    assert ("2 other findings are kernel memory that outlived the target where frees went unseen (marked 'may be "
+            "freed unseen'): they may already be free. This is not a fault of your program") in text
+    both = " ".join(_render(_unseen_free_result(1, unseen_tasks=PROCESS_API)).split())
+    assert "1 finding below is marked unconfirmed: its size is an upper bound" in both
+    assert "1 other finding is kernel memory that outlived the target" in both  # the unconfirmed one counted once
+
+
+def test_without_an_unseen_process_the_missed_frees_keep_their_words():
+    text = " ".join(_render(_unseen_free_result(2, unseen_tasks=[])).split())
+    assert "in bulk where its probes cannot see" in text and "no probe ran under" not in text
+    assert "None of the findings below is affected: nothing to do" in text
+
+
 def test_html_puts_the_sampling_note_apart_from_the_warnings(tmp_path):
     rows = [ev(S, "alloc", 0x10, 64, 1), mark(5 * S, 100)]
     path = write_recording(tmp_path / "r.memprof", events_frame(rows), lost=3)

@@ -82,7 +82,19 @@ def test_no_note_without_unseen_tasks(detail):
     assert not [n for n in recording_notes(meta_with(detail)) if "no probe ran" in n]
 
 
+class AnyBtf:
+    """Answers every question kmem_cflags asks (no kernel's BTF needed)."""
+
+    def member_offset(self, struct, member):
+        return 8
+
+    def raw_tracepoint_params(self, tp):
+        return ["unsigned long", "void *", "struct kmem_cache *", "gfp_t", "int"]
+
+
 def test_the_count_is_compiled_with_the_kmem_family_where_the_kernel_allows(monkeypatch):
+    monkeypatch.setattr("memprof.sources.ebpf.btf_answers.kernel_btf", AnyBtf)
+    monkeypatch.setattr(kmem, "names_cache_is_its_own", lambda: False)
     monkeypatch.setattr(kmem, "unseen_switch_next_arg", lambda btf: 2)
     assert "-DUNSEEN_SWITCH_NEXT_ARG=2" in kmem.kmem_cflags(kmem.KmemOptions())
     monkeypatch.setattr(kmem, "unseen_switch_next_arg", lambda btf: None)
