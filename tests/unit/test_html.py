@@ -306,3 +306,29 @@ def test_a_page_without_leaks_says_in_the_browser_that_the_c_heap_was_not_record
     browser.get((tmp_path / "quiet.html").as_uri())
     leaks = browser.find_element("id", "leaks").text
     assert "No leaks found." in leaks and "--sources +native" in leaks, leaks
+
+
+def test_kernel_memory_that_may_be_freed_unseen_says_so_in_the_browser(tmp_path, browser):
+    """A recording where a process went unseen (meta.json's unseen_tasks): the kernel finding
+    that outlived the target is marked in its summary line, as `report leaks` marks it; the
+    one its exit released is not."""
+    from tests.diff_factories import write_recording
+    from tests.factories import ev, events_frame, mark
+    s = 1_000_000_000
+    rows = [ev(s, "alloc", 0x100 + i, 4096, 1, pid=100, layer="kernel_slab") for i in range(3)]  # outlives it
+    rows += [ev(s, "alloc", 0x900 + i, 64, 2, pid=100, layer="kernel_slab") for i in range(5)]
+    rows += [mark(8 * s, 100)] + [ev(int(8.5 * s), "free", 0x900 + i, 0, None, pid=100, layer="kernel_slab")
+                                  for i in range(5)]
+    chains = {1: [("kernel", "sock_alloc_inode", "vmlinux", None, None)],
+              2: [("kernel", "alloc_pipe_info", "vmlinux", None, None)]}
+    path = write_recording(tmp_path / "unseen.memprof", events_frame(rows), chains)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["sources"]["ebpf"] = {"events": 13, "detail": {"unseen_tasks": [
+        {"pid": 1, "comm": "process_api", "threads": [97], "switches": 4}]}}
+    (path / "meta.json").write_text(json.dumps(meta))
+    code, _, err = invoke("report", "html", path, "-o", tmp_path / "unseen.html")
+    assert code == 0, err
+    browser.get((tmp_path / "unseen.html").as_uri())
+    summaries = [e.text for e in browser.find_elements("css selector", "#leaks details.finding summary")]
+    assert [("may be freed unseen" in t, "sock_alloc_inode" in t) for t in summaries] == [(True, True), (False, False)]
+    assert "no probe ran while process 1 (process_api) had a CPU" in browser.find_element("tag name", "body").text

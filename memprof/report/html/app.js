@@ -298,7 +298,7 @@
     var confidence = f.confidence === null ? "" : ", " + (100 * f.confidence).toFixed(1) + "% confidence";
     summary.appendChild(document.createTextNode(" " + f.layer + ": " + bytes(f.live_bytes) + " in " + f.live_count +
       (f.live_count === 1 ? " allocation" : " allocations") + younger(f) + slope + confidence +
-      (f.confirmed ? "" : ", unconfirmed") + " — "));
+      (f.confirmed ? "" : ", unconfirmed") + (f.may_be_freed_unseen ? ", may be freed unseen" : "") + " — "));
     summary.appendChild(el("code", {"class": "chain-name"}, f.name));  // as the terminal names the chain
     summary.appendChild(el("div", {"class": "explanation"}, f.explanation));
     details.appendChild(summary);
