@@ -177,8 +177,8 @@ def _unseen_task_notes(name: str, unseen: list[dict]) -> list[str]:
         return []
     switches = sum(int(p.get("switches", 0) or 0) for p in unseen)
     return [f"{name}: no probe ran while {name_processes(unseen)} had a CPU "
-            f"({switches} {'time' if switches == 1 else 'times'} seen), a property of this machine (a sandbox's or hypervisor's "
-            "agent can do it). What the kernel did on that time went unrecorded, among it the RCU callbacks that "
+            f"({switches} {'time' if switches == 1 else 'times'} seen), a property of this machine (a sandbox's or "
+            "hypervisor's agent can do it). What the kernel did on that time went unrecorded, among it the RCU callbacks that "
             "free closed sockets', files' and inodes' memory: kernel allocations freed there are counted as live. "
             "Most are found out when their address is handed out again (the findings' missed frees); the rest "
             "show as kernel findings still held after the target exited (released_at_exit false), which may be "

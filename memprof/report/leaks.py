@@ -232,8 +232,8 @@ def _finding_lines(label: str, finding: LeakFinding, chain: list[dict], start_ns
         lines.append(f"    [yellow]unconfirmed[/]: {counted(finding.chain_missed_frees, 'free', 'frees')} of this "
                      "chain went unseen (its address was handed out again), so some of these may already be free")
     if result.may_be_freed_unseen(finding):
-        lines.append(f"    [yellow]may be freed unseen[/]: no probe ran while {escape(name_processes(result.unseen_tasks))} "
-                     "had a CPU (see the notes)")
+        who = escape(name_processes(result.unseen_tasks))
+        lines.append(f"    [yellow]may be freed unseen[/]: no probe ran while {who} had a CPU (see the notes)")
     if not chain:
         return lines + ["    (no stack recorded)"]
     for item in _visible(chain):

@@ -41,7 +41,8 @@ def functions(finding: dict, kind: str | None = None) -> list[str]:
 def describe(findings: list[dict], limit: int = 8) -> str:
     """Findings in one line each, for assertion messages."""
     return "\n".join(f"  {f['layer']} count={f['live_count']} bytes={f['live_bytes']} "
-                     f"released_at_exit={f['released_at_exit']} unseen={f.get('may_be_freed_unseen')} {functions(f)[:12]}" for f in findings[:limit])
+                     f"released_at_exit={f['released_at_exit']} unseen={f.get('may_be_freed_unseen')} "
+                     f"{functions(f)[:12]}" for f in findings[:limit])
 
 
 def merged(findings: list[dict]) -> list[dict]:
@@ -287,8 +288,9 @@ def test_kernel_churn_reports_no_pipe_or_socket_leak(churn_recording, leaks_json
     handful of others a run, 192-byte objects and 16 KiB pages, went missing too; none was
     left live.) Where the recording names a process no probe ran under (meta.json's
     unseen_tasks: record counts the context switches no program saw) and the report marks
-    their chains may_be_freed_unseen, those chains are held to 1,000 live allocations each (5 % of the iterations; 273 socket inodes, 227 KiB, is the
-    most seen here), where a pipe or socket kept per iteration would be 20,000. Whether
+    their chains may_be_freed_unseen, those chains are held to 1,000 live allocations each
+    (5 % of the iterations; 273 socket inodes, 227 KiB, is the most seen here), where a
+    pipe or socket kept per iteration would be 20,000. Whether
     the report calls them confirmed does not tell: a chain whose frees went missing near
     the end has no address handed out again (CI saw 88 pipes' blobs so, "confirmed"). A
     pipe or socket actually kept keeps its other allocations too (the pipe's ring, its

@@ -10,7 +10,7 @@ import pytest
 from memprof.analysis.loss import Severity, recording_notes
 from memprof.model.meta import RecordingMeta, SourceStats
 from memprof.sources.ebpf import kmem
-from memprof.sources.ebpf.kmem import unseen_switch_next_arg, unseen_tasks
+from memprof.sources.ebpf.kmem import read_unseen_tasks, unseen_switch_next_arg
 
 SWITCH_6_18 = ["bool", "struct task_struct *", "struct task_struct *", "unsigned int"]
 
@@ -54,14 +54,14 @@ class FakeBpf:
 def test_threads_are_counted_under_their_process_most_switches_first(monkeypatch):
     monkeypatch.setattr("memprof.sources.symbols.procs.read_comm", lambda pid: {1: "process_api"}.get(pid, ""))
     table = FakeTable({(1 << 32) | 103: 7, (1 << 32) | 97: 2, (4242 << 32) | 4250: 30})
-    assert unseen_tasks(FakeBpf({"unseen_tasks": table})) == [
+    assert read_unseen_tasks(FakeBpf({"unseen_tasks": table})) == [
         {"pid": 4242, "comm": "", "threads": [4250], "switches": 30},  # gone by now: no name
         {"pid": 1, "comm": "process_api", "threads": [97, 103], "switches": 9}]
-    assert unseen_tasks(FakeBpf({"unseen_tasks": FakeTable()})) == []  # counted, none found
+    assert read_unseen_tasks(FakeBpf({"unseen_tasks": FakeTable()})) == []  # counted, none found
 
 
 def test_none_where_the_count_was_not_compiled():
-    assert unseen_tasks(FakeBpf({})) is None
+    assert read_unseen_tasks(FakeBpf({})) is None
 
 
 def meta_with(detail: dict) -> RecordingMeta:

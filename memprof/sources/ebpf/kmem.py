@@ -185,7 +185,7 @@ def _takes_cache(params: list[str]) -> bool:
     return len(params) > 2 and "struct kmem_cache *" in params[2]
 
 
-def unseen_tasks(bpf) -> list[dict] | None:
+def read_unseen_tasks(bpf) -> list[dict] | None:
     """The processes no BPF program ran under for a while, from kmem.bpf.c's `unseen_tasks`
     (their threads' switches out that no program saw; bpf/README.md "Missed frees", 4):
     [{"pid": tgid, "comm": its name now ("" once gone), "threads": [tid, …], "switches": n}],

@@ -21,7 +21,7 @@ from memprof.sources.ebpf import records as R
 from memprof.sources.ebpf.decode import EventBatch, MemoryDecoder
 from memprof.sources.ebpf.options import ALL_FAMILIES, DEFAULT_FAMILIES, DEFAULT_NATIVE_SAMPLE_BYTES, EbpfOptions  # noqa: F401 (theirs to import from here too)
 from memprof.sources.ebpf.library_probes import LibraryProbes, current_maps, known_libraries, prewarm_paths
-from memprof.sources.ebpf.kmem import unseen_tasks
+from memprof.sources.ebpf.kmem import read_unseen_tasks
 from memprof.sources.ebpf.loading import USER_STACK_DEPTH, Tracepoints, compile_program, counter_total, program_costs
 from memprof.sources.ebpf.probe_holder import Holder, hold
 from memprof.sources.ebpf.ringbuf import RingBufferConsumer
@@ -219,7 +219,7 @@ class EbpfSource:
             user_stack_sample_every=self.options.user_stack_every, held_frees=self._held_frees,
             program_from_cache=getattr(self._bpf, "FROM_CACHE", False))  # compiled_cache.py: no compile this run
         self.stats.missed = self._tracepoints.missed(self._bpf, counters, self.stats.detail)
-        unseen = unseen_tasks(self._bpf)
+        unseen = read_unseen_tasks(self._bpf)
         if unseen is not None:
             self.stats.detail["unseen_tasks"] = unseen
         costs = program_costs(self._bpf)
