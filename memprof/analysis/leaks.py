@@ -202,8 +202,11 @@ class LeakResult:
         """Whether `finding` may be frees no probe saw: kernel memory still held after the
         target's exit, in a recording where the kernel ran on some process's time unseen
         (RCU callbacks free closed sockets and inodes there). What the exit released was
-        seen to be freed, and a chain released before the end was seen too."""
-        return (bool(self.unseen_tasks) and finding.layer in _KERNEL_LAYERS and not finding.released_at_exit
+        seen to be freed, and a chain released before the end was seen too. Only a leak is
+        marked: memory already judged not a leak (a kernel cache, the slab's own pages) is
+        not one either way, and the mark there was noise beside it."""
+        return (bool(self.unseen_tasks) and finding.kind != LeakKind.NOT_A_LEAK.value
+                and finding.layer in _KERNEL_LAYERS and not finding.released_at_exit
                 and not finding.released_before_end and self.end_ns < self.recording_end_ns)
 
 

@@ -6,6 +6,7 @@ import json
 import pytest
 from rich.console import Console
 
+from memprof.analysis.caches import KnownChains
 from memprof.analysis.checkpoints import find_checkpoints
 from memprof.analysis.leaks import LeakFinding, LeakResult, chain_frames, end_of_target, find_leaks
 from memprof.analysis.lifetimes import pair_lifetimes
@@ -221,6 +222,22 @@ def test_kernel_memory_that_outlived_the_target_may_be_freed_unseen_where_a_proc
     text = " ".join(render(result, {}).split())
     assert text.count("may be freed unseen") == 1
     assert "may be freed unseen: no probe ran while process 1 (process_api) had a CPU (see the notes)" in text
+
+
+def test_memory_that_is_not_a_leak_is_not_marked_may_be_freed_unseen():
+    """A kernel cache that outlived the target is a not-leak whether or not its frees were
+    seen: the mark would only be noise beside it (the leak beside it keeps its mark)."""
+    rows = [(1 * S, "alloc", 0x100 + i, 4096, 1) for i in range(3)]   # a leak
+    rows += [(1 * S, "alloc", 0x900 + i, 192, 2) for i in range(4)]   # dentries: a kernel cache
+    result = leaks_of(rows, end_ns=10 * S, recording_end_ns=11 * S, known=KnownChains(cache=frozenset({2})))
+    result.unseen_tasks = [PROCESS_API]
+    (leak,), (cache,) = result.findings, result.not_leaks
+    assert (leak.stack_id, cache.stack_id, cache.reason) == (1, 2, "kernel_cache")
+    assert result.may_be_freed_unseen(leak) and not result.may_be_freed_unseen(cache)
+    doc = leak_reporter.to_json(LeaksView(result, About("/tmp/run.memprof"), {}))
+    assert [f["may_be_freed_unseen"] for f in doc["findings"]] == [True]
+    assert [f["may_be_freed_unseen"] for f in doc["not_leaks"]] == [False]
+    assert " ".join(render(result, {}).split()).count("may be freed unseen") == 1
 
 
 @pytest.mark.parametrize("layer", ["torch_cpu", "native_heap"])
