@@ -1,11 +1,14 @@
 """Overhead of `memprof record` on examples/kernel_churn (millions of kmem events a second).
 
-Runs, alternately and REPEATS times each: the workload alone, under `memprof record`
-(default kernel source), and under bcc's `memleak` in kernel mode when installed. Reports
-the median of the workload's own loop time (it prints `loop_s=`) and of its wall time, as
-ratios to the unprofiled median measured in the same run (machines here are noisy).
+Runs, alternately and REPEATS times each: the workload alone, under the two floors of
+bench/bpf_floor.py (floor-empty: programs that return at once on the tracepoints memprof
+uses; floor-record: one 64-byte record per allocation and free to a drained ring buffer,
+the least a recorder of every event pays), under `memprof record` (default kernel source),
+and under bcc's `memleak` in kernel mode when installed. Reports the median of the
+workload's own loop time (it prints `loop_s=`) and of its wall time, as ratios to the
+unprofiled median measured in the same run (machines here are noisy).
 
-    sudo .venv/bin/python bench/churn_overhead.py [--iterations N] [--repeats R]
+    sudo .venv/bin/python bench/churn_overhead.py [--iterations N] [--repeats R] [--no-floors] [--no-memleak]
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHURN = ROOT / "examples" / "bin" / "kernel_churn"
 MEMPROF = [sys.executable, "-m", "memprof"]
 MEMLEAK = shutil.which("memleak-bpfcc")
+FLOOR = [sys.executable, str(ROOT / "bench" / "bpf_floor.py")]
 
 
 def memleak_run(workload: list[str]) -> tuple[float, float]:
@@ -48,12 +52,17 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-memleak", action="store_true")
+    ap.add_argument("--no-floors", action="store_true", help="leave out bench/bpf_floor.py's two runs")
     args = ap.parse_args()
     workload = [str(CHURN), str(args.iterations)]
     tmp = Path(tempfile.mkdtemp(prefix="memprof-bench-"))
-    results: dict[str, list[tuple[float, float]]] = {"baseline": [], "memprof": [], "memleak": []}
+    results: dict[str, list[tuple[float, float]]] = {"baseline": [], "floor-empty": [], "floor-record": [],
+                                                      "memprof": [], "memleak": []}
     for i in range(args.repeats):
         results["baseline"].append(run(workload))
+        if not args.no_floors:
+            for mode in ("empty", "record"):
+                results[f"floor-{mode}"].append(run([*FLOOR, mode, "--", *workload]))
         rec = tmp / f"churn-{i}.memprof"
         results["memprof"].append(run(MEMPROF + ["record", "-q", "-o", str(rec), "--", *workload]))
         meta = read_meta(rec).get("sources", {}).get("ebpf", {})
@@ -68,13 +77,13 @@ def report(results, meta, args) -> None:
     base_loop = statistics.median(r[0] for r in results["baseline"])
     base_wall = statistics.median(r[1] for r in results["baseline"])
     print(f"kernel_churn {args.iterations} iterations, median of {args.repeats} alternating runs")
-    print(f"{'run':<10}{'loop s':>9}{'loop x':>8}{'wall s':>9}{'wall x':>8}")
+    print(f"{'run':<14}{'loop s':>9}{'loop x':>8}{'wall s':>9}{'wall x':>8}")
     for name, rows in results.items():
         if not rows:
             continue
         loop = statistics.median(r[0] for r in rows)
         wall = statistics.median(r[1] for r in rows)
-        print(f"{name:<10}{loop:>9.3f}{loop / base_loop:>8.2f}{wall:>9.3f}{wall / base_wall:>8.2f}")
+        print(f"{name:<14}{loop:>9.3f}{loop / base_loop:>8.2f}{wall:>9.3f}{wall / base_wall:>8.2f}")
     print(f"memprof last run: events={meta['events']:,} lost={meta['lost']} missed={meta['missed']} "
           f"nested_frees_recovered={meta['detail'].get('nested_frees_recovered')}")
 
