@@ -10,8 +10,8 @@ recorder of each event must do (`record`). bench/churn_overhead.py runs them bes
   (sys_enter, sched_switch, sched_process_fork/exec/exit, signal_deliver). What the kernel's
   dispatch to BPF costs, per event.
 - `record`: as `empty`, but each allocation and free of the command's process writes one
-  record of memprof's event size (64 bytes: a time stamp, pid and tid, address, size, call
-  site) to a ring buffer that a thread here drains (it only moves the consumer position).
+  record of memprof's event size (72 bytes: a time stamp, pid and tid, address, size, call
+  site, padding) to a ring buffer that a thread here drains (it only moves the consumer position).
   The least a recorder that keeps every event (what memprof's timeline, peaks and leak
   pairing read) pays: no stacks, no Python frames, no address filter.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memprof.sources.ebpf import kmem  # noqa: E402  (after the path)
+from memprof.sources.ebpf.records import EVENT_BYTES  # noqa: E402  (sizeof(struct mp_event), bpf/memprof.h)
 
-EVENT_BYTES = 64  # sizeof(struct mp_event), bpf/memprof.h
 RING_PAGES = 32768  # memprof's default ring: 128 MiB
 OTHER_RAW_TRACEPOINTS = ("sys_enter", "sched_switch", "sched_process_fork", "sched_process_exec",
                          "sched_process_exit", "signal_deliver")
@@ -43,7 +43,7 @@ FREE_TRACEPOINTS = ("kfree", "kmem_cache_free", "mm_page_free", "mm_page_free_ba
 _RECORD_HEAD = """
 BPF_RINGBUF_OUTPUT(events, %d);
 BPF_ARRAY(target, u32, 1);
-struct rec { u64 ts, addr, call_site, size; u32 pid, tid; u64 pad[3]; };
+struct rec { u64 ts, addr, call_site, size; u32 pid, tid; u64 pad[%d]; };
 static __always_inline int record(u64 addr, u64 size, u64 call_site)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -62,7 +62,7 @@ static __always_inline int record(u64 addr, u64 size, u64 call_site)
     events.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     return 0;
 }
-""" % RING_PAGES
+""" % (RING_PAGES, (EVENT_BYTES - 40) // 8)
 
 
 def _record_body(tracepoint: str, nested: bool) -> str:

@@ -2,7 +2,7 @@
 
 Runs, alternately and REPEATS times each: the workload alone, under the two floors of
 bench/bpf_floor.py (floor-empty: programs that return at once on the tracepoints memprof
-uses; floor-record: one 64-byte record per allocation and free to a drained ring buffer,
+uses; floor-record: one 72-byte record per allocation and free to a drained ring buffer,
 the least a recorder of every event pays), under `memprof record` (default kernel source),
 and under bcc's `memleak` in kernel mode when installed. Reports the median of the
 workload's own loop time (it prints `loop_s=`) and of its wall time, as ratios to the
