@@ -34,7 +34,7 @@ unit:
 bench: setup
 	$(PY) bench/startup_latency.py                                  # start-up, peak RSS: memleak
 	$(PY) bench/verifier_load.py                                    # start-up: the verifier's work per program
-	$(PY) bench/churn_overhead.py                                   # kernel churn: memleak
+	$(PY) bench/churn_overhead.py                                   # kernel churn: memleak, and the floors under it
 	$(PY) bench/train_overhead.py --runs baseline,control,memprof,memray  # whole process and loop: memray
 	$(PY) bench/native_cost.py                                      # +native, whole commands: memray --native
 	$(PY) bench/kernel_stack_sampling.py                            # sampled kernel stacks vs unsampled
