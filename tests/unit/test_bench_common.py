@@ -3,22 +3,17 @@ reads its upper end, so it must hold the ratio it brackets and move with the dat
 runner that pauses the profiler's process for the workload's loop."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-COMMON = Path(__file__).resolve().parents[2] / "bench" / "common.py"
+from tests.bench_modules import load_bench
 
 
 @pytest.fixture(scope="module")
 def common():
-    spec = importlib.util.spec_from_file_location("bench_common", COMMON)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("common")
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@ floor that recorded the wrong events, or too many, would make memprof look bette
 than it is. The text is checked here; bcc compiles it in the bench (as root)."""
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-FLOOR = Path(__file__).resolve().parents[2] / "bench" / "bpf_floor.py"
+from tests.bench_modules import load_bench
+
 PLAN = [("kmalloc", "mp_kmalloc"), ("kmem_cache_alloc", "mp_kmem_cache_alloc"),
         ("kfree", "mp_kfree"), ("kfree", "mp_kfree_nested"),
         ("mm_page_alloc", "mp_page_alloc"), ("mm_page_free", "mp_mm_page_free"),
@@ -18,10 +17,7 @@ PLAN = [("kmalloc", "mp_kmalloc"), ("kmem_cache_alloc", "mp_kmem_cache_alloc"),
 
 @pytest.fixture(scope="module")
 def floor():
-    spec = importlib.util.spec_from_file_location("bench_bpf_floor", FLOOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bpf_floor")
 
 
 def bodies(text: str) -> dict[str, str]:
