@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -32,13 +33,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memprof.sources.ebpf import kmem  # noqa: E402  (after the path)
-from memprof.sources.ebpf.records import EVENT_BYTES  # noqa: E402  (sizeof(struct mp_event), bpf/memprof.h)
+from memprof.sources.ebpf import kmem, loading  # noqa: E402  (after the path)
+from memprof.sources.ebpf.records import EVENT_BYTES, FREE_TRACEPOINTS  # noqa: E402
 
 RING_PAGES = 32768  # memprof's default ring: 128 MiB
-OTHER_RAW_TRACEPOINTS = ("sys_enter", "sched_switch", "sched_process_fork", "sched_process_exec",
-                         "sched_process_exit", "signal_deliver")
-FREE_TRACEPOINTS = ("kfree", "kmem_cache_free", "mm_page_free", "mm_page_free_batched")
+
+
+def other_raw_tracepoints() -> list[str]:
+    """The raw tracepoints memprof's object loads by name (bcc's RAW_TRACEPOINT_PROBE), as
+    its program text has them: sys_enter, sched_switch, the process and signal ones."""
+    text = loading.program_text(loading.bpf_source_dir(), kmem=True)
+    return sorted(set(re.findall(r"^RAW_TRACEPOINT_PROBE\((\w+)\)", text, re.M)))
 
 _RECORD_HEAD = """
 BPF_RINGBUF_OUTPUT(events, %d);
@@ -69,7 +74,7 @@ def _record_body(tracepoint: str, nested: bool) -> str:
     """What a `record` program does on `tracepoint`: one record, from the main program only."""
     if nested:
         return "return 0;"
-    if tracepoint in ("mm_page_alloc", "mm_page_free", "mm_page_free_batched"):
+    if tracepoint in kmem.PAGE_TRACEPOINTS:
         return "return record(ctx->args[0], 4096, 0);"
     if tracepoint in FREE_TRACEPOINTS:
         return "return record(ctx->args[1], 0, ctx->args[0]);"
@@ -84,7 +89,7 @@ def program_text(mode: str, plan: list[tuple[str, str]]) -> str:
         body = _record_body(tracepoint, name.endswith("_nested")) if mode == "record" else "return 0;"
         parts.append(f"int floor_{name}(struct bpf_raw_tracepoint_args *ctx) {{ {body} }}")
     parts += [f"int raw_tracepoint__{tp}(struct bpf_raw_tracepoint_args *ctx) {{ return 0; }}"
-              for tp in OTHER_RAW_TRACEPOINTS]
+              for tp in other_raw_tracepoints()]
     return "\n".join(parts)
 
 

@@ -26,9 +26,10 @@ def bodies(text: str) -> dict[str, str]:
 
 def test_empty_programs_do_nothing_on_every_planned_tracepoint_and_memprofs_other_raw_ones(floor):
     programs = bodies(floor.program_text("empty", PLAN))
+    assert floor.other_raw_tracepoints() == ["sched_process_exec", "sched_process_exit", "sched_process_fork",
+                                             "sched_switch", "signal_deliver", "sys_enter"]
     assert set(programs) == {f"floor_{name}" for _, name in PLAN} | {
-        f"raw_tracepoint__{tp}" for tp in ("sys_enter", "sched_switch", "sched_process_fork",
-                                           "sched_process_exec", "sched_process_exit", "signal_deliver")}
+        f"raw_tracepoint__{tp}" for tp in floor.other_raw_tracepoints()}
     assert set(programs.values()) == {"return 0;"}
     assert "ringbuf" not in floor.program_text("empty", PLAN)
 
