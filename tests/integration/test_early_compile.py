@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from memprof.sources.ebpf import early
 from memprof.sources.ebpf.loading import compile_program, program_source
 from memprof.sources.ebpf.compiled_cache import OFF_ENV as NO_CACHE
@@ -157,6 +159,40 @@ def test_from_the_cache_the_late_families_load_behind_the_start():
         assert {name for name, _ in late} <= {name.decode() for name in bpf.funcs}
     finally:
         bpf.cleanup()
+
+
+def test_kallsyms_is_read_while_bcc_compiles_and_not_when_the_cache_has_the_program(monkeypatch):
+    """A compile leaves the main thread waiting: kallsyms' lasting part is read meanwhile, on a
+    thread of its own, outside the compile thread's namespace where kallsyms reads as one line
+    (the whole table, not that line); the first flush's load then reads nothing. From the
+    cache (no compile, no wait) it is not read ahead."""
+    from memprof.sources.symbols import symbolize
+    monkeypatch.setattr(symbolize, "_ahead", {})
+    monkeypatch.setenv(NO_CACHE, "0")
+    options = EbpfOptions()
+    text, cflags = program_source(options, _enabled(options))
+    early.begin(options)
+    bpf = early.take(text, cflags)
+    try:
+        entry = symbolize._kernel_entry()
+        assert list(symbolize._ahead) == [entry]
+        ahead = symbolize._ahead[entry].result(timeout=30)
+        assert ahead is not None and len(ahead) > 10_000  # the kernel's table, not the answer's line
+        assert same_symbols(ahead, symbolize.KernelSymbols.load().lasting())
+        monkeypatch.setattr(symbolize.KernelSymbols, "load", classmethod(lambda cls, path=None: pytest.fail("read again")))
+        assert len(symbolize.load_kernel_symbols(lambda: [])) == len(ahead)
+    finally:
+        bpf.cleanup()
+    monkeypatch.undo()
+    monkeypatch.setattr(symbolize, "_ahead", {})
+    compile_program(options, _enabled(options)).cleanup()  # the cache has it now (or had it)
+    early.begin(options)
+    early.take(text, cflags).cleanup()
+    assert symbolize._ahead == {}
+
+
+def same_symbols(a, b) -> bool:
+    return a.starts.tolist() == b.starts.tolist() and a.names.tolist() == b.names.tolist()
 
 
 def _on_a_compile_thread(work, meanwhile=lambda: None):

@@ -249,3 +249,63 @@ def test_a_spoiled_kallsyms_entry_reads_kallsyms(cache_dir):
     with open(entry, "wb") as f:
         np.savez(f, **arrays)
     assert same_kernel_tables(load_kernel_symbols(lambda: []).lasting(), KernelSymbols.load().lasting())
+
+
+# -- kallsyms read ahead, while bcc compiles (sources/ebpf/early.py) -------------------------
+
+@pytest.fixture
+def ahead(monkeypatch):
+    """symbolize's reads ahead of this test's own, the cache off (a first run's), and a count
+    of kallsyms' reads that a test may hold back until `release` is set."""
+    from memprof.sources.symbols import symbolize
+    import threading
+    monkeypatch.setattr(symbolize, "_ahead", {})
+    monkeypatch.setenv(S.OFF_ENV, "0")
+    reads, started, release = [], threading.Event(), threading.Event()
+    release.set()
+    real_load = KernelSymbols.load.__func__
+
+    def counted(cls, path="/proc/kallsyms"):
+        reads.append(threading.current_thread().name)
+        started.set()
+        release.wait(30)
+        return real_load(cls, path)
+
+    monkeypatch.setattr(KernelSymbols, "load", classmethod(counted))
+    return symbolize, reads, started, release
+
+
+def test_kallsyms_read_ahead_serves_the_load_and_a_load_during_the_read_waits_for_it(ahead):
+    import threading
+    symbolize, reads, started, release = ahead
+    release.clear()
+    reader = threading.Thread(target=symbolize.read_kernel_symbols_ahead, name="ahead")
+    reader.start()
+    assert started.wait(30)
+    loaded = {}
+    loader = threading.Thread(target=lambda: loaded.update(k=load_kernel_symbols(lambda: FAKE_PROGRAMS)), name="load")
+    loader.start()
+    loader.join(0.2)
+    assert loader.is_alive()  # waiting for the read ahead, not reading too
+    release.set()
+    reader.join(30)
+    loader.join(30)
+    assert reads == ["ahead"]
+    assert same_kernel_tables(loaded["k"], kallsyms_with_programs())
+
+
+def test_kallsyms_read_ahead_for_another_module_list_is_not_used(ahead, monkeypatch):
+    symbolize, reads, _, _ = ahead
+    monkeypatch.setattr(symbolize, "_kernel_entry", lambda: "kallsyms-before-a-module-loaded")
+    symbolize.read_kernel_symbols_ahead()
+    symbolize.read_kernel_symbols_ahead()  # read once per entry
+    monkeypatch.setattr(symbolize, "_kernel_entry", lambda: "kallsyms-after")
+    load_kernel_symbols(lambda: FAKE_PROGRAMS)
+    assert len(reads) == 2
+
+
+def test_kallsyms_is_read_whole_after_a_read_ahead_where_the_programs_cannot_be_named(ahead):
+    symbolize, reads, _, _ = ahead
+    symbolize.read_kernel_symbols_ahead()
+    whole = load_kernel_symbols(lambda: None)  # a trampoline: only kallsyms names it
+    assert len(reads) == 2 and len(whole) > 10_000

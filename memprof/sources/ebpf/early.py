@@ -224,6 +224,8 @@ def _compile(early: _Early) -> None:
                 _load_in_parallel(early.bpf, programs_before(early.options))
                 early.bpf.load_behind(late_programs(early.options))
                 return
+            if early.options.enabled("kmem"):
+                _read_kernel_symbols_meanwhile()
             try:
                 early.bpf = _compile_answered(early.text, early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
@@ -235,6 +237,16 @@ def _compile(early: _Early) -> None:
         pass
     finally:
         early.done.set()
+
+
+def _read_kernel_symbols_meanwhile() -> None:
+    """kallsyms read on a thread of its own while bcc compiles (symbolize.read_kernel_symbols_ahead):
+    the main thread waits for the compile meanwhile, and the recording's first flush needs
+    the kernel's symbols. Begun here, before this thread moves to a mount namespace of its
+    own where /proc/kallsyms reads as one line (_kallsyms_answered): a thread takes its
+    creator's namespace."""
+    from memprof.sources.symbols.symbolize import read_kernel_symbols_ahead
+    start_quiet(threading.Thread(target=read_kernel_symbols_ahead, name="memprof-kallsyms-ahead", daemon=True))
 
 
 def _load_in_parallel(bpf, programs: list[tuple[str, int]]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -201,20 +202,72 @@ _KEPT_KERNEL = {"starts": "uint64", "names": "uint8", "module_ids": "uint32", "m
 def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) -> KernelSymbols:
     """kallsyms as `KernelSymbols.load` reads it, without reading it where its lasting part
     (the kernel's and modules' text) was kept in this boot with these modules
-    (symbol_cache.py): then the BPF programs' symbols come from `programs()`, (start,
-    name) pairs as kallsyms would name them, or None where only kallsyms can name the code
-    (a trampoline): then kallsyms is read whole, as without a kept entry. kallsyms takes
-    0.15-0.26 s of CPU to read and parse here (121,000 lines), a kept entry 20-30 ms."""
+    (symbol_cache.py) or read ahead by this process (read_kernel_symbols_ahead): then the
+    BPF programs' symbols come from `programs()`, (start, name) pairs as kallsyms would name
+    them, or None where only kallsyms can name the code (a trampoline): then kallsyms is
+    read whole, as without a kept entry. kallsyms takes 0.15-0.26 s of CPU to read and
+    parse here (121,000 lines), a kept entry 20-30 ms."""
     entry = _kernel_entry()
-    kept = symbol_cache.load(entry, _KEPT_KERNEL) if entry else None
-    lasting = KernelSymbols.from_kept(kept) if kept is not None else None
+    lasting = _lasting_read_ahead(entry)
+    if lasting is None:
+        kept = symbol_cache.load(entry, _KEPT_KERNEL) if entry else None
+        lasting = KernelSymbols.from_kept(kept) if kept is not None else None
     extra = programs() if lasting is not None else None
     if extra is not None:
         return lasting.with_symbols(extra, _TRANSIENT_MODULE)
     symbols = KernelSymbols.load()
-    if entry and kept is None and len(symbols):
+    if entry and lasting is None and len(symbols):
         symbol_cache.store(entry, symbols.lasting().kept())
     return symbols
+
+
+# kallsyms' lasting part as read_kernel_symbols_ahead read it, by entry name (kernel_entry_name):
+# a Future, so that a load that comes while the read runs waits for it rather than reading too.
+_ahead: dict[str, Future] = {}
+_ahead_lock = threading.Lock()
+
+
+def read_kernel_symbols_ahead() -> None:
+    """Read kallsyms' lasting part now, for this process's later `load_kernel_symbols`, and
+    keep it where the symbol cache is on. For a thread begun while bcc compiles the program
+    (sources/ebpf/early.py): a first run's main thread then waits ~0.7 s for the compile on
+    the other CPU, and the 0.15-0.26 s of kallsyms' reading moves there, from beside the
+    command and before its first flush. A changed module list (another entry name) is read
+    again by the load. Never raises: the load reads kallsyms itself where this could not."""
+    entry = _kernel_entry()
+    if entry is None:
+        return
+    with _ahead_lock:
+        if entry in _ahead:
+            return
+        future = _ahead[entry] = Future()
+    lasting = None
+    try:
+        kept = symbol_cache.load(entry, _KEPT_KERNEL)
+        lasting = KernelSymbols.from_kept(kept) if kept is not None else _read_lasting(entry)
+    except Exception:  # noqa: BLE001  (an unreadable kallsyms: the load says so, reading it itself)
+        lasting = None
+    finally:
+        future.set_result(lasting)
+
+
+def _read_lasting(entry: str) -> "KernelSymbols | None":
+    """kallsyms' lasting part, read now and kept in the symbol cache as `entry`; None when
+    kallsyms reads empty (no root: every address 0)."""
+    symbols = KernelSymbols.load()
+    if not len(symbols):
+        return None
+    lasting = symbols.lasting()
+    symbol_cache.store(entry, lasting.kept())
+    return lasting
+
+
+def _lasting_read_ahead(entry: str | None) -> "KernelSymbols | None":
+    """What read_kernel_symbols_ahead read for `entry` (waiting for it while it reads); None
+    when it did not, or could not."""
+    with _ahead_lock:
+        future = _ahead.get(entry) if entry else None
+    return future.result() if future is not None else None
 
 
 def _kernel_entry() -> str | None:
