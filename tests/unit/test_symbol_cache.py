@@ -292,6 +292,7 @@ def test_kallsyms_read_ahead_serves_the_load_and_a_load_during_the_read_waits_fo
     loader.join(30)
     assert reads == ["ahead"]
     assert same_kernel_tables(loaded["k"], kallsyms_with_programs())
+    assert symbolize._ahead == {}  # handed over once: the load's table holds it now
 
 
 def test_kallsyms_read_ahead_for_another_module_list_is_not_used(ahead, monkeypatch):
