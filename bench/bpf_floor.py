@@ -11,7 +11,7 @@ recorder of each event must do (`record`). bench/churn_overhead.py runs them bes
   dispatch to BPF costs, per event.
 - `record`: as `empty`, but each allocation and free of the command's process writes one
   record of memprof's event size (72 bytes: a time stamp, pid and tid, address, size, call
-  site, padding) to a ring buffer that a thread here drains (it only moves the consumer position).
+  site, padding) to a ring buffer that a thread here drains with memprof's own consumer.
   The least a recorder that keeps every event (what memprof's timeline, peaks and leak
   pairing read) pays: no stacks, no Python frames, no address filter.
 
@@ -33,10 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memprof.sources.ebpf import kmem, loading  # noqa: E402  (after the path)
+from memprof.sources.ebpf import kmem, loading, records as records_module  # noqa: E402  (after the path)
+from memprof.sources.ebpf.loading import program_costs  # noqa: E402
+from memprof.sources.ebpf.options import EbpfOptions  # noqa: E402
 from memprof.sources.ebpf.records import EVENT_BYTES, FREE_TRACEPOINTS  # noqa: E402
+from memprof.sources.ebpf.ringbuf import RingBufferConsumer  # noqa: E402
 
-RING_PAGES = 32768  # memprof's default ring: 128 MiB
+RING_PAGES = EbpfOptions().ringbuf_bytes // mmap.PAGESIZE  # memprof's default ring
 
 
 def other_raw_tracepoints() -> list[str]:
@@ -78,7 +81,9 @@ def _record_body(tracepoint: str, nested: bool) -> str:
         return "return record(ctx->args[0], 4096, 0);"
     if tracepoint in FREE_TRACEPOINTS:
         return "return record(ctx->args[1], 0, ctx->args[0]);"
-    return "return record(ctx->args[1], ctx->args[3], ctx->args[0]);"  # kmalloc's bytes_alloc; a cache's pointer
+    # kmalloc's bytes_alloc; for kmem_cache_alloc since 6.0 its gfp flags: the floor reads no
+    # cache's sizes, which memprof's program does (one kernel read)
+    return "return record(ctx->args[1], ctx->args[3], ctx->args[0]);"
 
 
 def program_text(mode: str, plan: list[tuple[str, str]]) -> str:
@@ -94,33 +99,35 @@ def program_text(mode: str, plan: list[tuple[str, str]]) -> str:
 
 
 class Drain:
-    """Keeps the ring empty by moving its consumer position to the producer's every 5 ms (no
-    parsing); `records` is how many were written, from the producer position."""
+    """Keeps the ring drained every 5 ms on a thread, with memprof's own consumer
+    (RingBufferConsumer: each batch copied out, as the recorder copies it); `records` counts
+    what it drained."""
 
     def __init__(self, map_fd: int):
-        page = mmap.PAGESIZE
-        self._consumer = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._producer = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        threading.Thread(target=self._run, daemon=True).start()
+        self._ring = RingBufferConsumer(map_fd, RING_PAGES * mmap.PAGESIZE, EVENT_BYTES,
+                                        lambda: records_module.EVENT_DTYPE)
+        self.records = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
-        while not threading.Event().wait(0.005):
-            self._consumer[0:8] = self._producer[0:8]
+        while not self._stop.wait(0.005):
+            self.records += len(self._ring.drain())
 
-    @property
-    def records(self) -> int:
-        return int.from_bytes(self._producer[0:8], "little") // (8 + EVENT_BYTES)  # each behind an 8-byte header
+    def close(self) -> None:
+        """Stop, after a last drain."""
+        self._stop.set()
+        self._thread.join()
+        self.records += len(self._ring.drain())
+        self._ring.close()
 
 
-def _print_program_costs(bpf, plan: list[tuple[str, str]]) -> None:
+def _print_program_costs(bpf) -> None:
     """Each program's runs and mean ns a run, where kernel.bpf_stats_enabled is on."""
-    from bcc import BPF
-    from memprof.sources.ebpf.bpfinfo import prog_stats
-    for _, name in plan:
-        stats = prog_stats(bpf.load_func(f"floor_{name}", BPF.RAW_TRACEPOINT).fd)
-        if stats.run_cnt:
-            print(f"# floor_{name}: {stats.run_cnt} runs, {stats.run_time_ns / stats.run_cnt:.0f} ns a run",
-                  file=sys.stderr)
+    costs = program_costs(bpf)
+    for name, ns in (costs[0] if costs else {}).items():
+        print(f"# {name}: {costs[1][name]} runs, {ns:.0f} ns a run", file=sys.stderr)
 
 
 def main() -> int:
@@ -150,8 +157,9 @@ def main() -> int:
     child.stdin.close()
     status = child.wait()
     if args.mode == "record":
+        drain.close()
         print(f"floor_records={drain.records}", flush=True)
-    _print_program_costs(bpf, plan)
+    _print_program_costs(bpf)
     for fd in links:
         os.close(fd)
     bpf.cleanup()

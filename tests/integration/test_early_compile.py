@@ -167,8 +167,10 @@ def test_kallsyms_is_read_while_bcc_compiles_and_not_when_the_cache_has_the_prog
     (the whole table, not that line); the first flush's load then reads nothing. From the
     cache (no compile, no wait) it is not read ahead."""
     from memprof.sources.symbols import symbolize
+    from memprof.sources.symbols.symbol_cache import OFF_ENV as NO_SYMBOL_CACHE
     monkeypatch.setattr(symbolize, "_ahead", {})
     monkeypatch.setenv(NO_CACHE, "0")
+    monkeypatch.setenv(NO_SYMBOL_CACHE, "0")  # no kept kallsyms: the thread must read the file itself
     options = EbpfOptions()
     text, cflags = program_source(options, _enabled(options))
     early.begin(options)

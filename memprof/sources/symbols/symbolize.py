@@ -217,7 +217,7 @@ def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) ->
         return lasting.with_symbols(extra, _TRANSIENT_MODULE)
     symbols = KernelSymbols.load()
     if entry and lasting is None and len(symbols):
-        symbol_cache.store(entry, symbols.lasting().kept())
+        _keep_lasting(entry, symbols)
     return symbols
 
 
@@ -255,8 +255,11 @@ def _read_lasting(entry: str) -> "KernelSymbols | None":
     """kallsyms' lasting part, read now and kept in the symbol cache as `entry`; None when
     kallsyms reads empty (no root: every address 0)."""
     symbols = KernelSymbols.load()
-    if not len(symbols):
-        return None
+    return _keep_lasting(entry, symbols) if len(symbols) else None
+
+
+def _keep_lasting(entry: str, symbols: KernelSymbols) -> KernelSymbols:
+    """The lasting part of `symbols` (a whole kallsyms), kept in the symbol cache as `entry`."""
     lasting = symbols.lasting()
     symbol_cache.store(entry, lasting.kept())
     return lasting
