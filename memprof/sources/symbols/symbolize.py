@@ -230,7 +230,7 @@ _ahead_lock = threading.Lock()
 def read_kernel_symbols_ahead() -> None:
     """Read kallsyms' lasting part now, for this process's later `load_kernel_symbols`, and
     keep it where the symbol cache is on. For a thread begun while bcc compiles the program
-    (sources/ebpf/early.py): a first run's main thread then waits ~0.7 s for the compile on
+    (sources/ebpf/early.py): a first run's main thread then waits ~0.8 s for the compile on
     the other CPU, and the 0.15-0.26 s of kallsyms' reading moves there, from beside the
     command and before its first flush. A changed module list (another entry name) is read
     again by the load. Never raises: the load reads kallsyms itself where this could not."""
