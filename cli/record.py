@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from pathlib import Path
 
 import click
@@ -77,8 +78,22 @@ def _ring_buffer(ctx, param, value: str) -> int:
     """--ring-buffer: bytes, a power of two the kernel's BPF ring buffer accepts."""
     size = _size(value)
     if size & (size - 1) or not MIN_RING_BUFFER <= size <= MAX_RING_BUFFER:
-        raise click.BadParameter(f"must be a power of two from 1MiB to 1GiB (e.g. 32MiB), got {value}")
+        raise click.BadParameter(f"must be a power of two from 1MiB to 1GiB (e.g. 32MiB), got {value}"
+                                 f"{_binary_unit_meant(value)}")
     return size
+
+
+def _binary_unit_meant(value: str) -> str:
+    """', which is N bytes: M is 10^6; did you mean XMiB?' where `value` has a decimal unit
+    (K, M, G, KB, MB, GB) whose binary twin would have been accepted; '' otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kmgKMG])[bB]?\s*", value)
+    if not match:
+        return ""
+    number, unit = int(match[1]), match[2].upper()
+    binary = number * 1024 ** "KMG".index(unit) * 1024
+    if binary & (binary - 1) or not MIN_RING_BUFFER <= binary <= MAX_RING_BUFFER:
+        return ""
+    return f", which is {_size(value):,} bytes ({unit} is 10^{3 * ('KMG'.index(unit) + 1)}): did you mean {number}{unit}iB?"
 
 
 def _step_range(ctx, param, value):
@@ -284,8 +299,8 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
 
 def _summary(result) -> str:
     from memprof.units import format_bytes
-    loss = f", {result.lost} lost" if result.lost else ""
-    missed = f", {result.missed} skipped by the kernel" if result.missed else ""
+    loss = f", {result.lost:,} lost" if result.lost else ""
+    missed = f", {result.missed:,} skipped by the kernel" if result.missed else ""
     folded = (f"; its oldest events were folded {result.folds} times to stay under --max-size"
               if result.folds else "")
     if result.max_size_bytes and result.size_bytes > result.max_size_bytes:
