@@ -84,16 +84,17 @@ def _ring_buffer(ctx, param, value: str) -> int:
 
 
 def _binary_unit_meant(value: str) -> str:
-    """', which is N bytes: M is 10^6; did you mean XMiB?' where `value` has a decimal unit
-    (K, M, G, KB, MB, GB) whose binary twin would have been accepted; '' otherwise."""
+    """', which is 512,000,000 bytes: did you mean 512MiB?' where `value` has a decimal unit
+    (K, M, G, KB, MB, GB: powers of 1000 in memprof's sizes) whose binary twin (KiB, MiB,
+    GiB) is a ring size the kernel accepts; '' otherwise."""
     match = re.fullmatch(r"\s*([0-9]+)\s*([kmgKMG])[bB]?\s*", value)
     if not match:
         return ""
-    number, unit = int(match[1]), match[2].upper()
-    binary = number * 1024 ** "KMG".index(unit) * 1024
+    meant = f"{match[1]}{match[2].upper()}iB"
+    binary = _size(meant)
     if binary & (binary - 1) or not MIN_RING_BUFFER <= binary <= MAX_RING_BUFFER:
         return ""
-    return f", which is {_size(value):,} bytes ({unit} is 10^{3 * ('KMG'.index(unit) + 1)}): did you mean {number}{unit}iB?"
+    return f", which is {_size(value):,} bytes: did you mean {meant}?"
 
 
 def _step_range(ctx, param, value):
