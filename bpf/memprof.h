@@ -24,7 +24,7 @@
 #define MP_CNT_STACK_FAIL     1  /* a kernel or user stack capture failed (map full or hash collision) */
 #define MP_CNT_SAMPLE_TICK    2  /* per-CPU allocation counter driving stack sampling */
 #define MP_CNT_SITE_FULL      3  /* call-site stack cache had no room */
-#define MP_CNT_NESTED_FREES   4  /* + MP_TP_*: frees recorded by a backup program (the main one was skipped) */
+#define MP_CNT_NESTED_FREES   4  /* + MP_TP_*: frees a backup program saw, the main one skipped (recorded where the target's) */
 #define MP_CNT_PY_NO_THREAD   8  /* a Python process's thread had no PyThreadState we could find */
 #define MP_CNT_PY_BAD_CODE    9  /* a frame chain led to something that is not a code object: dropped */
 #define MP_CNT_PY_MAP_FULL   10  /* py_stacks or py_codes had no room: the event has no Python frames */

@@ -165,7 +165,8 @@ class Tracepoints:
 
     def missed(self, bpf, counters, detail: dict) -> dict[str, int]:
         """Per tracepoint: events the kernel skipped (recursion) less those a backup
-        recovered (`detail["nested_frees_recovered"]` says how many, per free tracepoint)."""
+        program saw (`detail["nested_frees_recovered"]` says how many, per free tracepoint:
+        each recorded where it freed the target's memory, and rightly not where it did not)."""
         missed, counted = {}, set()
         for tp, fn in self.attached:
             if fn in counted or fn.endswith("_nested"):  # shared (kmalloc/_node) or a backup
