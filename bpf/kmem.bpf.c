@@ -134,9 +134,9 @@ static __always_inline int on_nested_free(u32 tp, u64 addr, u8 kind, u32 size)
         return 0;
     }
     /* Counted whether or not it is recorded: the kernel counted the main program's skip,
-     * and a nested free of memory the target never had (most of them: other tasks' RCU
-     * callbacks) was still seen, and rightly not recorded. Counting only the recorded ones
-     * left those in "skipped by the kernel". */
+     * and a nested free of memory the target never had (another task's RCU callbacks, run
+     * in a softirq that interrupted the target's free) was still seen, and rightly not
+     * recorded. Counting only the recorded ones left those in "skipped by the kernel". */
     count(MP_CNT_NESTED_FREES + tp);
     emit_free(addr, kind, size);
     return 0;
