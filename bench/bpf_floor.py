@@ -99,13 +99,13 @@ def program_text(mode: str, plan: list[tuple[str, str]]) -> str:
 
 
 class Drain:
-    """Keeps the ring drained every 5 ms on a thread, with memprof's own consumer
-    (RingBufferConsumer: each batch copied out, as the recorder copies it); `records` counts
-    what it drained."""
+    """Keeps a ring of `size_bytes` (memprof's default) drained every 5 ms on a thread, with
+    memprof's own consumer (RingBufferConsumer: each batch copied out, as the recorder copies
+    it); `records` counts what it drained, and after `close` `produced_bytes` how far the
+    producer went. Also tests/integration/test_ring_buffer_wrap.py's."""
 
-    def __init__(self, map_fd: int):
-        self._ring = RingBufferConsumer(map_fd, RING_PAGES * mmap.PAGESIZE, EVENT_BYTES,
-                                        lambda: records_module.EVENT_DTYPE)
+    def __init__(self, map_fd: int, size_bytes: int = RING_PAGES * mmap.PAGESIZE):
+        self._ring = RingBufferConsumer(map_fd, size_bytes, EVENT_BYTES, lambda: records_module.EVENT_DTYPE)
         self.records = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -120,6 +120,7 @@ class Drain:
         self._stop.set()
         self._thread.join()
         self.records += len(self._ring.drain())
+        self.produced_bytes = self._ring.producer_pos  # how far the producer went, laps included
         self._ring.close()
 
 

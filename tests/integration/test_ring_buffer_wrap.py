@@ -2,10 +2,10 @@
 
 A small BPF program writes one record of memprof's event size for every system call of one
 command (`dd` copying byte by byte: two system calls a byte) into a 64 MiB ring, and counts
-what it tried and what the kernel refused. `RingBufferConsumer` drains it on a thread every
-5 ms, as the recorder does every 20. The command writes ~240 MB of records: the ring wraps
-about four times, while it never holds more than a few MB (a drain would have to stall
-~0.5 s for it to fill).
+what it tried and what the kernel refused. `RingBufferConsumer` drains it on a thread
+every 5 ms (bench/bpf_floor.py's `Drain`), as the recorder does every 20. The command writes
+~240 MB of records: the ring wraps about four times, while it never holds more than a few MB
+(a drain would have to stall ~0.5 s for it to fill).
 
 Every record must be drained once: none refused, none read twice. Until the consumer
 published its position with one 8-byte store, struct.pack_into zero-filled the position
@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import mmap
 import subprocess
-import threading
 
-from memprof.sources.ebpf.records import EVENT_BYTES, EVENT_DTYPE
-from memprof.sources.ebpf.ringbuf import RingBufferConsumer
+from memprof.sources.ebpf.records import EVENT_BYTES
+from tests.bench_modules import load_bench
 
 RING_BYTES = 64 << 20
 BYTES_COPIED = 1_500_000  # dd bs=1: a read and a write each, ~3 M records, ~240 MB of ring
@@ -56,34 +55,23 @@ def test_every_record_is_drained_once_across_many_wraps_of_the_ring():
     from bcc import BPF
     bpf = BPF(text=PROGRAM.encode(), cflags=["-w"])  # attaches sys_enter by the function's name
     try:
-        ring = RingBufferConsumer(bpf[b"events"].map_fd, RING_BYTES, EVENT_BYTES, lambda: EVENT_DTYPE)
-        drained, stop = [0], threading.Event()
-
-        def drain_every_5ms() -> None:
-            while not stop.wait(0.005):
-                drained[0] += len(ring.drain())
-
         # The command waits for a line before it execs, so that its pid is the filter's first.
         child = subprocess.Popen(["sh", "-c", 'read _ && exec "$0" "$@"', "dd", "if=/dev/zero", "of=/dev/null",
                                   "bs=1", f"count={BYTES_COPIED}"],
                                  stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
         target = bpf[b"target"]
         target[target.Key(0)] = target.Leaf(child.pid)
-        drainer = threading.Thread(target=drain_every_5ms)
-        drainer.start()
+        drain = load_bench("bpf_floor").Drain(bpf[b"events"].map_fd, RING_BYTES)  # every 5 ms, on a thread
         child.stdin.write(b"\n")
         child.stdin.close()
         assert child.wait(timeout=120) == 0
-        stop.set()
-        drainer.join()
-        drained[0] += len(ring.drain())
-        producer_laps = ring.producer_pos / RING_BYTES
-        ring.close()
+        drain.close()  # after a last drain
         tally = bpf[b"tally"]
         tried, refused = (tally[tally.Key(i)].value for i in (0, 1))
     finally:
         bpf.cleanup()
+    producer_laps = drain.produced_bytes / RING_BYTES
     assert tried >= 2 * BYTES_COPIED
     assert producer_laps > 3, "the ring must wrap several times for this test to mean anything"
     assert refused == 0, f"the kernel refused {refused} of {tried} records with the ring drained every 5 ms"
-    assert drained[0] == tried
+    assert drain.records == tried
