@@ -301,7 +301,7 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
 def _summary(result) -> str:
     from memprof.units import format_bytes
     loss = f", {result.lost:,} lost" if result.lost else ""
-    missed = f", {result.missed:,} skipped by the kernel" if result.missed else ""
+    missed = f", {result.missed:,} frees skipped by the kernel" if result.missed else ""
     folded = (f"; its oldest events were folded {result.folds} times to stay under --max-size"
               if result.folds else "")
     if result.max_size_bytes and result.size_bytes > result.max_size_bytes:

@@ -29,7 +29,7 @@ from memprof.analysis.chains import DEFAULT_NATIVE_FRAMES
 from memprof.analysis.leaks import DEFAULT_MIN_AGE_NS, LeakResult, chain_frames
 from memprof.analysis.compaction import is_folded
 from memprof.analysis.lifetimes import Lifetimes
-from memprof.analysis.loss import Severity, recording_notes
+from memprof.analysis.loss import Severity, recording_notes, skipped_frees
 from memprof.analysis.overview import leak_report, recording_span
 from memprof.analysis.regions import RegionsResult, regions
 from memprof.analysis.series import CounterSeries, layer_series, sample_series, user_marks
@@ -287,9 +287,9 @@ def loss_warnings(meta: RecordingMeta, lifetimes: Lifetimes) -> list[str]:
     for name, stats in sorted(meta.sources.items()):
         if stats.lost:
             out.append(f"{name}: {stats.lost} events were lost (ring buffer full): curves and findings miss them")
-        missed = sum(stats.missed.values())
-        if missed:
-            out.append(f"{name}: {missed} events were skipped by the kernel ({_listed(stats.missed)}): "
+        frees = skipped_frees(stats)
+        if frees:
+            out.append(f"{name}: {sum(frees.values())} frees were skipped by the kernel ({_listed(frees)}): "
                        "allocations shown as live may have been freed")
     allocations = lifetimes.allocations
     weight = allocations["weight"].to_numpy(dtype=float) if "weight" in allocations else np.ones(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from memprof.model import Layer, RecordingMeta
+from memprof.model import Layer, RecordingMeta, SourceStats
 from memprof.units import format_bytes
 
 
@@ -36,15 +36,23 @@ _FREE_TRACEPOINT_LAYER = {
 }
 
 
+def skipped_frees(stats: SourceStats) -> dict[str, int]:
+    """A source's frees the kernel skipped (BPF recursion protection) that no backup program
+    saw, per free tracepoint (those with none left out). A recording made before 2026-12-06
+    also lists allocation tracepoints in `missed`: allocations made inside memprof's own
+    program, by an interrupt or by the program itself, which were never the target's and
+    are not a loss (loading.Tracepoints.missed); they are left out here."""
+    return {tp: int(n) for tp, n in stats.missed.items() if tp in _FREE_TRACEPOINT_LAYER and n}
+
+
 def skipped_frees_by_layer(meta: RecordingMeta) -> dict[str, int]:
     """Frees the kernel skipped (BPF recursion protection), per layer: each could be the free
     of an allocation a report shows as still live."""
     out: dict[str, int] = {}
     for stats in meta.sources.values():
-        for tracepoint, n in stats.missed.items():
-            layer = _FREE_TRACEPOINT_LAYER.get(tracepoint)
-            if layer and n:
-                out[layer] = out.get(layer, 0) + int(n)
+        for tracepoint, n in skipped_frees(stats).items():
+            layer = _FREE_TRACEPOINT_LAYER[tracepoint]
+            out[layer] = out.get(layer, 0) + n
     return out
 
 

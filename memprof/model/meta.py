@@ -116,9 +116,11 @@ class ClockAnchor:
 class SourceStats:
     """Per-source accounting, shown by every report. Loss is data, not an error.
 
-    `lost` counts events the kernel dropped (ring buffer full); `missed` counts events the
-    kernel skipped before our program ran (BPF recursion protection: frees in softirq while
-    a program runs on that CPU); `stack_sample_every` is 1 when every allocation has its own
+    `lost` counts events the kernel dropped (ring buffer full); `missed` counts, per free
+    tracepoint, frees the kernel skipped before our program ran (BPF recursion protection:
+    frees in a softirq while the program runs on that CPU) that no backup program saw
+    (recordings made before 2026-12-06 list allocation tracepoints too, whose skips were never
+    the target's: analysis/loss.py, skipped_frees); `stack_sample_every` is 1 when every allocation has its own
     stack, N when one in N does and the others inherit their call site's latest stack.
     """
 

@@ -26,4 +26,4 @@ def test_a_ring_buffer_with_no_binary_twin_gets_no_guess(value):
 def test_the_record_summary_writes_lost_and_skipped_counts_with_thousands_separators(tmp_path):
     from memprof.capture.session import RecordResult
     result = RecordResult(tmp_path / "r.memprof", 0, 2_272_820, 2_546_923, 1_815, False, 0, 0, None)
-    assert "2,546,923 lost, 1,815 skipped by the kernel" in record._summary(result)
+    assert "2,546,923 lost, 1,815 frees skipped by the kernel" in record._summary(result)

@@ -164,9 +164,17 @@ class Tracepoints:
         return sorted({tp for tp, _ in self.attached})
 
     def missed(self, bpf, counters, detail: dict) -> dict[str, int]:
-        """Per tracepoint: events the kernel skipped (recursion) less those a backup
-        program saw (`detail["nested_frees_recovered"]` says how many, per free tracepoint:
-        each recorded where it freed the target's memory, and rightly not where it did not)."""
+        """Per free tracepoint: frees the kernel skipped (recursion) less those a backup
+        program saw (`detail["nested_frees_recovered"]` says how many: each recorded where it
+        freed the target's memory, and rightly not where it did not).
+
+        An allocation tracepoint's skips are not losses, and go to
+        `detail["nested_allocations"]` instead. The kernel runs a raw tracepoint's program
+        with preemption off and skips it only when the same program is already running on
+        that CPU (`__bpf_trace_run`), so a skipped allocation was made inside memprof's own
+        allocation program: by an interrupt that hit it (which in_task_work() would have
+        refused to record: bpf/kmem.bpf.c) or by a helper the program called (memprof's own
+        bookkeeping). Neither is the target's (bpf/README.md, "Missed frees", 1)."""
         missed, counted = {}, set()
         for tp, fn in self.attached:
             if fn in counted or fn.endswith("_nested"):  # shared (kmalloc/_node) or a backup
@@ -177,11 +185,13 @@ class Tracepoints:
             except Exception:
                 continue
             skipped = prog.recursion_misses
-            if tp in R.FREE_TRACEPOINTS:
-                caught = counter_total(counters, R.CNT_NESTED_FREES + R.FREE_TRACEPOINTS.index(tp))
-                detail.setdefault("nested_frees_recovered", {})[tp] = caught
-                skipped = max(0, skipped - caught)
-            missed[tp] = missed.get(tp, 0) + skipped
+            if tp not in R.FREE_TRACEPOINTS:
+                nested = detail.setdefault("nested_allocations", {})
+                nested[tp] = nested.get(tp, 0) + skipped
+                continue
+            caught = counter_total(counters, R.CNT_NESTED_FREES + R.FREE_TRACEPOINTS.index(tp))
+            detail.setdefault("nested_frees_recovered", {})[tp] = caught
+            missed[tp] = missed.get(tp, 0) + max(0, skipped - caught)
         return missed
 
     @property
