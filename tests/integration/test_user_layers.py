@@ -570,9 +570,13 @@ def test_torch_train_without_leak_has_no_torch_finding(tmp_path, run_memprof, le
 
 @pytest.fixture(scope="module")
 def rss_recording(tmp_path_factory, run_memprof) -> Path:
-    """A Python process that allocates and touches 64 MiB (bytearray zero-fills), then holds it 1 s."""
+    """A Python process that waits 0.5 s, allocates and touches 64 MiB (bytearray zero-fills),
+    then holds it 1 s. The wait lets the sampler's first readings (10 Hz) see the process
+    before the allocation: without it the first one raced the zero-fill, and once read 23.2
+    MiB, so the growth seen was 55.8 MiB (CI, 2026-12-06)."""
     recording = tmp_path_factory.mktemp("rss") / "rss.memprof"
-    script = "import time; b = bytearray(64 << 20); print('held', len(b), flush=True); time.sleep(1)"
+    script = ("import time; time.sleep(0.5); b = bytearray(64 << 20); print('held', len(b), flush=True); "
+              "time.sleep(1)")
     result = record(run_memprof, recording, sys.executable, "-c", script)
     assert f"held {64 * MIB}" in result.stdout, result.stdout
     return recording
