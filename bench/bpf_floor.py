@@ -107,6 +107,7 @@ class Drain:
     def __init__(self, map_fd: int, size_bytes: int = RING_PAGES * mmap.PAGESIZE):
         self._ring = RingBufferConsumer(map_fd, size_bytes, EVENT_BYTES, lambda: records_module.EVENT_DTYPE)
         self.records = 0
+        self.produced_bytes = 0  # set by close()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

@@ -28,6 +28,7 @@ import contextlib
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,9 +48,11 @@ int backup_prog(struct bpf_raw_tracepoint_args *ctx) { u32 tid = bpf_get_current
 FTRACE_LINE = re.compile(r"\s*(.+?)-(\d+)\s+\[\d+\].*kmem_cache_free:")
 
 
-def default_command() -> list[str]:
-    return [str(REPO / ".venv/bin/python"), "-m", "memprof", "record", "-q", "--force", "-o", "/tmp/free_visibility.memprof",
-            "--", str(REPO / "examples/bin/kernel_churn"), "20000"]
+def default_command(folder: str) -> list[str]:
+    """`memprof record` of kernel_churn into `folder`, a private one of this run's (not a
+    fixed name under /tmp, which any user could take first)."""
+    return [str(REPO / ".venv/bin/python"), "-m", "memprof", "record", "-q", "--force", "-o",
+            str(Path(folder) / "free_visibility.memprof"), "--", str(REPO / "examples/bin/kernel_churn"), "20000"]
 
 
 def attach(bpf) -> list[int]:
@@ -129,8 +132,10 @@ def main() -> None:
     from bcc import BPF
     bpf = BPF(text=PROGRAM)
     fds = attach(bpf)
+    folder = tempfile.mkdtemp(prefix="free_visibility.")  # 0700, root's
+    command = args.command or default_command(folder)
     for n in range(args.rounds):
-        r = one_round(bpf, fds, args.command or default_command())
+        r = one_round(bpf, fds, command)
         print(f"round {n}: ftrace {r['ftrace']} main {r['main']} (recursion misses {r['main_misses']}) "
               f"backup {r['backup']} (recursion misses {r['backup_misses']})", flush=True)
         for tid, (seen, ran, backup_ran) in sorted(r["short"].items(), key=lambda kv: kv[1][1] - kv[1][0])[:6]:

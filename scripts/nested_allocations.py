@@ -37,6 +37,7 @@ import ctypes
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,13 +159,16 @@ def print_counts(bpf, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="/tmp/nested_allocations.memprof", help="the recording (overwritten)")
+    parser.add_argument("--out", help="the recording (overwritten; default: in a new private folder, printed)")
     parser.add_argument("command", nargs="*", help="the workload (default: examples/bin/kernel_churn 100000)")
     args = parser.parse_args()
+    # Not a fixed name under /tmp, which any user could take first: a 0700 folder of root's.
+    out = args.out or str(Path(tempfile.mkdtemp(prefix="nested_allocations.")) / "recording.memprof")
     from bcc import BPF
-    bpf = BPF(text=PROGRAM)
-    record(bpf, args.out, args.command or [str(REPO / "examples/bin/kernel_churn"), "100000"])
-    print_counts(bpf, args.out)
+    bpf = BPF(text=PROGRAM, cflags=["-w"])  # the kernel headers' own warnings say nothing here
+    record(bpf, out, args.command or [str(REPO / "examples/bin/kernel_churn"), "100000"])
+    print_counts(bpf, out)
+    print(f"the recording: {out}")
 
 
 if __name__ == "__main__":

@@ -417,6 +417,7 @@ def test_what_the_exit_frees_through_rcu_is_in_the_recording(tmp_path, run_mempr
     assert all(made.get(what, 0) >= held for what in ("sk_prot_alloc", "sock_alloc_inode", "alloc_pipe_info")), made
     assert kept == {}, (kept, made, teardown)
 
+
 def test_skips_are_counted_as_frees_missed_and_allocations_nested_apart(churn_recording):
     """meta.json's `missed` names the free tracepoints alone (the frees the kernel skipped
     that no backup saw), and `nested_allocations` each allocation tracepoint the recording
