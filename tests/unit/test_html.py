@@ -332,3 +332,19 @@ def test_kernel_memory_that_may_be_freed_unseen_says_so_in_the_browser(tmp_path,
     summaries = [e.text for e in browser.find_elements("css selector", "#leaks details.finding summary")]
     assert [("may be freed unseen" in t, "sock_alloc_inode" in t) for t in summaries] == [(True, True), (False, False)]
     assert "no probe ran while process 1 (process_api) had a CPU" in browser.find_element("tag name", "body").text
+
+
+def test_the_pages_skipped_figure_counts_frees_only(tmp_path):
+    """A recording made before 2026-12-06 lists the allocations its programs were skipped
+    for in `missed` too, which were never the target's and no loss (analysis/loss.py): the
+    page's "frees skipped by the kernel" counts the free tracepoints' alone."""
+    from memprof.model.meta import SourceStats
+    old = SourceStats(missed={"kmem_cache_alloc": 124, "mm_page_alloc": 9, "kfree": 3, "kmem_cache_free": 2})
+    meta = RecordingMeta(memprof_version="0.1.0", start_ns=1_000, sources={"ebpf": old})
+    writer = RecordingWriter(tmp_path / "old.memprof", meta)
+    writer.finalize(end_ns=2_000)
+    code, _, err = invoke("report", "html", writer.path, "-o", tmp_path / "old.html")
+    assert code == 0, err
+    data = blob((tmp_path / "old.html").read_text())["meta"]
+    assert (data["skipped_frees"], data["lost_events"]) == (5, 0)
+    assert "missed_events" not in data

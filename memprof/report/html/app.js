@@ -75,7 +75,7 @@
     var rows = [["command", m.command ? m.command.join(" ") : "(attached)"], ["pid", m.pid], ["host", m.host],
       ["kernel", m.kernel], ["clock", m.clock], ["duration", seconds(full[1])], ["status", m.status],
       ["exit status", m.exit_status], ["memprof", m.memprof_version + " (format " + m.format_version + ")"],
-      ["events lost", m.lost_events], ["events skipped", m.missed_events]];
+      ["events lost", m.lost_events], ["frees skipped by the kernel", m.skipped_frees]];
     Object.keys(m.sources).forEach(function (name) {
       var s = m.sources[name];
       rows.push(["source " + name, (s.enabled ? "" : "off, ") + s.events + " events, " + s.lost + " lost" +

@@ -13,6 +13,7 @@ import re
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from memprof.analysis.loss import skipped_frees_by_layer
 from memprof.analysis.views import About, AdviceView, GpuView, LeaksView, RegionsView
 from memprof.report import advice, gpu, leaks, regions
 from memprof.report.wording import (
@@ -93,7 +94,9 @@ def _meta_json(meta: RecordingMeta) -> dict:
     out = {key: getattr(meta, key) for key in _META_KEYS}
     out["sources"] = {name: {key: getattr(stats, key) for key in _SOURCE_KEYS}
                       for name, stats in sorted(meta.sources.items())}
-    out["lost_events"], out["missed_events"] = meta.lost_events, meta.missed_events
+    # Frees only: a recording made before 2026-12-06 also lists allocations its programs
+    # were skipped for in `missed`, which were never the target's (analysis/loss.py).
+    out["lost_events"], out["skipped_frees"] = meta.lost_events, sum(skipped_frees_by_layer(meta).values())
     return out
 
 
