@@ -5,6 +5,7 @@ import os
 import platform
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -29,8 +30,19 @@ def _duration(ctx, param, value):
     return seconds
 
 
-def _sources(ctx, param, value):
-    """'kmem,torch' replaces the defaults; '+native' (or 'kmem,+native') adds to them."""
+class ChosenSources(NamedTuple):
+    """What --sources chose: the families probed, and those of the defaults this host
+    cannot use, with why (EbpfOptions.left_out)."""
+    families: tuple[str, ...]
+    left_out: dict[str, str]
+
+
+def _sources(ctx, param, value) -> ChosenSources:
+    """'kmem,torch' replaces the defaults; '+native' (or 'kmem,+native') adds to them. cuda
+    from the defaults is left out where no NVIDIA driver is loaded; named, it is kept."""
+    from memprof.sources.ebpf.options import families_for_this_host
+    if value is None:  # not given: the defaults, none of them named
+        return ChosenSources(*families_for_this_host(DEFAULT_SOURCES, named=()))
     names = [s.strip() for s in value.split(",") if s.strip()]
     if not names or any(n in ("", "+") for n in names):
         raise click.BadParameter(f"name at least one source: {', '.join(KNOWN_SOURCES)} (or +NAME to add one)")
@@ -40,7 +52,7 @@ def _sources(ctx, param, value):
     unknown = [s for s in result if s not in KNOWN_SOURCES]
     if unknown:
         raise click.BadParameter(f"unknown source {', '.join(unknown)}; available: {', '.join(KNOWN_SOURCES)}")
-    return tuple(dict.fromkeys(result))
+    return ChosenSources(*families_for_this_host(tuple(dict.fromkeys(result)), named={*chosen, *added}))
 
 
 def _size(value: str) -> int:
@@ -169,9 +181,9 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
                    "come out as on a full recording; live bytes inside a second miss what was folded there. "
                    "What stays live is never folded: where it alone passes SIZE, the recording grows past it, "
                    "and its notes say so and what SIZE would hold it. 0: no limit. Units: 512MiB, 4GiB.")
-@click.option("--sources", default=",".join(DEFAULT_SOURCES), show_default=True, callback=_sources,
+@click.option("--sources", default=None, show_default=",".join(DEFAULT_SOURCES), callback=_sources,
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
-                   "driver), native (libc heap, sampled by size; off by default: on the PyTorch benches it added "
+                   "driver; left out of the default where no NVIDIA driver is loaded, +cuda keeps it), native (libc heap, sampled by size; off by default: on the PyTorch benches it added "
                    "about 0.5 s and 7-35 % of loop time to the default sources, bench/RESULTS.md). A list "
                    "replaces the default; +NAME adds to it (--sources +native).")
 @click.option("-f", "--force", is_flag=True,
@@ -263,7 +275,8 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
         raise click.UsageError("--allocator-prefix names an allocator's own functions, which only uprobes reach; "
                                "drop --native-probes preload")
     kmem = KmemOptions(slab_stack_every=stack_every, page_stack_every=page_stack_every, include_user_pages=user_pages)
-    ebpf = EbpfOptions(families=sources, kmem=kmem, native_sample_bytes=native_sample_bytes, native_probes=native_probes,
+    ebpf = EbpfOptions(families=sources.families, left_out=sources.left_out, kmem=kmem,
+                       native_sample_bytes=native_sample_bytes, native_probes=native_probes,
                        user_stack_every=user_stack_every, allocator_prefix=allocator_prefix, alloc_probes=alloc_probes,
                        ringbuf_bytes=ring_buffer, python=PythonOptions(enabled=python_frames))
     early.begin(ebpf)  # bcc compiles on a thread while the recorder below is imported and checks its input

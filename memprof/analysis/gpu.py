@@ -260,6 +260,9 @@ class _Reasons:
                 "CUDA through torch, or record --no-agent)")
 
     def _driver_why(self) -> str:
+        left_out = (self._ebpf_detail().get("left_out") or {}).get("cuda")
+        if left_out:
+            return f"libcuda was not probed: {left_out}"
         families = self._ebpf_detail().get("families")
         if families is not None and "cuda" not in families:
             return "libcuda was not probed (--sources excluded cuda)"

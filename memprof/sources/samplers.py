@@ -34,6 +34,8 @@ import os
 import time
 from typing import Iterable
 
+from memprof import nvidia_driver
+
 SAMPLE_COLUMNS = ("ts_ns", "metric", "device", "value")
 DEFAULT_PERIOD_S = 0.1
 
@@ -221,17 +223,6 @@ def _field_kb(data: bytes, label: bytes) -> int:
     return int(data[start:end])
 
 
-# Where a kernel has an NVIDIA driver loaded (open or proprietary modules) it lists it in
-# /proc and makes its control device; WSL2 passes GPUs through /dev/dxg instead. With none of
-# them NVML cannot start, and importing pynvml (ctypes.util with it) took 38 ms of the
-# recorder's CPU while the command ran, for that answer.
-NVIDIA_DRIVER_SIGNS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
-
-
-def _nvidia_driver_present() -> bool:
-    return any(os.path.exists(path) for path in NVIDIA_DRIVER_SIGNS)
-
-
 class NvmlSampler:
     """GPU memory through NVML (`pynvml`, from the nvidia-ml-py package), imported lazily.
 
@@ -255,8 +246,8 @@ class NvmlSampler:
         return self._answer
 
     def _start(self) -> tuple[bool, str]:
-        if not _nvidia_driver_present():
-            return False, f"no NVIDIA driver (none of {', '.join(NVIDIA_DRIVER_SIGNS)} exists)"
+        if not nvidia_driver.present():  # pynvml's import alone is 38 ms of the recorder's CPU
+            return False, nvidia_driver.absence()
         try:
             import pynvml
         except ImportError:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from memprof import nvidia_driver
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,10 +132,11 @@ needs_torch = pytest.mark.skipif(_torch_package_dir() is None, reason=f"torch is
 
 @pytest.fixture(scope="module")
 def cuda_recording(tmp_path_factory, run_memprof) -> Path:
-    """cuda_app recorded with the default sources, the stand-in found via LD_LIBRARY_PATH."""
+    """cuda_app recorded with the default sources and cuda named (`+cuda`: this host has no
+    NVIDIA driver, where the defaults leave cuda out), the stand-in found via LD_LIBRARY_PATH."""
     recording = tmp_path_factory.mktemp("cuda") / "cuda.memprof"
     env = os.environ | {"LD_LIBRARY_PATH": str(CUDA_STANDIN_DIR)}
-    result = record(run_memprof, recording, CUDA_APP, env=env)
+    result = record(run_memprof, recording, CUDA_APP, args=("--sources", "+cuda"), env=env)
     # The control: the stand-in was loaded and did what cuda_app asked of it.
     assert f"kept_device={KEEP_DEVICE} kept_host={KEEP_HOST}" in result.stdout, result.stdout
     assert (f"device_allocs={KEEP_DEVICE + CHURN_DEVICE} device_frees={CHURN_DEVICE} "
@@ -177,7 +180,7 @@ def test_a_library_loaded_late_is_probed_when_it_appears(tmp_path, run_memprof, 
     recording = tmp_path / "late.memprof"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     command = ["env", f"LD_LIBRARY_PATH={CUDA_STANDIN_DIR}", str(CUDA_APP), "1000"]
-    result = run_memprof("record", "-q", "-o", recording, "--", *command, cwd=tmp_path, env=env)
+    result = run_memprof("record", "-q", "-o", recording, "--sources", "+cuda", "--", *command, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     probed = uprobe_libraries(recording)
     assert [(d["family"], d["placed"]) for d in probed.values()] == [("cuda", "when the target mapped it")], probed
@@ -190,6 +193,26 @@ def test_a_library_loaded_late_is_probed_when_it_appears(tmp_path, run_memprof, 
         f"{window}\n{describe(report['findings'])}"
     late = [n for n in report["notes"] if "was found only once the target loaded it" in n]
     assert len(late) == 1 and "libcuda.so.1" in late[0], report["notes"]
+
+
+@pytest.mark.skipif(nvidia_driver.present(), reason="this host has an NVIDIA driver: the defaults keep cuda")
+def test_without_a_driver_the_defaults_do_not_probe_libcuda(tmp_path, run_memprof):
+    """On a host with no NVIDIA driver (this one) the default sources compile no cuda
+    programs and probe no libcuda, even one the target loads (the stand-in, which would
+    otherwise record 135 allocations: test_cuda_standin_allocs_and_frees_pair); the
+    recording says why, and so does the GPU report."""
+    recording = tmp_path / "nocuda.memprof"
+    env = os.environ | {"LD_LIBRARY_PATH": str(CUDA_STANDIN_DIR)}
+    result = record(run_memprof, recording, CUDA_APP, env=env)
+    assert f"kept_device={KEEP_DEVICE} kept_host={KEEP_HOST}" in result.stdout, result.stdout  # it ran its calls
+    detail = read_meta(recording)["sources"]["ebpf"]["detail"]
+    assert detail["families"] == ["kmem", "torch"], detail["families"]
+    assert detail["left_out"] == {"cuda": f"{nvidia_driver.absence()}; --sources +cuda probes libcuda all the same"}
+    assert uprobe_libraries(recording) == {}
+    assert "cuda_driver" not in layers_json(run_memprof, recording)
+    gpu = run_memprof("report", "gpu", recording, "--format", "json", cwd=tmp_path)
+    assert gpu.returncode == 0, gpu.stderr
+    assert f"no cuda_driver events: libcuda was not probed: {detail['left_out']['cuda']}" in json.loads(gpu.stdout)["notes"]
 
 
 def test_cuda_standin_allocs_and_frees_pair(cuda_recording, run_memprof):

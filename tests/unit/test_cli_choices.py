@@ -73,7 +73,9 @@ def _option(command: click.Command, name: str) -> click.Parameter:
 def test_record_sources_are_the_ebpf_families():
     assert record.KNOWN_SOURCES == ALL_FAMILIES
     assert record.DEFAULT_SOURCES == DEFAULT_FAMILIES
-    assert _option(record.record, "--sources").default == ",".join(DEFAULT_FAMILIES)
+    option = _option(record.record, "--sources")
+    assert option.default is None  # the defaults, named by nobody: cuda left out without a driver
+    assert option.show_default == ",".join(DEFAULT_FAMILIES)
 
 
 def test_record_defaults_are_the_librarys():

@@ -123,6 +123,13 @@ def test_reasons_come_from_the_recordings_metadata():
     assert gpu.missing["driver"] == "no cuda_driver events: libcuda was not probed (--sources excluded cuda)"
 
 
+def test_a_family_left_out_for_want_of_a_driver_says_why():
+    why = "no NVIDIA driver (none of /proc/driver/nvidia, /dev/nvidiactl, /dev/dxg exists); --sources +cuda probes libcuda all the same"
+    meta = RecordingMeta(sources={"ebpf": SourceStats(detail={"families": ["kmem", "torch"], "left_out": {"cuda": why}})})
+    (gpu,) = breakdown([cuda(1 * S, "alloc", 0x10, MiB)], meta=meta).devices
+    assert gpu.missing["driver"] == f"no cuda_driver events: libcuda was not probed: {why}"
+
+
 def test_a_device_missing_a_layer_another_has_says_so():
     rows = [cuda(1 * S, "alloc", 0x10, MiB, layer="cuda_driver"), cuda(1 * S, "alloc", 0x10, MiB, device="cuda:1")]
     gpu0, gpu1 = breakdown(rows).devices

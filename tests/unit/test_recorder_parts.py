@@ -125,15 +125,57 @@ def test_format_bytes():
     assert format_bytes(-(3 << 20)) == "-3.0 MiB"
 
 
+@pytest.fixture
+def driver_loaded(monkeypatch):
+    """Whether this host is taken to have an NVIDIA driver loaded: set by the test."""
+    from memprof import nvidia_driver
+    answer = {"loaded": True}
+    monkeypatch.setattr(nvidia_driver, "present", lambda: answer["loaded"])
+    return answer
+
+
 @pytest.mark.parametrize("text,expected", [
     ("kmem,torch,cuda", ("kmem", "torch", "cuda")),
     ("+native", ("kmem", "torch", "cuda", "native")),
     ("kmem,+native", ("kmem", "native")),
     ("cuda", ("cuda",)),
 ])
-def test_sources_option(text, expected):
+def test_sources_option(text, expected, driver_loaded):
     from cli.record import _sources
-    assert _sources(None, None, text) == expected
+    assert _sources(None, None, text) == (expected, {})
+
+
+NO_DRIVER = ("no NVIDIA driver (none of /proc/driver/nvidia, /dev/nvidiactl, /dev/dxg exists); "
+             "--sources +cuda probes libcuda all the same")
+
+
+@pytest.mark.parametrize("text,expected,left_out", [
+    ("kmem,torch,cuda", ("kmem", "torch", "cuda"), {}),  # named: kept
+    ("+cuda", ("kmem", "torch", "cuda"), {}),
+    ("cuda,+native", ("cuda", "native"), {}),
+    ("kmem,torch", ("kmem", "torch"), {}),  # not asked for: nothing left out
+    ("+native", ("kmem", "torch", "native"), {"cuda": NO_DRIVER}),  # the defaults' cuda
+    ("kmem,torch,cuda,native", ("kmem", "torch", "cuda", "native"), {}),
+])
+def test_without_a_driver_the_defaults_leave_cuda_out(text, expected, left_out, driver_loaded):
+    """Where no NVIDIA driver is loaded, cuda is left out of the defaults (its programs were
+    ~0.1 s of a first run's compile, and no CUDA call can allocate), with why; a user who
+    names it keeps it (the tests' stand-in libcuda is such a case)."""
+    from cli.record import _sources
+    driver_loaded["loaded"] = False
+    assert _sources(None, None, text) == (expected, left_out)
+
+
+@pytest.mark.parametrize("loaded,expected,left_out", [
+    (True, ("kmem", "torch", "cuda"), {}),
+    (False, ("kmem", "torch"), {"cuda": NO_DRIVER}),
+])
+def test_without_the_option_the_defaults_are_taken_for_this_host(loaded, expected, left_out, driver_loaded):
+    """Without --sources click passes None (its default), not the defaults' list, which
+    would name cuda and so keep it."""
+    from cli.record import _sources
+    driver_loaded["loaded"] = loaded
+    assert _sources(None, None, None) == (expected, left_out)
 
 
 @pytest.mark.parametrize("bad", ["", ",", "+", "bogus", "kmem,+gpu"])

@@ -19,6 +19,7 @@ import types
 import pytest
 
 from memprof.model.schema import SAMPLES_SCHEMA
+from memprof import nvidia_driver
 from memprof.sources import samplers
 from memprof.sources.samplers import NvmlSampler, RssSampler, Samplers
 
@@ -225,20 +226,20 @@ def fake_pynvml(*, init_error=None, processes_error=False, calls=None) -> types.
     return module
 
 
-REAL_DRIVER_CHECK = samplers._nvidia_driver_present
+REAL_DRIVER_CHECK = nvidia_driver.present
 
 
 @pytest.fixture(autouse=True)
 def nvidia_driver_present(monkeypatch):
     """The stand-in pynvml is asked on this GPU-less machine as if a driver were loaded."""
-    monkeypatch.setattr(samplers, "_nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(nvidia_driver, "present", lambda: True)
 
 
 def test_without_a_driver_nvml_is_not_asked(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(calls=calls))
-    monkeypatch.setattr(samplers, "NVIDIA_DRIVER_SIGNS", ("/nonexistent/nvidia", "/nonexistent/nvidiactl"))
-    monkeypatch.setattr(samplers, "_nvidia_driver_present", REAL_DRIVER_CHECK)
+    monkeypatch.setattr(nvidia_driver, "SIGNS", ("/nonexistent/nvidia", "/nonexistent/nvidiactl"))
+    monkeypatch.setattr(nvidia_driver, "present", REAL_DRIVER_CHECK)
     ok, why = NvmlSampler().available()
     assert not ok and why == "no NVIDIA driver (none of /nonexistent/nvidia, /nonexistent/nvidiactl exists)"
     assert calls == []  # no nvmlInit

@@ -6,7 +6,9 @@ tests/unit/test_startup_imports.py keeps it so)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection
 
+from memprof import nvidia_driver
 from memprof.sources.cpython.options import PythonOptions
 from memprof.sources.ebpf import kmem as K
 
@@ -45,7 +47,22 @@ class EbpfOptions:
     user_stack_entries: int = 16384  # user stacks (least-recently-used, by frame hash: ~1 KiB each)
     addr_filter_bits_log2: int = 26
     python: PythonOptions = field(default_factory=PythonOptions)
+    # Families of the defaults this host cannot use, and why (meta.json's ebpf detail
+    # `left_out`): families_for_this_host.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def enabled(self, family: str) -> bool:
         """Whether `family` (one of ALL_FAMILIES) is probed."""
         return family in self.families
+
+
+def families_for_this_host(families: tuple[str, ...], named: Collection[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(`families` less those this host cannot use, {left-out family: why}). Only cuda is
+    ever left out: where no NVIDIA driver is loaded (nvidia_driver.py) no CUDA call can
+    allocate, and its ten programs cost ~0.1 s of a first run's compile (bench/RESULTS.md).
+    A family in `named` (the user asked for it by name: `--sources +cuda`) is kept all the
+    same, for a stand-in libcuda such as the tests' (examples/cuda_standin)."""
+    if "cuda" not in families or "cuda" in named or nvidia_driver.present():
+        return families, {}
+    kept = tuple(f for f in families if f != "cuda")
+    return kept, {"cuda": f"{nvidia_driver.absence()}; --sources +cuda probes libcuda all the same"}
