@@ -244,9 +244,19 @@ def _read_kernel_symbols_meanwhile() -> None:
     the main thread waits for the compile meanwhile, and the recording's first flush needs
     the kernel's symbols. Begun here, before this thread moves to a mount namespace of its
     own where /proc/kallsyms reads as one line (_kallsyms_answered): a thread takes its
-    creator's namespace."""
+    creator's namespace. The reader imports its module itself, off the compile's path."""
+    start_quiet(threading.Thread(target=_read_kernel_symbols_behind_the_compile, name="memprof-kallsyms-ahead",
+                                 daemon=True))
+
+
+def _read_kernel_symbols_behind_the_compile() -> None:
+    """At the lowest priority (nice 19, this thread alone): on two CPUs the compile, the main
+    thread's imports and this read would otherwise share them three ways, and the compile is
+    what the command waits for; the read is needed only at the first flush, after the start."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 19)  # Linux: 0 is the calling thread
     from memprof.sources.symbols.symbolize import read_kernel_symbols_ahead
-    start_quiet(threading.Thread(target=read_kernel_symbols_ahead, name="memprof-kallsyms-ahead", daemon=True))
+    read_kernel_symbols_ahead()
 
 
 def _load_in_parallel(bpf, programs: list[tuple[str, int]]) -> None:
