@@ -329,7 +329,8 @@ EARLY_LINES = {m.group(1): n for n, text in enumerate(EARLY.read_text().splitlin
 @pytest.mark.parametrize("minor", [10, 11, 12, 13])
 def test_default_sources_give_frames_from_the_first_statements(minor, tmp_path, run_memprof, leaks_json):
     """The pipe a script makes as it starts names its three Python callers with the default
-    sources (kmem, torch, cuda), on every supported version — main thread included."""
+    sources (kmem, torch; cuda where an NVIDIA driver is loaded), on every supported version —
+    main thread included."""
     python = sys.executable if minor == sys.version_info.minor else pyenv_python(minor)
     recording = tmp_path / "early.memprof"
     result = run_memprof("record", "-q", "-o", recording, "--", python, EARLY, cwd=tmp_path, timeout=120)
