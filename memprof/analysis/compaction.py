@@ -189,21 +189,34 @@ def _live_at_peaks(events: pd.DataFrame, alloc_rows: np.ndarray, alloc_ts: np.nd
 
 def _peak_instants(group: np.ndarray, alloc_ts: np.ndarray, end_ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Per group code (0..G-1): the earliest time its live bytes, taken after all of its
-    events at each time, were highest (as layers.live_curve takes them)."""
+    events at each time, were highest (as layers.live_curve takes them). In numpy alone, each
+    temporary let go as soon as it is used: a fold's memory peaked here (a pandas groupby of
+    every allocation and free took ~110 B a row of the frame folded, bench/RESULTS.md)."""
+    if not group.size:
+        return np.zeros(0, dtype=np.int64)
     ended = end_ts != NEVER
     g = np.concatenate([group, group[ended]])
     t = np.concatenate([alloc_ts, end_ts[ended]])
     d = np.concatenate([nbytes, -nbytes[ended]])
+    del ended
     order = np.lexsort((t, g))
     g, t, d = g[order], t[order], d[order]
+    del order
     live = np.cumsum(d)
     starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
     live -= np.repeat(live[starts] - d[starts], np.diff(np.r_[starts, g.size]))
+    del d
     last_of_time = np.r_[(g[1:] != g[:-1]) | (t[1:] != t[:-1]), True]
-    frame = pd.DataFrame({"g": g[last_of_time], "t": t[last_of_time], "live": live[last_of_time]})
-    best = frame.groupby("g", sort=True)["live"].idxmax()
-    peak_at = np.full(int(group.max()) + 1 if group.size else 0, NEVER, dtype=np.int64)
-    peak_at[best.index.to_numpy()] = frame["t"].to_numpy()[best.to_numpy()]
+    g, t, live = g[last_of_time], t[last_of_time], live[last_of_time]
+    del last_of_time
+    # Each group's highest live bytes, and the first (earliest) instant that reaches them.
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    highest = np.repeat(np.maximum.reduceat(live, starts), np.diff(np.r_[starts, g.size]))
+    at_highest = np.flatnonzero(live == highest)
+    del highest, live
+    first = at_highest[np.r_[True, g[at_highest[1:]] != g[at_highest[:-1]]]]
+    peak_at = np.full(int(group.max()) + 1, NEVER, dtype=np.int64)
+    peak_at[g[first]] = t[first]
     return peak_at
 
 
@@ -211,19 +224,26 @@ def _folded_pairs(events: pd.DataFrame, module: np.ndarray, allocs: np.ndarray, 
                   window: np.ndarray, weight: np.ndarray) -> tuple[pd.DataFrame, int]:
     """The rows that stand for the folded (alloc, free) pairs at `allocs`/`frees`, grouped
     (module docstring); and how many groups."""
-    keys = {name: _codes(events, name, allocs, module) for name in _GROUP_COLUMNS}
+    columns = {name: _codes(events, name, allocs, module) for name in _GROUP_COLUMNS}
     size = events["size_bytes"].to_numpy(dtype=float, na_value=0.0)[allocs]
     requested = events["requested_bytes"].to_numpy(dtype=float, na_value=np.nan)[allocs]
-    frame = pd.DataFrame({**keys, "window": window, "n": weight, "bytes": np.rint(size * weight),
-                          "requested": requested * weight, "has_requested": ~np.isnan(requested),
-                          "whole": weight == np.round(weight), "first": allocs, "last": allocs})
-    groups = frame.groupby(list(keys) + ["window"], sort=False, dropna=False).agg(
+    columns.update({"window": window, "n": weight, "bytes": np.rint(size * weight), "requested": requested * weight,
+                    "has_requested": ~np.isnan(requested), "whole": weight == np.round(weight), "first": allocs,
+                    "last": allocs})
+    del size, requested
+    # copy=False: the frame takes the arrays as they are, not consolidated into copies of them
+    # beside the originals (~70 B a row of the frame folded, at this point of a fold's peak).
+    frame = pd.DataFrame(columns, copy=False)
+    del columns
+    groups = frame.groupby([*_GROUP_COLUMNS, "window"], sort=False, dropna=False).agg(
         n=("n", "sum"), bytes=("bytes", "sum"), requested=("requested", "sum"),
         has_requested=("has_requested", "all"), whole=("whole", "all"), first=("first", "min"),
         last=("last", "max"))
-    free_of = pd.Series(frees, index=allocs)  # each folded allocation's own free
-    groups["first_free"] = free_of.loc[groups["first"].to_numpy()].to_numpy()
-    groups["last_free"] = free_of.loc[groups["last"].to_numpy()].to_numpy()
+    del frame
+    # Each folded allocation's own free: `allocs` ascend (rows in time order), so a search
+    # finds them, where a Series indexed by them built a hash table of every one.
+    groups["first_free"] = frees[np.searchsorted(allocs, groups["first"].to_numpy())]
+    groups["last_free"] = frees[np.searchsorted(allocs, groups["last"].to_numpy())]
     return _pair_rows(events, groups.reset_index(drop=True)), len(groups)
 
 
