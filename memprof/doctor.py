@@ -48,6 +48,7 @@ def run_checks(pythons: Sequence[str] = ()) -> list[Check]:
         _module_check("torch", "pip install torch (for PyTorch targets and the CPU allocator layer)"),
         _module_check("capstone", "pip install capstone (one uprobe per torch CPU allocation instead of two "
                       "traps: it finds c10::alloc_cpu's call to NUMAMove)"),
+        _nvidia_driver_check(),
         _nvml_check(),
         _compiled_cache_check(),
         _symbol_cache_check(),
@@ -170,6 +171,17 @@ def _tracepoint_check(tp: str) -> Check:
 def _module_check(name: str, fix: str) -> Check:
     spec = importlib.util.find_spec(name)
     return Check(name, spec is not None, "importable" if spec else "not installed", fix, required=False)
+
+
+def _nvidia_driver_check() -> Check:
+    """Whether an NVIDIA driver is loaded: without one, `record`'s default sources leave the
+    cuda family out (memprof/nvidia_driver.py), which a user of a stand-in libcuda should know."""
+    from memprof import nvidia_driver
+    if nvidia_driver.present():
+        return Check("NVIDIA driver", True, "loaded: the default sources probe libcuda", required=False)
+    return Check("NVIDIA driver", False, f"{nvidia_driver.absence()}: record's default sources leave cuda out",
+                 "none needed without a GPU; --sources +cuda probes libcuda all the same", required=False,
+                 absent="not loaded")
 
 
 def _nvml_check() -> Check:

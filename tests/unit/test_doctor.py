@@ -82,3 +82,14 @@ def test_interrupt_entries_say_whether_interrupts_of_user_code_are_told_apart(mo
     missing = doctor._interrupt_entry_check()
     assert (missing.ok, missing.required, missing.status) == (False, False, "absent")
     assert "charged to it" in missing.detail and missing.fix
+
+
+def test_the_nvidia_driver_check_says_whether_record_probes_libcuda(monkeypatch):
+    from memprof import nvidia_driver
+    monkeypatch.setattr(nvidia_driver, "present", lambda: False)
+    none = doctor._nvidia_driver_check()
+    assert (none.ok, none.required, none.status) == (False, False, "not loaded")
+    assert none.detail.endswith(": record's default sources leave cuda out") and "+cuda" in none.fix
+    monkeypatch.setattr(nvidia_driver, "present", lambda: True)
+    loaded = doctor._nvidia_driver_check()
+    assert (loaded.ok, loaded.status) == (True, "ok") and "probe libcuda" in loaded.detail
