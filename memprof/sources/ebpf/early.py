@@ -224,12 +224,14 @@ def _compile(early: _Early) -> None:
                 _load_in_parallel(early.bpf, programs_before(early.options))
                 early.bpf.load_behind(late_programs(early.options))
                 return
-            if early.options.enabled("kmem"):
-                _read_kernel_symbols_meanwhile()
+            reader = _read_kernel_symbols_meanwhile() if early.options.enabled("kmem") else None
             try:
                 early.bpf = _compile_answered(early.text, early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
                 return
+            finally:
+                if reader is not None:
+                    reader.compile_over()
             compiled_cache.store(early.bpf, early.text, early.cflags)
             # bcc writes a refused program's verifier log to fd 2, captured only until take returns
             _load_in_parallel(early.bpf, programs_before(early.options) + late_programs(early.options))
@@ -239,24 +241,62 @@ def _compile(early: _Early) -> None:
         early.done.set()
 
 
-def _read_kernel_symbols_meanwhile() -> None:
+def _read_kernel_symbols_meanwhile() -> "_ReaderBehindCompile":
     """kallsyms read on a thread of its own while bcc compiles (symbolize.read_kernel_symbols_ahead):
     the main thread waits for the compile meanwhile, and the recording's first flush needs
     the kernel's symbols. Begun here, before this thread moves to a mount namespace of its
     own where /proc/kallsyms reads as one line (_kallsyms_answered): a thread takes its
-    creator's namespace. The reader imports its module itself, off the compile's path."""
-    start_quiet(threading.Thread(target=_read_kernel_symbols_behind_the_compile, name="memprof-kallsyms-ahead",
-                                 daemon=True))
+    creator's namespace. The reader imports its module itself, off the compile's path.
+    Returns it: the compile thread calls its `compile_over()` when bcc is done."""
+    reader = _ReaderBehindCompile(_read_kernel_symbols)
+    start_quiet(threading.Thread(target=reader.run, name="memprof-kallsyms-ahead", daemon=True))
+    return reader
 
 
-def _read_kernel_symbols_behind_the_compile() -> None:
-    """At the lowest priority (nice 19, this thread alone): on two CPUs the compile, the main
-    thread's imports and this read would otherwise share them three ways, and the compile is
-    what the command waits for; the read is needed only at the first flush, after the start."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 19)  # Linux: 0 is the calling thread
+def _read_kernel_symbols() -> None:
     from memprof.sources.symbols.symbolize import read_kernel_symbols_ahead
     read_kernel_symbols_ahead()
+
+
+class _ReaderBehindCompile:
+    """Runs `read` at the lowest priority (nice 19, its thread alone) until bcc's compile is
+    over, then at the priority it began with. On two CPUs the compile, the main thread's
+    imports and the read would otherwise share them three ways, and the compile is what the
+    command waits for (bcc's BPF() 850-880 -> 720-790 ms, bench/RESULTS.md). Once the compile
+    is over the first flush waits for the read, and a command that keeps every CPU busy would
+    starve it at nice 19: hence the way back. Only root lowers it, since only root (CAP_SYS_NICE)
+    may raise it again; the thread's id is used only while the thread is known to run."""
+
+    LOWEST = 19
+
+    def __init__(self, read):
+        self._read = read
+        self._lock = threading.Lock()
+        self._lowered_tid: int | None = None  # the reader's thread, while it runs lowered
+        self._began_at = 0
+        self._compile_over = False
+
+    def run(self) -> None:
+        with self._lock:
+            if not self._compile_over and os.geteuid() == 0:
+                with contextlib.suppress(OSError):
+                    self._began_at = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: 0 is this thread
+                    os.setpriority(os.PRIO_PROCESS, 0, self.LOWEST)
+                    self._lowered_tid = threading.get_native_id()
+        try:
+            self._read()
+        finally:
+            with self._lock:
+                self._lowered_tid = None
+
+    def compile_over(self) -> None:
+        """Give the reader its priority back, if it still runs lowered; never lower it after."""
+        with self._lock:
+            self._compile_over = True
+            if self._lowered_tid is not None:
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, self._lowered_tid, self._began_at)
+                self._lowered_tid = None
 
 
 def _load_in_parallel(bpf, programs: list[tuple[str, int]]) -> None:
