@@ -183,8 +183,9 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
                    "and its notes say so and what SIZE would hold it. 0: no limit. Units: 512MiB, 4GiB.")
 @click.option("--sources", default=None, show_default=",".join(DEFAULT_SOURCES), callback=_sources,
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
-                   "driver; left out of the default where no NVIDIA driver is loaded, +cuda keeps it), native (libc heap, sampled by size; off by default: on the PyTorch benches it added "
-                   "about 0.5 s and 7-35 % of loop time to the default sources, bench/RESULTS.md). A list "
+                   "driver; left out of the default where no NVIDIA driver is loaded, +cuda keeps it), native "
+                   "(libc heap, sampled by size; off by default: on the PyTorch benches it added about 0.5 s and "
+                   "7-35 % of loop time to the default sources, bench/RESULTS.md). A list "
                    "replaces the default; +NAME adds to it (--sources +native).")
 @click.option("-f", "--force", is_flag=True,
               help="Replace an existing memprof recording of yours at --output (never a file, a link or any "

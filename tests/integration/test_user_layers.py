@@ -212,7 +212,8 @@ def test_without_a_driver_the_defaults_do_not_probe_libcuda(tmp_path, run_mempro
     assert "cuda_driver" not in layers_json(run_memprof, recording)
     gpu = run_memprof("report", "gpu", recording, "--format", "json", cwd=tmp_path)
     assert gpu.returncode == 0, gpu.stderr
-    assert f"no cuda_driver events: libcuda was not probed: {detail['left_out']['cuda']}" in json.loads(gpu.stdout)["notes"]
+    notes = json.loads(gpu.stdout)["notes"]
+    assert f"no cuda_driver events: libcuda was not probed: {detail['left_out']['cuda']}" in notes, notes
 
 
 def test_cuda_standin_allocs_and_frees_pair(cuda_recording, run_memprof):

@@ -124,8 +124,10 @@ def test_reasons_come_from_the_recordings_metadata():
 
 
 def test_a_family_left_out_for_want_of_a_driver_says_why():
-    why = "no NVIDIA driver (none of /proc/driver/nvidia, /dev/nvidiactl, /dev/dxg exists); --sources +cuda probes libcuda all the same"
-    meta = RecordingMeta(sources={"ebpf": SourceStats(detail={"families": ["kmem", "torch"], "left_out": {"cuda": why}})})
+    why = ("no NVIDIA driver (none of /proc/driver/nvidia, /dev/nvidiactl, /dev/dxg exists); "
+           "--sources +cuda probes libcuda all the same")
+    detail = {"families": ["kmem", "torch"], "left_out": {"cuda": why}}
+    meta = RecordingMeta(sources={"ebpf": SourceStats(detail=detail)})
     (gpu,) = breakdown([cuda(1 * S, "alloc", 0x10, MiB)], meta=meta).devices
     assert gpu.missing["driver"] == f"no cuda_driver events: libcuda was not probed: {why}"
 
