@@ -233,3 +233,15 @@ def test_each_groups_peak_instant_is_the_earliest_highest():
         assert {g: int(got[g]) for g in want} == want, (group, alloc_ts, end_ts, nbytes)
     empty = np.zeros(0, dtype=np.int64)
     assert _peak_instants(empty, empty, empty, np.zeros(0)).size == 0
+
+
+def test_a_chunk_without_allocations_folds():
+    """Frees alone (of allocations from before the recording) and a mark: nothing to fold, and
+    the frees before the settled instant are dropped and counted. The peak instants of no
+    allocation raised IndexError before the fold's memory was cut (b88d022), which stopped
+    such a fold."""
+    rows = [(1 * MS, "free", 0x1000), (2 * MS, "free", 0x2000), mark(3 * MS, pid=100)]
+    result = folded(rows, settled_before_ns=10 * MS)
+    assert (result.folded_pairs, result.groups, result.protected) == (0, 0, 0)
+    assert result.unmatched_frees_dropped == {"native_heap": 2}
+    assert list(result.events["action"].astype(str)) == ["mark"]
