@@ -179,9 +179,8 @@ def _nvidia_driver_check() -> Check:
     from memprof import nvidia_driver
     if nvidia_driver.present():
         return Check("NVIDIA driver", True, "loaded: the default sources probe libcuda", required=False)
-    return Check("NVIDIA driver", False, f"{nvidia_driver.absence()}: record's default sources leave cuda out",
-                 "none needed without a GPU; --sources +cuda probes libcuda all the same", required=False,
-                 absent="not loaded")
+    return Check("NVIDIA driver", False, f"none ({', '.join(nvidia_driver.SIGNS)}): record's defaults leave cuda out",
+                 "--sources +cuda probes libcuda anyway", required=False, absent="not loaded")
 
 
 def _nvml_check() -> Check:

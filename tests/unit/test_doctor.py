@@ -89,7 +89,8 @@ def test_the_nvidia_driver_check_says_whether_record_probes_libcuda(monkeypatch)
     monkeypatch.setattr(nvidia_driver, "present", lambda: False)
     none = doctor._nvidia_driver_check()
     assert (none.ok, none.required, none.status) == (False, False, "not loaded")
-    assert none.detail.endswith(": record's default sources leave cuda out") and "+cuda" in none.fix
+    assert none.detail == "none (/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg): record's defaults leave cuda out"
+    assert none.fix == "--sources +cuda probes libcuda anyway"
     monkeypatch.setattr(nvidia_driver, "present", lambda: True)
     loaded = doctor._nvidia_driver_check()
     assert (loaded.ok, loaded.status) == (True, "ok") and "probe libcuda" in loaded.detail
