@@ -23,7 +23,10 @@ def test_record_shows_each_phase_in_order(run_memprof, examples_bin, tmp_path):
     for pattern, line in zip(PHASES, lines):
         assert re.fullmatch(pattern, line), (pattern, line)
     loaded_s = float(re.search(r"loaded in (\d+\.\d)s", lines[1]).group(1))
-    assert 0.1 <= loaded_s < 60  # bcc compiles for a second or more; never zero
+    # From the session's loading phase: bcc's compile (or the cached program's loads) began on
+    # a thread before it (sources/ebpf/early.py), and with the program cached the rest can take
+    # under 0.05 s, shown as 0.0s (CI44, 2026-12-06); a first run's compile is a second or so.
+    assert 0.0 <= loaded_s < 60
 
 
 def test_quiet_record_prints_one_final_line(run_memprof, examples_bin, tmp_path):
