@@ -262,7 +262,7 @@ class _ReaderBehindCompile:
     """Runs `read` at the lowest priority (nice 19, its thread alone) until bcc's compile is
     over, then at the priority it began with. On two CPUs the compile, the main thread's
     imports and the read would otherwise share them three ways, and the compile is what the
-    command waits for (bcc's BPF() 850-880 -> 720-790 ms, bench/RESULTS.md). Once the compile
+    command waits for (bcc's BPF() 846-879 -> 722-786 ms, bench/RESULTS.md). Once the compile
     is over the first flush waits for the read, and a command that keeps every CPU busy would
     starve it at nice 19: hence the way back. Only root lowers it, since only root (CAP_SYS_NICE)
     may raise it again; the thread's id is used only while the thread is known to run."""

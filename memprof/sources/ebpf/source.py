@@ -43,8 +43,9 @@ class EbpfSource:
         self.command_run_as = None
         self.processes = ProcessTable()
         self.stats = SourceStats(stack_sample_every=self.options.kmem.slab_stack_every,
-                                 detail={"families": list(self.options.families),
-                                         **({"left_out": dict(self.options.left_out)} if self.options.left_out else {})})
+                                 detail={"families": list(self.options.families)})
+        if self.options.left_out:  # families_for_this_host: why a default family is not probed
+            self.stats.detail["left_out"] = dict(self.options.left_out)
         self.exit_marks: dict[int, tuple[int, int]] = {}  # tgid -> (ts_ns, why)
         self.tracking_since_ns: int | None = None  # when track() first ran: the recording's start
         self._bpf = None
