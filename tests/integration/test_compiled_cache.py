@@ -306,10 +306,13 @@ def _recorders_libraries(run_memprof, tmp_path: Path, name: str, env: dict) -> s
     return set(result.stdout.split())
 
 
-def test_a_warm_start_never_loads_bccs_compiler_and_a_cold_one_does(run_memprof, tmp_path):
-    """bcc_import.py: from the cache, the recorder maps libbcc_bpf.so.0 alone (~60 MB less); a
-    compile maps the whole libbcc.so.0 with LLVM, and records as before."""
+def test_the_recorder_never_loads_bccs_compiler_warm_or_cold(run_memprof, tmp_path):
+    """bcc_import.py: from the cache, the recorder maps libbcc_bpf.so.0 alone (~60 MB less);
+    a compile runs in a child (compile_child.py), so a cold recorder maps no more. Compiling
+    in the recorder (MEMPROF_COMPILE_CHILD=0) maps the whole libbcc.so.0 with LLVM, and
+    records as before."""
     _recorders_libraries(run_memprof, tmp_path, "first", {})  # stores the entry where there was none
     assert _recorders_libraries(run_memprof, tmp_path, "warm", {}) == {"libbcc_bpf.so"}
-    cold = _recorders_libraries(run_memprof, tmp_path, "cold", {C.OFF_ENV: "0"})
-    assert "libbcc.so" in cold and any(name.startswith("libLLVM") for name in cold), cold
+    assert _recorders_libraries(run_memprof, tmp_path, "cold", {C.OFF_ENV: "0"}) == {"libbcc_bpf.so"}
+    in_recorder = _recorders_libraries(run_memprof, tmp_path, "in-recorder", {C.OFF_ENV: "0", "MEMPROF_COMPILE_CHILD": "0"})
+    assert "libbcc.so" in in_recorder and any(name.startswith("libLLVM") for name in in_recorder), in_recorder

@@ -1,6 +1,8 @@
 """bcc's BPF object rebuilt from a compiled_cache entry: its maps created and programs loaded
 by the bpf() system call, not from a compiled module (issue 24: a warm start compiles
-nothing). Imported only when an entry is used: it subclasses bcc's BPF."""
+nothing). The same class takes a compile child's entry with the maps it made
+(compile_child.py: a first run compiles in a child). Imported only when an entry is used:
+it subclasses bcc's BPF."""
 from __future__ import annotations
 
 import atexit
@@ -106,13 +108,15 @@ class _Function:
 
 
 class CachedBPF(BPF):
-    """bcc's BPF object whose maps and programs come from a cache entry, not a compile.
+    """bcc's BPF object whose maps and programs come from an entry, not a compiled module.
     bcc's methods that read its compiled module (load_func, get_table, the autoload at
-    creation) are replaced; the rest (attach_*, detach_*, cleanup) use only descriptors."""
+    creation) are replaced; the rest (attach_*, detach_*, cleanup) use only descriptors.
+    With `map_fds` (a compile child's maps, in the entry's order, now this object's to close)
+    no map is created, and FROM_CACHE is False: this run compiled."""
 
     FROM_CACHE = True  # meta.json's detail says so (EbpfSource.update_stats)
 
-    def __init__(self, entry: dict):  # replaces BPF.__init__, which would compile
+    def __init__(self, entry: dict, map_fds: list[int] | None = None):  # replaces BPF.__init__, which would compile
         self.kprobe_fds, self.uprobe_fds, self.tracepoint_fds, self.raw_tracepoint_fds = {}, {}, {}, {}
         self.kfunc_entry_fds, self.kfunc_exit_fds, self.lsm_fds = {}, {}, {}
         self.perf_buffers, self.open_perf_events = {}, {}
@@ -121,24 +125,30 @@ class CachedBPF(BPF):
         self.debug = 0
         self.funcs, self.tables = {}, {}
         self.module = None
-        self._map_fds: list[int] = []
+        self._map_fds: list[int] = list(map_fds or [])  # given ones are closed by cleanup(), whatever happens
         self._btf_fd: int | None = None
         self._behind: threading.Thread | None = None
         self._loading_lock = threading.Lock()
         self._name_locks: dict[bytes, threading.Lock] = {}
         atexit.register(self.cleanup)
-        self._license = entry["license"].encode()
-        self._kern_version = int(entry["kern_version"])
-        self._maps = entry["maps"]
-        self._map_index = {m["name"].encode(): i for i, m in enumerate(self._maps)}
-        self._functions = {f["name"].encode(): _Function(base64.b64decode(f["insns"]), [tuple(r) for r in f["map_refs"]])
-                           for f in entry["functions"]}
         self._verifier_log = False  # a refusal now is compiled_cache.load's None: the compile then shows it
         try:
-            if entry.get("btf"):
-                self._btf_fd = load_btf(base64.b64decode(entry["btf"]))
-            for m in self._maps:
-                self._map_fds.append(create_map(m, self._btf_fd))
+            self._license = entry["license"].encode()
+            self._kern_version = int(entry["kern_version"])
+            self._maps = entry["maps"]
+            self._map_index = {m["name"].encode(): i for i, m in enumerate(self._maps)}
+            self._functions = {f["name"].encode(): _Function(base64.b64decode(f["insns"]),
+                                                             [tuple(r) for r in f["map_refs"]])
+                               for f in entry["functions"]}
+            if map_fds is not None:
+                self.FROM_CACHE = False
+                if len(self._map_fds) != len(self._maps):
+                    raise ValueError(f"{len(self._map_fds)} map descriptors for {len(self._maps)} maps")
+            else:
+                if entry.get("btf"):
+                    self._btf_fd = load_btf(base64.b64decode(entry["btf"]))
+                for m in self._maps:
+                    self._map_fds.append(create_map(m, self._btf_fd))
             self._trace_autoload()
         except BaseException:
             self.cleanup()  # what was made so far: no map, program or attachment outlives a failed entry
@@ -147,7 +157,7 @@ class CachedBPF(BPF):
         self._verifier_log = True
 
     def _trace_autoload(self) -> None:
-        """What BPF.__init__ does for the prefixes `_export` lets through."""
+        """What BPF.__init__ does for the prefixes compiled_cache.exported lets through."""
         for name in self._functions:
             if name.startswith(b"tracepoint__"):
                 self.attach_tracepoint(tp=name[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=name)

@@ -107,6 +107,17 @@ def read_entry(key: str) -> dict | None:
     return entry if isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key else None
 
 
+def has_entry(text: str, cflags: list[str]) -> bool:
+    """Whether the cache is on and has a file for a compile of `text` with `cflags` (its
+    content is checked only when `load` reads it)."""
+    if not enabled():
+        return False
+    try:
+        return os.path.isfile(os.path.join(CACHE_DIR, f"{cache_key(text, cflags)}.json"))
+    except Exception:  # the key's inputs: bcc not importable, say; the load then says no as well
+        return False
+
+
 def write_entry(key: str, entry: dict) -> None:
     """Write `entry` as the file for `key`, whole or not at all (a temporary file renamed)."""
     root_cache.keep(CACHE_DIR, f"{key}.json", lambda f: f.write(json.dumps(entry).encode()), ".json", KEEP_ENTRIES)
@@ -122,18 +133,21 @@ def store(bpf, text: str, cflags: list[str]) -> None:
         return
     try:
         key = cache_key(text, cflags)
-        write_entry(key, {"format": FORMAT, "key": key, **_export(bpf)})
+        write_entry(key, {"format": FORMAT, "key": key, **exported(bpf)[0]})
     except Exception:  # NotCacheable, OSError, or anything bcc's module queries raise: the recording goes on
         pass
 
 
-def _export(bpf) -> dict:
+def exported(bpf) -> tuple[dict, list[int]]:
+    """(what bcc compiled into `bpf`, as an entry without its format and key; the maps'
+    descriptors, in the entry's order of maps). NotCacheable for what CachedBPF cannot rebuild."""
     lib = _libbcc()
     module = bpf.module
-    maps, index_of_fd, btf_ids = [], {}, set()
+    maps, index_of_fd, btf_ids, fds = [], {}, set(), []
     for map_id in range(lib.bpf_num_tables(module)):
         name = lib.bpf_table_name(module, map_id)
         fd = lib.bpf_table_fd_id(module, map_id)
+        fds.append(fd)
         info = map_info(fd)
         if info.btf_key_type_id or info.btf_value_type_id:
             btf_ids.add(info.btf_id)
@@ -155,7 +169,7 @@ def _export(bpf) -> dict:
                           "map_refs": _map_references(insns, index_of_fd)})
     return {"license": lib.bpf_module_license(module).decode(), "kern_version": lib.bpf_module_kern_version(module),
             "btf": base64.b64encode(btf_raw(btf_ids.pop())).decode() if btf_ids else None,
-            "maps": maps, "functions": functions}
+            "maps": maps, "functions": functions}, fds
 
 
 def _map_references(insns: bytes, index_of_fd: dict[int, int]) -> list[list[int]]:

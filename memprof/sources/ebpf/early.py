@@ -9,7 +9,9 @@ probe. `loading.compile_program` then takes the compiled object (`take`) when it
 flags are those it would compile; otherwise (the options changed, or `begin` never ran) it
 compiles as before. From a cached object, `take` waits only for the programs attached before
 the command starts; the torch and cuda families' are checked on behind it (CachedBPF.load_behind);
-a foreground load of a program that thread is loading waits for it.
+a foreground load of a program that thread is loading waits for it. Where the cache has no
+entry, `begin` forks a child that compiles (compile_child.py: the recorder never loads LLVM),
+and the thread rebuilds the object from what the child sends, as from the cache.
 
 Nothing of the thread reaches the terminal. While it runs, fd 2 is a file (clang's
 diagnostics, a refused program's verifier log), and memprof's own `sys.stderr` writes to a
@@ -46,6 +48,7 @@ class _Early:
     text: str
     cflags: list[str]
     options: Any  # the EbpfOptions compiled for: the thread lists the programs to load from them
+    child: Any = None  # the compile_child.CompileChild compiling it, where one was forked
     done: threading.Event = field(default_factory=threading.Event)
     bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
 
@@ -60,9 +63,24 @@ def begin(options) -> None:
         return
     from memprof.sources.ebpf.loading import program_source
     text, cflags = program_source(options, options.enabled)
-    _pending = _Early(text, cflags, options)
+    _pending = _Early(text, cflags, options, child=_compile_child_where_uncached(text, cflags))
     _keep_own_stderr_on_terminal()
     start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
+
+
+CHILD_ENV = "MEMPROF_COMPILE_CHILD"  # "0": compile on the thread, in the recorder (benches compare)
+
+
+def _compile_child_where_uncached(text: str, cflags: list[str]):
+    """A compile_child.CompileChild compiling `text` where the cache has no entry for it (a
+    first run), forked now, while this process has one thread; None where the cache has one,
+    the child is off (MEMPROF_COMPILE_CHILD=0) or cannot be forked: the thread then loads the
+    entry, or compiles in this process."""
+    from memprof.sources.ebpf import compile_child, compiled_cache
+    if os.environ.get(CHILD_ENV, "1") == "0" or compiled_cache.has_entry(text, cflags):
+        return None
+    key = compiled_cache.cache_key(text, cflags) if compiled_cache.enabled() else None
+    return compile_child.fork_compile(text, cflags, key)
 
 
 def take(text: str, cflags: list[str]):
@@ -216,6 +234,10 @@ def _compile(early: _Early) -> None:
     from memprof.sources.ebpf import compiled_cache
     from memprof.sources.ebpf.bpfload import captured_stderr
     try:
+        if early.child is not None:
+            with captured_stderr():  # a refused program's verifier log, written to fd 2 by the loads
+                early.bpf = _from_child(early)
+            return
         if not _own_working_directory():
             return  # the foreground compiles, as before (compile_on_own_thread is refused too)
         with captured_stderr():
@@ -239,6 +261,35 @@ def _compile(early: _Early) -> None:
         pass
     finally:
         early.done.set()
+
+
+def _from_child(early: _Early):
+    """The CachedBPF on the maps `early.child` compiled, its programs before the command loaded
+    and the late families' loading behind, as from the cache; None when the child failed or the
+    kernel refuses a part of it (the foreground then compiles, and says why). kallsyms is read
+    meanwhile, as beside a compile here."""
+    reader = _read_kernel_symbols_meanwhile() if early.options.enabled("kmem") else None
+    try:
+        received = early.child.receive()
+    finally:
+        if reader is not None:
+            reader.compile_over()
+    if received is None:
+        return None
+    entry, map_fds = received
+    try:
+        from memprof.sources.ebpf.cached_bpf import CachedBPF
+    except BaseException:
+        for fd in map_fds:
+            os.close(fd)
+        raise
+    try:
+        bpf = CachedBPF(entry, map_fds=map_fds)  # which closes the maps when it fails
+    except Exception:  # a malformed entry, or bcc's bare Exception from an attach or a refusal
+        return None
+    _load_in_parallel(bpf, programs_before(early.options))
+    bpf.load_behind(late_programs(early.options))
+    return bpf
 
 
 def _read_kernel_symbols_meanwhile() -> "_ReaderBehindCompile":

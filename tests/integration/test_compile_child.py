@@ -1,0 +1,188 @@
+"""A first run's compile in a forked child (sources/ebpf/compile_child.py): the recorder gets
+the child's maps and program text and never loads LLVM; the child stores the entry, dies with
+the recorder, and what it sends wrongly is refused without a descriptor left open."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from memprof.sources.ebpf import compile_child
+
+pytestmark = pytest.mark.integration
+
+TESTS_ROOT = Path("/var/cache/memprof-tests")  # root's, like the real cache: /tmp is writable by all
+
+
+def _run(script: str, **env: str) -> subprocess.CompletedProcess:
+    """`script` in a Python of its own: a single-threaded process, as `record` is when it begins."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **env})
+
+
+def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp_path):
+    """Cache empty: a child compiles; the recorder's object is built on the child's maps, with
+    every program before the command loaded, the maps close-on-exec, and no compiler mapped
+    in the recorder. The child stores the entry, and the next start takes it and forks nothing."""
+    cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
+    proc = _run(f"""
+        import fcntl, os
+        from memprof.sources.ebpf import compiled_cache, early
+        from memprof.sources.ebpf.loading import program_source
+        from memprof.sources.ebpf.options import EbpfOptions
+        compiled_cache.CACHE_DIR = {str(cache)!r}
+        options = EbpfOptions()
+        text, cflags = program_source(options, options.enabled)
+        early.begin(options)
+        child = early._pending.child
+        assert child is not None, "no child forked for an empty cache"
+        bpf = early.take(text, cflags)
+        assert bpf is not None and bpf.FROM_CACHE is False
+        loaded = {{name.decode() for name in bpf.funcs}}
+        missing = {{name for name, _ in early.programs_before(options)}} - loaded
+        assert not missing, missing
+        assert all(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in bpf._map_fds)
+        with open("/proc/self/maps") as f:
+            mapped = f.read()
+        assert "libbcc.so" not in mapped and "libLLVM" not in mapped
+        for _ in range(600):  # the child stores the entry after sending it, then exits
+            if not os.path.exists(f"/proc/{{child.pid}}") or open(f"/proc/{{child.pid}}/stat").read().split()[2] == "Z":
+                break
+            __import__("time").sleep(0.05)
+        bpf.cleanup()
+        assert compiled_cache.has_entry(text, cflags), "the child stored no entry"
+        early.begin(options)
+        assert early._pending.child is None
+        again = early.take(text, cflags)
+        assert again is not None and again.FROM_CACHE is True
+        again.cleanup()
+        print("ok")
+    """)
+    try:
+        assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
+    finally:
+        import shutil
+        shutil.rmtree(cache.parent, ignore_errors=True)
+
+
+def test_with_the_cache_off_the_child_compiles_and_stores_nothing(tmp_path):
+    cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
+    proc = _run(f"""
+        from memprof.sources.ebpf import compiled_cache, early
+        from memprof.sources.ebpf.loading import program_source
+        from memprof.sources.ebpf.options import EbpfOptions
+        compiled_cache.CACHE_DIR = {str(cache)!r}
+        options = EbpfOptions()
+        text, cflags = program_source(options, options.enabled)
+        early.begin(options)
+        assert early._pending.child is not None
+        bpf = early.take(text, cflags)
+        assert bpf is not None and bpf.FROM_CACHE is False
+        bpf.cleanup()
+        print("ok")
+    """, MEMPROF_BPF_CACHE="0")
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
+    assert not cache.exists()
+
+
+def test_no_child_is_forked_beside_another_thread():
+    """A fork copies only the calling thread: a lock another thread held would stay held in
+    the child. With a second thread the thread of early.py compiles, as before."""
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not compile_child.single_threaded()
+        assert compile_child.fork_compile("int f(void *c) { return 0; }", ["-w"], None) is None
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_the_child_dies_with_the_recorder():
+    """A recorder that exits (an early error, a kill) does not leave LLVM compiling."""
+    proc = _run("""
+        import os
+        from memprof.sources.ebpf import compile_child, early
+        from memprof.sources.ebpf.loading import program_source
+        from memprof.sources.ebpf.options import EbpfOptions
+        options = EbpfOptions()
+        child = compile_child.fork_compile(*program_source(options, options.enabled), None)
+        print(child.pid, flush=True)
+        os._exit(0)
+    """)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid), f"compile child {pid} outlived its recorder"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _open_fds() -> set[str]:
+    """This process's open descriptors, less the one listing them."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/"):
+                fds.add(fd)
+        except FileNotFoundError:  # the listing's own, closed by now
+            pass
+    return fds
+
+
+@pytest.mark.parametrize("case", ["nothing", "fewer descriptors", "entry cut short", "not an entry", "maps miscounted"])
+def test_what_a_child_sends_wrongly_is_refused_with_no_descriptor_left_open(case):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    passed = [os.open(os.devnull, os.O_RDONLY) for _ in range(2)]
+    entry = b'{"maps": [{}, {}]}'
+    header = compile_child._HEADER.pack
+    if case == "fewer descriptors":
+        socket.send_fds(theirs, [header(len(entry), 3)], passed)
+        theirs.sendall(entry)
+    elif case == "entry cut short":
+        socket.send_fds(theirs, [header(len(entry) + 10, 2)], passed)
+        theirs.sendall(entry)
+    elif case == "not an entry":
+        socket.send_fds(theirs, [header(4, 2)], passed)
+        theirs.sendall(b"[1,2")
+    elif case == "maps miscounted":
+        socket.send_fds(theirs, [header(len(b'{"maps": [{}]}'), 2)], passed)
+        theirs.sendall(b'{"maps": [{}]}')
+    theirs.close()
+    for fd in passed:
+        os.close(fd)  # the copies in flight are what receive() gets, at the lowest free numbers
+    before = _open_fds() - {str(ours.fileno())}  # receive() closes the socket as well
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert compile_child.CompileChild(pid, ours).receive() is None
+    assert _open_fds() == before
+
+
+def test_a_record_with_the_cache_off_names_its_program_compiled(run_memprof, tmp_path):
+    """End to end: `record` compiles in a child (no entry to take) and says the program was not
+    from the cache; the command's own descriptors hold no BPF map."""
+    probe = "ls -l /proc/self/fd/ | grep -c bpf-map || true"
+    result = run_memprof("record", "-q", "-o", tmp_path / "c.memprof", "--", "sh", "-c", probe,
+                         cwd=tmp_path, env={**os.environ, "MEMPROF_BPF_CACHE": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0"]
+    import json
+    meta = json.loads((tmp_path / "c.memprof" / "meta.json").read_text())
+    assert meta["sources"]["ebpf"]["detail"]["program_from_cache"] is False
