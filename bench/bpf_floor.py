@@ -46,7 +46,7 @@ def other_raw_tracepoints() -> list[str]:
     """The raw tracepoints memprof's object loads by name (bcc's RAW_TRACEPOINT_PROBE), as
     its program text has them: sys_enter, sched_switch, the process and signal ones."""
     text = loading.program_text(loading.bpf_source_dir(), kmem=True)
-    return sorted(set(re.findall(r"^RAW_TRACEPOINT_PROBE\((\w+)\)", text, re.M)))
+    return sorted(set(re.findall(r"^(?:MP_KERNEL_PROGRAM )?RAW_TRACEPOINT_PROBE\((\w+)\)", text, re.M)))
 
 _RECORD_HEAD = """
 BPF_RINGBUF_OUTPUT(events, %d);

@@ -3,7 +3,8 @@
 - latency: from invoking `record -q -- date +%s%N` to `date` running (it prints
   CLOCK_REALTIME as soon as it runs), against running `date` directly (fork + exec);
 - returning: the wall time of `record -q -- true`;
-- peak RSS: the recorder's (wait4's ru_maxrss of `record -q -- true`).
+- peak RSS: the largest of the recorder and the processes it reaped (its compile children on a
+  first run, the command): wait4's ru_maxrss of `record -q -- true`.
 
 Each is measured twice per repeat: warm (bcc's compiled program taken from memprof's cache,
 sources/ebpf/compiled_cache.py; a first run before the repeats makes sure the entry is

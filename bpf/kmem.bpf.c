@@ -143,7 +143,7 @@ static __always_inline int on_nested_free(u32 tp, u64 addr, u8 kind, u32 size)
 }
 
 /* kmalloc(call_site, ptr, bytes_req, bytes_alloc, gfp_flags, node) */
-int mp_kmalloc(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kmalloc(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
@@ -187,7 +187,7 @@ static __always_inline int scratch_cache(const char *cache) { return 0; }
 
 /* kmem_cache_alloc(call_site, ptr, struct kmem_cache *s, gfp_flags, node) since 6.0;
  * the sizes live in the cache, at offsets read from BTF. */
-int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
 {
     u64 ptr = ctx->args[1];
     if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
@@ -212,7 +212,7 @@ int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
 }
 #else
 /* kmem_cache_alloc before 6.0 carried the sizes: (call_site, ptr, bytes_req, bytes_alloc, gfp) */
-int mp_kmem_cache_alloc_sized(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kmem_cache_alloc_sized(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
@@ -220,22 +220,22 @@ int mp_kmem_cache_alloc_sized(struct bpf_raw_tracepoint_args *ctx)
 
 /* kfree(call_site, ptr) and kmem_cache_free(call_site, ptr, …): one program each, so the
  * kernel's per-program miss counters say which tracepoint lost events. */
-int mp_kfree(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kfree(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_free(MP_TP_KFREE, ctx->args[1], MP_SLAB_FREE, 0);
 }
 
-int mp_kfree_nested(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kfree_nested(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_nested_free(MP_TP_KFREE, ctx->args[1], MP_SLAB_FREE, 0);
 }
 
-int mp_kmem_cache_free(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kmem_cache_free(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_free(MP_TP_KMEM_CACHE_FREE, ctx->args[1], MP_SLAB_FREE, 0);
 }
 
-int mp_kmem_cache_free_nested(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_kmem_cache_free_nested(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_nested_free(MP_TP_KMEM_CACHE_FREE, ctx->args[1], MP_SLAB_FREE, 0);
 }
@@ -250,7 +250,7 @@ int mp_kmem_cache_free_nested(struct bpf_raw_tracepoint_args *ctx)
 #define PAGE_SITE(order, gfp) ((((u64)(order) & 31) << 32) | (u32)(gfp))
 
 /* mm_page_alloc(struct page *page, unsigned int order, gfp_t gfp, int migratetype) */
-int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
 {
     u64 page = ctx->args[0];
     u32 order = (u32)ctx->args[1];
@@ -276,23 +276,23 @@ int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /* mm_page_free(struct page *page, unsigned int order) */
-int mp_mm_page_free(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_mm_page_free(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_free(MP_TP_PAGE_FREE, ctx->args[0], MP_PAGE_FREE, PAGE_BYTES((u32)ctx->args[1]));
 }
 
-int mp_mm_page_free_nested(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_mm_page_free_nested(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_nested_free(MP_TP_PAGE_FREE, ctx->args[0], MP_PAGE_FREE, PAGE_BYTES((u32)ctx->args[1]));
 }
 
 /* mm_page_free_batched(struct page *page): order-0 pages freed from a list */
-int mp_mm_page_free_batched(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_mm_page_free_batched(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_free(MP_TP_PAGE_FREE_BATCHED, ctx->args[0], MP_PAGE_FREE, PAGE_BYTES(0));
 }
 
-int mp_mm_page_free_batched_nested(struct bpf_raw_tracepoint_args *ctx)
+MP_KERNEL_PROGRAM int mp_mm_page_free_batched_nested(struct bpf_raw_tracepoint_args *ctx)
 {
     return on_nested_free(MP_TP_PAGE_FREE_BATCHED, ctx->args[0], MP_PAGE_FREE, PAGE_BYTES(0));
 }
@@ -317,7 +317,7 @@ BPF_HASH(unseen_tasks, u64, u64, 1024);
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …), run
  * with prev current. */
-RAW_TRACEPOINT_PROBE(sched_switch)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_switch)
 {
     u32 slot = 0;
     struct switched_in *last = last_switched_in.lookup(&slot);

@@ -49,7 +49,7 @@ static __always_inline void exit_mark(u32 why)
 /* sched_process_fork(struct task_struct *parent, struct task_struct *child), in the parent:
  * a new task of a tracked process is tracked. Threads get a bit too (their tid), cleared
  * when they exit; only tgids are ever tested. */
-RAW_TRACEPOINT_PROBE(sched_process_fork)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_tracked(tgid))
@@ -63,7 +63,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 }
 
 /* sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm) */
-RAW_TRACEPOINT_PROBE(sched_process_exec)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (is_tracked(tgid)) {
@@ -76,7 +76,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
 }
 
 /* sched_process_exit(struct task_struct *p[, bool group_dead]), in the exiting thread. */
-RAW_TRACEPOINT_PROBE(sched_process_exit)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, pid = (u32)id;
@@ -112,7 +112,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
  * Their arguments are the task's registers at entry (pt_regs, BTF loads: rdx is mmap's
  * prot, r8 its fd). A 32-bit call has other numbers and is left out, as the classic
  * syscalls tracepoints did. */
-RAW_TRACEPOINT_PROBE(sys_enter)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sys_enter)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     if (!is_tracked(pid_tgid >> 32))
@@ -144,7 +144,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 
 /* signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka): a signal
  * that kills (SIGKILL, or one whose action is the default and the default terminates). */
-RAW_TRACEPOINT_PROBE(signal_deliver)
+MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(signal_deliver)
 {
     int sig = (int)ctx->args[0];
     if (sig <= 0 || sig >= 64 || !is_tracked(bpf_get_current_pid_tgid() >> 32))
@@ -158,7 +158,7 @@ RAW_TRACEPOINT_PROBE(signal_deliver)
 }
 
 /* uprobe on Py_FinalizeEx: a Python target begins interpreter teardown. */
-int mp_py_finalize(struct pt_regs *ctx)
+MP_USER_PROGRAM int mp_py_finalize(struct pt_regs *ctx)
 {
     exit_mark(1000);
     return 0;

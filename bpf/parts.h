@@ -19,6 +19,25 @@
 
 #include "memprof.h"
 
+/* == every part: which half of a split compile compiles a program ==
+ * A first run compiles the program in two children at once (memprof/sources/ebpf/
+ * compile_child.py), one with -DMP_HALF=1 (the kernel's programs: kmem's, the process
+ * tree's, the Python learning of a kernel event), one with -DMP_HALF=2 (the user-space
+ * probes' and the other Python programs), and joins what they compiled on one set of maps.
+ * In each half the other half's programs are static and unused, which clang does not emit.
+ * Without MP_HALF (a compile of the whole program) every program is compiled. Every
+ * program carries one of the two (tests/unit/test_bpf_parts.py). */
+#if defined(MP_HALF) && MP_HALF == 2
+#define MP_KERNEL_PROGRAM static __attribute__((unused))
+#else
+#define MP_KERNEL_PROGRAM
+#endif
+#if defined(MP_HALF) && MP_HALF == 1
+#define MP_USER_PROGRAM static __attribute__((unused))
+#else
+#define MP_USER_PROGRAM
+#endif
+
 /* == every part: reading user memory ==
  * bpf_probe_read_user under a name of bcc's front end does not know. The front end checks
  * each call it sees to bpf_probe_read_user against kallsyms (to fall back to bpf_probe_read

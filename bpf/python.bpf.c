@@ -544,8 +544,8 @@ static __always_inline int py_walk_run(void *ctx, const int raw_tp)
     return 0;
 }
 
-int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx, 1); }
-int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
+MP_USER_PROGRAM int mp_py_walk_tp(struct bpf_raw_tracepoint_args *ctx) { return py_walk_run(ctx, 1); }
+MP_USER_PROGRAM int mp_py_walk_up(struct pt_regs *ctx) { return py_walk_run(ctx, 0); }
 
 /* Learn the code objects of the stack py_walk_run() just interned, PY_LEARN_PER_RUN frames a
  * run, then tail-call the same program for the rest. A code object that recurs in the stack
@@ -595,8 +595,8 @@ static __always_inline int py_learn_codes(void *ctx, const int raw_tp)
     return 0;
 }
 
-int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(ctx, 1); }
-int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(ctx, 0); }
+MP_KERNEL_PROGRAM int mp_py_learn_tp(struct bpf_raw_tracepoint_args *ctx) { return py_learn_codes(ctx, 1); }
+MP_USER_PROGRAM int mp_py_learn_up(struct pt_regs *ctx) { return py_learn_codes(ctx, 0); }
 
 /* ---- registration at interpreter start ----
  * User space registers a process once it has read its maps, which for a shared build (a
@@ -634,7 +634,7 @@ static __always_inline int py_init(struct pt_regs *ctx, u32 slot)
     return 0;
 }
 
-int mp_py_init_0(struct pt_regs *ctx) { return py_init(ctx, 0); }
-int mp_py_init_1(struct pt_regs *ctx) { return py_init(ctx, 1); }
-int mp_py_init_2(struct pt_regs *ctx) { return py_init(ctx, 2); }
-int mp_py_init_3(struct pt_regs *ctx) { return py_init(ctx, 3); }
+MP_USER_PROGRAM int mp_py_init_0(struct pt_regs *ctx) { return py_init(ctx, 0); }
+MP_USER_PROGRAM int mp_py_init_1(struct pt_regs *ctx) { return py_init(ctx, 1); }
+MP_USER_PROGRAM int mp_py_init_2(struct pt_regs *ctx) { return py_init(ctx, 2); }
+MP_USER_PROGRAM int mp_py_init_3(struct pt_regs *ctx) { return py_init(ctx, 3); }

@@ -156,17 +156,17 @@ static __always_inline int unpark(struct pt_regs *ctx, u8 layer)
     return 0;
 }
 
-int mp_torch_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_TORCH_CPU); }
+MP_USER_PROGRAM int mp_torch_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_TORCH_CPU); }
 
 /* ---- PyTorch CPU allocator (libc10.so): c10::alloc_cpu(size_t), c10::free_cpu(void *) ---- */
-int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
+MP_USER_PROGRAM int mp_c10_alloc_cpu(struct pt_regs *ctx) { park(ctx, MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0, 0, 0, -1); return 0; }
 
 /* The one-trap alternative to the pair above, where memprof/sources/ebpf/callsite.py found it: a
  * uprobe on alloc_cpu's `call c10::NUMAMove(void *data, size_t nbytes, int node)`, which every
  * successful allocation makes. The arguments are in their registers; alloc_cpu has a frame
  * pointer (checked), so its own return address — the site, as at a uretprobe — is at %rbp + 8;
  * its frame is left off the stack, which then reads as one taken at its return. */
-int mp_c10_alloc_at_call(struct pt_regs *ctx)
+MP_USER_PROGRAM int mp_c10_alloc_at_call(struct pt_regs *ctx)
 {
     u64 addr = PT_REGS_PARM1(ctx);
     if (!addr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
@@ -175,34 +175,34 @@ int mp_c10_alloc_at_call(struct pt_regs *ctx)
     emit_user_alloc(ctx, MP_LAYER_TORCH_CPU, 0, -1, addr, PT_REGS_PARM2(ctx), caller, 1);
     return 0;
 }
-int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
+MP_USER_PROGRAM int mp_c10_free_cpu(struct pt_regs *ctx) { return on_free_call(MP_LAYER_TORCH_CPU, PT_REGS_PARM1(ctx), 0); }
 
 /* ---- CUDA driver (libcuda.so.1): results are CUresult, addresses written through arg 1 ----
  * Compiled whenever the cuda family is on (the default), found or not: a driver outside the
  * places searched before the start is probed when a process maps it (library_probes.py). */
 #ifdef MP_CUDA_FAMILY
-int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVER); }
+MP_USER_PROGRAM int mp_cuda_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_CUDA_DRIVER); }
 #define CUDA_PARK(size, flags, device) \
     park(ctx, MP_LAYER_CUDA_DRIVER, (size), PT_REGS_PARM1(ctx), 1, (flags), (device))
 
-int mp_cu_mem_alloc(struct pt_regs *ctx)          /* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
+MP_USER_PROGRAM int mp_cu_mem_alloc(struct pt_regs *ctx)          /* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), 0, -1); return 0; }
-int mp_cu_mem_alloc_async(struct pt_regs *ctx)    /* cuMemAllocAsync(dptr*, bytesize, stream) */
+MP_USER_PROGRAM int mp_cu_mem_alloc_async(struct pt_regs *ctx)    /* cuMemAllocAsync(dptr*, bytesize, stream) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_ASYNC, -1); return 0; }
-int mp_cu_mem_alloc_managed(struct pt_regs *ctx)  /* cuMemAllocManaged(dptr*, bytesize, flags) */
+MP_USER_PROGRAM int mp_cu_mem_alloc_managed(struct pt_regs *ctx)  /* cuMemAllocManaged(dptr*, bytesize, flags) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_MANAGED, -1); return 0; }
-int mp_cu_mem_alloc_host(struct pt_regs *ctx)     /* cuMemAllocHost_v2(void **pp, bytesize) */
+MP_USER_PROGRAM int mp_cu_mem_alloc_host(struct pt_regs *ctx)     /* cuMemAllocHost_v2(void **pp, bytesize) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_HOST, -1); return 0; }
-int mp_cu_mem_host_alloc(struct pt_regs *ctx)     /* cuMemHostAlloc(void **pp, bytesize, flags) */
+MP_USER_PROGRAM int mp_cu_mem_host_alloc(struct pt_regs *ctx)     /* cuMemHostAlloc(void **pp, bytesize, flags) */
 { CUDA_PARK(PT_REGS_PARM2(ctx), MP_FLAG_HOST, -1); return 0; }
-int mp_cu_mem_alloc_pitch(struct pt_regs *ctx)    /* cuMemAllocPitch_v2(dptr*, size_t *pPitch, width, height, elem) */
+MP_USER_PROGRAM int mp_cu_mem_alloc_pitch(struct pt_regs *ctx)    /* cuMemAllocPitch_v2(dptr*, size_t *pPitch, width, height, elem) */
 {
     struct parked *p = CUDA_PARK(PT_REGS_PARM4(ctx), 0, -1);
     if (p)
         p->pitch_ptr = PT_REGS_PARM2(ctx);
     return 0;
 }
-int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, const CUmemAllocationProp *prop, flags) */
+MP_USER_PROGRAM int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, const CUmemAllocationProp *prop, flags) */
 {
     /* prop->location.id: CUmemAllocationProp { type, requestedHandleTypes, location {type, id}, … } */
     s32 device = -1;
@@ -211,8 +211,8 @@ int mp_cu_mem_create(struct pt_regs *ctx)         /* cuMemCreate(handle*, size, 
     return 0;
 }
 /* cuMemFree_v2(dptr), cuMemFreeAsync(dptr, stream), cuMemRelease(handle); cuMemFreeHost(p) */
-int mp_cu_mem_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), 0); }
-int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), MP_FLAG_HOST); }
+MP_USER_PROGRAM int mp_cu_mem_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), 0); }
+MP_USER_PROGRAM int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA_DRIVER, PT_REGS_PARM1(ctx), MP_FLAG_HOST); }
 #endif /* MP_CUDA_FAMILY */
 
 /* ---- libc heap ----
@@ -221,20 +221,20 @@ int mp_cu_mem_free_host(struct pt_regs *ctx) { return on_free_call(MP_LAYER_CUDA
  * path, and inlining and code generation are most of bcc's compile (bench/RESULTS.md,
  * "`record` start-up latency"). */
 #ifdef MP_NATIVE_FAMILY
-int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
+MP_USER_PROGRAM int mp_native_return(struct pt_regs *ctx) { return unpark(ctx, MP_LAYER_NATIVE); }
 static __always_inline int native_park(struct pt_regs *ctx, u64 size, u64 out_ptr, u8 status_rc)
 {
     if (native_sampled(size))
         park(ctx, MP_LAYER_NATIVE, size, out_ptr, status_rc, 0, -1);
     return 0;
 }
-int mp_malloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
-int mp_calloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0, 0); }
-int mp_valloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
-int mp_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }   /* memalign/aligned_alloc(align, size) */
-int mp_posix_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx), 1); }
-int mp_mmap(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }       /* mmap(addr, len, …) */
-int mp_realloc(struct pt_regs *ctx)                                                      /* realloc(ptr, size) */
+MP_USER_PROGRAM int mp_malloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
+MP_USER_PROGRAM int mp_calloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0, 0); }
+MP_USER_PROGRAM int mp_valloc(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM1(ctx), 0, 0); }
+MP_USER_PROGRAM int mp_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }   /* memalign/aligned_alloc(align, size) */
+MP_USER_PROGRAM int mp_posix_memalign(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx), 1); }
+MP_USER_PROGRAM int mp_mmap(struct pt_regs *ctx) { return native_park(ctx, PT_REGS_PARM2(ctx), 0, 0); }       /* mmap(addr, len, …) */
+MP_USER_PROGRAM int mp_realloc(struct pt_regs *ctx)                                                      /* realloc(ptr, size) */
 {
     /* Parked even when not sampled, so that the old block's free is seen. */
     u64 size = PT_REGS_PARM2(ctx);
@@ -245,14 +245,14 @@ int mp_realloc(struct pt_regs *ctx)                                             
     }
     return 0;
 }
-int mp_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
+MP_USER_PROGRAM int mp_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
 
 /* ---- libc heap through memprof's LD_PRELOAD interposer (memprof/preload/memprof_preload.c) ----
  * It has already sampled (MEMPROF_NATIVE_SAMPLE_BYTES) and filtered frees; each call here is
  * one event. memprof_native_alloc(address, size, call_site), from inside the interposer's
  * malloc: the stack is taken leaving out the marker's own frame (at its entry, the frame
  * pointer is still the interposer's, whose return address is the allocation's caller). */
-int mp_preload_alloc(struct pt_regs *ctx)
+MP_USER_PROGRAM int mp_preload_alloc(struct pt_regs *ctx)
 {
     u64 addr = PT_REGS_PARM1(ctx);
     if (!addr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
@@ -260,5 +260,5 @@ int mp_preload_alloc(struct pt_regs *ctx)
     emit_user_alloc(ctx, MP_LAYER_NATIVE, 0, -1, addr, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 1);
     return 0;
 }
-int mp_preload_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
+MP_USER_PROGRAM int mp_preload_free(struct pt_regs *ctx) { return on_free_call(MP_LAYER_NATIVE, PT_REGS_PARM1(ctx), 0); }
 #endif /* MP_NATIVE_FAMILY */

@@ -1,6 +1,7 @@
-"""A first run's compile in a forked child (sources/ebpf/compile_child.py): the recorder gets
-the child's maps and program text and never loads LLVM; the child stores the entry, dies with
-the recorder, and what it sends wrongly is refused without a descriptor left open."""
+"""A first run's compile in forked children, one per half of the program (sources/ebpf/
+compile_child.py): the recorder gets the children's maps and programs, joined, and never
+loads LLVM; the halves' programs are the whole's; the joined entry is stored; a child dies
+with the recorder, and what it sends wrongly is refused without a descriptor left open."""
 from __future__ import annotations
 
 import os
@@ -29,9 +30,10 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp_path):
-    """Cache empty: a child compiles; the recorder's object is built on the child's maps, with
-    every program before the command loaded, the maps close-on-exec, and no compiler mapped
-    in the recorder. The child stores the entry, and the next start takes it and forks nothing."""
+    """Cache empty: children compile; the recorder's object is built on the first half's maps,
+    with every program before the command loaded, the maps close-on-exec, and no compiler
+    mapped in the recorder. The joined entry is stored; the next start takes it and forks
+    nothing."""
     cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
     proc = _run(f"""
         import fcntl, os
@@ -42,8 +44,7 @@ def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp
         options = EbpfOptions()
         text, cflags = program_source(options, options.enabled)
         early.begin(options)
-        child = early._pending.child
-        assert child is not None, "no child forked for an empty cache"
+        assert early._pending.child is not None, "no child forked for an empty cache"
         bpf = early.take(text, cflags)
         assert bpf is not None and bpf.FROM_CACHE is False
         loaded = {{name.decode() for name in bpf.funcs}}
@@ -53,10 +54,7 @@ def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp
         with open("/proc/self/maps") as f:
             mapped = f.read()
         assert "libbcc.so" not in mapped and "libLLVM" not in mapped
-        for _ in range(600):  # the child stores the entry after sending it, then exits
-            if not os.path.exists(f"/proc/{{child.pid}}") or open(f"/proc/{{child.pid}}/stat").read().split()[2] == "Z":
-                break
-            __import__("time").sleep(0.05)
+        assert len(bpf._functions) >= 30  # both halves
         bpf.cleanup()
         assert compiled_cache.has_entry(text, cflags), "the child stored no entry"
         early.begin(options)
@@ -101,7 +99,7 @@ def test_no_child_is_forked_beside_another_thread():
     other.start()
     try:
         assert not compile_child.single_threaded()
-        assert compile_child.fork_compile("int f(void *c) { return 0; }", ["-w"], None) is None
+        assert compile_child.fork_compile("int f(void *c) { return 0; }", ["-w"]) is None
     finally:
         stop.set()
         other.join()
@@ -115,15 +113,16 @@ def test_the_child_dies_with_the_recorder():
         from memprof.sources.ebpf.loading import program_source
         from memprof.sources.ebpf.options import EbpfOptions
         options = EbpfOptions()
-        child = compile_child.fork_compile(*program_source(options, options.enabled), None)
-        print(child.pid, flush=True)
+        split = compile_child.fork_compile(*program_source(options, options.enabled))
+        print(*[child.pid for child in split.children], flush=True)
         os._exit(0)
     """)
-    pid = int(proc.stdout.split()[0])
+    pids = [int(pid) for pid in proc.stdout.split()]
+    assert len(pids) == len(compile_child.HALVES), proc.stderr
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and any(map(_alive, pids)):
         time.sleep(0.05)
-    assert not _alive(pid), f"compile child {pid} outlived its recorder"
+    assert not any(map(_alive, pids)), f"compile children {pids} outlived their recorder"
 
 
 def _alive(pid: int) -> bool:
@@ -186,3 +185,81 @@ def test_a_record_with_the_cache_off_names_its_program_compiled(run_memprof, tmp
     import json
     meta = json.loads((tmp_path / "c.memprof" / "meta.json").read_text())
     assert meta["sources"]["ebpf"]["detail"]["program_from_cache"] is False
+
+
+def test_the_halves_programs_are_the_whole_programs_instruction_for_instruction():
+    """Each program of a half is the whole compile's, byte for byte, naming the same maps
+    (by index: both compiles declare every map, in one order); no program is in both halves,
+    and none is left out."""
+    from bcc import BPF
+    from memprof.sources.ebpf import compiled_cache
+    from memprof.sources.ebpf.loading import program_source
+    from memprof.sources.ebpf.options import EbpfOptions
+    options = EbpfOptions(families=("kmem", "torch", "cuda", "native"))
+    text, cflags = program_source(options, options.enabled)
+    compiled = {}
+    for name, flags in [("whole", cflags), *((f"half {i}", [*cflags, *h]) for i, h in enumerate(compile_child.HALVES))]:
+        bpf = BPF(text=text.encode(), cflags=flags)
+        try:
+            compiled[name] = compiled_cache.exported(bpf)[0]
+        finally:
+            bpf.cleanup()
+    programs = lambda entry: {f["name"]: (f["insns"], f["map_refs"]) for f in entry["functions"]}  # noqa: E731
+    whole = programs(compiled.pop("whole"))
+    halves = [programs(entry) for entry in compiled.values()]
+    assert all(len(half) >= 10 for half in halves)
+    assert not set(halves[0]) & set(halves[1])
+    assert {**halves[0], **halves[1]} == whole
+
+
+def _entry(maps: list[str], functions: dict[str, list[list[int]]], size: int = 8, entries: int = 16) -> dict:
+    return {"maps": [{"name": m, "type": 1, "key_size": 4, "value_size": size, "max_entries": entries, "flags": 0,
+                      "key_desc": '"int"', "leaf_desc": '"long"'} for m in maps],
+            "functions": [{"name": f, "insns": "", "map_refs": refs} for f, refs in functions.items()]}
+
+
+def _fds(n: int) -> list[int]:
+    return [os.open(os.devnull, os.O_RDONLY) for _ in range(n)]
+
+
+def test_joined_halves_name_the_first_halfs_maps():
+    """The second half's maps, made at their smallest (SMALLEST_MAPS), are closed; its
+    programs point at the first's maps by name."""
+    first_fds, second_fds = _fds(2), _fds(2)
+    first = _entry(["a", "b"], {"f": [[0, 1]]})
+    entry, fds = compile_child.joined([(first, first_fds),
+                                       (_entry(["b", "a"], {"g": [[3, 0], [5, 1]]}, entries=1), second_fds)])
+    assert fds == first_fds and entry["maps"] == first["maps"]
+    assert {f["name"]: f["map_refs"] for f in entry["functions"]} == {"f": [[0, 1]], "g": [[3, 1], [5, 0]]}
+    for fd in second_fds:  # closed by joined
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    for fd in first_fds:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("second", [_entry(["a", "c"], {"g": []}), _entry(["a", "b"], {"g": []}, size=16),
+                                    _entry(["a", "b"], {"f": []})], ids=["a map the first lacks", "a map unlike its twin",
+                                                                         "a program in both"])
+def test_halves_that_do_not_join_are_refused(second):
+    with pytest.raises(ValueError):
+        compile_child.joined([(_entry(["a", "b"], {"f": []}), []), (second, [])])
+
+
+def test_on_one_cpu_one_child_compiles_the_whole_program():
+    proc = _run("""
+        import os
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        from memprof.sources.ebpf import compile_child, early
+        from memprof.sources.ebpf.loading import program_source
+        from memprof.sources.ebpf.options import EbpfOptions
+        options = EbpfOptions()
+        text, cflags = program_source(options, options.enabled)
+        early.begin(options)
+        assert len(early._pending.child.children) == 1
+        bpf = early.take(text, cflags)
+        assert bpf is not None and bpf.FROM_CACHE is False and len(bpf._functions) >= 30
+        bpf.cleanup()
+        print("ok")
+    """, MEMPROF_BPF_CACHE="0")
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr

@@ -186,3 +186,18 @@ def test_no_part_calls_bcc_probe_read_user_by_its_name(part):
 def test_read_user_is_the_kernels_probe_read_user_helper():
     code = _code(HEADER.read_text())
     assert re.search(r"\(\*read_user\)\([^)]*\)\s*=\s*\(void \*\)BPF_FUNC_probe_read_user;", code)
+
+
+def _programs(part: str) -> list[tuple[str, str]]:
+    """(its marker, or "", the program's name) for each program `part` defines."""
+    found = re.findall(r"^(\w+\s+)?(?:int\s+(mp_\w+)\s*\(|RAW_TRACEPOINT_PROBE\((\w+)\))", _part(part), flags=re.M)
+    return [(marker.strip(), name or f"raw_tracepoint__{tp}") for marker, name, tp in found]
+
+
+def test_every_program_names_the_half_that_compiles_it():
+    """A first run compiles the program in two halves (compile_child.py, parts.h's MP_HALF):
+    a program without MP_KERNEL_PROGRAM or MP_USER_PROGRAM would be compiled in both, and the
+    halves would not join (a program in two halves): the whole compile would run after them."""
+    programs = [program for part in PARTS for program in _programs(part)]
+    assert len(programs) >= 50  # what the pattern finds: every kmem, process, Python, torch, cuda and native program
+    assert [name for marker, name in programs if marker not in ("MP_KERNEL_PROGRAM", "MP_USER_PROGRAM")] == []

@@ -1,21 +1,28 @@
-"""bcc's compile in a forked child, so that the recorder never holds LLVM (issue 24: a first
-run's size).
+"""bcc's compile in forked children, so that the recorder never holds LLVM, in two halves at
+once (issue 24: a first run's size and start).
 
 bcc compiles in the process that calls its BPF(): it loads the whole libbcc (clang and LLVM)
 there, and LLVM keeps its pages and heap after the compile, ~110 MB that a recorder which
 compiled held for its whole run (391 MB at its first reading against a warm start's 285 MB,
-bench/RESULTS.md). Here a child forked at `early.begin` compiles, sends the compiled program
-as a compiled_cache entry (JSON) with its maps' descriptors (SCM_RIGHTS, in the entry's
-order), stores the entry in the cache after sending it, and exits. The recorder rebuilds a
-CachedBPF on the child's maps, as a warm start does from the cache, and LLVM leaves with the
-child.
+bench/RESULTS.md). Here two children forked at `early.begin` compile the program's halves
+(bpf/parts.h, MP_HALF: the kernel's programs, the user-space probes'), each with every map;
+each sends what it compiled as a compiled_cache entry (JSON) with its maps' descriptors
+(SCM_RIGHTS, in the entry's order), and exits. `joined` makes one entry of the two on the
+first half's maps: each map of the second must be the first's twin (its definition; the
+second makes its maps at their smallest, SMALLEST_MAPS) and is closed, and the second's
+programs name the first's maps. The recorder rebuilds a CachedBPF on
+them, as a warm start does from the cache, stores the joined entry for the next run, and LLVM
+leaves with the children. The halves' compiles take ~0.55-0.6 s each against ~0.8-0.9 s for
+the whole (bench/RESULTS.md), on the two CPUs at once; their programs are instruction for
+instruction the whole's.
 
-The child is forked only from a process with a single thread (`fork_compile`): it then takes
-no lock another thread held, and may import and dlopen as any process. It compiles with
-kallsyms answered (early._kallsyms_answered: the child's mount namespace is its own), with
-fd 2 on /dev/null and its own descriptors closed but the socket's; it dies with the recorder
+The children are forked only from a process with a single thread (`fork_compile`): they then
+take no lock another thread held, and may import and dlopen as any process. Each compiles
+with kallsyms answered (early._kallsyms_answered: its mount namespace is its own), with fds
+0-2 on /dev/null and its other descriptors closed but its socket; it dies with the recorder
 (PR_SET_PDEATHSIG) and at the terminal's Ctrl-C. Any failure sends nothing: the recorder then
-compiles in its own process, which shows the diagnostics (loading.compile_program).
+compiles the whole program in its own process, which shows the diagnostics
+(loading.compile_program).
 """
 from __future__ import annotations
 
@@ -34,8 +41,17 @@ _MAX_MAPS = 250  # SCM_MAX_FD is 253
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+# The maps whose size only their definition names (bpf/common.bpf.c, python.bpf.c): the second
+# half's are made at their smallest, since `joined` closes them unused. At the recording's
+# sizes they were ~200 MB of kernel memory made and zeroed for nothing: the 128 MiB ring
+# buffer, the kernel stacks' 32,768 buckets of 127 frames, the user and Python stacks' tables.
+SMALLEST_MAPS = ["-DRINGBUF_PAGES=1", "-DSTACK_ENTRIES=64", "-DUSTACK_ENTRIES=64", "-DPY_STACK_ENTRIES=64",
+                 "-DPY_CODE_ENTRIES=64"]
+HALVES = (["-DMP_HALF=1"], ["-DMP_HALF=2", *SMALLEST_MAPS])  # bpf/parts.h: the kernel's programs, the user-space probes'
+
+
 class CompileChild:
-    """A forked child compiling one program. `receive()` waits for what it compiled."""
+    """A forked child compiling one program (or half of one). `receive()` waits for it."""
 
     def __init__(self, pid: int, sock: socket.socket):
         self.pid = pid
@@ -43,15 +59,88 @@ class CompileChild:
 
     def receive(self) -> tuple[dict, list[int]] | None:
         """(the compiled_cache entry, its maps' descriptors, now this process's) once the child
-        has compiled; None when it failed or died. Reaps the child behind (it stores the
-        entry in the cache after sending it)."""
+        has compiled; None when it failed or died. Reaps the child behind."""
         try:
             return _receive(self._sock)
         except (OSError, ValueError):  # EOF mid-way, a malformed entry
             return None
         finally:
-            self._sock.close()
-            threading.Thread(target=_reap, args=(self.pid,), name="memprof-compile-reap", daemon=True).start()
+            self._let_go()
+
+    def abandon(self) -> None:
+        """End the child's compile unused."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._sock.close()
+        threading.Thread(target=_reap, args=(self.pid,), name="memprof-compile-reap", daemon=True).start()
+
+
+class SplitCompile:
+    """The children compiling the program's HALVES. `receive()` waits for both and joins them."""
+
+    def __init__(self, children: list[CompileChild]):
+        self.children = children
+
+    def receive(self) -> tuple[dict, list[int]] | None:
+        """(the joined entry, its maps' descriptors), or None when a child failed or their
+        halves do not join (every descriptor received is then closed)."""
+        received = [child.receive() for child in self.children]
+        if any(part is None for part in received):
+            _close_all(received)
+            return None
+        try:
+            return joined(received)
+        except ValueError:
+            _close_all(received)
+            return None
+
+
+def joined(parts: list[tuple[dict, list[int]]]) -> tuple[dict, list[int]]:
+    """One entry of the halves' `parts` ((entry, map fds) each), on the first's maps: every
+    program of each, whose map references name the first's maps by name. ValueError where a
+    map is not in the first or differs from its twin there, or a program is in two halves;
+    else the later halves' map descriptors are closed here."""
+    (first, first_fds), later = parts[0], parts[1:]
+    index_of = {m["name"]: i for i, m in enumerate(first["maps"])}
+    functions = list(first["functions"])
+    names = {f["name"] for f in functions}
+    for entry, _fds in later:
+        to_first = []
+        for m in entry["maps"]:
+            twin = first["maps"][index_of[m["name"]]] if m["name"] in index_of else None
+            if twin is None or _definition(twin) != _definition(m):
+                raise ValueError(f"map {m['name']!r} of a later half is not the first's")
+            to_first.append(index_of[m["name"]])
+        for f in entry["functions"]:
+            if f["name"] in names:
+                raise ValueError(f"program {f['name']!r} is in two halves")
+            names.add(f["name"])
+            functions.append({**f, "map_refs": [[at, to_first[i]] for at, i in f["map_refs"]]})
+    for _entry, fds in later:
+        for fd in fds:
+            os.close(fd)
+    return {**first, "functions": functions}, first_fds
+
+
+def _definition(m: dict) -> tuple:
+    """What makes two compiles' maps the same map to their programs: all but the BTF ids (each
+    compile numbers its own types, and the first's maps keep the first's) and the size
+    (max_entries: no instruction names it; a later half's are SMALLEST_MAPS, and a size
+    constant used in code would change the instructions, which
+    tests/integration/test_compile_child.py compares with the whole compile's)."""
+    return m["type"], m["key_size"], m["value_size"], m["flags"], m["key_desc"], m["leaf_desc"]
+
+
+def _close_all(received) -> None:
+    for part in received:
+        if part is not None:
+            for fd in part[1]:
+                os.close(fd)
 
 
 def single_threaded() -> bool:
@@ -62,11 +151,34 @@ def single_threaded() -> bool:
         return False
 
 
-def fork_compile(text: str, cflags: list[str], cache_key: str | None) -> CompileChild | None:
-    """A child compiling `text` with `cflags`, storing the entry under `cache_key` (None: not
-    stored); None when this process has other threads or the fork fails: compile here."""
+def fork_compile(text: str, cflags: list[str]) -> SplitCompile | None:
+    """Children compiling `text` with `cflags`, one per half (one for the whole on a single
+    CPU); None when this process has other threads or a fork fails (a child already forked is
+    then killed): compile here."""
     if not single_threaded():
         return None
+    children = []
+    for half in _parts_to_compile():
+        child = _fork_one(text, [*cflags, *half])
+        if child is None:
+            for forked in children:
+                forked.abandon()
+            return None
+        children.append(child)
+    return SplitCompile(children)
+
+
+def _parts_to_compile() -> list[list[str]]:
+    """The flags of each child's part: the HALVES on two CPUs or more; the whole program on one,
+    where two compiles would take turns and each pays the front end's fixed cost (~0.18 s)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except OSError:
+        cpus = os.cpu_count() or 1
+    return [list(half) for half in HALVES] if cpus >= 2 else [[]]
+
+
+def _fork_one(text: str, cflags: list[str]) -> CompileChild | None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     parent = os.getpid()
     try:
@@ -79,12 +191,12 @@ def fork_compile(text: str, cflags: list[str], cache_key: str | None) -> Compile
         return None
     if pid == 0:
         ours.close()
-        _child(theirs, parent, text, cflags, cache_key)  # never returns
+        _child(theirs, parent, text, cflags)  # never returns
     theirs.close()
     return CompileChild(pid, ours)
 
 
-def _child(sock: socket.socket, parent: int, text: str, cflags: list[str], cache_key: str | None) -> None:
+def _child(sock: socket.socket, parent: int, text: str, cflags: list[str]) -> None:
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # the terminal's Ctrl-C ends the compile with the recorder
@@ -97,9 +209,6 @@ def _child(sock: socket.socket, parent: int, text: str, cflags: list[str], cache
         from memprof.sources.ebpf import compiled_cache
         entry, map_fds = compiled_cache.exported(bpf)
         _send(sock, entry, map_fds)
-        sock.close()
-        if cache_key is not None:
-            compiled_cache.write_entry(cache_key, {"format": compiled_cache.FORMAT, "key": cache_key, **entry})
         code = 0
     except BaseException:  # nothing sent: the recorder compiles itself and says why
         pass

@@ -132,9 +132,20 @@ def store(bpf, text: str, cflags: list[str]) -> None:
     if not enabled() or getattr(bpf, "module", None) is None:
         return
     try:
+        store_entry(exported(bpf)[0], text, cflags)
+    except Exception:  # NotCacheable, or anything bcc's module queries raise: the recording goes on
+        pass
+
+
+def store_entry(entry: dict, text: str, cflags: list[str]) -> None:
+    """Keep `entry` (as `exported` makes it: compile_child.py's joined halves) for the next run
+    with the same `text` and `cflags`. Never raises: a folder it may not use keeps nothing."""
+    if not enabled():
+        return
+    try:
         key = cache_key(text, cflags)
-        write_entry(key, {"format": FORMAT, "key": key, **exported(bpf)[0]})
-    except Exception:  # NotCacheable, OSError, or anything bcc's module queries raise: the recording goes on
+        write_entry(key, {"format": FORMAT, "key": key, **entry})
+    except Exception:  # OSError, or the key's inputs (bcc not importable): the recording goes on
         pass
 
 

@@ -10,8 +10,9 @@ flags are those it would compile; otherwise (the options changed, or `begin` nev
 compiles as before. From a cached object, `take` waits only for the programs attached before
 the command starts; the torch and cuda families' are checked on behind it (CachedBPF.load_behind);
 a foreground load of a program that thread is loading waits for it. Where the cache has no
-entry, `begin` forks a child that compiles (compile_child.py: the recorder never loads LLVM),
-and the thread rebuilds the object from what the child sends, as from the cache.
+entry, `begin` forks children that compile the program's halves (compile_child.py: the
+recorder never loads LLVM), and the thread rebuilds the object from what they send, as from
+the cache.
 
 Nothing of the thread reaches the terminal. While it runs, fd 2 is a file (clang's
 diagnostics, a refused program's verifier log), and memprof's own `sys.stderr` writes to a
@@ -48,7 +49,8 @@ class _Early:
     text: str
     cflags: list[str]
     options: Any  # the EbpfOptions compiled for: the thread lists the programs to load from them
-    child: Any = None  # the compile_child.CompileChild compiling it, where one was forked
+    child: Any = None  # the compile_child.SplitCompile compiling it, where children were forked
+    compiling: bool = False  # bcc compiles it, here or in children (not a cache entry's load)
     done: threading.Event = field(default_factory=threading.Event)
     bpf: Any = None  # bcc's BPF object, once compiled; None when the compile failed
 
@@ -63,7 +65,10 @@ def begin(options) -> None:
         return
     from memprof.sources.ebpf.loading import program_source
     text, cflags = program_source(options, options.enabled)
-    _pending = _Early(text, cflags, options, child=_compile_child_where_uncached(text, cflags))
+    from memprof.sources.ebpf import compiled_cache
+    uncached = not compiled_cache.has_entry(text, cflags)
+    _pending = _Early(text, cflags, options, child=_compile_children(text, cflags) if uncached else None,
+                      compiling=uncached)
     _keep_own_stderr_on_terminal()
     start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
 
@@ -71,16 +76,14 @@ def begin(options) -> None:
 CHILD_ENV = "MEMPROF_COMPILE_CHILD"  # "0": compile on the thread, in the recorder (benches compare)
 
 
-def _compile_child_where_uncached(text: str, cflags: list[str]):
-    """A compile_child.CompileChild compiling `text` where the cache has no entry for it (a
-    first run), forked now, while this process has one thread; None where the cache has one,
-    the child is off (MEMPROF_COMPILE_CHILD=0) or cannot be forked: the thread then loads the
-    entry, or compiles in this process."""
-    from memprof.sources.ebpf import compile_child, compiled_cache
-    if os.environ.get(CHILD_ENV, "1") == "0" or compiled_cache.has_entry(text, cflags):
+def _compile_children(text: str, cflags: list[str]):
+    """A compile_child.SplitCompile compiling `text` (for a first run: the cache has no entry),
+    forked now, while this process has one thread; None where the children are off
+    (MEMPROF_COMPILE_CHILD=0) or cannot be forked: the thread then compiles in this process."""
+    from memprof.sources.ebpf import compile_child
+    if os.environ.get(CHILD_ENV, "1") == "0":
         return None
-    key = compiled_cache.cache_key(text, cflags) if compiled_cache.enabled() else None
-    return compile_child.fork_compile(text, cflags, key)
+    return compile_child.fork_compile(text, cflags)
 
 
 def take(text: str, cflags: list[str]):
@@ -91,7 +94,10 @@ def take(text: str, cflags: list[str]):
     early, _pending = _pending, None
     if early is None:
         return None
+    reader = _read_kernel_symbols_meanwhile() if early.compiling and early.options.enabled("kmem") else None
     early.done.wait()  # even when unused: its thread must give fd 2 back before anyone compiles
+    if reader is not None:
+        reader.compile_over()
     if early.text == text and early.cflags == cflags:
         return early.bpf
     if early.bpf is not None:
@@ -246,14 +252,11 @@ def _compile(early: _Early) -> None:
                 _load_in_parallel(early.bpf, programs_before(early.options))
                 early.bpf.load_behind(late_programs(early.options))
                 return
-            reader = _read_kernel_symbols_meanwhile() if early.options.enabled("kmem") else None
+            early.compiling = True  # where the entry was there but not usable: take may have looked already
             try:
                 early.bpf = _compile_answered(early.text, early.cflags)
             except Exception:  # bcc raises bare Exception; the foreground compiles again and says why
                 return
-            finally:
-                if reader is not None:
-                    reader.compile_over()
             compiled_cache.store(early.bpf, early.text, early.cflags)
             # bcc writes a refused program's verifier log to fd 2, captured only until take returns
             _load_in_parallel(early.bpf, programs_before(early.options) + late_programs(early.options))
@@ -264,16 +267,11 @@ def _compile(early: _Early) -> None:
 
 
 def _from_child(early: _Early):
-    """The CachedBPF on the maps `early.child` compiled, its programs before the command loaded
-    and the late families' loading behind, as from the cache; None when the child failed or the
-    kernel refuses a part of it (the foreground then compiles, and says why). kallsyms is read
-    meanwhile, as beside a compile here."""
-    reader = _read_kernel_symbols_meanwhile() if early.options.enabled("kmem") else None
-    try:
-        received = early.child.receive()
-    finally:
-        if reader is not None:
-            reader.compile_over()
+    """The CachedBPF on the maps `early.child`'s children compiled, its programs before the
+    command loaded and the late families' loading behind, as from the cache, their joined
+    entry stored for the next run; None when a child failed or the kernel refuses a part of it
+    (the foreground then compiles, and says why)."""
+    received = early.child.receive()
     if received is None:
         return None
     entry, map_fds = received
@@ -289,16 +287,21 @@ def _from_child(early: _Early):
         return None
     _load_in_parallel(bpf, programs_before(early.options))
     bpf.load_behind(late_programs(early.options))
+    from memprof.sources.ebpf import compiled_cache
+    compiled_cache.store_entry(entry, early.text, early.cflags)  # ~1 ms of JSON: the kernel took its programs
     return bpf
 
 
 def _read_kernel_symbols_meanwhile() -> "_ReaderBehindCompile":
     """kallsyms read on a thread of its own while bcc compiles (symbolize.read_kernel_symbols_ahead):
     the main thread waits for the compile meanwhile, and the recording's first flush needs
-    the kernel's symbols. Begun here, before this thread moves to a mount namespace of its
-    own where /proc/kallsyms reads as one line (_kallsyms_answered): a thread takes its
-    creator's namespace. The reader imports its module itself, off the compile's path.
-    Returns it: the compile thread calls its `compile_over()` when bcc is done."""
+    the kernel's symbols. Begun by `take`, from the main thread: in the host's mount
+    namespace (the compile thread's own reads /proc/kallsyms as one line, _kallsyms_answered),
+    and once the main thread's imports are done. Begun with the compile, the reader at nice 19
+    held the GIL while the compile children took both CPUs, and the main thread's imports
+    waited for it (its `take` came 0.84-1.16 s into a first run instead of 0.27-0.5 s). The
+    reader imports its module itself. Returns it: `take` calls its `compile_over()` when the
+    compile is done."""
     reader = _ReaderBehindCompile(_read_kernel_symbols)
     start_quiet(threading.Thread(target=reader.run, name="memprof-kallsyms-ahead", daemon=True))
     return reader
