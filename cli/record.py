@@ -10,6 +10,7 @@ from typing import NamedTuple
 import click
 
 from memprof.cli.output import not_stdout
+from memprof.proc_text import process_began_monotonic
 from memprof.cli.typos import CommandAfterOptions
 
 DEFAULT_SOURCES = ("kmem", "torch", "cuda")
@@ -301,7 +302,7 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
         ebpf=ebpf,
         agent=AgentOptions(enabled=agent, profile_steps=torch_profile_steps, torch_modules=torch_modules),
     )
-    status = StatusLine(console.err, enabled=not quiet)
+    status = StatusLine(console.err, enabled=not quiet, began_at=process_began_monotonic())
     try:
         result = Session(request, on_status=status.update if status.enabled else None,
                          on_notice=console.warning, on_phase=status.phase).run()

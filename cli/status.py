@@ -3,6 +3,9 @@ recording, stopping, finalizing), and on a terminal a live status line under the
 nothing (the command prints its one final line itself)."""
 from __future__ import annotations
 
+import dataclasses
+import time
+
 from rich.console import Console
 
 from memprof.capture.session import FINALIZING, LOADING, RECORDING, STOPPING, Phase
@@ -29,9 +32,13 @@ class StatusLine:
     """`phase` prints each phase's line (unless quiet); on a terminal, `update` keeps a live
     line under them (the phase, elapsed time, event rate, live bytes per layer)."""
 
-    def __init__(self, console: Console, enabled: bool = True):
-        """`enabled` False: quiet, nothing is shown."""
+    def __init__(self, console: Console, enabled: bool = True, began_at: float | None = None):
+        """`enabled` False: quiet, nothing is shown. `began_at` (time.monotonic()'s clock): when
+        the user's wait began (`record`'s process start); the RECORDING line then counts the
+        probes' loading from there, not from the session's LOADING phase, which a first run's
+        compile and a warm start's loads begin well before (sources/ebpf/early.py)."""
         self._console = console
+        self._began_at = began_at
         self._quiet = not enabled
         self._enabled = enabled and console.is_terminal
         self._status = None
@@ -45,6 +52,8 @@ class StatusLine:
     def phase(self, phase: Phase) -> None:
         if self._quiet:
             return
+        if phase.name == RECORDING and self._began_at is not None:
+            phase = dataclasses.replace(phase, seconds=time.monotonic() - self._began_at)
         self._console.print(f"[dim]memprof:[/] {escape(phase_line(phase))}", highlight=False, soft_wrap=True)
         self._label = phase.name
         if self._enabled and phase.name != RECORDING:  # while recording, `update` says more

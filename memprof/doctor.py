@@ -183,11 +183,17 @@ def _nvidia_driver_check() -> Check:
                  "--sources +cuda probes libcuda anyway", required=False, absent="not loaded")
 
 
+NVML_PATHS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1")
+
+
 def _nvml_check() -> Check:
-    for lib in ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1"):
+    """Whether the NVML sampler (GPU memory per device and process) finds its library. Says
+    what is missing, not why: the "NVIDIA driver" line says whether a driver is loaded."""
+    for lib in NVML_PATHS:
         if os.path.exists(lib):
             return Check("CUDA/NVML", True, lib, required=False)
-    return Check("CUDA/NVML", False, "no NVIDIA driver (GPU layers unavailable)", "install the NVIDIA driver on a GPU machine", required=False)
+    return Check("CUDA/NVML", False, "libnvidia-ml.so.1 not found: no GPU memory samples",
+                 "install the NVIDIA driver on a GPU machine", required=False)
 
 
 def python_checks(pythons: Sequence[str] = ()) -> list[Check]:

@@ -2,6 +2,9 @@
 the privilege checks at start-up read /proc/self/status through it."""
 from __future__ import annotations
 
+import os
+import time
+
 
 def proc_text(path: str) -> str:
     """A /proc file's text (OSError as open() raises). The names in it (a process's comm,
@@ -10,3 +13,15 @@ def proc_text(path: str) -> str:
     strict read stopped the root recorder, and left the command running)."""
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "backslashreplace")
+
+
+def process_began_monotonic() -> float | None:
+    """When this process began, on time.monotonic()'s clock, in seconds (to the kernel's clock
+    tick, 10 ms here: /proc/self/stat's starttime); None where /proc does not say."""
+    try:
+        fields = proc_text("/proc/self/stat").rsplit(")", 1)[1].split()
+        began_ticks = int(fields[19])  # starttime, field 22 of proc(5); fields[0] is field 3
+    except (OSError, ValueError, IndexError):
+        return None
+    age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - began_ticks / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - age_s

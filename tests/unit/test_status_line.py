@@ -44,3 +44,23 @@ def test_quiet_shows_no_phase():
     status.phase(Phase(LOADING))
     status.close()
     assert buffer.getvalue() == ""
+
+
+def test_the_probes_loading_is_counted_from_when_the_wait_began():
+    """`record` passes its process's start: a warm start's loads begin before the session's
+    LOADING phase (sources/ebpf/early.py), which alone read 0.0s."""
+    import time
+    console, buffer = _console()
+    status = StatusLine(console, began_at=time.monotonic() - 0.74)
+    status.phase(Phase(RECORDING, seconds=0.01))
+    status.close()
+    assert buffer.getvalue().splitlines() == ["memprof: probes loaded in 0.7s; recording"]
+
+
+def test_a_process_knows_when_it_began():
+    import subprocess
+    import sys
+    script = ("import time; now = time.monotonic(); from memprof.proc_text import process_began_monotonic as b; "
+              "print(now - b())")
+    age = float(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert 0.0 < age < 2.0  # the interpreter's start, to the kernel's 10 ms tick
