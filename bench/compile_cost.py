@@ -10,7 +10,9 @@ without, as elsewhere) and for `--sources +native`, alternating, REPEATS times e
 thread set up as record's compile thread is (sources/ebpf/early.py), the wall time of bcc's
 BPF() call alone (no -ftime-report, whose timers cost time of their own). That
 includes what bcc does around LLVM, such as its front end's look-ups in kallsyms, which
-LLVM's totals leave out.
+LLVM's totals leave out. It also times the defaults as a first run compiles them (the
+"halves" rows): two forked children at once, each compiling half of the programs
+(sources/ebpf/compile_child.py), from the fork to their programs joined in the parent.
 
     sudo .venv/bin/python bench/compile_cost.py [--repeats R] [--fresh]
 """
@@ -47,11 +49,17 @@ import sys, time
 from memprof.sources.ebpf import early, loading
 from memprof.sources.ebpf.bpfload import captured_stderr
 from memprof.sources.ebpf.options import EbpfOptions
-options = EbpfOptions(families=tuple(sys.argv[1:]))
+options = EbpfOptions(families=tuple(sys.argv[2:]))
 text, cflags = loading.program_source(options, options.enabled)
 t0 = time.perf_counter()
 with captured_stderr():
-    if hasattr(early, "compile_on_own_thread"):  # as record compiles
+    if sys.argv[1] == "halves":  # as a first run's record compiles
+        import os
+        from memprof.sources.ebpf import compile_child
+        entry, fds = compile_child.fork_compile(text, cflags).receive()
+        for fd in fds:
+            os.close(fd)
+    elif hasattr(early, "compile_on_own_thread"):  # as record compiled in its own process
         early.compile_on_own_thread(text, cflags).cleanup()
     else:  # a revision before it: as it compiled
         from bcc import BPF
@@ -60,9 +68,11 @@ print(time.perf_counter() - t0)
 """
 
 
-def fresh_compile_seconds(families: tuple[str, ...]) -> tuple[float, float]:
-    """(nan, wall seconds of bcc's BPF() call) for one compile in a new interpreter."""
-    out = subprocess.run([sys.executable, "-c", _FRESH, *families], check=True, capture_output=True, text=True).stdout
+def fresh_compile_seconds(families: tuple[str, ...], how: str = "whole") -> tuple[float, float]:
+    """(nan, wall seconds) for one compile in a new interpreter: bcc's BPF() call (`how`
+    "whole"), or the compile children's fork to their halves joined ("halves")."""
+    out = subprocess.run([sys.executable, "-c", _FRESH, how, *families], check=True, capture_output=True,
+                         text=True).stdout
     return float("nan"), float(out.split()[-1])
 
 
@@ -78,9 +88,13 @@ def main() -> None:
                 "default sources, without one": tuple(f for f in DEFAULT_FAMILIES if f != "cuda"),
                 "+native": (*DEFAULT_FAMILIES, "native")}
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    if args.fresh:
+        seen.update({f"{name}, halves in two children": [] for name in variants})
     for _ in range(args.repeats):
         for name, families in variants.items():
             seen[name].append(measure(families))
+            if args.fresh:
+                seen[f"{name}, halves in two children"].append(fresh_compile_seconds(families, "halves"))
     for name, runs in seen.items():
         llvm, wall = zip(*runs)
         if args.fresh:
