@@ -263,3 +263,20 @@ def test_on_one_cpu_one_child_compiles_the_whole_program():
         print("ok")
     """, MEMPROF_BPF_CACHE="0")
     assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
+
+
+def test_a_child_that_sends_nothing_in_time_is_killed():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # a stuck compile: holds its end open, sends nothing
+        ours.close()
+        time.sleep(60)
+        os._exit(0)
+    theirs.close()
+    started = time.monotonic()
+    assert compile_child.CompileChild(pid, ours).receive(timeout_s=0.3) is None
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)

@@ -20,9 +20,9 @@ The children are forked only from a process with a single thread (`fork_compile`
 take no lock another thread held, and may import and dlopen as any process. Each compiles
 with kallsyms answered (early._kallsyms_answered: its mount namespace is its own), with fds
 0-2 on /dev/null and its other descriptors closed but its socket; it dies with the recorder
-(PR_SET_PDEATHSIG) and at the terminal's Ctrl-C. Any failure sends nothing: the recorder then
-compiles the whole program in its own process, which shows the diagnostics
-(loading.compile_program).
+(PR_SET_PDEATHSIG) and at the terminal's Ctrl-C, and is killed if it sends nothing within
+RECEIVE_TIMEOUT_S. Any failure sends nothing: the recorder then compiles the whole program in
+its own process, which shows the diagnostics (loading.compile_program).
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ import warnings
 _HEADER = struct.Struct("<QI")  # the entry's length in bytes, the number of map descriptors
 _MAX_MAPS = 250  # SCM_MAX_FD is 253
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# A half compiles in ~0.6 s here, a whole program in 1.3-2.9 s on slower days: a child that
+# sent nothing in this long is stuck, and the recorder compiles the program itself.
+RECEIVE_TIMEOUT_S = 120.0
 
 
 # The maps whose size only their definition names (bpf/common.bpf.c, python.bpf.c): the second
@@ -57,11 +60,16 @@ class CompileChild:
         self.pid = pid
         self._sock = sock
 
-    def receive(self) -> tuple[dict, list[int]] | None:
+    def receive(self, timeout_s: float = RECEIVE_TIMEOUT_S) -> tuple[dict, list[int]] | None:
         """(the compiled_cache entry, its maps' descriptors, now this process's) once the child
-        has compiled; None when it failed or died. Reaps the child behind."""
+        has compiled; None when it failed, died, or sent nothing within `timeout_s` (it is
+        then killed: a stuck compile must not hold `record` forever). Reaps the child behind."""
+        self._sock.settimeout(timeout_s)
         try:
             return _receive(self._sock)
+        except TimeoutError:
+            self.abandon()
+            return None
         except (OSError, ValueError):  # EOF mid-way, a malformed entry
             return None
         finally:
@@ -76,6 +84,9 @@ class CompileChild:
         self._let_go()
 
     def _let_go(self) -> None:
+        """Close the socket and reap the child behind, once."""
+        if self._sock.fileno() < 0:
+            return
         self._sock.close()
         threading.Thread(target=_reap, args=(self.pid,), name="memprof-compile-reap", daemon=True).start()
 
