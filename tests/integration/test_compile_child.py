@@ -5,6 +5,7 @@ with the recorder, and what it sends wrongly is refused without a descriptor lef
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,26 +30,47 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=180, env={**os.environ, **env})
 
 
-def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp_path):
+@pytest.fixture
+def cache_dir():
+    """A compile cache of this test's own, in a folder only root may write."""
+    cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
+    yield cache
+    shutil.rmtree(cache.parent, ignore_errors=True)
+
+
+def _begun(cache: Path, then: str, first: str = "") -> str:
+    """A script that runs `first`, then begins the default program's compile with `cache` as
+    the compile cache (text and cflags named so), then runs `then`; it prints "ok" at its end."""
+    return f"""
+import fcntl, os
+{first}
+from memprof.sources.ebpf import compile_child, compiled_cache, early
+from memprof.sources.ebpf.loading import program_source
+from memprof.sources.ebpf.options import EbpfOptions
+compiled_cache.CACHE_DIR = {str(cache)!r}
+options = EbpfOptions()
+text, cflags = program_source(options, options.enabled)
+early.begin(options)
+{textwrap.dedent(then)}
+print("ok")
+"""
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
+
+
+def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(cache_dir):
     """Cache empty: children compile; the recorder's object is built on the first half's maps,
     with every program before the command loaded, the maps close-on-exec, and no compiler
     mapped in the recorder. The joined entry is stored; the next start takes it and forks
     nothing."""
-    cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
-    proc = _run(f"""
-        import fcntl, os
-        from memprof.sources.ebpf import compiled_cache, early
-        from memprof.sources.ebpf.loading import program_source
-        from memprof.sources.ebpf.options import EbpfOptions
-        compiled_cache.CACHE_DIR = {str(cache)!r}
-        options = EbpfOptions()
-        text, cflags = program_source(options, options.enabled)
-        early.begin(options)
+    _ok(_run(_begun(cache_dir, """
         assert early._pending.child is not None, "no child forked for an empty cache"
         bpf = early.take(text, cflags)
         assert bpf is not None and bpf.FROM_CACHE is False
-        loaded = {{name.decode() for name in bpf.funcs}}
-        missing = {{name for name, _ in early.programs_before(options)}} - loaded
+        loaded = {name.decode() for name in bpf.funcs}
+        missing = {name for name, _ in early.programs_before(options)} - loaded
         assert not missing, missing
         assert all(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in bpf._map_fds)
         with open("/proc/self/maps") as f:
@@ -56,39 +78,32 @@ def test_a_first_run_takes_the_childs_maps_and_stores_the_entry_for_the_next(tmp
         assert "libbcc.so" not in mapped and "libLLVM" not in mapped
         assert len(bpf._functions) >= 30  # both halves
         bpf.cleanup()
-        assert compiled_cache.has_entry(text, cflags), "the child stored no entry"
+        assert compiled_cache.has_entry(text, cflags), "the joined entry was not stored"
         early.begin(options)
         assert early._pending.child is None
         again = early.take(text, cflags)
         assert again is not None and again.FROM_CACHE is True
         again.cleanup()
-        print("ok")
-    """)
-    try:
-        assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
-    finally:
-        import shutil
-        shutil.rmtree(cache.parent, ignore_errors=True)
+    """)))
 
 
-def test_with_the_cache_off_the_child_compiles_and_stores_nothing(tmp_path):
-    cache = TESTS_ROOT / uuid.uuid4().hex / "bpf"
-    proc = _run(f"""
-        from memprof.sources.ebpf import compiled_cache, early
-        from memprof.sources.ebpf.loading import program_source
-        from memprof.sources.ebpf.options import EbpfOptions
-        compiled_cache.CACHE_DIR = {str(cache)!r}
-        options = EbpfOptions()
-        text, cflags = program_source(options, options.enabled)
-        early.begin(options)
+def test_with_the_cache_off_the_children_compile_and_store_nothing(cache_dir):
+    _ok(_run(_begun(cache_dir, """
         assert early._pending.child is not None
         bpf = early.take(text, cflags)
         assert bpf is not None and bpf.FROM_CACHE is False
         bpf.cleanup()
-        print("ok")
-    """, MEMPROF_BPF_CACHE="0")
-    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
-    assert not cache.exists()
+    """), MEMPROF_BPF_CACHE="0"))
+    assert not cache_dir.exists()
+
+
+def test_on_one_cpu_one_child_compiles_the_whole_program(cache_dir):
+    _ok(_run(_begun(cache_dir, """
+        assert len(early._pending.child.children) == 1
+        bpf = early.take(text, cflags)
+        assert bpf is not None and bpf.FROM_CACHE is False and len(bpf._functions) >= 30
+        bpf.cleanup()
+    """, first="os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})"), MEMPROF_BPF_CACHE="0"))
 
 
 def test_no_child_is_forked_beside_another_thread():
@@ -245,24 +260,6 @@ def test_halves_that_do_not_join_are_refused(second):
     with pytest.raises(ValueError):
         compile_child.joined([(_entry(["a", "b"], {"f": []}), []), (second, [])])
 
-
-def test_on_one_cpu_one_child_compiles_the_whole_program():
-    proc = _run("""
-        import os
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        from memprof.sources.ebpf import compile_child, early
-        from memprof.sources.ebpf.loading import program_source
-        from memprof.sources.ebpf.options import EbpfOptions
-        options = EbpfOptions()
-        text, cflags = program_source(options, options.enabled)
-        early.begin(options)
-        assert len(early._pending.child.children) == 1
-        bpf = early.take(text, cflags)
-        assert bpf is not None and bpf.FROM_CACHE is False and len(bpf._functions) >= 30
-        bpf.cleanup()
-        print("ok")
-    """, MEMPROF_BPF_CACHE="0")
-    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr
 
 
 def test_a_child_that_sends_nothing_in_time_is_killed():
