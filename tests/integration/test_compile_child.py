@@ -277,3 +277,40 @@ def test_a_child_that_sends_nothing_in_time_is_killed():
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+
+def _fake_child(behaviour: str) -> compile_child.CompileChild:
+    """A forked child as the recorder sees it: "sends" an entry of two maps and exits, "fails"
+    (exits, sending nothing) or is "stuck" (holds its socket, sending nothing)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    if behaviour == "sends":
+        entry, passed = b'{"maps": [{}, {}]}', _fds(2)
+        socket.send_fds(theirs, [compile_child._HEADER.pack(len(entry), 2)], passed)
+        theirs.sendall(entry)
+        for fd in passed:
+            os.close(fd)  # the copies in flight remain
+    pid = os.fork()
+    if pid == 0:
+        if behaviour == "stuck":
+            time.sleep(60)
+        os._exit(0)
+    theirs.close()
+    return compile_child.CompileChild(pid, ours)
+
+
+def test_when_a_half_fails_the_others_are_ended_and_nothing_is_left_open():
+    """A half that fails means a compile in the recorder: a child still compiling is killed at
+    once rather than waited for, and what an earlier one sent is closed."""
+    children = [_fake_child("sends"), _fake_child("fails"), _fake_child("stuck")]
+    sockets = {str(child._sock.fileno()) for child in children}
+    before = _open_fds()
+    started = time.monotonic()
+    assert compile_child.SplitCompile(children).receive() is None
+    assert time.monotonic() - started < 5
+    stuck = children[-1].pid
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(stuck):
+        time.sleep(0.05)
+    assert not _alive(stuck)
+    assert _open_fds() == before - sockets

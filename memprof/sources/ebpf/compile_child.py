@@ -100,13 +100,18 @@ class SplitCompile:
     def receive(self) -> tuple[dict, list[int]] | None:
         """(the joined entry, its maps' descriptors), or None when a child failed or their
         halves do not join (every descriptor received is then closed)."""
-        received = [child.receive() for child in self.children]
-        if any(part is None for part in received):
-            _close_all(received)
-            return None
+        received = []
+        for at, child in enumerate(self.children):
+            part = child.receive()
+            if part is None:  # the whole program is compiled in the recorder now: the others are no use
+                for rest in self.children[at + 1:]:
+                    rest.abandon()
+                _close_all(received)
+                return None
+            received.append(part)
         try:
             return joined(received)
-        except ValueError:
+        except (ValueError, KeyError, TypeError):  # halves that do not join, or an entry not as exported
             _close_all(received)
             return None
 
