@@ -4,7 +4,8 @@
   CLOCK_REALTIME as soon as it runs), against running `date` directly (fork + exec);
 - returning: the wall time of `record -q -- true`;
 - peak RSS: the largest of the recorder and the processes it reaped (its compile children on a
-  first run, the command): wait4's ru_maxrss of `record -q -- true`.
+  first run, the command): wait4's ru_maxrss of `record -q -- true`; and the recorder's alone
+  (meta.json's recorder_peak_rss_bytes, where the revision writes it).
 
 Each is measured twice per repeat: warm (bcc's compiled program taken from memprof's cache,
 sources/ebpf/compiled_cache.py; a first run before the repeats makes sure the entry is
@@ -25,6 +26,7 @@ noisy.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -74,7 +76,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="memprof-startup-"))
     memprof = [sys.executable, "-m", "memprof", "record", "-q", "--force"]
     rows: dict[str, list[float]] = {k: [] for k in ("direct", "latency", "wall", "rss", "latency_cold", "wall_cold",
-                                                    "rss_cold", "memleak_wall", "memleak_rss")}
+                                                    "rss_cold", "own_rss", "own_rss_cold", "memleak_wall",
+                                                    "memleak_rss")}
     try:
         returning([*memprof, "-o", str(tmp / "prime.memprof"), "--", TRUE])  # the cache entry, if absent
         for i in range(args.repeats):
@@ -84,6 +87,9 @@ def main() -> None:
                 wall, rss = returning([*memprof, "-o", str(tmp / f"true{i}.memprof"), "--", TRUE], env)
                 rows["wall" + suffix].append(wall)
                 rows["rss" + suffix].append(rss)
+                own = json.loads((tmp / f"true{i}.memprof" / "meta.json").read_text()).get("recorder_peak_rss_bytes")
+                if own:
+                    rows["own_rss" + suffix].append(own)
             if MEMLEAK:
                 wall, rss = returning([MEMLEAK, "1", "1"])
                 rows["memleak_wall"].append(wall - 1.0)
@@ -97,6 +103,8 @@ def main() -> None:
               + f"; date directly {statistics.median(rows['direct']) * 1e3:.1f} ms")
         print("    " + median_line("returning: memprof record -- true", rows["wall" + suffix], 1e3, "ms"))
         print("    " + median_line("peak RSS: memprof record -- true", rows["rss" + suffix], 1e-6, "MB"))
+        if rows["own_rss" + suffix]:
+            print("      " + median_line("of which the recorder alone", rows["own_rss" + suffix], 1e-6, "MB"))
     if MEMLEAK:
         print("  " + median_line("returning: memleak-bpfcc 1 1, less its 1 s interval", rows["memleak_wall"], 1e3, "ms"))
         print("  " + median_line("peak RSS: memleak-bpfcc 1 1", rows["memleak_rss"], 1e-6, "MB"))

@@ -25,3 +25,15 @@ def process_began_monotonic() -> float | None:
         return None
     age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - began_ticks / os.sysconf("SC_CLK_TCK")
     return time.monotonic() - age_s
+
+
+def own_peak_rss_bytes() -> int | None:
+    """This process's peak resident size (VmHWM: all its threads; not its children), in bytes;
+    None where /proc does not say."""
+    try:
+        for line in proc_text("/proc/self/status").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # "VmHWM:   257820 kB"
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

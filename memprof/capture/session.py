@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from memprof import __version__, preload
 from memprof.errors import MemprofError, TargetError, UsageError
 from memprof.model import ClockAnchor, RecordingMeta
+from memprof.proc_text import own_peak_rss_bytes
 from memprof.quiet_threads import FORWARDED_SIGNALS
 from memprof.asuser import Owner, UserThread
 from memprof.capture.deferred_frees import RcuBarrier
@@ -739,6 +740,7 @@ class Session:
             meta = self.writer.meta
             meta.end_ns = time.monotonic_ns()
             meta.recorder_cpu_ns = _cpu_phases(self._cpu_marks)
+            meta.recorder_peak_rss_bytes = own_peak_rss_bytes()
             meta.clock_anchors.append(anchor())
             if self.child is not None:
                 meta.exit_status = self.child.poll()

@@ -176,6 +176,10 @@ class RecordingMeta:
     # another reason, --duration or a signal, "during" runs to the end and there is no "after").
     # What memprof itself costs the machine, beside what its probes cost the command.
     recorder_cpu_ns: dict[str, int] = field(default_factory=dict)
+    # The recorder's own peak resident size, in bytes (VmHWM as it finalizes: its threads, not
+    # the command, nor the children that compile a first run's program, which exit before the
+    # command starts). None: unknown (a recording made before 2026-12-06, or no /proc).
+    recorder_peak_rss_bytes: int | None = None
     # How the wait for the kernel's last frees after the tree's exit went
     # (capture/deferred_frees.py): rcu_barrier_began_ns and rcu_barrier_ended_ns, when the
     # rcu_barrier() asked at the exit began and returned (CLOCK_MONOTONIC), or

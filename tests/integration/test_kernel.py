@@ -736,6 +736,9 @@ def test_meta_says_the_recorders_own_cpu_by_phase(churn_recording):
     assert set(cpu) == {"before", "during", "after"}, cpu
     assert cpu["before"] > 50e6 and cpu["during"] > 50e6 and cpu["after"] > 0, cpu
     assert cpu["during"] + cpu["after"] <= os.cpu_count() * (meta["end_ns"] - meta["start_ns"]), cpu
+    # and its own peak size: more than its ring buffer's consumer pages and its imports, less
+    # than what would mean the recorder held all 800,000 events at once
+    assert 100e6 < meta["recorder_peak_rss_bytes"] < 1.5e9, meta["recorder_peak_rss_bytes"]
 
 
 # Holds 31 pipes, made on one line, until it exits. A Python command: the bug below showed in 4

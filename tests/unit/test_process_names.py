@@ -43,3 +43,22 @@ def test_an_executable_path_that_is_not_utf8_reads_escaped(tmp_path):
             assert read_comm(proc.pid) == "\\xffsleep"
         finally:
             proc.kill()
+
+
+# -- what a process knows of itself (proc_text.py): when it began, its peak size --
+
+def test_a_process_knows_when_it_began():
+    script = ("import time; now = time.monotonic(); from memprof.proc_text import process_began_monotonic as b; "
+              "print(now - b())")
+    age = float(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert 0.0 < age < 2.0  # the interpreter's start, to the kernel's 10 ms tick
+
+
+def test_a_process_knows_its_own_peak_size():
+    """meta.json's recorder_peak_rss_bytes: VmHWM of the process that reads it. In a process of
+    its own: this one's peak may be anything the tests before it reached."""
+    script = ("from memprof.proc_text import own_peak_rss_bytes as peak; before = peak(); "
+              "block = bytearray(64 << 20); block[::4096] = b'\\1' * len(block[::4096]); print(before, peak())")
+    before, after = map(int, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                            check=True).stdout.split())
+    assert 5 << 20 < before and after - before >= 60 << 20
