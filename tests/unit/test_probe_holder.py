@@ -111,3 +111,24 @@ def test_a_killed_holder_makes_its_release_a_no_op():
     holder.release_first()  # EPIPE inside, not raised
     holder.release_later()
     os.close(r)
+
+
+def test_a_forked_helper_keeps_exactly_what_it_is_told_fd_0_and_neighbours_included():
+    """forked.close_all_but: os.closerange(0, 0) in CPython 3.11 closes every descriptor, so
+    keeping fd 0 (compile_child.py keeps 0-2 on /dev/null) must not ask for that range."""
+    import socket
+    from memprof.sources.ebpf.forked import close_all_but
+    ours, theirs = socket.socketpair()
+    kept = theirs.fileno()
+    spare = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        close_all_but([0, 1, 2, theirs.fileno()])
+        theirs.sendall(" ".join(sorted(os.listdir("/proc/self/fd"), key=int)).encode())
+        os._exit(0)
+    theirs.close()
+    os.close(spare)
+    seen = ours.recv(4096).decode().split()
+    os.waitpid(pid, 0)
+    # 0-2, the socket, and the listing's own descriptor (the spare and our end were closed)
+    assert {"0", "1", "2", str(kept)} <= set(seen) and len(seen) == 5, seen

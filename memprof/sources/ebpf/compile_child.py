@@ -33,8 +33,9 @@ import os
 import signal
 import socket
 import struct
-import threading
 import warnings
+
+from memprof.sources.ebpf.forked import close_all_but, reap_behind
 
 _HEADER = struct.Struct("<QI")  # the entry's length in bytes, the number of map descriptors
 _MAX_MAPS = 250  # SCM_MAX_FD is 253
@@ -46,8 +47,9 @@ RECEIVE_TIMEOUT_S = 120.0
 
 # The maps whose size only their definition names (bpf/common.bpf.c, python.bpf.c): the second
 # half's are made at their smallest, since `joined` closes them unused. At the recording's
-# sizes they were ~200 MB of kernel memory made and zeroed for nothing: the 128 MiB ring
-# buffer, the kernel stacks' 32,768 buckets of 127 frames, the user and Python stacks' tables.
+# default sizes its maps are 237 MiB of kernel memory made and zeroed for nothing, 12 MiB at
+# their smallest (the maps' fdinfo memlock, summed): the 128 MiB ring buffer, the kernel
+# stacks' 32,768 buckets of 127 frames, the user and Python stacks' tables.
 SMALLEST_MAPS = ["-DRINGBUF_PAGES=1", "-DSTACK_ENTRIES=64", "-DUSTACK_ENTRIES=64", "-DPY_STACK_ENTRIES=64",
                  "-DPY_CODE_ENTRIES=64"]
 HALVES = (["-DMP_HALF=1"], ["-DMP_HALF=2", *SMALLEST_MAPS])  # bpf/parts.h: the kernel's programs, the user-space probes'
@@ -88,7 +90,7 @@ class CompileChild:
         if self._sock.fileno() < 0:
             return
         self._sock.close()
-        threading.Thread(target=_reap, args=(self.pid,), name="memprof-compile-reap", daemon=True).start()
+        reap_behind(self.pid, "memprof-compile-reap")
 
 
 class SplitCompile:
@@ -237,9 +239,7 @@ def _quiet_descriptors(keep: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.close(null)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    close_all_but([0, 1, 2, keep])
 
 
 def _compile(text: str, cflags: list[str]):
@@ -307,9 +307,3 @@ def _receive_exactly(sock: socket.socket, length: int) -> bytes:
         left -= len(chunk)
     return b"".join(chunks)
 
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass

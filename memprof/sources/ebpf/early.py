@@ -249,8 +249,7 @@ def _compile(early: _Early) -> None:
         with captured_stderr():
             early.bpf = compiled_cache.load(early.text, early.cflags)
             if early.bpf is not None:  # from the cache: the late families' loads go on behind, quietly
-                _load_in_parallel(early.bpf, programs_before(early.options))
-                early.bpf.load_behind(late_programs(early.options))
+                _load_as_from_the_cache(early.bpf, early.options)
                 return
             early.compiling = True  # where the entry was there but not usable: take may have looked already
             try:
@@ -271,25 +270,26 @@ def _from_child(early: _Early):
     command loaded and the late families' loading behind, as from the cache, their joined
     entry stored for the next run; None when a child failed or the kernel refuses a part of it
     (the foreground then compiles, and says why)."""
+    from memprof.sources.ebpf import compiled_cache
+    from memprof.sources.ebpf.cached_bpf import CachedBPF  # before any descriptor is received
     received = early.child.receive()
     if received is None:
         return None
     entry, map_fds = received
     try:
-        from memprof.sources.ebpf.cached_bpf import CachedBPF
-    except BaseException:
-        for fd in map_fds:
-            os.close(fd)
-        raise
-    try:
         bpf = CachedBPF(entry, map_fds=map_fds)  # which closes the maps when it fails
     except Exception:  # a malformed entry, or bcc's bare Exception from an attach or a refusal
         return None
-    _load_in_parallel(bpf, programs_before(early.options))
-    bpf.load_behind(late_programs(early.options))
-    from memprof.sources.ebpf import compiled_cache
+    _load_as_from_the_cache(bpf, early.options)
     compiled_cache.store_entry(entry, early.text, early.cflags)  # ~1 ms of JSON: the kernel took its programs
     return bpf
+
+
+def _load_as_from_the_cache(bpf, options) -> None:
+    """A CachedBPF's loads: the programs before the command now, on one thread per CPU; the
+    late families' behind, quietly (the foreground's load of one says why it was refused)."""
+    _load_in_parallel(bpf, programs_before(options))
+    bpf.load_behind(late_programs(options))
 
 
 def _read_kernel_symbols_meanwhile() -> "_ReaderBehindCompile":
@@ -314,9 +314,10 @@ def _read_kernel_symbols() -> None:
 
 class _ReaderBehindCompile:
     """Runs `read` at the lowest priority (nice 19, its thread alone) until bcc's compile is
-    over, then at the priority it began with. On two CPUs the compile, the main thread's
-    imports and the read would otherwise share them three ways, and the compile is what the
-    command waits for (bcc's BPF() 846-879 -> 722-786 ms, bench/RESULTS.md). Once the compile
+    over, then at the priority it began with. On two CPUs the read would otherwise take CPU
+    from the compile, which is what the command waits for (begun beside the main thread's
+    imports, it made bcc's BPF() 846-879 ms against 722-786 ms at nice 19, bench/RESULTS.md;
+    it is begun at `take` now, with the main thread waiting). Once the compile
     is over the first flush waits for the read, and a command that keeps every CPU busy would
     starve it at nice 19: hence the way back. Only root lowers it, since only root (CAP_SYS_NICE)
     may raise it again; the thread's id is used only while the thread is known to run."""

@@ -23,8 +23,9 @@ then the recorder still reads their events.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
+
+from memprof.sources.ebpf.forked import close_all_but, reap_behind
 
 HOLDER_ENV = "MEMPROF_PROBE_HOLDER"  # "0": close in the recorder, as before (benches compare)
 
@@ -38,7 +39,7 @@ class Holder:
     def __init__(self, pid: int, go: int):
         self.pid = pid
         self._go = go  # the write end of the pipe the holder waits on
-        threading.Thread(target=_reap, args=(pid,), name="memprof-holder-reap", daemon=True).start()
+        reap_behind(pid, "memprof-holder-reap")
 
     def release_first(self) -> None:
         """The recorder's copies of the first group are closed: the holder closes its own."""
@@ -87,7 +88,7 @@ def _holder(wait_end: int, first: list[int], later: list[int]) -> None:
     the recorder says so (or the pipe reads EOF), `later` at EOF; exit. The closes are the
     final ones, which wait."""
     try:
-        _close_all_but(sorted({wait_end, *first, *later}))
+        close_all_but([wait_end, *set(first) | set(later)])
         said = os.read(wait_end, 1)
         for fd in first:
             os.close(fd)
@@ -99,18 +100,3 @@ def _holder(wait_end: int, first: list[int], later: list[int]) -> None:
     finally:
         os._exit(0)
 
-
-def _close_all_but(keep: list[int]) -> None:
-    """Close every descriptor of this process except `keep` (ascending)."""
-    low = 0
-    for fd in keep:
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:  # reaped by someone else (a caller waiting for any child)
-        pass
