@@ -30,7 +30,6 @@ If folding fails (a bug, a damaged part), it stops and says so in meta.json's no
 recording goes on unfolded, and nothing already recorded is lost."""
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
+from memprof.heap import trim_heap
 from memprof.recording.parts import row_count
 from memprof.recording.writer import PART_NAME, TABLES, RecordingWriter, table_of
 from memprof.units import format_bytes
@@ -294,10 +294,7 @@ def _give_back_memory() -> None:
     and glibc keeps freed heap below its top; a recorder that runs for hours should not hold
     its largest fold's memory between folds."""
     pa.default_memory_pool().release_unused()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    trim_heap()
 
 
 def events_parts(folder: Path, rows_seen: dict[str, int],

@@ -69,8 +69,26 @@ def begin(options) -> None:
     uncached = not compiled_cache.has_entry(text, cflags)
     _pending = _Early(text, cflags, options, child=_compile_children(text, cflags) if uncached else None,
                       compiling=uncached)
+    _ask_the_rest_and_forget_the_btf(options)
     _keep_own_stderr_on_terminal()
     start_quiet(threading.Thread(target=_compile, args=(_pending,), name="memprof-compile"))  # its loaders inherit
+
+
+def _ask_the_rest_and_forget_the_btf(options) -> None:
+    """The kernel BTF's answers a recording asks after program_source's (the kmem tracepoints'
+    parameters, for their attach plan), asked now, and the parse a first run made for them
+    dropped (~14 MB it would hold for the whole recording: btf_answers.py). Run before the
+    compile thread, which asks them too, begins. Never raises: a question the BTF cannot
+    answer is asked again, and said, where it is needed."""
+    from memprof.sources.ebpf.btf import BtfError
+    from memprof.sources.ebpf.btf_answers import forget_parse
+    if options.enabled("kmem"):
+        from memprof.sources.ebpf.kmem import plan_attach
+        try:
+            plan_attach()
+        except (BtfError, OSError):
+            pass
+    forget_parse()
 
 
 CHILD_ENV = "MEMPROF_COMPILE_CHILD"  # "0": compile on the thread, in the recorder (benches compare)
