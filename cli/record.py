@@ -261,6 +261,8 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     process tree has exited, at --duration, or on Ctrl-C; each finalizes the recording.
     memprof's own threads run at SCHED_BATCH once it records: they never preempt the command.
     """
+    from memprof.heap import share_one_arena
+    share_one_arena()  # before the recorder's first thread: its garbage in one arena, trimmable
     from memprof.sources.ebpf import early
     from memprof.sources.ebpf.options import EbpfOptions
     from memprof.sources.ebpf.kmem import KmemOptions
