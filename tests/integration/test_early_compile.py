@@ -194,7 +194,7 @@ def test_kallsyms_is_read_while_bcc_compiles_and_not_when_the_cache_has_the_prog
 
 
 def same_symbols(a, b) -> bool:
-    return a.starts.tolist() == b.starts.tolist() and a.names.tolist() == b.names.tolist()
+    return a.starts.tolist() == b.starts.tolist() and a.all_names() == b.all_names()
 
 
 def _on_a_compile_thread(work, meanwhile=lambda: None):

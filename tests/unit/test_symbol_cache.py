@@ -197,8 +197,8 @@ def kallsyms_with_programs() -> KernelSymbols:
 
 
 def same_kernel_tables(a: KernelSymbols, b: KernelSymbols) -> bool:
-    return (np.array_equal(a.starts, b.starts) and a.names.tolist() == b.names.tolist()
-            and a.modules.tolist() == b.modules.tolist())
+    return (np.array_equal(a.starts, b.starts) and a.all_names() == b.all_names()
+            and a.all_modules() == b.all_modules())
 
 
 def test_kallsyms_kept_for_the_boot_with_the_programs_from_their_info(cache_dir, monkeypatch):

@@ -85,9 +85,9 @@ def test_kallsyms_resolves_function_offset_and_module():
 
 def test_kallsyms_skips_padding_data_and_zero_addresses():
     syms = KernelSymbols.from_text(KALLSYMS)
-    assert "__pfx_do_one" not in set(syms.names)
-    assert "some_data" not in set(syms.names)
-    assert "hidden_by_kptr_restrict" not in set(syms.names)
+    assert "__pfx_do_one" not in set(syms.all_names())
+    assert "some_data" not in set(syms.all_names())
+    assert "hidden_by_kptr_restrict" not in set(syms.all_names())
     # The padding before do_one belongs to the function before it, not to "__pfx_do_one".
     assert syms.resolve([0xffffffff81001004])[0].function == "_stext"
 
@@ -113,7 +113,7 @@ def test_real_kallsyms_loads_when_readable():
         pytest.skip("kallsyms addresses hidden (kptr_restrict, not root)")
     i = len(syms) // 2
     frame = syms.resolve([int(syms.starts[i]) + 1])[0]
-    assert (frame.function, frame.offset) == (syms.names[i], 1)
+    assert (frame.function, frame.offset) == (syms.name(i), 1)
 
 
 # --------------------------------------------------------------------------------------------

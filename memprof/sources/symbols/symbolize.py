@@ -21,31 +21,16 @@ import os
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from memprof.errors import NoPrivilegeError
 from memprof.lazy_import import numpy as np
 from memprof.quiet_threads import start_quiet
 from memprof.sources.symbols import symbol_cache
-from memprof.sources.symbols.elfsyms import ElfSymbols, first_of_each_start
+from memprof.sources.symbols.elfsyms import ElfSymbols
+from memprof.sources.symbols.kallsyms import (  # noqa: F401 (KFrame, kallsyms_text_symbols: importers' names)
+    TRANSIENT_MODULE, UNKNOWN, KernelSymbols, KFrame, as_addresses, kallsyms_text_symbols)
 from memprof.sources.symbols.files import file_identity
-
-UNKNOWN = "[unknown]"
-
-# kallsyms types of text symbols: t/T local/global, w/W weak.
-_KERNEL_TEXT_TYPES = frozenset("tTwW")
-# Since Linux 6.2 (CONFIG_FUNCTION_PADDING_ALIGNMENT) every function has a `__pfx_` twin covering
-# the padding before it; resolving to it would hide the function the padding belongs to.
-_KERNEL_PADDING_PREFIX = "__pfx_"
-
-
-@dataclass(frozen=True, slots=True)
-class KFrame:
-    """A kernel frame: `offset` is bytes from the start of `function` (the raw address if unknown)."""
-
-    function: str
-    module: str
-    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,142 +45,9 @@ class UFrame:
     offset: int
 
 
-def _as_addrs(addrs) -> np.ndarray:
-    return np.asarray(addrs, dtype=np.uint64).reshape(-1)
+# --- Kernel (the table itself: kallsyms.py) ---
 
 
-# --- Kernel ---
-
-
-def kallsyms_text_symbols(lines: Iterable[str]) -> Iterator[tuple[int, str, str]]:
-    """(start, name, module) of each text symbol among kallsyms `lines` (trailing newlines
-    allowed), in their order: a line that is not a text symbol with a hex address, a zero
-    address or a __pfx_ padding twin is skipped; the core kernel's module is "vmlinux"."""
-    module_names: dict[str, str] = {}  # one str per module, not one per symbol
-    for line in lines:
-        # split(" ", 2), not split(): kallsyms is single-space separated and this halves parsing.
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[1] not in _KERNEL_TEXT_TYPES:
-            continue
-        name, _, module = parts[2].rstrip("\n").partition("\t")
-        try:
-            start = int(parts[0], 16)
-        except ValueError:
-            continue
-        if start == 0 or name.startswith(_KERNEL_PADDING_PREFIX):
-            continue
-        module = module.strip("[]") or "vmlinux"
-        yield start, name, module_names.setdefault(module, module)
-
-
-class KernelSymbols:
-    """Kernel text symbols from kallsyms, sorted by start address.
-
-    Aliases at one address (e.g. `_text` / `_stext`) resolve to the one kallsyms lists first.
-    kallsyms has no sizes, so an address past a module's last function still resolves to that
-    function with a large offset.
-    """
-
-    def __init__(self, starts: np.ndarray, names: np.ndarray, modules: np.ndarray):
-        order = np.argsort(starts, kind="stable")
-        starts, names, modules = starts[order], names[order], modules[order]
-        keep = first_of_each_start(starts)
-        self.starts: np.ndarray = starts[keep]    # uint64, ascending, unique
-        self.names: np.ndarray = names[keep]      # object (str)
-        self.modules: np.ndarray = modules[keep]  # object (str), "vmlinux" for the core kernel
-
-    @classmethod
-    def load(cls, path: str = "/proc/kallsyms") -> "KernelSymbols":
-        """Read kallsyms. Without root (kptr_restrict) every address reads as 0 and the table
-        comes out empty, so everything resolves to "[unknown]"; `len()` tells. Read line by
-        line: the whole text and its list of lines held at once took the recorder's peak
-        ~15 MB higher (issue 24)."""
-        with open(path) as f:
-            return cls.from_lines(f)
-
-    @classmethod
-    def from_text(cls, text: str) -> "KernelSymbols":
-        """Parse kallsyms text: `ADDR TYPE NAME [\t[MODULE]]` per line."""
-        return cls.from_lines(text.splitlines())
-
-    @classmethod
-    def from_lines(cls, lines: Iterable[str]) -> "KernelSymbols":
-        """Parse kallsyms lines (trailing newlines allowed); a line that is not a text
-        symbol with a hex address is skipped."""
-        starts, names, modules = [], [], []
-        for start, name, module in kallsyms_text_symbols(lines):
-            starts.append(start)
-            names.append(name)
-            modules.append(module)
-        return cls(np.array(starts, dtype=np.uint64), np.array(names, dtype=object),
-                   np.array(modules, dtype=object))
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def lasting(self) -> "KernelSymbols":
-        """These symbols less the transient ones (BPF programs, trampolines)."""
-        keep = np.array([m != _TRANSIENT_MODULE and not m.startswith(_TRANSIENT_PREFIX) for m in self.modules],
-                        dtype=bool)
-        return KernelSymbols(self.starts[keep], self.names[keep], self.modules[keep])
-
-    def with_symbols(self, symbols: Sequence[tuple[int, str]], module: str) -> "KernelSymbols":
-        """These symbols and `symbols` ((start, name) pairs) of `module`."""
-        starts = np.array([start for start, _ in symbols], dtype=np.uint64)
-        names = np.array([name for _, name in symbols], dtype=object)
-        return KernelSymbols(np.concatenate([self.starts, starts]), np.concatenate([self.names, names]),
-                             np.concatenate([self.modules, np.array([module] * len(symbols), dtype=object)]))
-
-    def kept(self) -> dict[str, np.ndarray]:
-        """The arrays symbol_cache.py keeps: names and module names as newline-separated UTF-8."""
-        module_names = sorted(set(self.modules.tolist()))
-        index = {name: i for i, name in enumerate(module_names)}
-        return {"starts": self.starts, "names": _joined(self.names.tolist()),
-                "module_ids": np.array([index[m] for m in self.modules.tolist()], dtype=np.uint32),
-                "modules": _joined(module_names)}
-
-    @classmethod
-    def from_kept(cls, kept: dict[str, np.ndarray]) -> "KernelSymbols | None":
-        """The symbols `kept()` gave, or None where the arrays do not fit together."""
-        names, module_names = _split(kept["names"]), _split(kept["modules"])
-        ids, count = kept["module_ids"], len(kept["starts"])
-        if names is None or module_names is None or len(names) != count or len(ids) != count:
-            return None
-        if count and int(ids.max()) >= len(module_names):
-            return None
-        modules = np.array(module_names, dtype=object)[ids] if count else np.zeros(0, dtype=object)
-        return cls(kept["starts"], np.array(names, dtype=object), modules)
-
-    def resolve(self, addrs) -> list[KFrame]:
-        """One KFrame per address (array-like of uint64), in order."""
-        addrs = _as_addrs(addrs)
-        idx = np.searchsorted(self.starts, addrs, side="right") - 1
-        known = (idx >= 0) & (addrs != 0)
-        idx = np.where(known, idx, 0)
-        offsets = addrs - self.starts[idx] if len(self.starts) else addrs
-        return [
-            KFrame(self.names[i], self.modules[i], int(off)) if ok else KFrame(UNKNOWN, UNKNOWN, int(a))
-            for i, ok, off, a in zip(idx.tolist(), known.tolist(), offsets.tolist(), addrs.tolist())
-        ]
-
-
-def _joined(texts: list[str]) -> np.ndarray:
-    return np.frombuffer("\n".join(texts).encode("utf-8"), dtype=np.uint8)
-
-
-def _split(blob: np.ndarray) -> list[str] | None:
-    try:
-        text = blob.tobytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return text.split("\n") if text else []
-
-
-# kallsyms "modules" whose symbols live only as long as what made them: BPF programs and
-# trampolines ([bpf]), ftrace's and kprobes' trampolines ([__builtin__ftrace], ...). The rest,
-# the kernel's and its modules' text, stays as it is until a module loads or unloads.
-_TRANSIENT_MODULE = "bpf"
-_TRANSIENT_PREFIX = "__builtin__"
 _KEPT_KERNEL = {"starts": "uint64", "names": "uint8", "module_ids": "uint32", "modules": "uint8"}
 
 
@@ -214,7 +66,7 @@ def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) ->
         lasting = KernelSymbols.from_kept(kept) if kept is not None else None
     extra = programs() if lasting is not None else None
     if extra is not None:
-        return lasting.with_symbols(extra, _TRANSIENT_MODULE)
+        return lasting.with_symbols(extra, TRANSIENT_MODULE)
     symbols = KernelSymbols.load()
     if entry and lasting is None and len(symbols):
         _keep_lasting(entry, symbols)
@@ -508,7 +360,7 @@ class UserSymbolizer:
 
         Each distinct address is resolved once; equal addresses share one UFrame object.
         """
-        addrs = _as_addrs(addrs)
+        addrs = as_addresses(addrs)
         unique, inverse = np.unique(addrs, return_inverse=True)
         index = self._indexed(maps)
         maps, which = index.maps, index.containing(unique)
@@ -525,14 +377,14 @@ class UserSymbolizer:
         """(file path, ELF virtual address) of a user address, None where no readable ELF
         file's loaded bytes hold it."""
         index = self._indexed(maps)
-        maps, which = index.maps, int(index.containing(_as_addrs([addr]))[0])
+        maps, which = index.maps, int(index.containing(as_addresses([addr]))[0])
         if which < 0 or not maps[which].path.startswith("/") or maps[which].deleted:
             return None
         mapping = maps[which]
         table = self.symbols_for(mapping.file)
         if table is None:
             return None
-        vaddrs, mapped = table.vaddrs(_as_addrs([addr - mapping.start + mapping.offset]))
+        vaddrs, mapped = table.vaddrs(as_addresses([addr - mapping.start + mapping.offset]))
         return (mapping.file, int(vaddrs[0])) if mapped[0] else None
 
     def _resolve_in(self, mapping: Mapping, addrs: np.ndarray) -> list[UFrame]:
