@@ -112,8 +112,8 @@ class EbpfSource:
 
     def prefetch_kernel_symbols(self) -> None:
         """Read kallsyms on a thread of its own, from now: once the command runs, so that the
-        first flush finds it read (0.15-0.26 s of CPU here; 20-30 ms where its lasting part was
-        kept, symbolize.load_kernel_symbols) and the command never waits for it. It must come
+        first flush finds it read (~70 ms here; ~2 ms where its lasting part was kept,
+        symbolize.load_kernel_symbols) and the command never waits for it. It must come
         after the start's programs are loaded: they top every kernel stack (dropped by name),
         and kallsyms, or their program info, names them only once they are."""
         if self._kallsyms is None:

@@ -57,8 +57,8 @@ def load_kernel_symbols(programs: Callable[[], list[tuple[int, str]] | None]) ->
     (symbol_cache.py) or read ahead by this process (read_kernel_symbols_ahead): then the
     BPF programs' symbols come from `programs()`, (start, name) pairs as kallsyms would name
     them, or None where only kallsyms can name the code (a trampoline): then kallsyms is
-    read whole, as without a kept entry. kallsyms takes 0.15-0.26 s of CPU to read and
-    parse here (121,000 lines), a kept entry 20-30 ms."""
+    read whole, as without a kept entry. kallsyms takes ~70 ms to read and parse here
+    (121,000 lines: kallsyms.py), a kept entry ~2 ms."""
     entry = _kernel_entry()
     lasting = _lasting_read_ahead(entry)
     if lasting is None:
@@ -83,7 +83,7 @@ def read_kernel_symbols_ahead() -> None:
     """Read kallsyms' lasting part now, for this process's later `load_kernel_symbols`, and
     keep it where the symbol cache is on. For a thread begun while bcc compiles the program
     (sources/ebpf/early.py): a first run's main thread then waits ~0.8 s for the compile on
-    the other CPU, and the 0.15-0.26 s of kallsyms' reading moves there, from beside the
+    the other CPU, and kallsyms' reading (~70 ms, more beside the compile) moves there, from beside the
     command and before its first flush. A changed module list (another entry name) is read
     again by the load. Never raises: the load reads kallsyms itself where this could not."""
     entry = _kernel_entry()
