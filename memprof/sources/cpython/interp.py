@@ -32,6 +32,7 @@ from typing import NamedTuple, Sequence
 from memprof.errors import SourceUnavailableError
 from memprof.sources.cpython.offsets_table import OFFSETS
 from memprof.sources.symbols import symbol_cache
+from memprof.sources.symbols.elfheaders import PT_LOAD, read_headers
 from memprof.sources.symbols.elfsyms import defined_in, defined_symbol
 from memprof.sources.symbols.files import (FileAt, file_at, file_identity, is_regular_file, open_binary, section_bytes,
                                            split_process_root)
@@ -381,12 +382,26 @@ def _segments(elf) -> list[tuple[int, int, int]]:
 
 
 def _load_segments(path: str) -> list[tuple[int, int, int]]:
+    """_segments of the file at `path`, read from its headers directly where they are of the
+    usual shape (elfheaders.py: a Python command's recorder met its interpreter here right
+    after the command began, and imported pyelftools for it, ~20 ms), else by pyelftools;
+    [] where it cannot be read."""
+    try:
+        with open_binary(path) as f:
+            headers = read_headers(f.fileno())
+            if headers is None:
+                return _load_segments_by_pyelftools(f)
+    except OSError:
+        return []
+    return sorted(((s.offset, s.filesz, s.vaddr) for s in headers.segments if s.type == PT_LOAD), key=lambda seg: seg[2])
+
+
+def _load_segments_by_pyelftools(f) -> list[tuple[int, int, int]]:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     try:
-        with open_binary(path) as f:
-            return _segments(ELFFile(f))
-    except (OSError, ELFError):
+        return _segments(ELFFile(f))
+    except ELFError:
         return []
 
 

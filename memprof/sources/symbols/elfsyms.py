@@ -12,7 +12,8 @@ import weakref
 
 from memprof.lazy_import import numpy as np
 from memprof.sources.symbols import symbol_cache
-from memprof.sources.symbols.files import open_binary, section_bytes
+from memprof.sources.symbols.elfheaders import PT_LOAD, SHT_DYNSYM, SHT_SYMTAB, ElfHeaders, read_headers
+from memprof.sources.symbols.files import MAX_SECTION_BYTES, open_binary, section_bytes
 
 def first_of_each_start(starts: np.ndarray) -> np.ndarray:
     """Mask keeping the first entry of each run of equal `starts` (already sorted)."""
@@ -157,12 +158,12 @@ class StringTable:
         return out
 
 
-def _sizes_within_sections(elf, syms: np.ndarray) -> np.ndarray:
+def _sizes_within_sections(section_ends: list[int], syms: np.ndarray) -> np.ndarray:
     """Symbol sizes, where a size of 0 (assembly: `_init`, `_fini`, `_start`) becomes "up to the
-    end of its section": else the last such symbol would claim every address after it."""
+    end of its section" (`section_ends`, by section index): else the last such symbol would
+    claim every address after it."""
     sizes = syms["size"].astype(np.uint64)
-    ends = np.array([sec["sh_addr"] + sec["sh_size"] for sec in elf.iter_sections()] or [0],
-                    dtype=np.uint64)
+    ends = np.array(section_ends or [0], dtype=np.uint64)
     # Special indices (SHN_ABS and other reserved values >= 0xff00) name no section: keep 0.
     bounded = (sizes == 0) & (syms["shndx"] < len(ends))
     shndx = np.where(bounded, syms["shndx"], 0)
@@ -197,6 +198,15 @@ def symbol_indices(elf, section, name: str) -> np.ndarray:
     """Indices in the symbol table `section` of its symbols named `name`, defined or not."""
     syms = _records(elf, section)
     return np.flatnonzero(_named(elf, section, syms, name))
+
+
+def _functions(syms: np.ndarray) -> np.ndarray:
+    """The records of `syms` (a symbol table's) that are functions defined here. The caller
+    lets go of the whole table then: a reader held libtorch's 8 MB of it to its end, and
+    peaked 13 MB higher (tests/unit/test_symbol_readers_size.py)."""
+    kind = syms["info"] & 0xF
+    return syms[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
+                & (syms["shndx"] != 0)]  # SHN_UNDEF: imports, whose value may be a PLT stub
 
 
 def _records(elf, section) -> np.ndarray:
@@ -254,11 +264,36 @@ class ElfSymbols:
                     symbol_cache.store(entry, self._kept())
 
     def _read(self, f) -> None:
-        from elftools.elf.elffile import ELFFile  # import here: only symbolization needs it
+        headers = read_headers(f.fileno())
+        if headers is not None and self._read_from_headers(f.fileno(), headers):
+            return
+        from elftools.elf.elffile import ELFFile  # import here: only files of another shape need it
 
         elf = ELFFile(f)
         self._read_segments(elf)
         self._read_symbols(elf, f.fileno())
+
+    def _read_from_headers(self, fd: int, headers: ElfHeaders) -> bool:
+        """_read for a 64-bit little-endian file, from the headers elfheaders.py read (no
+        pyelftools); False where its symbol table is not where they say, or too large to
+        read (pyelftools then reads the file, or says why it cannot)."""
+        section = headers.by_name(".symtab") or headers.by_name(".dynsym")
+        syms, where = np.zeros(0, _sym_dtype(64, True)), (0, 0)
+        if section is not None and section.type in (SHT_SYMTAB, SHT_DYNSYM):
+            if not headers.holds(section, MAX_SECTION_BYTES) or not 0 <= section.link < len(headers.sections):
+                return False
+            data = os.pread(fd, section.size, section.offset)
+            if len(data) != section.size:
+                return False
+            dtype = _sym_dtype(64, True)
+            syms = np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
+            del data  # the full table goes with `syms`'s rebinding below (libtorch's: 8 MB)
+            syms = _functions(syms)
+            strings = headers.sections[section.link]
+            where = (strings.offset, strings.size)
+        self._set_segments([(s.offset, s.filesz, s.vaddr) for s in headers.segments if s.type == PT_LOAD and s.filesz])
+        self._set_symbols(syms, where, fd, [s.addr + s.size for s in headers.sections])
+        return True
 
     def _kept(self) -> dict[str, np.ndarray]:
         where = np.array([self._strtab.offset, self._strtab.size], dtype=np.int64)
@@ -283,9 +318,12 @@ class ElfSymbols:
         return True
 
     def _read_segments(self, elf) -> None:
-        loads = sorted((s["p_offset"], s["p_filesz"], s["p_vaddr"])
-                       for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"])
-        table = np.array(loads, dtype=np.uint64).reshape(-1, 3)
+        self._set_segments([(s["p_offset"], s["p_filesz"], s["p_vaddr"])
+                            for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]])
+
+    def _set_segments(self, loads: list[tuple[int, int, int]]) -> None:
+        """The PT_LOAD segments that hold file bytes: (file offset, size in the file, address)."""
+        table = np.array(sorted(loads), dtype=np.uint64).reshape(-1, 3)
         self.seg_offset, self.seg_filesz, self.seg_vaddr = table[:, 0], table[:, 1], table[:, 2]
 
     def _read_symbols(self, elf, fd: int) -> None:
@@ -294,16 +332,19 @@ class ElfSymbols:
             syms, where = np.zeros(0, _sym_dtype(64, True)), (0, 0)
         else:
             strings = elf.get_section(section["sh_link"])
-            syms, where = _records(elf, section), (strings["sh_offset"], strings["sh_size"])
+            syms, where = _functions(_records(elf, section)), (strings["sh_offset"], strings["sh_size"])
+        self._set_symbols(syms, where, fd, [sec["sh_addr"] + sec["sh_size"] for sec in elf.iter_sections()])
+
+    def _set_symbols(self, syms: np.ndarray, where: tuple[int, int], fd: int, section_ends: list[int]) -> None:
+        """The functions `syms` (_functions' records), named in the string table at `where`
+        ((offset, size) in the file open on `fd`); `section_ends`: each section's end address,
+        by index, which bounds a symbol of size 0."""
         # A descriptor of its own: `fd` closes when the constructor's `with` ends.
         self._strtab = StringTable(os.dup(fd), *where)
-        kind = syms["info"] & 0xF
-        syms = syms[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
-                    & (syms["shndx"] != 0)]  # SHN_UNDEF: imports, whose value may be a PLT stub
         syms = syms[np.lexsort((_alias_rank(syms, self._strtab), syms["value"]))]
         syms = syms[first_of_each_start(syms["value"])]
         self.values = syms["value"].astype(np.uint64)
-        self.sizes = _sizes_within_sections(elf, syms)
+        self.sizes = _sizes_within_sections(section_ends, syms)
         self.name_offsets = syms["name"].astype(np.int64)
 
     def vaddrs(self, file_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

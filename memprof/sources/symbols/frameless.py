@@ -16,10 +16,10 @@ takes microseconds)."""
 from __future__ import annotations
 
 import os
-import struct
 from typing import NamedTuple
 
 from memprof.lazy_import import numpy as np
+from memprof.sources.symbols.elfheaders import EM_X86_64, read_headers
 from memprof.sources.symbols.files import MAX_SECTION_BYTES, file_identity, open_binary
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -100,52 +100,18 @@ class _Section(NamedTuple):
     size: int
 
 
-_ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
-_ELF64_SECTION = struct.Struct("<IIQQQQIIQQ")
-_EM_X86_64 = 62
-_SHT_NOBITS = 8
-
-
 def _x86_64_sections(file, names: tuple[str, ...]) -> dict[str, _Section] | None:
     """The sections of `file` (an open ELF) among `names` that hold bytes in it, read from its
-    section header table directly: pyelftools parsed every header of a file to find two
-    names, ~8 ms a library and ~0.2 s of the recorder's CPU on the training bench
+    section header table directly (elfheaders.py): pyelftools parsed every header of a file
+    to find two names, ~8 ms a library and ~0.2 s of the recorder's CPU on the training bench
     (bench/RESULTS.md). None for anything but a 64-bit little-endian x86-64 ELF, or a table
     that does not fit in the file; sections past their file's end or over MAX_SECTION_BYTES
     are left out."""
-    fd = file.fileno()
-    file_size = os.fstat(fd).st_size
-    head = os.pread(fd, _ELF64_HEADER.size, 0)
-    if len(head) < _ELF64_HEADER.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+    headers = read_headers(file.fileno())
+    if headers is None or headers.machine != EM_X86_64:
         return None
-    (_, _, machine, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx) = _ELF64_HEADER.unpack(head)
-    if machine != _EM_X86_64 or shentsize != _ELF64_SECTION.size or not 0 < shstrndx < shnum:
-        return None  # (shnum 0 or shstrndx SHN_XINDEX: extended numbering, which linkers write past 65,279 sections)
-    table = os.pread(fd, shnum * shentsize, shoff)
-    if len(table) != shnum * shentsize:
-        return None
-    headers = list(_ELF64_SECTION.iter_unpack(table))
-
-    def in_file(header) -> _Section | None:
-        """The section, where its bytes are in the file and within MAX_SECTION_BYTES."""
-        _, sh_type, _, addr, offset, size, *_ = header
-        if sh_type == _SHT_NOBITS or size > MAX_SECTION_BYTES or offset + size > file_size:
-            return None
-        return _Section(addr, offset, size)
-
-    names_at = in_file(headers[shstrndx])
-    if names_at is None:
-        return None
-    names_table = os.pread(fd, names_at.size, names_at.offset)
-    found = {}
-    for header in headers:
-        name_at = header[0]
-        end = names_table.find(b"\0", name_at)
-        name = names_table[name_at:end].decode("ascii", "replace") if 0 <= name_at < end else ""
-        if name in names and (section := in_file(header)) is not None:
-            found[name] = section
-    return found
-
+    return {section.name: _Section(section.addr, section.offset, section.size) for section in headers.sections
+            if section.name in names and headers.holds(section, MAX_SECTION_BYTES)}
 
 
 def _hdr_table(data: bytes) -> tuple[np.ndarray, np.ndarray]:
