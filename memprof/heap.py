@@ -9,10 +9,12 @@ after a trim, 2 MB on the main thread's arena (bench/RESULTS.md, 2026-12-07)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL("libc.so.6")

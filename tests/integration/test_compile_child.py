@@ -266,9 +266,11 @@ def test_a_child_that_sends_nothing_in_time_is_killed():
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # a stuck compile: holds its end open, sends nothing
-        ours.close()
-        time.sleep(60)
-        os._exit(0)
+        try:  # never back into pytest, whatever interrupts the sleep
+            ours.close()
+            time.sleep(60)
+        finally:
+            os._exit(0)
     theirs.close()
     started = time.monotonic()
     assert compile_child.CompileChild(pid, ours).receive(timeout_s=0.3) is None
@@ -292,9 +294,11 @@ def _fake_child(behaviour: str) -> compile_child.CompileChild:
             os.close(fd)  # the copies in flight remain
     pid = os.fork()
     if pid == 0:
-        if behaviour == "stuck":
-            time.sleep(60)
-        os._exit(0)
+        try:  # never back into pytest, whatever interrupts the sleep
+            if behaviour == "stuck":
+                time.sleep(60)
+        finally:
+            os._exit(0)
     theirs.close()
     return compile_child.CompileChild(pid, ours)
 

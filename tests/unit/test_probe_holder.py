@@ -123,9 +123,11 @@ def test_a_forked_helper_keeps_exactly_what_it_is_told_fd_0_and_neighbours_inclu
     spare = os.open(os.devnull, os.O_RDONLY)
     pid = os.fork()
     if pid == 0:
-        close_all_but([0, 1, 2, theirs.fileno()])
-        theirs.sendall(" ".join(sorted(os.listdir("/proc/self/fd"), key=int)).encode())
-        os._exit(0)
+        try:  # the child never returns into pytest, whatever fails
+            close_all_but([0, 1, 2, theirs.fileno()])
+            theirs.sendall(" ".join(sorted(os.listdir("/proc/self/fd"), key=int)).encode())
+        finally:
+            os._exit(0)
     theirs.close()
     os.close(spare)
     seen = ours.recv(4096).decode().split()

@@ -44,7 +44,7 @@ def test_live_bytes_follow_allocs_and_frees_across_batches():
 
 class _Symbols:
     def resolve(self, addrs):
-        from memprof.sources.symbols.symbolize import KFrame
+        from memprof.sources.symbols.kallsyms import KFrame
         names = {0x100: "trace_kmalloc", 0x200: "__kmalloc", 0x300: "alloc_pipe_info"}
         return [KFrame(names.get(int(a) + 1, "[unknown]"), "vmlinux", 0) for a in addrs]
 

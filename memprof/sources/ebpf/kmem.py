@@ -112,7 +112,7 @@ def interrupt_entry_text(lines) -> tuple[int, int]:
     asm_common_interrupt is not found once with an address (kallsyms shows others zeros), or
     nothing follows the stubs in `lines`: then only interrupts on stacks of their own are
     told apart."""
-    from memprof.sources.symbols.symbolize import kallsyms_text_symbols  # no __pfx_ twins
+    from memprof.sources.symbols.kallsyms import kallsyms_text_symbols  # no __pfx_ twins
     # By address, the first of each address kept, as KernelSymbols keeps them; in plain
     # Python: the head of kallsyms is small, and this module imports no numpy.
     starts, names = [], []

@@ -76,9 +76,8 @@ class KernelSymbols:
         """Symbol i starts at starts[i], is named blob[at[i]:end[i]] (UTF-8) and lies in
         module_names[module_ids[i]]; in any order, aliases in the order listed."""
         order = np.argsort(starts, kind="stable")
-        starts = starts[order]
-        keep = order[first_of_each_start(starts)]
-        self.starts: np.ndarray = np.asarray(starts[first_of_each_start(starts)], dtype=np.uint64)
+        keep = order[first_of_each_start(starts[order])]  # the first listed of each address
+        self.starts: np.ndarray = np.asarray(starts[keep], dtype=np.uint64)
         at, end = np.asarray(at[keep], dtype=np.int64), np.asarray(end[keep], dtype=np.int64)
         if len(blob) > 2 * (int((end - at).sum()) + len(at)):  # kallsyms' whole text: keep the names alone
             blob, at, end = _gathered(blob, at, end)
@@ -92,9 +91,9 @@ class KernelSymbols:
     def load(cls, path: str = "/proc/kallsyms") -> "KernelSymbols":
         """Read kallsyms. Without root (kptr_restrict) every address reads as 0 and the table
         comes out empty, so everything resolves to "[unknown]"; `len()` tells. The parse's
-        ~14 MB of passing arrays (the 5 MB text among them), freed in the heap of the thread
-        that reads, are given back: glibc would keep them, and a first run read on its own
-        thread ended ~15 MB larger than with the line parser's small objects."""
+        passing arrays (the 5 MB text among them) are given back to the system once it is
+        done: glibc would keep them, and a first run ended 14-29 MiB larger than with the line
+        parser's small objects (record also shares one arena: memprof/heap.py)."""
         with open(path, "rb") as f:
             table = cls.from_bytes(f.read())
         trim_heap()
@@ -118,11 +117,9 @@ class KernelSymbols:
 
     @classmethod
     def _of_symbols(cls, starts: Sequence[int], names: Sequence[str], modules: Sequence[str]) -> "KernelSymbols":
-        module_names = list(dict.fromkeys(modules))
-        index = {name: i for i, name in enumerate(module_names)}
         blob, at, end = _packed(names)
-        return cls(np.array(starts, dtype=np.uint64), blob, at, end,
-                   np.array([index[m] for m in modules], dtype=np.uint32), module_names)
+        ids, module_names = _ids_of([], modules)
+        return cls(np.array(starts, dtype=np.uint64), blob, at, end, ids, module_names)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -151,15 +148,11 @@ class KernelSymbols:
 
     def with_symbols(self, symbols: Sequence[tuple[int, str]], module: str) -> "KernelSymbols":
         """These symbols and `symbols` ((start, name) pairs) of `module`."""
-        added, at, end = _packed([name for _, name in symbols])
-        shift = len(self._blob) + 1
-        blob = np.concatenate([self._blob, np.frombuffer(b"\n", dtype=np.uint8), added])
-        module_names = self.module_names + ([module] if module not in self.module_names else [])
+        blob, at, end = _appended(self._blob, [name for _, name in symbols])
+        ids, module_names = _ids_of(self.module_names, [module] * len(symbols))
         starts = np.array([start for start, _ in symbols], dtype=np.uint64)
-        ids = np.full(len(symbols), module_names.index(module), dtype=np.uint32)
-        return KernelSymbols(np.concatenate([self.starts, starts]), blob,
-                             np.concatenate([self._at, at + shift]), np.concatenate([self._end, end + shift]),
-                             np.concatenate([self._module_ids, ids]), module_names)
+        return KernelSymbols(np.concatenate([self.starts, starts]), blob, np.concatenate([self._at, at]),
+                             np.concatenate([self._end, end]), np.concatenate([self._module_ids, ids]), module_names)
 
     def kept(self) -> dict[str, np.ndarray]:
         """The arrays symbol_cache.py keeps: names and module names as newline-separated UTF-8."""
@@ -200,14 +193,34 @@ TRANSIENT_MODULE = "bpf"
 _TRANSIENT_PREFIX = "__builtin__"
 
 
+def _newline_joined_at(lengths: np.ndarray) -> np.ndarray:
+    """Where each of pieces of `lengths` bytes starts once they are joined by newlines."""
+    at = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths):
+        at[1:] = np.cumsum(lengths[:-1] + 1)
+    return at
+
+
 def _packed(names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(blob, at, end): `names` joined by newlines as UTF-8, and each one's byte range."""
     encoded = [name.encode("utf-8", "surrogateescape") for name in names]
     lengths = np.array([len(e) for e in encoded], dtype=np.int64)
-    at = np.zeros(len(encoded), dtype=np.int64)
-    if len(encoded):
-        at[1:] = np.cumsum(lengths[:-1] + 1)
+    at = _newline_joined_at(lengths)
     return np.frombuffer(b"\n".join(encoded), dtype=np.uint8), at, at + lengths
+
+
+def _appended(blob: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(`blob` with `names` after it, each after a newline; their byte ranges in it)."""
+    added, at, end = _packed(names)
+    shift = len(blob) + 1
+    return np.concatenate([blob, np.frombuffer(b"\n", dtype=np.uint8), added]), at + shift, end + shift
+
+
+def _ids_of(module_names: Sequence[str], modules: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """(the id of each of `modules` among `module_names`, those names with any new one after them)."""
+    index = {name: i for i, name in enumerate(module_names)}
+    ids = np.array([index.setdefault(module, len(index)) for module in modules], dtype=np.uint32)
+    return ids, list(index)
 
 
 _GATHER_CHUNK = 8192  # names a pass: its index array is ~8192 names' bytes × 8
@@ -217,9 +230,7 @@ def _gathered(blob: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.nda
     """(the byte ranges [at[i], end[i]) of `blob` in order, joined by newlines; each one's
     range there)."""
     lengths = end - at
-    new_at = np.zeros(len(at), dtype=np.int64)
-    if len(at):
-        new_at[1:] = np.cumsum(lengths[:-1] + 1)
+    new_at = _newline_joined_at(lengths)
     new_end = new_at + lengths
     total = int(new_end[-1]) if len(at) else 0
     out = np.full(total, ord("\n"), dtype=np.uint8)
@@ -370,15 +381,9 @@ def _module_ids(buf, module_at, module_end):
 def _merged(buf, lines, starts, at, end, module_ids, module_names, odd_symbols):
     """The shaped lines' symbols and the line parser's, in line order, on one blob."""
     odd_lines = np.array([line for line, _ in odd_symbols], dtype=np.int64)
-    added, odd_at, odd_end = _packed([name for _, (_, name, _) in odd_symbols])
-    shift = len(buf) + 1
-    names = list(module_names)
-    for _, (_, _, module) in odd_symbols:
-        if module not in names:
-            names.append(module)
-    odd_ids = np.array([names.index(module) for _, (_, _, module) in odd_symbols], dtype=np.uint32)
+    blob, odd_at, odd_end = _appended(buf, [name for _, (_, name, _) in odd_symbols])
+    odd_ids, names = _ids_of(module_names, [module for _, (_, _, module) in odd_symbols])
     order = np.argsort(np.concatenate([lines, odd_lines]), kind="stable")
-    blob = np.concatenate([buf, np.frombuffer(b"\n", dtype=np.uint8), added])
     return (np.concatenate([starts, np.array([s for _, (s, _, _) in odd_symbols], dtype=np.uint64)])[order], blob,
-            np.concatenate([at, odd_at + shift])[order], np.concatenate([end, odd_end + shift])[order],
+            np.concatenate([at, odd_at])[order], np.concatenate([end, odd_end])[order],
             np.concatenate([module_ids, odd_ids])[order], names)

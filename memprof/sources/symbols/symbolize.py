@@ -28,8 +28,7 @@ from memprof.lazy_import import numpy as np
 from memprof.quiet_threads import start_quiet
 from memprof.sources.symbols import symbol_cache
 from memprof.sources.symbols.elfsyms import ElfSymbols
-from memprof.sources.symbols.kallsyms import (  # noqa: F401 (KFrame, kallsyms_text_symbols: importers' names)
-    TRANSIENT_MODULE, UNKNOWN, KernelSymbols, KFrame, as_addresses, kallsyms_text_symbols)
+from memprof.sources.symbols.kallsyms import TRANSIENT_MODULE, UNKNOWN, KernelSymbols, as_addresses
 from memprof.sources.symbols.files import file_identity
 
 
