@@ -4,10 +4,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 import subprocess
 
 import pytest
 
+from memprof.sources.cpython import lines as pylines
 from memprof.sources.cpython.lines import line_at, line_for, lines_table
 
 # --- hand-made tables ---
@@ -98,6 +100,105 @@ def test_line_at_matches_line_for():
 def test_malformed_tables_raise(version, table):
     with pytest.raises(ValueError, match="malformed"):
         lines_table(version, table, 1)
+
+
+# --- the decoder against a byte-by-byte reading of locations.md ---
+
+
+def _reference_locations(table: bytes, firstlineno: int) -> list:
+    """The plain reading of a 3.11+ table, one byte at a time, that lines.py's decoder (which
+    splits entries with a regular expression) must agree with: ranges, merges and errors.
+    A varint is read from the byte after the entry's first, whatever that byte is."""
+    def varint(pos):
+        value = shift = 0
+        while True:
+            if pos >= len(table):
+                raise ValueError("malformed: cut off")
+            value |= (table[pos] & 0x3F) << shift
+            if not table[pos] & 0x40:
+                return -(value >> 1) if value & 1 else value >> 1
+            pos, shift = pos + 1, shift + 6
+
+    ranges, line, start, pos = [], firstlineno, 0, 0
+    while pos < len(table):
+        if not table[pos] & 0x80:
+            raise ValueError("malformed: not an entry")
+        code, length = (table[pos] >> 3) & 0x0F, (table[pos] & 0x07) + 1
+        if code in (13, 14):
+            line += varint(pos + 1)
+        elif 10 <= code <= 12:
+            line += code - 10
+        this = None if code == 15 else line
+        if ranges and ranges[-1][2] == this:
+            ranges[-1] = (ranges[-1][0], start + length, this)
+        else:
+            ranges.append((start, start + length, this))
+        start += length
+        pos += 1
+        while pos < len(table) and not table[pos] & 0x80:
+            pos += 1
+    return ranges
+
+
+def _random_table(rnd: random.Random, entries: int) -> bytes:
+    """Up to `entries` entries of every code with random payloads: mostly well formed, with
+    long varints, bytes with the top bit set where a varint or column byte belongs, and
+    cut-off ends."""
+    out: list[int] = []
+    for _ in range(rnd.randint(0, entries)):
+        code = rnd.choice([0, 5, 9, 10, 11, 12, 13, 13, 14, 14, 15])
+        out.append(0x80 | code << 3 | rnd.randint(0, 7))
+        if code in (13, 14) and rnd.random() < 0.8:
+            out += _signed_varint(rnd.choice([rnd.randint(-31, 31), rnd.randint(-5000, 5000)]))
+        out += [rnd.getrandbits(8) if rnd.random() < 0.1 else rnd.getrandbits(7) for _ in range(rnd.randint(0, 4))]
+    if out and rnd.random() < 0.2:
+        out = out[:rnd.randint(0, len(out))]
+    return bytes(out)
+
+
+def _outcome(decode, table: bytes, firstlineno: int):
+    try:
+        return decode(table, firstlineno)
+    except ValueError:
+        return "ValueError"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_location_decoders_agree_with_a_byte_by_byte_reading(seed):
+    """Both decoders, the loop and numpy's (lines_table picks one by the table's size), on
+    small and large tables."""
+    rnd = random.Random(seed)
+    tables = ([_random_table(rnd, 40) for _ in range(1500)] + [_random_table(rnd, 400) for _ in range(500)]
+              + [bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 1024))) for _ in range(300)])
+    outcomes = {"ranges": 0, "ValueError": 0}
+    for table in tables:
+        firstlineno = rnd.randint(0, 100_000)
+        expected = _outcome(_reference_locations, table, firstlineno)
+        assert _outcome(lambda t, f: lines_table((3, 12), t, f), table, firstlineno) == expected, table.hex()
+        assert _outcome(pylines._decode_locations, table, firstlineno) == expected, table.hex()
+        if table:
+            try:
+                assert _outcome(pylines._decode_locations_vectorized, table, firstlineno) == expected, table.hex()
+            except pylines._TooLarge:  # a delta past 2^40 (random bytes): lines_table took the loop
+                pass
+        outcomes["ValueError" if expected == "ValueError" else "ranges"] += 1
+    assert min(outcomes.values()) > 300  # both kinds of table were tried
+    assert sum(len(table) >= pylines._VECTOR_MIN_BYTES for table in tables) > 300  # numpy's decoder's sizes too
+
+
+def test_a_line_delta_too_large_for_numpy_is_decoded_by_the_loop():
+    table = _loc_entry(13, 1, *_signed_varint(1 << 70)) + _loc_entry(11, 1) * 600
+    assert len(table) >= pylines._VECTOR_MIN_BYTES
+    with pytest.raises(pylines._TooLarge):
+        pylines._decode_locations_vectorized(table, 1)
+    assert lines_table((3, 11), table, 1) == _reference_locations(table, 1)
+
+
+def test_a_varint_read_from_the_next_entrys_first_byte():
+    # Code 13 with no payload: its varint is the next entry's first byte (0x80 | 5 << 3, 0xa8:
+    # raw 0x28 → +20), which then starts an entry of its own (code 5: the line kept).
+    table = _loc_entry(13, 2) + _loc_entry(5, 1) + _loc_entry(10, 1)
+    assert lines_table((3, 11), table, 10) == _reference_locations(table, 10) == [(0, 4, 30)]
 
 
 # --- against real interpreters ---
