@@ -19,6 +19,7 @@ import os
 from typing import NamedTuple
 
 from memprof.lazy_import import numpy as np
+from memprof.sources.symbols.callframe import CallFrames, CfaRule
 from memprof.sources.symbols.elfheaders import EM_X86_64, read_headers
 from memprof.sources.symbols.files import MAX_SECTION_BYTES, file_identity, open_binary
 
@@ -32,8 +33,6 @@ class _EhFrame:
     sorted, and each FDE's offset in .eh_frame)."""
 
     def __init__(self, path: str):
-        from elftools.dwarf.callframe import CallFrameInfo
-        from elftools.dwarf.structs import DWARFStructs
         self._file = open_binary(path)
         sections = _x86_64_sections(self._file, (".eh_frame_hdr", ".eh_frame"))
         if sections is None or len(sections) < 2:
@@ -42,56 +41,21 @@ class _EhFrame:
         hdr, frame = sections[".eh_frame_hdr"], sections[".eh_frame"]
         self._hdr_addr, self._frame_addr = hdr.addr, frame.addr
         self.starts, self.fde_offsets = _hdr_table(os.pread(self._file.fileno(), hdr.size, hdr.offset))
-        # The entries are read from the file where they are needed: pyelftools'
-        # get_dwarf_info() would read the whole section (and any .debug_* ones) into memory
-        # first, 23 MB held for libtorch_cpu (issue 24, the recorder's size). The structs are
-        # the ones get_dwarf_info() builds for .eh_frame, for a 64-bit little-endian file.
-        structs = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
-        self._cfi = CallFrameInfo(stream=_SectionStream(self._file, frame.offset, frame.size),
-                                  size=frame.size, address=frame.addr, base_structs=structs, for_eh_frame=True)
+        # The entries are read from the file where they are needed, not the section whole
+        # (23 MB for libtorch_cpu; issue 24, the recorder's size).
+        fd, section_offset = self._file.fileno(), frame.offset
+        self._frames = CallFrames(lambda offset, size: os.pread(fd, size, section_offset + offset), frame.size, frame.addr)
 
-    def cfa_rule(self, vaddr: int):
-        """The CFA rule in force at `vaddr` (pyelftools' CFARule), None where no FDE covers it."""
+    def cfa_rule(self, vaddr: int) -> CfaRule | None:
+        """The CFA rule in force at `vaddr`, None where no FDE covers it. Raises ValueError
+        for an entry callframe.py cannot read."""
         # Clamped into the table's int32 range: an address beyond it finds the nearest entry,
         # whose own range then rejects it, as the unclamped search would have.
         relative = min(max(vaddr - self._hdr_addr, _INT32_MIN), _INT32_MAX)
         i = int(np.searchsorted(self.starts, relative, side="right")) - 1
         if i < 0:
             return None
-        fde_offset = int(self.fde_offsets[i]) + self._hdr_addr - self._frame_addr
-        fde = self._cfi._parse_entry_at(fde_offset)  # one entry, not the section
-        start, size = fde["initial_location"], fde["address_range"]
-        if not start <= vaddr < start + size:
-            return None
-        rule = None
-        for row in fde.get_decoded().table:
-            if row["pc"] > vaddr:
-                break
-            rule = row["cfa"]
-        return rule
-
-
-class _SectionStream:
-    """A read-only stream over one section of `file`, whose positions count from the
-    section's start as pyelftools' section streams' do; reads stop at the section's end."""
-
-    def __init__(self, file, offset: int, size: int):
-        self._file, self._offset, self._size, self._pos = file, offset, size, 0
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = base + pos
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        left = max(self._size - self._pos, 0)
-        n = left if n is None or n < 0 else min(n, left)
-        data = os.pread(self._file.fileno(), n, self._offset + self._pos) if n else b""
-        self._pos += len(data)
-        return data
+        return self._frames.cfa_rule(int(self.fde_offsets[i]) + self._hdr_addr - self._frame_addr, vaddr)
 
 
 class _Section(NamedTuple):
@@ -148,9 +112,9 @@ class FramelessFrames:
             return False
         try:
             rule = frames.cfa_rule(vaddr)
-        except Exception:  # noqa: BLE001 — a malformed entry reads as "not known frameless"
+        except Exception:  # noqa: BLE001 — an entry callframe.py cannot read: not known frameless
             return False
-        return rule is not None and rule.expr is None and rule.reg == _RSP and rule.offset == 8
+        return rule == CfaRule(_RSP, 8)
 
     def _eh_frame(self, path: str) -> _EhFrame | None:
         identity = file_identity(path)
