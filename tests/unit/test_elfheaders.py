@@ -65,11 +65,19 @@ def test_load_segments_and_sections_are_pyelftools(path):
         assert {n: tuple(s) for n, s in frameless._x86_64_sections(f, (".eh_frame", ".eh_frame_hdr")).items()} == expected
 
 
-def test_a_command_s_libraries_are_read_without_importing_pyelftools():
+def test_a_command_s_libraries_are_read_without_importing_pyelftools(tmp_path):
+    """Their symbols, the interpreter's segments, frameless decisions (callframe.py), and a
+    mapped data file that is no ELF at all, as a stray frame-pointer address finds one."""
+    data_file = tmp_path / "LC_CTYPE"
+    data_file.write_bytes(b"\x00" * 4096)
     script = ("import sys; from memprof.sources.symbols.elfsyms import ElfSymbols; from memprof.sources.cpython import interp; "
-              f"[ElfSymbols(p) for p in {FILES!r}]; interp._load_segments({FILES[0]!r}); print('elftools' in sys.modules)")
+              "from memprof.sources.symbols.frameless import FramelessFrames; "
+              "from memprof.sources.symbols.symbolize import UserSymbolizer; "
+              f"[ElfSymbols(p) for p in {FILES!r}]; interp._load_segments({FILES[0]!r}); "
+              f"frameless = [FramelessFrames().return_address_at_sp({FILES[0]!r}, a) for a in range(0x28000, 0x29000, 0x100)]; "
+              f"print(UserSymbolizer().symbols_for({str(data_file)!r}), len(frameless), 'elftools' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["None", "16", "False"]
 
 
 def _copy(tmp_path: Path, source: str = "/lib/x86_64-linux-gnu/libc.so.6") -> Path:
