@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import subprocess
 import sys
 
@@ -41,6 +42,30 @@ def test_python_frames_left_over_go_after_a_native_stack_that_ended_early():
 
 def test_without_python_frames_the_native_chain_is_unchanged():
     assert merge_chain(["a", EVAL, "b"], [], lambda f: f == EVAL) == ["a", EVAL, "b"]
+
+
+def _merge_one_by_one(native, python, is_eval, entry):
+    """merge_chain's rule, one frame at a time: the reference for its run-at-a-time copy."""
+    out, i = [], 0
+    for frame in native:
+        if is_eval(frame) and i < len(python):
+            while i < len(python):
+                out.append(python[i])
+                i += 1
+                if entry(python[i - 1]):
+                    break
+        out.append(frame)
+    return out + python[i:]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_merging_a_run_at_a_time_is_merging_one_by_one(seed):
+    rnd = random.Random(seed)
+    for _ in range(2000):
+        native = [rnd.choice(["c", "d", EVAL]) for _ in range(rnd.randint(0, 12))]
+        python = [py(f"p{k}", entry=rnd.random() < 0.3) for k in range(rnd.randint(0, 12))]
+        is_eval = EVAL.__eq__
+        assert merge_chain(native, python, is_eval) == _merge_one_by_one(native, python, is_eval, lambda f: f.entry)
 
 
 @pytest.mark.parametrize("text", ["train.py", "modèle.py", "模型.py", "emoji😀.py"])

@@ -396,14 +396,22 @@ def merge_chain(native: list, python: list, is_eval, entry=lambda frame: frame.e
     over (the native stack ended early: no frame pointers) go after the native ones.
     `entry(python_frame)` says whether a Python frame was the first of its eval call.
     The eval frames themselves stay in the result; reports hide them by default."""
-    out, i = [], 0
+    return interleave(native, python, [k + 1 for k, frame in enumerate(python) if entry(frame)], is_eval)
+
+
+def interleave(native: list, python: list, entry_ends: list[int], is_eval) -> list:
+    """merge_chain, with the entry frames given as `entry_ends` (ascending: each entry
+    frame's index + 1): the Python frames are copied a run at a time, not looked at one by
+    one (a training run's recorder merges ~7,500 chains of ~60 frames; issue 24)."""
+    out: list = []
+    i = e = 0
     for frame in native:
-        if is_eval(frame) and i < len(python):
-            while i < len(python):
-                out.append(python[i])
-                i += 1
-                if entry(python[i - 1]):
-                    break
+        if i < len(python) and is_eval(frame):
+            while e < len(entry_ends) and entry_ends[e] <= i:
+                e += 1
+            end = entry_ends[e] if e < len(entry_ends) else len(python)
+            out += python[i:end]
+            i = end
         out.append(frame)
-    out.extend(python[i:])
+    out += python[i:]
     return out

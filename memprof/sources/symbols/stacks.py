@@ -10,14 +10,13 @@ eval-loop call was running placed just before it, then any Python frames left ov
 from __future__ import annotations
 
 import itertools
-import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from memprof.lazy_import import numpy as np
 from memprof.model import FrameKind
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS
-from memprof.sources.cpython.frames import PyFrame, merge_chain
+from memprof.sources.cpython.frames import PyFrame, interleave
 from memprof.sources.symbols.frameless import FramelessFrames
 from memprof.sources.symbols.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
@@ -146,8 +145,8 @@ class StackInterner:
         python = list(map(self._python_items.get, frames))
         if None in python:
             python = [item if item is not None else self._python_item(f) for item, f in zip(python, frames)]
-        merged = merge_chain(native, python, self._eval_ids.__contains__, entry=_ENTRY)
-        return [f if isinstance(f, int) else f[0] for f in merged]
+        return interleave(native, [frame_id for frame_id, _ in python],
+                          [k + 1 for k, (_, entry) in enumerate(python) if entry], self._eval_ids.__contains__)
 
     def _batched(self, key: tuple, compute: Callable[[], list]) -> list:
         found = self._batch.get(key)
@@ -257,7 +256,6 @@ class StackInterner:
 
 _PYTHON = FrameKind.PYTHON.value
 _NATIVE = FrameKind.NATIVE.value
-_ENTRY = operator.itemgetter(1)  # of a (frame id, entry) item: merge_chain's entry()
 _KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)
 
 
