@@ -568,9 +568,11 @@ class Session:
                 self._wait_signal(POLL_S if tree_gone_at is None else _teardown_wait_s(
                     time.monotonic(), last_free, barrier.ended_s if barrier is not None else None))
                 now = time.monotonic()
-                self._ingest()
-                last_free = _last_held_free(last_free, self.source.last_held_free_ns)
                 stopping = self._stop_requested or (deadline is not None and now >= deadline)
+                # The ring is drained at each poll; its events are decoded for the flush (or
+                # the stop) that comes next, not each 20 ms: see DECODE_MAX_RECORDS.
+                self._ingest(decode=now >= next_flush or stopping)
+                last_free = _last_held_free(last_free, self.source.last_held_free_ns)
                 # The exit is looked for before the status line and the flush: the barrier and
                 # the detach then begin at once, not after a flush's symbolizing (31 ms in a
                 # `record -- true`, bench/RESULTS.md), and the teardown ends that much sooner.
@@ -656,9 +658,10 @@ class Session:
             self.child.signal(info.si_signo)
         return info.si_signo
 
-    def _ingest(self) -> int:
-        """Decoded events of the ring buffer into the writer; returns how many."""
-        batch = self.source.poll()
+    def _ingest(self, decode: bool = True) -> int:
+        """Decoded events of the ring buffer into the writer; returns how many. `decode`
+        False: the source may keep what it drained undecoded for a later call."""
+        batch = self.source.poll(decode)
         if batch is None or batch.rows == 0:
             return 0
         cols = batch.columns
