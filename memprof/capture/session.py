@@ -706,7 +706,7 @@ class Session:
         meta.sources["samplers"] = self.sampler.stats()
         if self.agent is not None:
             meta.sources[self.agent.name] = self.agent.stats()
-        meta.clock_anchors.append(anchor())
+        meta.note_clock_anchor(anchor())
         meta.processes = self.source.processes.summary()
         meta.exits = self.source.exits()
 
@@ -744,7 +744,7 @@ class Session:
             meta.end_ns = time.monotonic_ns()
             meta.recorder_cpu_ns = _cpu_phases(self._cpu_marks)
             meta.recorder_peak_rss_bytes = own_peak_rss_bytes()
-            meta.clock_anchors.append(anchor())
+            meta.note_clock_anchor(anchor())
             if self.child is not None:
                 meta.exit_status = self.child.poll()
             if self._interrupted:

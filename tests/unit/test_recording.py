@@ -398,3 +398,25 @@ def test_find_latest_recording_when_there_is_none(tmp_path):
         find_latest_recording(tmp_path)
     assert str(tmp_path) in err.value.message
     assert err.value.hint == "run `sudo memprof record -- CMD` first, or pass a path"
+
+
+def test_clock_anchors_stay_few_over_hours_and_the_last_is_the_latest():
+    """One anchor a flush (4 a second) for 6 hours: meta.json keeps one per
+    CLOCK_ANCHOR_SPACING_NS and the latest, and maps a time onto CLOCK_REALTIME as the whole
+    series would, here with the realtime clock slewed 50 ppm."""
+    from memprof.analysis.job import to_realtime
+    from memprof.model.meta import CLOCK_ANCHOR_SPACING_NS
+    meta, every = RecordingMeta(), RecordingMeta()
+    period_ns, hours = 250_000_000, 6
+    for i in range(hours * 3600 * 4 + 1):
+        mono = 1_000_000_000 + i * period_ns
+        anchor = ClockAnchor(monotonic_ns=mono, realtime_ns=1_700_000_000_000_000_000 + mono + (mono * 50) // 1_000_000)
+        meta.note_clock_anchor(anchor)
+        every.clock_anchors.append(anchor)
+    assert len(meta.clock_anchors) <= hours * 3600 * 1_000_000_000 // CLOCK_ANCHOR_SPACING_NS + 2
+    assert meta.clock_anchors[-1] == every.clock_anchors[-1] and meta.clock_anchors[0] == every.clock_anchors[0]
+    gaps = np.diff([a.monotonic_ns for a in meta.clock_anchors[:-1]])
+    assert gaps.min() >= CLOCK_ANCHOR_SPACING_NS
+    times = np.linspace(0, hours * 3600e9, 1001).astype(np.int64) + 1_000_000_000
+    assert np.abs(to_realtime(meta, times) - to_realtime(every, times)).max() <= 1
+    assert len(json.dumps(meta.to_dict())) < 100_000
