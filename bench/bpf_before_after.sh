@@ -5,7 +5,9 @@
 # the two sides and the Python side is the working tree's for both, so REV's programs must
 # fit it; with WHAT=tree the "before" side is REV's whole tree (for a change to both).
 # BENCH names another bench that takes --repeats (default: bench/churn_overhead.py
-# --no-memleak), e.g. BENCH=bench/startup_latency.py.
+# --no-memleak), e.g. BENCH=bench/startup_latency.py, or one with its command after " -- ", e.g.
+# BENCH="bench/record_phases.py -- $PWD/.venv/bin/python examples/generate_kv.py" (run in each
+# side's copy, which has examples/).
 #   usage (as root, from the repository root): [BENCH=…] [BENCH_FROM_TREE=1] sh bench/bpf_before_after.sh REV [ROUNDS] [REPEATS] [bpf|tree]
 set -eu
 rev=$1 rounds=${2:-2} repeats=${3:-3} what=${4:-bpf} bench=${BENCH:-bench/churn_overhead.py --no-memleak}
@@ -37,13 +39,18 @@ fi
 for side in before after; do
     "$PWD/.venv/bin/python" -m compileall -q "$work/$side/memprof" "$work/$side/cli" "$work/$side/bench" > /dev/null
 done
+# A BENCH with its own command after " -- " (bench/record_phases.py's) gets --repeats before it.
+case $bench in
+    *" -- "*) bench_options=${bench%% -- *} bench_command="-- ${bench#* -- }" ;;
+    *) bench_options=$bench bench_command="" ;;
+esac
 round=1
 while [ "$round" -le "$rounds" ]; do
     for side in before after; do
         echo "== round $round, $what of $([ $side = before ] && echo "$rev" || echo 'the working tree')"
         (cd "$work/$side" && PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" -c \
             "from importlib import resources; print('bpf/ compiled from', resources.files('memprof.bpf'))" &&
-         PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" $bench --repeats "$repeats")
+         PYTHONPATH="$work/$side" "$OLDPWD/.venv/bin/python" $bench_options --repeats "$repeats" $bench_command)
     done
     round=$((round + 1))
 done
