@@ -10,6 +10,7 @@ eval-loop call was running placed just before it, then any Python frames left ov
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -72,7 +73,7 @@ class StackInterner:
     _ids: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _frame_ids: dict = field(default_factory=dict)
-    _python_items: dict = field(default_factory=dict)  # PyFrame -> (frame id, entry)
+    _python_ids: dict = field(default_factory=dict)  # PyFrame -> frame id
     _eval_ids: set = field(default_factory=set)      # frame ids of the eval loop's native frames
     _batch: dict = field(default_factory=dict)  # symbolized parts of chains, within one drain_tables()
     _new_frames: list = field(default_factory=list)
@@ -140,13 +141,14 @@ class StackInterner:
         frames = self._python_frames(p)
         if not frames:
             return native
-        # (frame id, entry) per frame, kept per PyFrame and looked up with map(): one
-        # C-level pass over a stack's ~50 frames instead of a method call and a tuple each.
-        python = list(map(self._python_items.get, frames))
-        if None in python:
-            python = [item if item is not None else self._python_item(f) for item, f in zip(python, frames)]
-        return interleave(native, [frame_id for frame_id, _ in python],
-                          [k + 1 for k, (_, entry) in enumerate(python) if entry], self._eval_ids.__contains__)
+        # Frame ids kept per PyFrame and looked up with map(), and the entry frames' ends
+        # picked by compress(): C-level passes over a stack's ~60 frames, where a Python
+        # loop a frame took a training run's recorder ~0.1 s (issue 24).
+        ids = list(map(self._python_ids.get, frames))
+        if None in ids:
+            ids = [frame_id if frame_id is not None else self._python_id(f) for frame_id, f in zip(ids, frames)]
+        entry_ends = list(itertools.compress(range(1, len(frames) + 1), map(_IS_ENTRY, frames)))
+        return interleave(native, ids, entry_ends, self._eval_ids.__contains__)
 
     def _batched(self, key: tuple, compute: Callable[[], list]) -> list:
         found = self._batch.get(key)
@@ -162,13 +164,13 @@ class StackInterner:
         except (KeyError, OSError):
             return []
 
-    def _python_item(self, f: PyFrame) -> tuple[int, bool]:
-        """(frame id, entry) of a Python frame, kept by the PyFrame itself (a tuple: one hash
-        of four fields, where the frames' key would be a new tuple per frame)."""
-        item = self._python_items.get(f)
-        if item is None:
-            item = self._python_items[f] = (self._frame_id(_PYTHON, f.function, None, f.file, f.line), f.entry)
-        return item
+    def _python_id(self, f: PyFrame) -> int:
+        """The frame id of a Python frame, kept by the PyFrame itself (a tuple: one hash of
+        four fields, where the frames' key would be a new tuple per frame)."""
+        frame_id = self._python_ids.get(f)
+        if frame_id is None:
+            frame_id = self._python_ids[f] = self._frame_id(_PYTHON, f.function, None, f.file, f.line)
+        return frame_id
 
     def _kernel_frames(self, p: _Pending) -> list[int]:
         addrs = self._safe_read(p.kstack_id)
@@ -256,6 +258,7 @@ class StackInterner:
 
 _PYTHON = FrameKind.PYTHON.value
 _NATIVE = FrameKind.NATIVE.value
+_IS_ENTRY = operator.attrgetter("entry")  # of a PyFrame
 _KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)
 
 
