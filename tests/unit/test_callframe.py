@@ -193,7 +193,7 @@ def test_absolute_udata8_locations_and_a_version_3_cie_without_augmentation():
 
 @pytest.mark.parametrize("damage", [
     "length past the section", "cie pointer outside", "points at an FDE", "unknown opcode", "restore with nothing",
-    "cut leb", "eh augmentation", "datarel encoding", "entry offset outside"])
+    "cut leb", "eh augmentation", "datarel encoding", "indirect encoding", "entry offset outside"])
 def test_entries_it_cannot_read_raise_value_error(damage):
     cie = _cie(INITIAL)
     program = PROLOGUE
@@ -207,6 +207,8 @@ def test_entries_it_cannot_read_raise_value_error(damage):
         cie = _cie(INITIAL, b"eh", b"")
     elif damage == "datarel encoding":
         cie = _cie(INITIAL, b"zR", b"\x3b")
+    elif damage == "indirect encoding":
+        cie = _cie(INITIAL, b"zR", b"\x9b")
     section = _section(cie, _pcrel_fde(program))
     offset = len(cie)
     if damage == "length past the section":

@@ -32,17 +32,18 @@ from memprof.sources.symbols.symbolize import KernelSymbols, SymbolPrewarm, User
 # Drained records wait undecoded until a poll asks for them, or until this many wait (4.7 MB
 # of records; ~55 ms of kernel churn, the busiest workload here). Decoding each 20 ms drain
 # cost a fixed ~0.7 ms of numpy and Arrow calls whatever its size: 0.70 s of the recorder's
-# CPU on a GPT-2 generation of 600,000 events, against 0.28 s decoded every 0.1 s (issue 24).
+# CPU on a GPT-2 generation of 600,000 events, against 0.20-0.22 s decoded at each flush
+# (in-process timers, bench/RESULTS.md; issue 24).
 DECODE_MAX_RECORDS = 65536
 # The live processes' maps are re-read whole at most this often (periodic()); an executable
-# mapping is announced at once (MAP_EXEC). Each flush (4 a second) re-read them: 3.4 ms of the
-# recorder's CPU a time beside a GPT-2 generation, 0.35 s of a 21 s run (issue 24).
+# mapping is announced at once (MAP_EXEC). Each flush (4 a second) re-read them: ~4 ms of the
+# recorder's CPU a time beside a GPT-2 generation, 0.43 s of a 21 s run (issue 24).
 PERIODIC_S = 1.0
 
 
 class EbpfSource:
     """Compile, attach, poll and account for every eBPF probe family.
-    Use: start(pids) → poll()… (periodic() about once a second) → stop()."""
+    Use: start(pids) → poll()… (periodic() at each flush) → stop()."""
 
     name = "ebpf"
 

@@ -18,7 +18,6 @@ _MASK64 = (1 << 64) - 1
 MAX_ENTRY_BYTES = 1 << 20  # no real entry comes near; a larger length is a corrupt one
 
 # Pointer encodings (DW_EH_PE_*): the low four bits give the format, bits 4-6 the base.
-_PE_OMIT = 0xFF
 _PE_FIXED = {0x00: (8, False), 0x02: (2, False), 0x03: (4, False), 0x04: (8, False),  # (bytes, signed)
              0x0A: (2, True), 0x0B: (4, True), 0x0C: (8, True)}
 _PE_ULEB128, _PE_SLEB128 = 0x01, 0x09
@@ -102,11 +101,11 @@ class CallFrames:
     def _cie(self, offset: int) -> _Cie:
         cie = self._cies.get(offset)
         if cie is None:
-            cie = self._cies[offset] = _parse_cie(*self._entry(offset), self._address)
+            cie = self._cies[offset] = _parse_cie(self._entry(offset)[0])
         return cie
 
 
-def _parse_cie(body: bytes, body_offset: int, section_address: int) -> _Cie:
+def _parse_cie(body: bytes) -> _Cie:
     """A CIE's alignment factors, its FDEs' pointer encoding and its initial instructions."""
     if _take(body, 0, 4) != b"\0\0\0\0":
         raise ValueError("the FDE's CIE pointer does not lead to a CIE")
@@ -135,7 +134,7 @@ def _parse_cie(body: bytes, body_offset: int, section_address: int) -> _Cie:
             elif letter not in "SB":
                 raise ValueError(f"CIE augmentation {augmentation!r}")
         pos = data_end
-    if fde_encoding & 0x70 not in (_PE_ABS, _PE_PCREL) or fde_encoding == _PE_OMIT:
+    if fde_encoding & 0xF0 not in (_PE_ABS, _PE_PCREL):  # (not indirect, nor omitted: 0xff)
         raise ValueError(f"FDE pointer encoding {fde_encoding:#x}")
     return _Cie(code_align, data_align, fde_encoding, bool(augmentation), body[pos:])
 
@@ -227,9 +226,9 @@ def _pointer(data: bytes, pos: int, encoding: int, field_address: int) -> tuple[
         value, end = int.from_bytes(_take(data, pos, width), "little", signed=signed), pos + width
     else:
         raise ValueError(f"pointer encoding {encoding:#x}")
-    if encoding & 0x70 == _PE_PCREL:
+    if encoding & 0xF0 == _PE_PCREL:
         value += field_address
-    elif encoding & 0xF0:
+    elif encoding & 0xF0:  # relative to text, data or a function, aligned, or indirect
         raise ValueError(f"pointer encoding {encoding:#x}")
     return value & _MASK64, end
 
