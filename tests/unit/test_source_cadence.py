@@ -80,3 +80,20 @@ def test_the_maps_are_reread_whole_at_most_once_a_period(monkeypatch):
     clock[0] += source_module.PERIODIC_S / 2
     source.periodic()
     assert rereads == [False, False]
+
+
+def test_a_process_that_mapped_a_file_executable_has_its_maps_read_again_a_poll_later():
+    """MAP_EXEC is sent as mmap is entered: the drain that reads it may read the maps before
+    the mapping exists, so the next poll reads them once more (and the one after does not)."""
+    source, _ = _source([_records(10, 1, R.MAP_EXEC), np.empty(0, dtype=R.EVENT_DTYPE)])
+    source.processes.add(100, None, 1)
+    source.processes.procs[100].stale = False
+    reads = []
+    source._refresh_processes = lambda only_stale, mapped_ns=None: reads.append(
+        (only_stale, source.processes.procs[100].stale)) or setattr(source.processes.procs[100], "stale", False)
+    source.poll(decode=False)
+    assert reads == [(True, True)]
+    source.poll(decode=False)
+    assert reads == [(True, True), (True, True)]
+    source.poll(decode=False)
+    assert len(reads) == 2

@@ -76,6 +76,7 @@ class EbpfSource:
         self._undecoded: list[np.ndarray] = []  # drained records a later poll decodes
         self._undecoded_rows = 0
         self._periodic_at_s: float | None = None  # time.monotonic() of periodic()'s last re-read
+        self._mapped_again: set[int] = set()  # processes whose maps the next poll re-reads too
 
     def enabled(self, family: str) -> bool:
         return self.options.enabled(family)
@@ -160,6 +161,8 @@ class EbpfSource:
         mappings) and the held frees' count are applied at once; the memory events of this
         drain and of earlier ones left undecoded come back as columns, oldest first, where
         `decode` asks for them or DECODE_MAX_RECORDS wait. None where nothing comes back."""
+        if self._mapped_again:
+            self._reread_mapped()
         recs = self._ring.drain()
         held = (recs["flags"] & R.FLAG_HELD) != 0
         held_frees = int(np.count_nonzero(held))
@@ -197,8 +200,19 @@ class EbpfSource:
                 self.exit_marks[pid] = (ts, int(r["requested"]))
             elif kind == R.MAP_EXEC:
                 self.processes.mark_stale(pid)
+                self._mapped_again.add(pid)
         if np.isin(kinds, (R.PROC_EXEC, R.PROC_FORK, R.MAP_EXEC)).any():
             self._refresh_processes(only_stale=True, mapped_ns=int(mapped.min()) if mapped.size else None)
+
+    def _reread_mapped(self) -> None:
+        """Re-read, a poll later, the maps of processes that announced an executable mapping:
+        MAP_EXEC is sent as mmap is entered, and the drain that read it may have read the
+        maps before the mapping was made. The re-read of every process's maps comes only once
+        a second (periodic()), and a library's frames would stay unknown until then."""
+        for pid in self._mapped_again:
+            self.processes.mark_stale(pid)
+        self._mapped_again = set()
+        self._refresh_processes(only_stale=True)
 
     def _intern(self, *columns) -> np.ndarray:
         return self._stacks.intern(*columns)
