@@ -195,8 +195,8 @@ class RecordingMeta:
         """Add `anchor` (taken at each flush) to `clock_anchors` at a bounded density: the last
         anchor is always the latest, and the ones before it lie CLOCK_ANCHOR_SPACING_NS apart
         or more. Kept at every flush (4 a second), a 6-hour run's 86,400 anchors made each
-        rewrite of meta.json 5.9 MB and 0.39 s of the recorder's CPU, more than a flush's
-        period. Readers interpolate between anchors (analysis/job.py); over 30 s the kernel's
+        rewrite of meta.json 5.9 MB and 0.35-0.39 s of the recorder's CPU, more than a
+        flush's period (bench/RESULTS.md). Readers interpolate between anchors (analysis/job.py); over 30 s the kernel's
         largest slew (500 ppm) moves CLOCK_REALTIME's offset by 15 ms at most."""
         anchors = self.clock_anchors
         if len(anchors) >= 2 and anchors[-1].monotonic_ns - anchors[-2].monotonic_ns < CLOCK_ANCHOR_SPACING_NS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import operator
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -396,7 +397,13 @@ def merge_chain(native: list, python: list, is_eval, entry=lambda frame: frame.e
     over (the native stack ended early: no frame pointers) go after the native ones.
     `entry(python_frame)` says whether a Python frame was the first of its eval call.
     The eval frames themselves stay in the result; reports hide them by default."""
-    return interleave(native, python, [k + 1 for k, frame in enumerate(python) if entry(frame)], is_eval)
+    return interleave(native, python, entry_ends(python, entry), is_eval)
+
+
+def entry_ends(python: list, entry=operator.attrgetter("entry")) -> list[int]:
+    """Each entry frame's index + 1, ascending (interleave's `entry_ends`), picked by a C-level
+    pass (itertools.compress) over a stack's frames."""
+    return list(itertools.compress(range(1, len(python) + 1), map(entry, python)))
 
 
 def interleave(native: list, python: list, entry_ends: list[int], is_eval) -> list:

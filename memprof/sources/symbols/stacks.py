@@ -10,14 +10,13 @@ eval-loop call was running placed just before it, then any Python frames left ov
 from __future__ import annotations
 
 import itertools
-import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from memprof.lazy_import import numpy as np
 from memprof.model import FrameKind
 from memprof.model.schema import EVAL_LOOP_FUNCTIONS
-from memprof.sources.cpython.frames import PyFrame, interleave
+from memprof.sources.cpython.frames import PyFrame, entry_ends, interleave
 from memprof.sources.symbols.frameless import FramelessFrames
 from memprof.sources.symbols.symbolize import KernelSymbols, Mapping, UserSymbolizer
 
@@ -141,14 +140,13 @@ class StackInterner:
         frames = self._python_frames(p)
         if not frames:
             return native
-        # Frame ids kept per PyFrame and looked up with map(), and the entry frames' ends
-        # picked by compress(): C-level passes over a stack's ~60 frames, where a Python
-        # loop a frame took a training run's recorder ~0.1 s (issue 24).
+        # Frame ids kept per PyFrame and looked up with map(): C-level passes over a stack's
+        # ~60 frames, here and in entry_ends, where Python loops over (frame id, entry) pairs
+        # took 0.26 s of a GPT-2 generation's drain_tables under cProfile (0.13 s now; issue 24).
         ids = list(map(self._python_ids.get, frames))
         if None in ids:
             ids = [frame_id if frame_id is not None else self._python_id(f) for frame_id, f in zip(ids, frames)]
-        entry_ends = list(itertools.compress(range(1, len(frames) + 1), map(_IS_ENTRY, frames)))
-        return interleave(native, ids, entry_ends, self._eval_ids.__contains__)
+        return interleave(native, ids, entry_ends(frames), self._eval_ids.__contains__)
 
     def _batched(self, key: tuple, compute: Callable[[], list]) -> list:
         found = self._batch.get(key)
@@ -258,7 +256,6 @@ class StackInterner:
 
 _PYTHON = FrameKind.PYTHON.value
 _NATIVE = FrameKind.NATIVE.value
-_IS_ENTRY = operator.attrgetter("entry")  # of a PyFrame
 _KEPT_PROCESSES = 64  # processes whose resolved native addresses are kept (_known_native)
 
 
