@@ -288,6 +288,35 @@ def cut(result: LeakResult, top: int | None) -> LeakResult:
     return replace(result, findings=result.findings[:top], not_leaks=result.not_leaks[:top], top=top)
 
 
+def one_per_chain(findings: Iterable[LeakFinding]) -> list[LeakFinding]:
+    """`findings` with each chain once, in the order of each chain's first finding.
+
+    A chain (layer, stack_id; and its ranks in a job, each judged apart) is several findings
+    where its allocations differ in fate: what the exit released and what it did not
+    (released_at_exit), or start-up work beside the rest. Each carries the whole chain's
+    trend, so a sum of slopes over findings counts a chain's growth once per fate. Here the
+    fates are one: bytes, counts and younger allocations added, the span widened, the trend
+    and missed frees (both per chain) once; kind and reason those of the growing finding
+    where one grows, else of the biggest; released_at_exit only where every fate was."""
+    merged: dict[tuple, LeakFinding] = {}
+    for finding in findings:
+        key = (finding.layer, finding.stack_id, finding.ranks, finding.hosts)
+        seen = merged.get(key)
+        merged[key] = finding if seen is None else _fates_merged(seen, finding)
+    return list(merged.values())
+
+
+def _fates_merged(one: LeakFinding, other: LeakFinding) -> LeakFinding:
+    grows = LeakKind.GROWS_PER_STEP.value
+    base = other if other.kind == grows and one.kind != grows else one
+    return replace(base, live_bytes=one.live_bytes + other.live_bytes, live_count=one.live_count + other.live_count,
+                   first_ns=min(one.first_ns, other.first_ns), last_ns=max(one.last_ns, other.last_ns),
+                   growth_bytes_per_s=one.growth_bytes_per_s + other.growth_bytes_per_s,
+                   released_at_exit=one.released_at_exit and other.released_at_exit,
+                   younger_count=one.younger_count + other.younger_count,
+                   younger_bytes=one.younger_bytes + other.younger_bytes)
+
+
 def find_leaks_by_rank(lifetimes: Lifetimes, rank_of_pid: Mapping[int, tuple[int, str | None]], *,
                        top: int | None = None, **options) -> LeakResult:
     """find_leaks judged apart for each rank (each (rank, host) of `rank_of_pid`, and the

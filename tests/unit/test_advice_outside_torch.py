@@ -16,8 +16,8 @@ from memprof.analysis.advice.outside_torch_kernel import call_site_frame, object
 from memprof.api import analyse
 from memprof.model.meta import RecordingMeta
 from memprof.recording import RecordingWriter
-from tests.factories import stacks_frames
-from tests.gpu_factories import GiB, MiB, S, cuda, leak_per_step, samples_frame, step_marks, timeline_of
+from tests.factories import ev, mark, stacks_frames
+from tests.gpu_factories import PID, GiB, MiB, S, cuda, leak_per_step, samples_frame, step_marks, timeline_of
 
 RULE = outside_torch.RULE_ID
 NCCL = [("native", "ncclMemAlloc", "libnccl.so.2", None, None), ("native", "ncclCommInitRank", "libnccl.so.2", None, None),
@@ -159,6 +159,24 @@ def test_pipes_kept_per_step_are_named_by_their_user_frame(tmp_path):
     assert advice.numbers["bytes_per_step"] == 4096 and advice.saving_bytes == 20 * 4096
     assert advice.chains == (8,) and advice.layer == "kernel_slab"
     assert "20 × alloc_pipe_info of 4.0 KiB: 80.0 KiB" in advice.evidence[1]
+
+
+def test_a_chain_split_by_the_exit_counts_its_growth_and_objects_once(tmp_path):
+    """40 pipes kept one per step, the process exiting after the last step, and the exit
+    freeing half of them (the odd steps'): one chain, two findings (what the exit released,
+    what it did not), each carrying the whole chain's trend. The site grows 4 KiB per step
+    and made 40 pipes: summing both findings' slopes said 8 KiB (as CI65's 6,576 B for 4,848
+    B), and the larger finding's count said 20."""
+    rows = leak_per_step(40, 4096, layer="kernel_slab", stack_id=8, churn_stack=8)
+    rows += [mark(41 * S, PID, "exit")]
+    rows += [ev(41 * S + S // 2 + k, "free", 0x10_0000 + k * 0x1000, layer="kernel_slab", device="cpu")
+             for k in range(1, 41, 2)]
+    (advice,) = judge(write(tmp_path / "pipes_split.memprof", rows)).advice
+    assert advice.numbers["bytes_per_step"] == 4096 and advice.numbers["objects"] == 40, advice.numbers
+    assert advice.numbers["chains"] == 1 and advice.numbers["held_bytes"] == 40 * 4096, advice.numbers
+    assert advice.title == "40 pipes kept open from launch (workers.py:23): kernel memory grows 4.0 KiB per step"
+    assert "in 1 chain(s)" in advice.evidence[0], advice.evidence
+    assert advice.chains == (8,), advice.chains
 
 
 def test_few_kernel_objects_are_not_advised_on(tmp_path):

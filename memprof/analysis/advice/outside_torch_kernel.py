@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from memprof.analysis.advice import chain_text
 from memprof.analysis.advice.model import Advice
+from memprof.analysis.leaks import one_per_chain
 from memprof.model.schema import Layer
 from memprof.units import format_bytes
 
@@ -174,7 +175,9 @@ def kernel_advice(facts: Facts, leaks: LeakResult, limits: KernelLimits, rule_id
     """(c): one advice per call site whose kernel objects cross `limits`; else why not."""
     if not any(f.layer in _KERNEL_LAYERS for f in leaks.findings):
         return [], "no kernel-layer leak findings"
-    candidates = [f for f in leaks.findings if _counts(f, leaks, limits)]
+    # One finding per chain: a chain split by the exit (what it released, what it did not)
+    # carries its trend in both halves, and a site's growth adds up chains, not halves.
+    candidates = one_per_chain(f for f in leaks.findings if _counts(f, leaks, limits))
     frames = facts.chains([f.stack_id for f in candidates if f.stack_id is not None])
     sites: dict[tuple, _Site] = {}
     for finding in candidates:
