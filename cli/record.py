@@ -292,6 +292,8 @@ def record(output, host_label, pid, duration, max_size, sources, force, stack_ev
     # bench/RESULTS.md, 2026-12-05).
     import numpy  # noqa: F401
     import pyarrow  # noqa: F401
+    from memprof.lazy_import import without_cloud_filesystems
+    without_cloud_filesystems()  # the recording is local files: no S3 library loaded at the first flush
 
     from memprof.cli import console
     from memprof.cli.status import StatusLine

@@ -48,3 +48,22 @@ class LazyModule:
 
 numpy = LazyModule("numpy")
 pyarrow = LazyModule("pyarrow")
+
+
+# pyarrow's filesystems for remote storage: pyarrow.fs imports each it can, and leaves out
+# one whose import fails, as in a pyarrow built without it.
+_CLOUD_FILESYSTEMS = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
+
+
+def without_cloud_filesystems() -> None:
+    """Keep pyarrow's S3, GCS, Azure and HDFS filesystems out of this process, for a process
+    that reads and writes local files alone (`record`). pyarrow.parquet imports pyarrow.fs,
+    which imports them all: S3's library alone is ~9 MB of the recorder's RSS (with OpenSSL),
+    loaded at its first flush, beside the command. A None in sys.modules makes their import
+    fail, and pyarrow.fs goes on without them; asking for one later raises ImportError.
+    Does nothing once pyarrow.fs is imported (it has them already, or has left them out)."""
+    import sys
+    if "pyarrow.fs" in sys.modules:
+        return
+    for name in _CLOUD_FILESYSTEMS:
+        sys.modules.setdefault(name, None)

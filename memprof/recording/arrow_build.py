@@ -1,5 +1,6 @@
 """Arrow arrays from numpy arrays and Python lists, and numpy arrays from Arrow ones, without
-pyarrow importing pandas (issue 24: the recorder's size and CPU).
+pyarrow importing pandas, and a table's rows sorted and dictionary columns encoded without
+pyarrow.compute (issue 24: the recorder's size and CPU).
 
 pyarrow imports pandas, when it is installed, the first time it converts a Python or numpy
 object (`pa.array`, `pa.scalar`, `Array.to_numpy`): ~45 MB and ~0.25 s of CPU in the
@@ -119,8 +120,21 @@ def strings(values: Sequence) -> pa.Array:
 
 
 def dictionary(values: Sequence, type_: pa.DictionaryType) -> pa.Array:
-    """A dictionary array of `type_` from a sequence of str (None for null)."""
-    return strings(values).dictionary_encode().cast(type_)
+    """A dictionary array of `type_` from a sequence of str (None for null), its dictionary
+    in the order values first appear. Encoded here, by a dict: Array.dictionary_encode and
+    Array.cast import pyarrow.compute (~11 MB and ~20 ms of CPU in the recorder, beside the
+    command), and cost more than this for a batch's few distinct values (4-5x, 10 to 10^5
+    values). ValueError where a value is not a str, or there are more distinct values than
+    the index type holds."""
+    codes: dict = {None: -1}
+    index = np.fromiter([codes.setdefault(value, len(codes) - 1) for value in values], np.int64, len(values))
+    distinct = list(codes)[1:]
+    limit = np.iinfo(type_.index_type.to_pandas_dtype()).max + 1
+    if len(distinct) > limit:
+        raise ValueError(f"{len(distinct)} distinct values, a category column holds at most {limit}")
+    nulls = index < 0
+    indices = numeric(np.where(nulls, 0, index), type_.index_type, nulls if nulls.any() else None)
+    return pa.DictionaryArray.from_arrays(indices, strings(distinct))
 
 
 def repeated(value, type_: pa.DataType, length: int) -> pa.Array:
@@ -144,6 +158,64 @@ def to_numpy(array: pa.Array, null_as) -> np.ndarray:
         bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
         out[bits[array.offset:array.offset + len(array)] == 0] = null_as
     return out
+
+
+def sorted_by(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """`table`'s rows sorted by the integer columns `keys` (ascending, the first key first,
+    ties kept in order), as `Table.sort_by` sorts them, without importing pyarrow.compute
+    (~11 MB and ~20 ms of CPU in the recorder, beside the command; issue 24). The keys must
+    hold no nulls; other column types than take_rows handles are left to `sort_by`."""
+    if (not table.num_rows or not all(_takeable(field.type) for field in table.schema)
+            or any(table.column(key).null_count for key in keys)):
+        return table.sort_by([(key, "ascending") for key in keys])
+    columns = [to_numpy(_one_array(table.column(key)), 0) for key in keys]
+    return take_rows(table, _order(columns))
+
+
+def _order(columns: list[np.ndarray]) -> np.ndarray:
+    """The stable order of rows by `columns`, the first first. Where the second key never
+    falls row by row (the writer's seq, in the order batches were appended), a stable sort
+    of the first alone is that order, at half a lexsort's cost or less."""
+    if len(columns) == 1 or bool(np.all(columns[1][1:] >= columns[1][:-1])):
+        return np.argsort(columns[0], kind="stable")
+    return np.lexsort(columns[::-1])
+
+
+def take_rows(table: pa.Table, order: np.ndarray) -> pa.Table:
+    """`table`'s rows at the indices `order` (a permutation or any in-range indices), as
+    `Table.take` gives them, from buffers: fixed-width columns (integers, floats) and
+    dictionary columns of them. Nulls stay nulls."""
+    return pa.Table.from_arrays([_take(_one_array(column), order) for column in table.columns], schema=table.schema)
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (a slice keeps its offset), else the
+    chunks combined into new buffers."""
+    return column.chunks[0] if column.num_chunks == 1 else column.combine_chunks()
+
+
+# Each fixed width's values moved as unsigned integers of that width: bits, not numbers.
+_UNSIGNED = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}
+
+
+def _takeable(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):
+        return _takeable(type_.index_type)
+    return (pa.types.is_integer(type_) or pa.types.is_floating(type_)) and type_.bit_width // 8 in _UNSIGNED
+
+
+def _take(array: pa.Array, order: np.ndarray) -> pa.Array:
+    if pa.types.is_dictionary(array.type):
+        return pa.DictionaryArray.from_arrays(_take(array.indices, order), array.dictionary)
+    width = array.type.bit_width // 8
+    validity, data = array.buffers()[:2]
+    rows = np.frombuffer(data, _UNSIGNED[width], count=len(array), offset=array.offset * width)
+    nulls = None
+    if array.null_count:
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        nulls = bits[array.offset:array.offset + len(array)][order] == 0
+    buffers = [_validity(nulls), pa.py_buffer(np.ascontiguousarray(rows[order]))]
+    return pa.Array.from_buffers(array.type, len(order), buffers, null_count=0 if nulls is None else int(nulls.sum()))
 
 
 def _with_validity(type_: pa.DataType, values: np.ndarray, mask: np.ndarray | None) -> pa.Array:

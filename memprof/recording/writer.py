@@ -206,8 +206,9 @@ class RecordingWriter:
         if table_name == "events" and table.num_rows > 1:
             # Each part in time order (ties in ingest order): the ring buffer interleaves
             # CPUs, and sorting a part here costs the recorder milliseconds where sorting
-            # 10^7 rows at every report costs seconds. Readers still check the order.
-            table = table.sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
+            # 10^7 rows at every report costs seconds. Readers still check the order. Sorted
+            # by numpy, not Table.sort_by, which imports pyarrow.compute (arrow_build.sorted_by).
+            table = arrow_build.sorted_by(table, ["ts_ns", "seq"])
         path, identity = self._write_file(self.path / table_name, part_name(self._parts[table_name]), table)
         self._parts[table_name] += 1
         if self._read_back and table_name == "events":
@@ -431,9 +432,9 @@ def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
         array = pa.DictionaryArray.from_arrays(
             pa.array(codes, mask=codes < 0), pa.array(np.asarray(value.categories, dtype=object), type_.value_type))
     elif arrow_build.convertible(value) and all(v is None or isinstance(v, str) for v in value):
-        array = arrow_build.strings(value)
-        if array.null_count == len(array):
+        if all(v is None for v in value):
             return pa.nulls(length, type_)  # as pa.array's null type below
+        return arrow_build.dictionary(value, type_)  # of type_ already, encoded without pyarrow.compute
     else:
         array = pa.array(value, from_pandas=True)
         if pa.types.is_null(array.type):
@@ -448,10 +449,10 @@ def _to_dictionary(type_: pa.DataType, value: _Column, length: int) -> pa.Array:
 
 
 def _cast(array: pa.Array, type_: pa.DataType) -> pa.Array:
-    """`array` as `type_`. The recorder's columns come typed already (decode.py), and
-    Array.cast dispatches through pyarrow.compute even then: its import took 0.1 s of the
-    recorder's first poll (the flush thread's sort imports it later, off the polling
-    thread), and each call ~20 µs of every poll."""
+    """`array` as `type_`. The recorder's columns come typed already (decode.py, and
+    arrow_build for the agent's strings), and Array.cast dispatches through pyarrow.compute
+    even then: its import took 0.1 s of the recorder's first poll and ~11 MB of its RSS
+    (nothing else of a recording imports it now), and each call ~20 µs of every poll."""
     return array if array.type == type_ else array.cast(type_)
 
 

@@ -1,6 +1,7 @@
 """What a whole recording loads into the recorder's process (issue 24: size and start-up),
-with real eBPF: no pandas, whatever the command and whether or not the status line (and its
-live bytes) is on; and the recording it writes reads back with the known numbers. Decoding
+with real eBPF: no pandas, no pyarrow.compute and no S3 library, whatever the command and
+whether or not the status line (and its live bytes) is on; and the recording it writes
+reads back with the known numbers. Decoding
 and writing alone are checked without privileges in tests/unit/test_startup_imports.py.
 
 And what `record` has imported when it lets the command start: with what it keeps across
@@ -30,8 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _record_in_process(tmp_path: Path, args: list[str]) -> dict:
     """`memprof record ARGS` run by memprof's click group in a fresh interpreter; what it
-    exited with, and whether pandas was ever imported in that process. (Not by main(), which
-    ends `record` with os._exit before anyone could ask.)"""
+    exited with, whether pandas or pyarrow.compute was ever imported in that process, and
+    whether S3's library was loaded (~11 and ~9 MB of its RSS: recording/arrow_build.py,
+    lazy_import.py). (Not by main(), which ends `record` with os._exit before anyone could
+    ask.)"""
     script = textwrap.dedent(f"""
         import json, sys
         from memprof.cli.main import cli
@@ -41,7 +44,9 @@ def _record_in_process(tmp_path: Path, args: list[str]) -> dict:
             code = 0
         except SystemExit as e:
             code = e.code
-        print(json.dumps({{"exit": code, "pandas": "pandas" in sys.modules}}), file=sys.__stdout__)
+        print(json.dumps({{"exit": code, "pandas": "pandas" in sys.modules,
+                          "compute": "pyarrow.compute" in sys.modules,
+                          "s3": "libarrow_s3" in open("/proc/self/maps").read()}}), file=sys.__stdout__)
     """)
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -53,12 +58,12 @@ def test_a_recording_of_a_python_program_never_imports_pandas(tmp_path, quiet):
     grow = "x = [bytearray(4096) for _ in range(2000)]; import json; json.dumps(list(range(1000)))"
     out = _record_in_process(tmp_path, [*(["-q"] if quiet else []), "-o", "py.memprof", "--",
                                         sys.executable, "-c", grow])
-    assert out == {"exit": 0, "pandas": False}
+    assert out == {"exit": 0, "pandas": False, "compute": False, "s3": False}
 
 
 def test_a_recording_without_pandas_finds_the_known_kernel_leak(tmp_path, leaks_json):
     out = _record_in_process(tmp_path, ["-q", "-o", "leak.memprof", "--", KERNEL_LEAK])
-    assert out == {"exit": 0, "pandas": False}
+    assert out == {"exit": 0, "pandas": False, "compute": False, "s3": False}
     finding = pipe_info_finding(leaks_json(tmp_path / "leak.memprof", "--layer", "kernel_slab", "--top", "1000"))
     assert (finding["live_count"], finding["live_bytes"]) == (257, 257 * PIPE_BUFFER_ARRAY_BYTES)
 

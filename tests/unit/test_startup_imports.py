@@ -3,7 +3,8 @@ to import here, and the recorder has no need of it: nothing on the way to the co
 import it (not the recorder's modules, not the decoder's construction, not the recording
 package or its writer), and neither may decoding and writing events (the decoder's columns
 are Arrow arrays built from buffers, recording/arrow_build.py: pyarrow's own conversions
-import pandas). tests/integration/test_compiled_cache.py checks whole recordings."""
+import pandas; their sort and dictionary encoding import pyarrow.compute).
+tests/integration/test_compiled_cache.py checks whole recordings."""
 from __future__ import annotations
 
 import subprocess
@@ -63,6 +64,43 @@ def test_decoding_and_writing_events_and_chains_import_no_pandas(tmp_path):
     """))
     assert "memprof.recording.writer" in loaded and "pyarrow.parquet" in loaded
     assert "pandas" not in loaded
+    # Nor the flush's sort of the events, or its dictionary columns (recording/arrow_build.py):
+    # pyarrow.compute is ~11 MB of the recorder's RSS.
+    assert "pyarrow.compute" not in loaded
+
+
+def test_without_cloud_filesystems_parquet_is_written_and_no_s3_library_is_loaded(tmp_path):
+    """`record` keeps pyarrow's cloud filesystems out (lazy_import.without_cloud_filesystems):
+    Parquet is written and read as before, S3's library is not mapped, and asking for
+    S3FileSystem says it is missing."""
+    code = f"""
+import sys
+from memprof.lazy_import import without_cloud_filesystems
+without_cloud_filesystems()
+import pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.table({{"x": [1, 2]}}), {str(tmp_path / "t.parquet")!r})
+assert pq.read_table({str(tmp_path / "t.parquet")!r}).column("x").to_pylist() == [1, 2]
+try:
+    from pyarrow.fs import S3FileSystem
+    print("s3 importable")
+except ImportError:
+    print("s3 missing")
+print("libarrow_s3" in open("/proc/self/maps").read())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["s3 missing", "False"]
+
+
+def test_without_cloud_filesystems_changes_nothing_once_pyarrow_fs_is_imported():
+    code = """
+import pyarrow.fs
+from memprof.lazy_import import without_cloud_filesystems
+without_cloud_filesystems()
+import sys
+print(sys.modules.get("pyarrow._s3fs", "absent") is not None)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "True"
 
 
 def test_the_recording_package_still_gives_every_name():
