@@ -100,11 +100,19 @@ def render_advice(advice: Advice, chains: Chains, thresholds: tuple[Threshold, .
     for module in advice.modules:
         out(f"   [dim]module:[/] {escape(module)}")
     out(f"   [green]try:[/] {escape(advice.change)}")
-    saving = advice.saving if advice.saving_bytes is None else f"{advice.saving} ({format_bytes(advice.saving_bytes)})"
-    out(f"   [green]saving:[/] {escape(saving)}")
+    out(f"   [green]saving:[/] {escape(_saving_text(advice))}")
     if thresholds:
         out("   [dim]thresholds: " + escape("; ".join(_threshold_text(t) for t in thresholds)) + "[/]")
     out("")
+
+
+def _saving_text(advice: Advice) -> str:
+    """The saving in words, with its figure after them where the words do not give it
+    already (appended to words that do, it read as the last clause's: "30.7 MiB if it is
+    float32 (20.5 MiB)")."""
+    if advice.saving_bytes is None or format_bytes(advice.saving_bytes) in advice.saving:
+        return advice.saving
+    return f"{advice.saving} ({format_bytes(advice.saving_bytes)})"
 
 
 def _threshold_text(threshold: Threshold) -> str:

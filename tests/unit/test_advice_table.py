@@ -98,6 +98,16 @@ def test_the_terminal_prints_evidence_chain_change_saving_thresholds_and_the_sil
         assert expected in text, (expected, text)
 
 
+def test_a_saving_whose_words_give_its_figure_is_not_followed_by_it_again():
+    """"…, 30.7 MiB if it is float32 (20.5 MiB)" read as if float32 saved 20.5 MiB."""
+    view = _view()
+    (found,) = view.result.advice
+    words = Advice(**{**found.__dict__, "saving": "at least 3.0 MiB less at the peak, 4.5 MiB if it is float32"})
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    advice_report.render_advice(words, view.chains, (), console, 1)
+    assert "saving: at least 3.0 MiB less at the peak, 4.5 MiB if it is float32\n" in console.file.getvalue()
+
+
 def test_report_advice_on_a_recording_lists_every_rule_and_exits_0(tmp_path):
     path = leaky_recording(tmp_path / "leak.memprof")
     code, stdout, err = invoke("report", "advice", path, "--format", "json")
