@@ -79,10 +79,11 @@ make_venv() {
     /usr/bin/python3 -m venv --system-site-packages .venv
   fi
   local stamp=.venv/.memprof-installed
-  if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    say "installing memprof and its dev extras into .venv"
+  if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] ||
+     [ constraints.txt -nt "$stamp" ]; then
+    say "installing memprof and its dev extras into .venv (the versions in constraints.txt)"
     .venv/bin/pip install -q --upgrade pip >/dev/null
-    .venv/bin/pip install -q -e '.[dev]'
+    .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
     touch "$stamp"
   fi
   isolate_launcher
