@@ -55,7 +55,7 @@ class LeakReason(str, enum.Enum):
     GROWS = "grows"                    # a rising trend over the checkpoints
     CACHED_SEGMENT = "cached_segment"  # a caching allocator's segment with no live block
     KERNEL_CACHE = "kernel_cache"      # page cache, dentries, inodes: reclaimed under pressure
-    SLAB_PAGES = "slab_pages"          # the slab allocator's own pages
+    SLAB_PAGES = "slab_pages"          # the slab allocator's own pages and its bookkeeping of them
     ADDRESS_SPACE = "address_space"    # page tables, VMAs: they go with the process
     MEMPROF_OWN = "memprof_own"        # memprof's BPF programs, uprobes, agent
     PLATEAU = "plateau"                # filled, then held steady (a cache or pool)
@@ -538,8 +538,9 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, known: KnownChains,
                   setup_end_ns: int | None, state: pd.DataFrame) -> np.ndarray:
     """Per held row, a LeakReason value: "memprof_own" (memprof's BPF programs, uprobes or
-    agent: any layer), else for kernel rows "address_space", "slab_pages" (pages),
-    "kernel_cache" (a cache chain that outlived the process), else "cached_segment" (no live
+    agent: any layer), else for kernel rows "address_space", "slab_pages" (the slab
+    allocator's pages and its bookkeeping of them), "kernel_cache" (a cache chain that
+    outlived the process), else "cached_segment" (no live
     block inside) or "model_state" (a segment whose live blocks are all model state, the
     allocations in `state`), else "threads" (kernel objects of a thread), else "startup"
     (_at_startup, for every held allocation of the chain), else "held"."""
@@ -552,8 +553,9 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
         segment = _segment_reasons(allocations, ends, state)[held.index.to_numpy()]
         reason = np.where(segment != None, segment, reason)  # noqa: E711  (element-wise)
     reason[_in(stack, known.cache) & is_kernel & ~held["released_at_exit"].to_numpy()] = LeakReason.KERNEL_CACHE.value
-    is_page = (held["layer"] == Layer.KERNEL_PAGE.value).to_numpy()
-    reason[is_page & _in(stack, known.slab_pages)] = LeakReason.SLAB_PAGES.value
+    # Both kernel layers: the pages (kernel_page) and what the slab allocator kmallocs to keep
+    # track of one (kernel_slab, alloc_slab_obj_exts) live as long as the page.
+    reason[is_kernel & _in(stack, known.slab_pages)] = LeakReason.SLAB_PAGES.value
     reason[is_kernel & _in(stack, known.address_space)] = LeakReason.ADDRESS_SPACE.value
     reason[_in(stack, known.memprof)] = LeakReason.MEMPROF_OWN.value
     return reason

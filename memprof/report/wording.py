@@ -65,8 +65,8 @@ KIND_LABELS = {"held_at_end": "held at the end", "grows_per_step": "grows per st
 _NOT_A_LEAK_WHY = {
     "cached_segment": "segments PyTorch's caching allocator keeps for reuse, with no live tensor block inside "
                       "(torch.cuda.empty_cache() returns them): not a leak",
-    "slab_pages": "pages the slab allocator took for its caches; it keeps and reuses them (a leak of the objects in "
-                  "them shows in kernel_slab): not a leak",
+    "slab_pages": "pages the slab allocator took for its caches, or its bookkeeping of them; it keeps and reuses "
+                  "them (a leak of the objects in them shows in kernel_slab): not a leak",
     "address_space": "the process's own address space (page tables, memory areas): it grows with the memory the "
                      "process maps (shown in the other layers) and goes with it: not a leak",
     "memprof_own": "memprof's own: its BPF programs, its uprobes or its agent in this process took it, not the "
