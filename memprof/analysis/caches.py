@@ -6,8 +6,9 @@
   they are reclaimed under memory pressure, not freed by the process.
 - Pages the slab allocator takes for its objects (`allocate_slab`) stay with it, whether or
   not the process lives: a leak of kernel objects shows in `kernel_slab`, not in the pages.
-  So does its bookkeeping of such a page (the per-object cgroup vector it kmallocs as it
-  takes the page, or when a page first holds an accounted object): freed with the page.
+  So does its own bookkeeping: the per-object cgroup vector it kmallocs as it takes a page
+  (or when a page first holds an accounted object), freed with the page; the per-CPU sheaves
+  of objects it keeps for a cache (Linux 6.18).
 - Page tables and memory areas (VMAs) grow with the memory a process maps and go with its
   address space: what they map shows in the other layers.
 - Kernel memory that memprof's own BPF programs take while they run in the target's context
@@ -42,11 +43,13 @@ _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"folio_alloc_buffers|alloc_buffer_head|"
     r"add_to_page_cache_lru|__page_cache_alloc|xas_alloc|xas_nomem|radix_tree_node_alloc\w*|"
     r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
-# The slab allocator taking pages for a cache of objects, and kmalloc-ing its vector of
-# per-object extensions (memory cgroup, allocation tags) for a page: 6.10+ alloc_slab_obj_exts,
-# 5.9–6.9 memcg_alloc_page_obj_cgroups / memcg_alloc_slab_cgroups (Linux 5.x–6.18).
+# The slab allocator taking pages for a cache of objects, and kmalloc-ing its own bookkeeping:
+# a page's vector of per-object extensions (memory cgroup, allocation tags: 6.10+
+# alloc_slab_obj_exts, 5.9–6.9 memcg_alloc_page_obj_cgroups / memcg_alloc_slab_cgroups), and
+# 6.18's per-CPU sheaves of objects (alloc_empty_sheaf), which its caches keep (Linux 5.x–6.18).
 _SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page",
-                        "alloc_slab_obj_exts", "memcg_alloc_page_obj_cgroups", "memcg_alloc_slab_cgroups"}
+                        "alloc_slab_obj_exts", "memcg_alloc_page_obj_cgroups", "memcg_alloc_slab_cgroups",
+                        "alloc_empty_sheaf"}
 # The process's own address space (Linux 5.x–6.18): the mm itself, page tables, memory areas
 # (VMAs), the maple tree that indexes them, anonymous-memory bookkeeping.
 _ADDRESS_SPACE_FUNCTIONS = {"pte_alloc_one", "__pte_alloc", "__pte_alloc_kernel", "pmd_alloc_one", "__pmd_alloc",

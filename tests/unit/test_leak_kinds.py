@@ -255,9 +255,12 @@ def test_the_slab_allocators_bookkeeping_of_a_page_is_not_a_leak_but_the_object_
             "__kmalloc_node_noprof", "alloc_slab_obj_exts", "__memcg_slab_post_alloc_hook", "kmem_cache_alloc_noprof")],
         9: [("kernel", name, "vmlinux", None, None) for name in (
             "kmem_cache_alloc_noprof", "alloc_empty_file", "path_openat", "do_filp_open", "do_sys_openat2")],
+        # 6.18: a per-CPU sheaf for a cache's objects, kmalloc-ed as the allocator refills one
+        10: [("kernel", name, "vmlinux", None, None) for name in (
+            "__kmalloc_noprof", "alloc_empty_sheaf", "__pcs_replace_empty_main", "kmem_cache_alloc_noprof")],
     })
     known = KnownChains(slab_pages=slab_page_stacks(stacks, frames))
-    assert known.slab_pages == frozenset({7, 8})
+    assert known.slab_pages == frozenset({7, 8, 10})
     rows = [ev(1 * S, "alloc", 0xA0, 192, 7), ev(1 * S, "alloc", 0xB0, 64, 8), ev(1 * S, "alloc", 0xC0, 256, 9)]
     result = judged(rows, end_ns=3 * S, layer="kernel_slab", known=known)
     assert [(f.stack_id, f.reason, f.live_bytes) for f in result.findings] == [(9, "held", 256)]
