@@ -124,8 +124,8 @@ def dictionary(values: Sequence, type_: pa.DictionaryType) -> pa.Array:
     in the order values first appear. Encoded here, by a dict: Array.dictionary_encode and
     Array.cast import pyarrow.compute (~11 MB and ~20 ms of CPU in the recorder, beside the
     command), and cost more than this for a batch's few distinct values (4-5x, 10 to 10^5
-    values). ValueError where a value is not a str, or there are more distinct values than
-    the index type holds."""
+    values). ValueError where a value is not a str (TypeError where it is not even hashable,
+    a list), or there are more distinct values than the index type holds."""
     codes: dict = {None: -1}
     index = np.fromiter([codes.setdefault(value, len(codes) - 1) for value in values], np.int64, len(values))
     distinct = list(codes)[1:]
