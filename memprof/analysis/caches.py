@@ -47,7 +47,7 @@ _KERNEL_CACHE_FUNCTIONS = re.compile(
 # a page's vector of per-object extensions (memory cgroup, allocation tags: 6.10+
 # alloc_slab_obj_exts, 5.9–6.9 memcg_alloc_page_obj_cgroups / memcg_alloc_slab_cgroups), and
 # 6.18's per-CPU sheaves of objects (alloc_empty_sheaf), which its caches keep (Linux 5.x–6.18).
-_SLAB_PAGE_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page",
+_SLAB_ALLOCATOR_OWN_FUNCTIONS = {"allocate_slab", "new_slab", "alloc_slab_page",
                         "alloc_slab_obj_exts", "memcg_alloc_page_obj_cgroups", "memcg_alloc_slab_cgroups",
                         "alloc_empty_sheaf"}
 # The process's own address space (Linux 5.x–6.18): the mm itself, page tables, memory areas
@@ -136,12 +136,12 @@ def kernel_cache_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset
 
 
 def slab_page_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
-    """Stack ids of pages the slab allocator took for its caches (`kernel_page` chains through
-    allocate_slab) and of its bookkeeping of them (`kernel_slab` chains through
-    alloc_slab_obj_exts, which a page keeps until it is freed): it keeps and reuses them on
-    its own schedule, and a leak of the objects in them shows in `kernel_slab`, so they are
-    never a leak themselves."""
-    return _stacks_through(stacks, frames, _SLAB_PAGE_FUNCTIONS)
+    """Stack ids of the slab allocator's own memory: the pages it took for its caches
+    (`kernel_page` chains through allocate_slab) and its bookkeeping (`kernel_slab` chains
+    through alloc_slab_obj_exts, which a page keeps until it is freed, or alloc_empty_sheaf,
+    a per-CPU sheaf its cache keeps). It keeps and reuses them on its own schedule, and a
+    leak of the objects in them shows in `kernel_slab`, so they are never a leak themselves."""
+    return _stacks_through(stacks, frames, _SLAB_ALLOCATOR_OWN_FUNCTIONS)
 
 
 def address_space_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:

@@ -540,10 +540,10 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
     """Per held row, a LeakReason value: "memprof_own" (memprof's BPF programs, uprobes or
     agent: any layer), else for kernel rows "address_space", "slab_pages" (the slab
     allocator's pages and its bookkeeping of them), "kernel_cache" (a cache chain that
-    outlived the process), else "cached_segment" (no live
-    block inside) or "model_state" (a segment whose live blocks are all model state, the
-    allocations in `state`), else "threads" (kernel objects of a thread), else "startup"
-    (_at_startup, for every held allocation of the chain), else "held"."""
+    outlived the process), else "cached_segment" (no live block inside) or "model_state" (a
+    segment whose live blocks are all model state, the allocations in `state`), else
+    "threads" (kernel objects of a thread), else "startup" (_at_startup, for every held
+    allocation of the chain), else "held"."""
     reason = np.full(len(held), LeakReason.HELD.value, dtype=object)
     stack = held["stack_id"]
     is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
@@ -553,8 +553,8 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
         segment = _segment_reasons(allocations, ends, state)[held.index.to_numpy()]
         reason = np.where(segment != None, segment, reason)  # noqa: E711  (element-wise)
     reason[_in(stack, known.cache) & is_kernel & ~held["released_at_exit"].to_numpy()] = LeakReason.KERNEL_CACHE.value
-    # Both kernel layers: the pages (kernel_page) and what the slab allocator kmallocs to keep
-    # track of one (kernel_slab, alloc_slab_obj_exts) live as long as the page.
+    # Both kernel layers: its pages (kernel_page) and what it kmallocs for its own bookkeeping
+    # (kernel_slab: a page's alloc_slab_obj_exts vector, a cache's sheaves) are its own.
     reason[is_kernel & _in(stack, known.slab_pages)] = LeakReason.SLAB_PAGES.value
     reason[is_kernel & _in(stack, known.address_space)] = LeakReason.ADDRESS_SPACE.value
     reason[_in(stack, known.memprof)] = LeakReason.MEMPROF_OWN.value

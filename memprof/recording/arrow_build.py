@@ -123,9 +123,10 @@ def dictionary(values: Sequence, type_: pa.DictionaryType) -> pa.Array:
     """A dictionary array of `type_` from a sequence of str (None for null), its dictionary
     in the order values first appear. Encoded here, by a dict: Array.dictionary_encode and
     Array.cast import pyarrow.compute (~11 MB and ~20 ms of CPU in the recorder, beside the
-    command), and cost more than this for a batch's few distinct values (4-5x, 10 to 10^5
-    values). ValueError where a value is not a str (TypeError where it is not even hashable,
-    a list), or there are more distinct values than the index type holds."""
+    command), and cost more than this (5x at 10^3 and 10^5 values, 300x at 10: bench/
+    RESULTS.md, "The recorder's size on a fresh setup"). ValueError where a value is not a
+    str (TypeError where it is not even hashable, a list), or there are more distinct values
+    than the index type holds."""
     codes: dict = {None: -1}
     index = np.fromiter([codes.setdefault(value, len(codes) - 1) for value in values], np.int64, len(values))
     distinct = list(codes)[1:]
