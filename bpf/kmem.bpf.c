@@ -11,6 +11,8 @@
  *   PAGE_SHIFT_BYTES      log2 of the page size
  *   TASK_STACK_OFF        offset of `stack` (the kernel stack's lowest address) in task_struct
  *   KMEM_CACHE_ALLOC_TAKES_CACHE  kmem_cache_alloc passes the cache, not the sizes (6.0+)
+ *   KERNEL_SAMPLE_BYTES   0 = every allocation; N = each taken with probability min(1, S / N)
+ *                         (record --kernel-sample-bytes; kernel_sampled below)
  */
 #include "parts.h" /* what the parts give each other */
 
@@ -54,13 +56,61 @@ interrupt:
     return 0;
 }
 
+/* record --kernel-sample-bytes N: an allocation of S bytes is taken with probability
+ * min(1, S / N), and user space weighs it by max(1, N / S) (decode.py), so that byte and
+ * count totals stay unbiased, as heap profilers such as tcmalloc's sample. Decided before
+ * any of the allocation's work (its stacks, Python frames, record): the work is what costs
+ * (bench/RESULTS.md, "Kernel churn against its floors"). The frees need their own filter:
+ * the address filter, never cleared, passes the free of every address an allocation taken
+ * once had, and the kernel hands a freed object's address to its next taker at once, so a
+ * loop's frees were nearly all recorded though its allocations were not. sampled_live holds
+ * the addresses of the taken allocations not yet freed; a free is recorded only when it
+ * removes its address from there. */
+#if KERNEL_SAMPLE_BYTES > 0
+BPF_HASH(sampled_live, u64, u8, KERNEL_SAMPLED_LIVE);
+
+static __always_inline int kernel_sampled(u64 size)
+{
+    if (size < KERNEL_SAMPLE_BYTES)
+        return ((u64)bpf_get_prandom_u32() * KERNEL_SAMPLE_BYTES) < (size << 32);
+    return 1;
+}
+
+/* 1 when `addr`, a taken allocation's, is remembered until its free; 0 when sampled_live is
+ * full: the allocation is then left out and counted (its free could not be recognised). */
+static __always_inline int keep_sampled(u64 addr)
+{
+    u8 taken = 1;
+    if (sampled_live.update(&addr, &taken) == 0)
+        return 1;
+    count(MP_CNT_SAMPLED_FULL);
+    return 0;
+}
+
+/* 1 when `addr` was a taken allocation's, now freed. Looked up before it is removed: a
+ * removal takes the bucket's lock even when the address is not there, as most are not. */
+static __always_inline int sampled_free(u64 addr)
+{
+    return sampled_live.lookup(&addr) && sampled_live.delete(&addr) == 0;
+}
+#else
+static __always_inline int kernel_sampled(u64 size) { return 1; }
+static __always_inline int keep_sampled(u64 addr) { return 1; }
+static __always_inline int sampled_free(u64 addr) { return 1; }
+#endif
+
+/* Whether a slab allocation at `ptr` of `size` bytes is the target's and taken by the sampling. */
+static __always_inline int slab_taken(u64 ptr, u64 size)
+{
+    return ptr && is_tracked(bpf_get_current_pid_tgid() >> 32) && kernel_sampled(size);
+}
+
+/* A slab allocation slab_taken() took. */
 static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 size, u64 req)
 {
-    if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
-        return 0;
     struct task_struct *task = bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task); /* once: a helper call */
-    if (!in_task_work(ctx, task, regs))
+    if (!in_task_work(ctx, task, regs) || !keep_sampled(ptr))
         return 0;
     struct mp_event ev, *e = &ev; /* on the stack: emit_alloc may hand it to the Python walk */
     init_event(e, MP_SLAB_ALLOC);
@@ -79,7 +129,7 @@ static __always_inline int on_slab_alloc(void *ctx, u64 call_site, u64 ptr, u64 
 /* Returns 1 when a record was written. */
 static __always_inline int emit_free(u64 addr, u8 kind, u32 size)
 {
-    if (!addr || !maybe_ours(addr))
+    if (!addr || !maybe_ours(addr) || !sampled_free(addr))
         return 0;
     int held = release_addr(addr); /* even when the record is lost: the address is not held now */
     struct mp_event *e = reserve(kind);
@@ -145,6 +195,8 @@ static __always_inline int on_nested_free(u32 tp, u64 addr, u8 kind, u32 size)
 /* kmalloc(call_site, ptr, bytes_req, bytes_alloc, gfp_flags, node) */
 MP_KERNEL_PROGRAM int mp_kmalloc(struct bpf_raw_tracepoint_args *ctx)
 {
+    if (!slab_taken(ctx->args[1], ctx->args[3]))
+        return 0;
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
 
@@ -185,6 +237,15 @@ static __always_inline int scratch_cache(const char *cache)
 static __always_inline int scratch_cache(const char *cache) { return 0; }
 #endif
 
+/* 1 when the allocation is a path-name buffer, counted instead of recorded. */
+static __always_inline int skip_scratch(const char *cache)
+{
+    if (!scratch_cache(cache))
+        return 0;
+    count(MP_CNT_SCRATCH_SKIPPED);
+    return 1;
+}
+
 /* kmem_cache_alloc(call_site, ptr, struct kmem_cache *s, gfp_flags, node) since 6.0;
  * the sizes live in the cache, at offsets read from BTF. */
 MP_KERNEL_PROGRAM int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
@@ -193,10 +254,10 @@ MP_KERNEL_PROGRAM int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
     if (!ptr || !is_tracked(bpf_get_current_pid_tgid() >> 32))
         return 0;
     const char *cache = (const char *)ctx->args[2];
-    if (scratch_cache(cache)) {
-        count(MP_CNT_SCRATCH_SKIPPED);
+#if KERNEL_SAMPLE_BYTES == 0
+    if (skip_scratch(cache)) /* before the sizes' read */
         return 0;
-    }
+#endif
     u32 size = 0, object_size = 0;
 #if KMEM_CACHE_OBJSIZE_OFF == KMEM_CACHE_SIZE_OFF + 4
     /* Adjacent (every SLUB layout so far): one read instead of two. */
@@ -208,12 +269,20 @@ MP_KERNEL_PROGRAM int mp_kmem_cache_alloc(struct bpf_raw_tracepoint_args *ctx)
     bpf_probe_read_kernel(&size, sizeof(size), cache + KMEM_CACHE_SIZE_OFF);
     bpf_probe_read_kernel(&object_size, sizeof(object_size), cache + KMEM_CACHE_OBJSIZE_OFF);
 #endif
+#if KERNEL_SAMPLE_BYTES > 0
+    /* Sampled, the draw comes first and the names_cache look-up only for the allocations it
+     * takes (MP_CNT_SCRATCH_SKIPPED then counts taken ones). */
+    if (!kernel_sampled(size) || skip_scratch(cache))
+        return 0;
+#endif
     return on_slab_alloc(ctx, ctx->args[0], ptr, size, object_size);
 }
 #else
 /* kmem_cache_alloc before 6.0 carried the sizes: (call_site, ptr, bytes_req, bytes_alloc, gfp) */
 MP_KERNEL_PROGRAM int mp_kmem_cache_alloc_sized(struct bpf_raw_tracepoint_args *ctx)
 {
+    if (!slab_taken(ctx->args[1], ctx->args[3]))
+        return 0;
     return on_slab_alloc(ctx, ctx->args[0], ctx->args[1], ctx->args[3], ctx->args[2]);
 }
 #endif
@@ -255,11 +324,12 @@ MP_KERNEL_PROGRAM int mp_page_alloc(struct bpf_raw_tracepoint_args *ctx)
     u64 page = ctx->args[0];
     u32 order = (u32)ctx->args[1];
     u32 gfp = (u32)ctx->args[2];
-    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32))
+    if (!page || (gfp & PAGE_SKIP_GFP) || !is_tracked(bpf_get_current_pid_tgid() >> 32) ||
+        !kernel_sampled(PAGE_BYTES(order)))
         return 0;
     struct task_struct *task = bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-    if (!in_task_work(ctx, task, regs))
+    if (!in_task_work(ctx, task, regs) || !keep_sampled(page))
         return 0;
     struct mp_event ev, *e = &ev;
     init_event(e, MP_PAGE_ALLOC);

@@ -39,7 +39,8 @@
 #define MP_CNT_PY_CODE_READS 16  /* code objects' heads read by the learning (python.bpf.c, py_learn_code) */
 #define MP_CNT_PY_CALL_STACKS 17 /* events given the Python stack an earlier event of their system call walked */
 #define MP_CNT_SCRATCH_SKIPPED 18 /* path-name buffers (names_cache) counted, not recorded (kmem.bpf.c, scratch_cache) */
-#define MP_N_COUNTERS        19
+#define MP_CNT_SAMPLED_FULL  19  /* sampled kernel allocations left out: sampled_live had no room (kmem.bpf.c) */
+#define MP_N_COUNTERS        20
 
 /* Free tracepoints, indexing the per-CPU `free_busy` flags. */
 #define MP_TP_KFREE              0

@@ -83,9 +83,12 @@ def recording_notes(meta: RecordingMeta) -> list[Note]:
                               "more allocations than usual took a fresh stack", Severity.INFO))
         native_sampled = "native" in stats.detail.get("families", ()) and bool(stats.detail.get("native_sample_bytes"))
         if stats.stack_sample_every > 1:
-            notes.append(_shared_stacks_note(name, stats, native_sampled))
+            notes.append(_shared_stacks_note(name, stats, native_sampled, bool(stats.detail.get("kernel_sample_bytes"))))
         if native_sampled:
             notes.append(_native_sampling_note(name, int(stats.detail["native_sample_bytes"])))
+        if stats.detail.get("kernel_sample_bytes"):
+            notes.append(_kernel_sampling_note(name, int(stats.detail["kernel_sample_bytes"]),
+                                               int(stats.detail.get("sampled_kernel_left_out") or 0)))
         notes += [Note(text) for text in _refused_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _irregular_notes(name, stats.detail.get("uprobes") or {})]
         notes += [Note(text) for text in _late_probe_notes(name, stats.detail.get("uprobes") or {}, meta.start_ns)]
@@ -127,12 +130,15 @@ def _step_source_notes(step_sources: dict) -> list[str]:
             for source, pids in sorted(by_source.items())]
 
 
-def _shared_stacks_note(name: str, stats, native_sampled: bool = False) -> Note:
+def _shared_stacks_note(name: str, stats, native_sampled: bool = False, kernel_sampled: bool = False) -> Note:
     """Stack sharing, the recorder's normal way to keep its cost low, in plain words
-    (`native_sampled`: the libc heap's allocations were sampled by size, which its own note says)."""
+    (`native_sampled`, `kernel_sampled`: the libc heap's or the kernel's allocations were
+    sampled by size, which their own notes say)."""
     detail = stats.detail
+    sampled = [layers for layers, on in (("native_heap's", native_sampled), ("the kernel's", kernel_sampled)) if on]
     recorded = "every allocation and its size are recorded" + (
-        " (native_heap's are sampled by size: see its note)" if native_sampled else "") + (
+        f" ({' and '.join(sampled)} are sampled by size: see {'its note' if len(sampled) == 1 else 'their notes'})"
+        if sampled else "") + (
         " but the path-name buffers that system calls take and give back before they return, which are counted"
         if detail.get("path_name_buffers_not_recorded") else "")
     return Note(f"{name}: to keep its cost low, memprof walked the call stack of one kernel allocation in "
@@ -143,11 +149,28 @@ def _shared_stacks_note(name: str, stats, native_sampled: bool = False) -> Note:
 
 
 def _native_sampling_note(name: str, sample_bytes: int) -> Note:
-    """The libc heap's byte sampling (record --native-sample-bytes), in plain words."""
-    return Note(f"{name}: native_heap is sampled by size: an allocation of S bytes was recorded with probability "
-                f"min(1, S/{format_bytes(sample_bytes)}) and counts max(1, {format_bytes(sample_bytes)}/S) times, so "
-                "its totals are unbiased estimates; a chain of a few small allocations may be missed or "
-                "over-counted (record --native-sample-bytes 0 records every one).", Severity.INFO)
+    """The libc heap's byte sampling (record --native-sample-bytes, on by default), in plain
+    words: how it was recorded."""
+    return Note(_sampling_text(name, "native_heap is", sample_bytes, "--native-sample-bytes"), Severity.INFO)
+
+
+def _kernel_sampling_note(name: str, sample_bytes: int, left_out: int) -> Note:
+    """The kernel layers' byte sampling (record --kernel-sample-bytes, asked for by name), in
+    plain words: a caveat, since the kernel's leak counts are exact without it. `left_out`:
+    sampled allocations dropped because the probes' table of them was full."""
+    text = _sampling_text(name, "kernel_slab and kernel_page are", sample_bytes, "--kernel-sample-bytes")
+    if left_out:
+        text += (f"; {left_out:,} sampled allocations were left out, the target holding more of them than the "
+                 "probes can follow at once, so the kernel's totals are low")
+    return Note(text)
+
+
+def _sampling_text(name: str, layers: str, sample_bytes: int, option: str) -> str:
+    """What byte sampling at `sample_bytes` means for `layers`' totals."""
+    n = format_bytes(sample_bytes)
+    return (f"{name}: {layers} sampled by size: an allocation of S bytes was recorded with probability "
+            f"min(1, S/{n}) and counts max(1, {n}/S) times, so their totals are unbiased estimates; a chain "
+            f"of a few small allocations may be missed or over-counted (record {option} 0 records every one).")
 
 
 def _refused_notes(name: str, uprobes: dict) -> list[str]:

@@ -854,7 +854,8 @@ def test_not_root_exits_3_before_running_the_command(nobody_dir, run_memprof):
     ((), "nothing to record"),
     (("--ring-buffer", "48MiB", "--", "true"), "power of two from 1MiB to 1GiB"),
     (("--ring-buffer", "2GiB", "--", "true"), "power of two from 1MiB to 1GiB"),
-], ids=["bad-duration", "no-command", "ring-not-a-power-of-two", "ring-too-large"])
+    (("--kernel-sample-bytes", "2GiB", "--", "true"), "at most 1GiB, or 0 to take every allocation"),
+], ids=["bad-duration", "no-command", "ring-not-a-power-of-two", "ring-too-large", "kernel-sampling-too-coarse"])
 def test_record_usage_errors_exit_2(tmp_path, run_memprof, args, phrase):
     assert_error(run_memprof("record", *args, cwd=tmp_path), 2, phrase)
     assert list(tmp_path.iterdir()) == []

@@ -92,6 +92,7 @@ def test_native_sampling_and_ring_buffer_defaults_are_the_librarys():
     from memprof.units import parse_size
     assert parse_size(_option(record.record, "--native-sample-bytes").default) == EbpfOptions().native_sample_bytes
     assert parse_size(_option(record.record, "--ring-buffer").default) == EbpfOptions().ringbuf_bytes
+    assert parse_size(_option(record.record, "--kernel-sample-bytes").default) == EbpfOptions().kmem.sample_bytes == 0
 
 
 def test_reading_commands_default_to_the_table():

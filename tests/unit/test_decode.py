@@ -57,6 +57,24 @@ def test_sampled_native_allocations_carry_their_weight():
     assert weight[0] == 8.0 and weight[1] == 1.0 and np.isnan(weight[2])
 
 
+def test_sampled_kernel_allocations_carry_their_weight_and_the_libc_heap_keeps_its_own():
+    """record --kernel-sample-bytes 16384: a 256-byte slab object stands for 64, a 4 KiB page
+    for 4, a 64 KiB page for itself; frees weigh nothing; the libc heap, sampled apart, is
+    weighted by its own N."""
+    page = R.LAYER_CODES.index("kernel_page")
+    recs = _records(
+        dict(ts_ns=1, kind=R.SLAB_ALLOC, layer=SLAB, addr=0x10, size=256, kstack_id=1),
+        dict(ts_ns=2, kind=R.PAGE_ALLOC, layer=page, addr=0x20, size=4096, kstack_id=1),
+        dict(ts_ns=3, kind=R.PAGE_ALLOC, layer=page, addr=0x30, size=65536, kstack_id=1),
+        dict(ts_ns=4, kind=R.SLAB_FREE, layer=SLAB, addr=0x10),
+        dict(ts_ns=5, kind=R.USER_ALLOC, layer=NATIVE, addr=0x40, size=1024),
+    )
+    weight = MemoryDecoder(_Interner().intern, 8192, kernel_sample_bytes=16384).decode(recs).columns["weight"]
+    assert weight[:3].tolist() == [64.0, 4.0, 1.0] and np.isnan(weight[3]) and weight[4] == 8.0
+    unsampled = _decode(recs)["weight"]
+    assert np.isnan(unsampled).all()  # null: each allocation counts once
+
+
 def test_lifecycle_records_are_not_events_but_an_exec_is_a_mark():
     cols = _decode(_records(dict(ts_ns=1, kind=R.PROC_FORK, pid=5, tid=4), dict(ts_ns=2, kind=R.MAP_EXEC, pid=5),
                             dict(ts_ns=3, kind=R.PROC_EXIT, pid=5), dict(ts_ns=4, kind=R.PROC_EXEC, pid=6, tid=6)))

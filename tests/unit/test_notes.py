@@ -66,6 +66,26 @@ def test_no_native_sampling_note_without_the_native_family_or_sampling():
         assert not [n for n in recording_notes(meta) if "sampled by size" in n]
 
 
+def test_kernel_byte_sampling_is_a_caveat_that_says_how_to_turn_it_off_and_what_it_left_out():
+    """Asked for by name (record --kernel-sample-bytes), it makes the kernel's leak counts
+    estimates, where they are exact by default: a caveat, not information."""
+    meta = sampled_meta()
+    meta.sources["ebpf"].detail.update(kernel_sample_bytes=65536, sampled_kernel_left_out=0)
+    notes = recording_notes(meta)
+    (kernel,) = [n for n in notes if "kernel_slab and kernel_page are sampled by size" in n]
+    assert kernel.severity is Severity.CAVEAT
+    assert "min(1, S/64.0 KiB)" in kernel and "--kernel-sample-bytes 0" in kernel and "left out" not in kernel
+    shared = next(n for n in notes if "normal" in n)
+    assert "(the kernel's are sampled by size: see its note)" in shared
+    meta.sources["ebpf"].detail.update(families=["kmem", "native"], native_sample_bytes=65536,
+                                       sampled_kernel_left_out=1234)
+    notes = recording_notes(meta)
+    (kernel,) = [n for n in notes if "kernel_slab and kernel_page are sampled by size" in n]
+    assert "1,234 sampled allocations were left out" in kernel and "totals are low" in kernel
+    shared = next(n for n in notes if "normal" in n)
+    assert "(native_heap's and the kernel's are sampled by size: see their notes)" in shared
+
+
 def test_summary_json_gives_each_note_its_severity(tmp_path):
     path = write_recording(tmp_path / "r.memprof", events_frame([ev(S, "alloc", 0x10, 64, 1)]))
     meta_path = path / "meta.json"

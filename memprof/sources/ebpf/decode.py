@@ -24,6 +24,9 @@ ACTION_NAMES = [action.value for action in Action]
 DEVICE_NAMES = ["cpu", "cuda"]
 # The mark records' `category`: the index of each kind's label in MARK_NAMES.
 MARK_NAMES = [Mark.EXIT.value, Mark.EXEC.value]
+# The record's layer bytes that record --native-sample-bytes and --kernel-sample-bytes sample.
+_NATIVE_LAYERS = [R.LAYER_CODES.index(Layer.NATIVE_HEAP.value)]
+_KERNEL_LAYERS = [R.LAYER_CODES.index(Layer.KERNEL_SLAB.value), R.LAYER_CODES.index(Layer.KERNEL_PAGE.value)]
 
 
 class _Lookups(NamedTuple):
@@ -63,13 +66,15 @@ class MemoryDecoder:
     exec marks).
 
     `intern(kstack_ids, ustacks, pids, call_sites, py_stacks) -> stack ids` is the stack
-    interner's; `native_sample_bytes` is the libc byte sampling the BPF side applied (0 =
-    none), from which each sampled allocation's weight follows."""
+    interner's; `native_sample_bytes` and `kernel_sample_bytes` are the byte sampling the BPF
+    side applied to the libc heap and to the kernel's allocations (0 = none), from which each
+    sampled allocation's weight follows."""
 
     def __init__(self, intern: Callable[..., np.ndarray], native_sample_bytes: int = 0,
-                 address_key: AddressKey | None = None):
+                 address_key: AddressKey | None = None, kernel_sample_bytes: int = 0):
         self.intern = intern
         self.native_sample_bytes = native_sample_bytes
+        self.kernel_sample_bytes = kernel_sample_bytes
         # Drawn per recording, never saved: kernel addresses reach the events table only as
         # their images under it (see addrkey.py).
         self.address_key = address_key or AddressKey.generate()
@@ -122,12 +127,13 @@ class MemoryDecoder:
         return keyed
 
     def weights(self, is_alloc: np.ndarray, layer: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Sampled libc allocations stand for max(1, N/size) allocations; others: null (1)."""
-        n = self.native_sample_bytes
+        """A sampled allocation of a layer sampled at N bytes (libc's, the kernel's) stands for
+        max(1, N/size) allocations; others: null (1)."""
         weight = np.full(size.size, np.nan)
-        if n > 0:
-            native = is_alloc & (layer == R.LAYER_CODES.index(Layer.NATIVE_HEAP.value))
-            weight[native] = np.maximum(1.0, n / np.maximum(size[native], 1))
+        for n, layers in ((self.native_sample_bytes, _NATIVE_LAYERS), (self.kernel_sample_bytes, _KERNEL_LAYERS)):
+            if n > 0:
+                sampled = is_alloc & np.isin(layer, layers)
+                weight[sampled] = np.maximum(1.0, n / np.maximum(size[sampled], 1))
         return weight
 
 

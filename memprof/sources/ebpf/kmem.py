@@ -23,11 +23,16 @@ _GFP_MOVABLE = 0x08  # ___GFP_MOVABLE_BIT is 3 on every kernel with these tracep
 class KmemOptions:
     """Tuning of the kernel probes. Stacks are taken for one slab allocation in
     `slab_stack_every` and one page allocation in `page_stack_every` (powers of two; 1 =
-    every allocation); the others reuse their site's latest stacks."""
+    every allocation); the others reuse their site's latest stacks. `sample_bytes` (bytes;
+    0 = every allocation) samples the allocations themselves by size."""
 
     slab_stack_every: int = 64
     page_stack_every: int = 8
     include_user_pages: bool = False
+    # record --kernel-sample-bytes: an allocation of S bytes is taken with probability
+    # min(1, S / N) and weighted by max(1, N / S) (bpf/kmem.bpf.c, kernel_sampled); 0 takes
+    # every one, so that counts are exact.
+    sample_bytes: int = 0
 
 
 def tracefs_root() -> str | None:
@@ -40,6 +45,12 @@ def tracefs_root() -> str | None:
 def tracepoint_exists(category: str, name: str) -> bool:
     root = tracefs_root()
     return bool(root) and os.path.isdir(os.path.join(root, "events", category, name))
+
+
+# With --kernel-sample-bytes, the most taken allocations the target may hold at once before
+# more are left out and counted (bpf/kmem.bpf.c, sampled_live): a preallocated hash map of
+# 5.0 MiB of kernel memory (its memlock), compiled only when sampling.
+SAMPLED_LIVE_ENTRIES = 1 << 16
 
 
 def kmem_cflags(options: KmemOptions) -> list[str]:
@@ -66,6 +77,8 @@ def kmem_cflags(options: KmemOptions) -> list[str]:
         f"-DTASK_STACK_OFF={task_stack_off}",
         f"-DPAGE_SKIP_GFP={skip:#x}",
         f"-DPAGE_SHIFT_BYTES={mmap.PAGESIZE.bit_length() - 1}",
+        f"-DKERNEL_SAMPLE_BYTES={options.sample_bytes}ULL",
+        f"-DKERNEL_SAMPLED_LIVE={SAMPLED_LIVE_ENTRIES}",
     ]
     if next_arg is not None:
         flags.append(f"-DUNSEEN_SWITCH_NEXT_ARG={next_arg}")

@@ -89,6 +89,7 @@ CNT_IRQ_ALLOCS = 15  # kernel allocations in an interrupt while a tracked task w
 CNT_PY_CODE_READS = 16  # code objects' heads read by the Python frames' learning (bpf/python.bpf.c)
 CNT_PY_CALL_STACKS = 17  # events given the Python stack an earlier event of their system call walked
 CNT_SCRATCH_SKIPPED = 18  # path-name buffers (names_cache) counted, not recorded (bpf/kmem.bpf.c)
+CNT_SAMPLED_FULL = 19  # sampled kernel allocations left out: no room to remember them (bpf/kmem.bpf.c)
 FREE_TRACEPOINTS = ("kfree", "kmem_cache_free", "mm_page_free", "mm_page_free_batched")
 
 # Why an exit mark was emitted (stored in `requested`): 0 exit_group, 1..63 a fatal
