@@ -55,7 +55,15 @@ def test_the_gate_passes_a_torch_program_that_keeps_nothing(tmp_path, run_mempro
     assert result.stdout.strip() == "ok: 1 budget met"
     assert report["findings"] == []
     reasons = {f["reason"] for f in report["not_leaks"]}
-    assert {"startup", "threads"} <= reasons, reasons
+    assert "startup" in reasons, reasons
+    # The one thread `import torch` starts is started 0.72-0.79 s before the process's
+    # exit here (4 recordings; 1.3-1.7 s with both CPUs busy), and the report judges only
+    # what is older than --min-age (500 ms): a faster run leaves its objects "in flight",
+    # unjudged (once in a full local run, 2026-12-07: no "threads" reason at all). So
+    # whether they are judged is timing; what is asked is that, judged, they are a
+    # thread's, never a leak or start-up's.
+    threads = [f for f in report["not_leaks"] if "copy_process" in [frame["function"] for frame in f["stack"]]]
+    assert {f["reason"] for f in threads} <= {"threads", "memprof_own"}, described(threads)
     startup = [f for f in report["not_leaks"] if f["reason"] == "startup"]
     assert any("_find_and_load" in python_functions(f) for f in startup), described(startup)
     summary = run_memprof("report", recording, cwd=tmp_path)
