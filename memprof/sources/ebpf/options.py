@@ -55,6 +55,11 @@ class EbpfOptions:
         """Whether `family` (one of ALL_FAMILIES) is probed."""
         return family in self.families
 
+    @property
+    def kernel_sample_bytes(self) -> int:
+        """The kernel's byte sampling the programs apply (bytes; 0 = none, also without kmem)."""
+        return self.kmem.sample_bytes if self.enabled("kmem") else 0
+
 
 def families_for_this_host(families: tuple[str, ...], named: Collection[str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """(`families` less those this host cannot use, {left-out family: why}). Only cuda is

@@ -69,7 +69,7 @@ class EbpfSource:
         self._kallsyms: Future | None = None  # prefetch_kernel_symbols()
         self._process_probes_detach: threading.Thread | Holder | None = None  # detach_process_probes()
         self.decoder = MemoryDecoder(self._intern, self.options.native_sample_bytes,
-                                     kernel_sample_bytes=self.options.kmem.sample_bytes if self.options.enabled("kmem") else 0)
+                                     kernel_sample_bytes=self.options.kernel_sample_bytes)
         # Kernel frees of allocations the target held (MP_FLAG_HELD, bpf/kmem.bpf.c), what
         # the teardown waits for: the latest one's stamp (CLOCK_MONOTONIC), and how many.
         self.last_held_free_ns: int | None = None
@@ -264,7 +264,7 @@ class EbpfSource:
             path_name_buffers_not_recorded=total(R.CNT_SCRATCH_SKIPPED),
             page_stack_sample_every=self.options.kmem.page_stack_every,
             user_pages=self.options.kmem.include_user_pages,
-            kernel_sample_bytes=self.options.kmem.sample_bytes if self.options.enabled("kmem") else 0,
+            kernel_sample_bytes=self.options.kernel_sample_bytes,
             sampled_kernel_left_out=total(R.CNT_SAMPLED_FULL),
             native_sample_bytes=self.options.native_sample_bytes, ring_buffer_bytes=self.options.ringbuf_bytes,
             user_stack_sample_every=self.options.user_stack_every, held_frees=self._held_frees,
