@@ -183,7 +183,7 @@ def ensure_memray() -> str | None:
     probe = [sys.executable, "-c", "import memray"]
     if subprocess.run(probe, capture_output=True).returncode == 0:
         return None
-    print("memray missing: pip install memray", file=sys.stderr)
+    print("memray missing: installing it with pip (pip install memray)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "memray"], check=False)
     if subprocess.run(probe, capture_output=True).returncode == 0:
         return None
