@@ -289,6 +289,40 @@ def test_a_system_calls_allocations_share_its_python_stack_and_no_other_calls(tm
     # most allocations of a pipe2 after its first (not those after the thread was switched out)
     assert python["stacks_of_their_call"] >= (per_pipe - 1) * pipes, python
 
+LONG_FUNCTION = """\
+import os, time
+
+def long_function(n):
+{body}
+    r, w = os.pipe()  # line: late
+    return r, w
+
+kept = long_function(1)
+time.sleep(1.0)  # alive through a flush: its frames are named while it lives
+"""
+
+
+def test_a_line_past_bpfs_copy_of_the_line_table_is_named(tmp_path, run_memprof, leaks_json):
+    """A function of 900 statements has a line table of ~8 KB, of which BPF copies the
+    first 2,048 bytes (PY_LINES_BYTES): its allocation on the last lines read line None
+    until the recorder read the rest from the live process (frames.py, _whole_line_table).
+    The pipe it keeps is named at its own line, and meta.json counts the table read whole."""
+    script = tmp_path / "long_function.py"
+    script.write_text(LONG_FUNCTION.format(body="\n".join(f"    v{i} = n + {i}" for i in range(900))))
+    late = next(n for n, text in enumerate(script.read_text().splitlines(), start=1) if "# line: late" in text)
+    recording = tmp_path / "long.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", sys.executable, script, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, f"record exited {result.returncode}\n{result.stderr}"
+    pipes = [f for f in leaks_json(recording)["findings"]
+             if f["layer"] == "kernel_slab" and any(p["function"] == "long_function" for p in f["stack"])]
+    assert pipes, "no kernel finding through long_function"
+    for finding in pipes:
+        frame = next(p for p in finding["stack"] if p["function"] == "long_function")
+        assert frame["line"] == late, (late, [(p["function"], p["line"]) for p in finding["stack"]])
+    python = json.loads((recording / "meta.json").read_text())["sources"]["ebpf"]["detail"]["python"]
+    assert python["line_tables_read_whole"] >= 1, python
+
+
 # ---- other CPython minor versions ----
 
 def test_another_minor_version_is_here_to_prove_the_offset_tables():

@@ -4,7 +4,10 @@ It tells the BPF walker where each tracked process's interpreter keeps its threa
 `py_conf` per process, written only for an interpreter whose layout pyinterp confirmed), and
 turns the walker's interned stacks — (code object, instruction index) pairs — into frames:
 qualified name, file and line. Lines come from the code object's line table, which BPF copied
-at first sight, so they resolve even after the process has exited."""
+at first sight, so they resolve even after the process has exited. BPF copies a table's
+first PY_LINES_BYTES; a longer one (a function of some hundreds of lines, such as
+transformers' `generate`) is read whole from the process while it lives, so that its later
+lines are known too."""
 from __future__ import annotations
 
 import ctypes
@@ -22,11 +25,15 @@ from memprof.sources.ebpf.records import CNT_PY_RELEARNED
 from memprof.sources.cpython.interp import (PythonLayoutError, inspect_python, load_bias, mapped_as, python_file_in_maps,
                                            runtime_file)
 from memprof.sources.symbols.files import HeldFiles, file_identity, open_binary
+from memprof.sources.symbols.procs import read_process_memory
 from memprof.sources.symbols.symbolize import Mapping
 
 ENTRY_BIT = 0x80000000   # PY_ENTRY_BIT: the first frame run by one C-level eval call
 LASTI_NONE = 0x7FFFFFFF  # PY_LASTI_NONE
 OWNED_BY_CSTACK = 3
+# The longest line table read whole from a live process (a 2,000-line function's is ~10 KB):
+# the length is the process's own word, and a larger one is not believed.
+MAX_LINE_TABLE_BYTES = 1 << 20
 
 
 class PyFrame(NamedTuple):
@@ -66,7 +73,8 @@ class PythonFrames:
     _frames: dict = field(default_factory=dict)      # (tgid, code address, lasti word) -> PyFrame
     _relearned: int = 0
     stats: dict = field(default_factory=lambda: {"frames": 0, "distinct_frames_without_line": 0, "distinct_frames_unnamed": 0,
-                                                   "stacks_evicted": 0})
+                                                   "stacks_evicted": 0, "line_tables_read_whole": 0,
+                                                   "line_tables_cut": 0})
 
     def install(self) -> None:
         """Put the walk's and the code learning's programs where the allocation programs
@@ -286,18 +294,48 @@ class PythonFrames:
             k = table.Key()
             k.code, k.tgid = address, tgid
             try:
-                self._codes[key] = self._decode_code(table[k])
+                leaf = table[k]
             except KeyError:
                 self._codes[key] = None
+            else:
+                self._codes[key] = self._decode_code(leaf, tgid)
         return self._codes[key]
 
-    def _decode_code(self, leaf) -> _Code:
+    def _decode_code(self, leaf, tgid: int) -> _Code:
         version = (3, int(leaf.minor))
-        raw = bytes(bytearray(leaf.lines))[:min(int(leaf.lines_len), len(leaf.lines))]
+        copied = bytes(bytearray(leaf.lines))[:min(int(leaf.lines_len), len(leaf.lines))]
+        raw = self._whole_line_table(tgid, leaf, copied)
         lines = decode_lines(version, raw, int(leaf.firstlineno), cut=int(leaf.lines_len) > len(raw))
         name = decode_str(bytes(bytearray(leaf.name)), int(leaf.name_len), int(leaf.name_state), 0)
         file = decode_str(bytes(bytearray(leaf.file)), int(leaf.file_len), int(leaf.file_state), int(leaf.file_skip))
         return _Code(name or "<unknown>", file, lines)
+
+    def _whole_line_table(self, tgid: int, leaf, copied: bytes) -> bytes:
+        """The code object's whole line table where BPF copied only its start (`copied`):
+        read from process `tgid` while it lives, and believed only when it begins with what
+        BPF copied (the code object may be gone and its memory another's since). Else
+        `copied`, which decode_lines reads up to its last whole entry. Counted in stats
+        either way."""
+        length = int(leaf.lines_len)
+        if length <= len(copied):
+            return copied
+        whole = None
+        data_offset = self._bytes_data_offset(tgid)
+        if data_offset is not None and int(leaf.lines_ptr) and length <= MAX_LINE_TABLE_BYTES:
+            whole = read_process_memory(tgid, int(leaf.lines_ptr) + data_offset, length)
+        if whole is None or not whole.startswith(copied):
+            self.stats["line_tables_cut"] += 1
+            return copied
+        self.stats["line_tables_read_whole"] += 1
+        return whole
+
+    def _bytes_data_offset(self, tgid: int) -> int | None:
+        """Where a bytes object's data begins in `tgid`'s interpreter (its py_conf, which BPF
+        forgets when the process exits: None then, as for a process never registered)."""
+        try:
+            return int(self.bpf["py_procs"][ctypes.c_uint32(tgid)].bytes_data)
+        except KeyError:
+            return None
 
 
 CODE_HEAD_FIELDS = ("code_filename", "code_name", "code_qualname", "code_firstlineno", "code_linetable")
