@@ -116,6 +116,31 @@ def test_workers_whose_pss_grows_on_a_flat_heap_are_copying_on_read(tmp_path):
     assert advice.change.startswith("keep RowsDataset's items in numpy or Arrow arrays")
 
 
+def test_a_sample_taken_before_the_last_sibling_fork_is_not_the_first(tmp_path):
+    """W2 is forked at 1.5 s, after W1's first sample: until then W1 shared its parent's pages
+    with one process fewer, and that sample read 20 MiB over its curve (seen on CI: 14 MB). W1
+    is judged from its 2 s sample, so its growth is the curve's, 32 MiB over 8 s, not 16 MiB."""
+    procs = processes()
+    procs[2]["start_ns"] = int(1.5 * S)
+    samples = pss_rows(W1, 4 * MiB)
+    samples[0] = (1 * S, "pss_bytes", f"pid:{W1}", BASE + 20 * MiB)
+    verdict = dataloader.check(record(tmp_path, trigger_rows(), samples_frame(samples + pss_rows(W2, 2 * MiB)[1:]
+                                                                             + tree_rows()), procs))
+    first, second = verdict.advice[0].numbers["workers"]
+    assert (first["pid"], first["first_ts_ns"], first["samples"]) == (W1, 2 * S, 9)
+    assert first["pss_first_bytes"] == BASE + 4 * MiB and first["pss_growth_bytes"] == 32 * MiB
+    assert (second["first_ts_ns"], second["samples"]) == (2 * S, 9)  # sampled from 2 s, after its fork
+
+
+def test_the_next_epochs_workers_do_not_cut_an_earlier_one(tmp_path):
+    """A worker forked after W1's last sample (the next epoch's) leaves W1's samples whole."""
+    procs = processes((W2 + 1, ROOT, "pt_data_worker", PYTHON))
+    procs[-1]["start_ns"] = 11 * S
+    verdict = dataloader.check(record(tmp_path, trigger_rows(), trigger_samples(), procs))
+    first = verdict.advice[0].numbers["workers"][0]
+    assert (first["first_ts_ns"], first["samples"], first["pss_growth_bytes"]) == (1 * S, 10, 36 * MiB)
+
+
 def test_with_the_libc_heap_recorded_any_forked_process_is_judged_on_it(tmp_path):
     procs = processes((W2 + 1, ROOT, "python", PYTHON))
     rows = steps() + churn(W1, "native_heap") + churn(W2 + 1, "native_heap")

@@ -11,8 +11,9 @@ write it, about once a second, while the tree has several processes) and the pro
 of meta.json (ppid, comm, exe). A worker is a process forked from another of the tree (its
 exe is its parent's). Without the libc heap recorded only DataLoader workers are judged:
 torch names them "pt_data_worker" (the process table may have read the name before), and
-they allocate under torch's `_worker_loop`. Per worker, a line
-is fitted to its Pss against time (slope bytes per second, R²); its growth is its last Pss
+they allocate under torch's `_worker_loop`. Per worker, over its samples taken once its
+sibling workers had all been forked (_sharers_settled: until then fewer processes share
+its parent's pages, and its PSS reads higher), a line is fitted to its Pss against time (slope bytes per second, R²); its growth is its last Pss
 less its first. Its heap over the same time is the live bytes of its allocations in the
 libc heap (`native_heap`, when recorded: `--sources +native`) or else in the PyTorch CPU
 allocator (`torch_cpu`), weighted where sampled: its last value less its first. A worker
@@ -101,9 +102,10 @@ def check(facts: Facts) -> Verdict:
         if not children:
             return silent(f"no {WORKER_COMM} process has PSS samples (other forked processes are judged "
                           "only with the libc heap recorded: --sources +native)")
+    settled = _sharers_settled(facts.rec.meta, children, series)
     workers, why = [], []
     for pid, comm in children.items():
-        worker = _worker(facts, pid, comm, series[pid], heap_layer)
+        worker = _worker(facts, pid, comm, _from(series[pid], settled[pid]), heap_layer)
         if isinstance(worker, Worker):
             workers.append(worker)
         else:
@@ -145,6 +147,34 @@ def _forked(meta, series: dict) -> dict[int, str]:
             continue
         found[pid] = str(row.get("comm") or "")
     return found
+
+
+def _sharers_settled(meta, children: dict, series: dict) -> dict[int, int]:
+    """pid → when the last of its sibling workers (forked from the same parent, among
+    `children`) that started before its last sample had started (ns; 0 where the process
+    table has no start times). Before that moment its parent's pages were shared among fewer
+    processes, so its PSS read higher by its part of what the next fork came to share: a
+    DataLoader forks its workers one by one, and a first sample taken between two forks read
+    14 MB above the worker's curve (CI, 2026-12-07), which made the growth that much smaller.
+    A sibling that started after its last sample (the next epoch's workers) changed nothing
+    it measured."""
+    table = {row.get("pid"): row for row in (meta.processes or [])}
+    starts = {pid: (table.get(pid) or {}).get("start_ns") for pid in children}
+    parents = {pid: (table.get(pid) or {}).get("ppid") for pid in children}
+    settled = {}
+    for pid in children:
+        last_sample = int(series[pid][0][-1]) if len(series[pid][0]) else 0
+        known = [int(starts[other]) for other in children
+                 if parents[other] == parents[pid] and starts[other] is not None and int(starts[other]) <= last_sample]
+        settled[pid] = max(known, default=0)
+    return settled
+
+
+def _from(series: tuple[np.ndarray, np.ndarray], start_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of `series` (ts_ns, values) taken at or after `start_ns`."""
+    ts, values = series
+    keep = ts >= start_ns
+    return ts[keep], values[keep]
 
 
 def _in_worker_loop(facts: Facts) -> set[int]:
