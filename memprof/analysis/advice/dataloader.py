@@ -13,10 +13,11 @@ exe is its parent's). Without the libc heap recorded only DataLoader workers are
 torch names them "pt_data_worker" (the process table may have read the name before), and
 they allocate under torch's `_worker_loop`. Per worker, over its samples taken once its
 sibling workers had all been forked (_sharers_settled: until then fewer processes share
-its parent's pages, and its PSS reads higher), a line is fitted to its Pss against time (slope bytes per second, R²); its growth is its last Pss
-less its first. Its heap over the same time is the live bytes of its allocations in the
-libc heap (`native_heap`, when recorded: `--sources +native`) or else in the PyTorch CPU
-allocator (`torch_cpu`), weighted where sampled: its last value less its first. A worker
+its parent's pages, and its PSS reads higher), a line is fitted to its Pss against time
+(slope bytes per second, R²); its growth is its last Pss less its first. Its heap over the
+same time is the live bytes of its allocations in the libc heap (`native_heap`, when
+recorded: `--sources +native`) or else in the PyTorch CPU allocator (`torch_cpu`), weighted
+where sampled: its last value less its first. A worker
 whose Pss grows steadily (it rises between MIN_RISING of its samples) by at least MIN_GROWTH while its heap grows by at
 most MAX_HEAP_SHARE of that is copying on read. The steps of the recording (step marks)
 within its samples give the growth per step. The dataset is named by the `__getitem__`
@@ -88,7 +89,8 @@ def check(facts: Facts) -> Verdict:
     series = _per_process_pss(facts.rec.samples)
     if not series:
         return silent("no per-process PSS samples (one process, or recorded before memprof sampled each one)")
-    children = _forked(facts.rec.meta, series)
+    table = _process_table(facts.rec.meta)
+    children = _forked(facts.rec.meta, table, series)
     if not children:
         return silent("no forked worker process has PSS samples")
     heap_layer = _heap_layer(facts.lifetimes.allocations)
@@ -102,7 +104,7 @@ def check(facts: Facts) -> Verdict:
         if not children:
             return silent(f"no {WORKER_COMM} process has PSS samples (other forked processes are judged "
                           "only with the libc heap recorded: --sources +native)")
-    settled = _sharers_settled(facts.rec.meta, children, series)
+    settled = _sharers_settled(table, children, series)
     workers, why = [], []
     for pid, comm in children.items():
         worker = _worker(facts, pid, comm, _from(series[pid], settled[pid]), heap_layer)
@@ -131,11 +133,15 @@ def _per_process_pss(samples: pd.DataFrame | None) -> dict[int, tuple[np.ndarray
     return series
 
 
-def _forked(meta, series: dict) -> dict[int, str]:
+def _process_table(meta) -> dict:
+    """pid → its row of meta.json's process table (empty without one)."""
+    return {row.get("pid"): row for row in (meta.processes or [])}
+
+
+def _forked(meta, table: dict, series: dict) -> dict[int, str]:
     """pid → comm of each sampled process forked from another of the tree: it has a parent
     in the process table and runs its parent's executable (a fork; an exec'd tool runs its
     own). Without a process table, every sampled process but the root."""
-    table = {row.get("pid"): row for row in (meta.processes or [])}
     if not table:
         return {pid: "" for pid in series if pid != meta.pid}
     found = {}
@@ -149,16 +155,15 @@ def _forked(meta, series: dict) -> dict[int, str]:
     return found
 
 
-def _sharers_settled(meta, children: dict, series: dict) -> dict[int, int]:
+def _sharers_settled(table: dict, children: dict, series: dict) -> dict[int, int]:
     """pid → when the last of its sibling workers (forked from the same parent, among
     `children`) that started before its last sample had started (ns; 0 where the process
     table has no start times). Before that moment its parent's pages were shared among fewer
-    processes, so its PSS read higher by its part of what the next fork came to share: a
-    DataLoader forks its workers one by one, and a first sample taken between two forks read
-    14 MB above the worker's curve (CI, 2026-12-07), which made the growth that much smaller.
-    A sibling that started after its last sample (the next epoch's workers) changed nothing
-    it measured."""
-    table = {row.get("pid"): row for row in (meta.processes or [])}
+    processes, so its PSS read higher by its part of what the next fork came to share. A
+    DataLoader forks its workers one by one, 13 ms apart in examples/dataloader_cow.py; on
+    CI (2026-12-07) a worker's first sample read 14 MB above its curve, as one taken between
+    two forks would, and its growth came out that much smaller. A sibling that started after
+    its last sample (the next epoch's workers) changed nothing it measured."""
     starts = {pid: (table.get(pid) or {}).get("start_ns") for pid in children}
     parents = {pid: (table.get(pid) or {}).get("ppid") for pid in children}
     settled = {}

@@ -3,6 +3,7 @@ memory maps (kept so user stacks can be symbolized after a process has gone)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -90,18 +91,14 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
-_process_vm_readv = None
-
-
+@functools.cache
 def _vm_readv():
-    global _process_vm_readv
-    if _process_vm_readv is None:
-        call = ctypes.CDLL(None, use_errno=True).process_vm_readv
-        call.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
-                         ctypes.c_ulong, ctypes.c_ulong]
-        call.restype = ctypes.c_ssize_t
-        _process_vm_readv = call
-    return _process_vm_readv
+    """libc's process_vm_readv(pid, local iov, n, remote iov, n, flags), typed once."""
+    call = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    call.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
+                     ctypes.c_ulong, ctypes.c_ulong]
+    call.restype = ctypes.c_ssize_t
+    return call
 
 
 def read_process_memory(pid: int, address: int, length: int) -> bytes | None:
