@@ -216,7 +216,7 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
                canonical_stack: Mapping[int, int] | None = None,
                checkpoints: Checkpoints | None = None, known: KnownChains = KnownChains(),
                confidence: float = 0.99, rank_of_pid: Mapping[int, tuple[int, str | None]] | None = None,
-               setup_end_ns: int | None = None) -> LeakResult:
+               setup_end_ns: int | None = None, attached_pids: frozenset[int] = frozenset()) -> LeakResult:
     """Leaks, by (layer, chain, released_at_exit), with their kind:
 
     - grows_per_step: the chain's live bytes at `checkpoints` rise (trend.classify with
@@ -241,7 +241,10 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     one id (see `chains.canonical_stacks`), so one chain is one finding. `rank_of_pid` (pid ->
     (rank, host) of each process of a distributed job) fills each shown finding's `ranks` and
     `hosts`. `setup_end_ns` is when the program's set-up ended (checkpoints.first_step_end_ns:
-    kernel objects made before it are start-up); None: unknown (no step marks)."""
+    kernel objects made before it are start-up); None: unknown (no step marks).
+    `attached_pids`: processes already running when the recording began (`record --pid`):
+    what they made before their first Python frame was seen is not their interpreter
+    starting, so _at_startup does not count it as start-up."""
     if end_ns > recording_end_ns:
         raise UsageError(f"the end time {end_ns} ns is after the recording's end ({recording_end_ns} ns)",
                          "judge leaks at a time inside the recording")
@@ -259,7 +262,8 @@ def find_leaks(lifetimes: Lifetimes, *, end_ns: int, recording_end_ns: int, min_
     exited = _exited(allocations, end_ns, recording_end_ns, end_by_pid)
     trends = chain_trends(allocations, checkpoints, confidence) if checkpoints is not None else ChainTrends.none()
     held = _held(allocations, ends, exited, min_age_ns, _growing_and_live(allocations, ends, trends))
-    held = held.assign(reason=_held_reasons(allocations, held, ends, known, setup_end_ns, state))
+    startup = _at_startup(allocations, held, known, setup_end_ns, attached_pids)
+    held = held.assign(reason=_held_reasons(allocations, held, ends, known, startup, state))
     kinds = [_finding(row, missed_by_chain, trends, target_exited) for row in _sorted_groups(held).itertuples(index=False)]
     younger = _younger(allocations, ends, exited, held)
     kinds = _with_younger(kinds, younger)
@@ -536,18 +540,18 @@ _KERNEL_LAYERS = [Layer.KERNEL_SLAB.value, Layer.KERNEL_PAGE.value]
 
 
 def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarray, known: KnownChains,
-                  setup_end_ns: int | None, state: pd.DataFrame) -> np.ndarray:
+                  startup: np.ndarray, state: pd.DataFrame) -> np.ndarray:
     """Per held row, a LeakReason value: "memprof_own" (memprof's BPF programs, uprobes or
     agent: any layer), else for kernel rows "address_space", "slab_pages" (the slab
     allocator's pages and its bookkeeping of them), "kernel_cache" (a cache chain that
     outlived the process), else "cached_segment" (no live block inside) or "model_state" (a
     segment whose live blocks are all model state, the allocations in `state`), else
-    "threads" (kernel objects of a thread), else "startup" (_at_startup, for every held
-    allocation of the chain), else "held"."""
+    "threads" (kernel objects of a thread), else "startup" (`startup`, per held row:
+    _at_startup; for every held allocation of the chain), else "held"."""
     reason = np.full(len(held), LeakReason.HELD.value, dtype=object)
     stack = held["stack_id"]
     is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
-    reason[_whole_chains(held, _at_startup(allocations, held, known, setup_end_ns))] = LeakReason.STARTUP.value
+    reason[_whole_chains(held, startup)] = LeakReason.STARTUP.value
     reason[is_kernel & _in(stack, known.threads)] = LeakReason.THREADS.value
     if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
         segment = _segment_reasons(allocations, ends, state)[held.index.to_numpy()]
@@ -582,18 +586,25 @@ def _in(stack_ids: pd.Series, ids: frozenset[int]) -> np.ndarray:
 
 
 def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChains,
-                setup_end_ns: int | None) -> np.ndarray:
+                setup_end_ns: int | None, attached_pids: frozenset[int]) -> np.ndarray:
     """Per held row: made at start-up. In any layer, by start-up work its frames show
-    (`known.startup`: an import, the dynamic loader, exec). For kernel objects (the files,
-    sockets and threads a program opens as it starts) also by time: before its process
-    first ran Python code (the interpreter starting: _before_python), or before `setup_end_ns`
-    (the end of the first step: the program's set-up). User-space memory made at set-up (a
-    model's weights) is the program's data, and stays a finding."""
-    ts = held["alloc_ts_ns"].to_numpy(dtype=np.int64)
-    early = _before_python(allocations, held.index.to_numpy(), known.python)
+    (`known.startup`: an import, the dynamic loader, exec), or before its process first ran
+    Python code (the interpreter starting, _before_python: CPython's own heap and the files
+    libc opens; nothing of the program exists yet), unless the process was already running
+    when the recording began (`attached_pids`). For kernel objects (the files, sockets and
+    threads a program opens as it starts) also before `setup_end_ns` (the end of the first
+    step: the program's set-up). User-space memory made at set-up (a model's weights) is the
+    program's data, and stays a finding."""
+    rows = held.index.to_numpy()
+    interpreter = _before_python(allocations, rows, known.python)
+    if attached_pids and interpreter.any():
+        pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)[rows]
+        interpreter &= ~np.isin(pid, list(attached_pids))
+    set_up = np.zeros(len(held), dtype=bool)
     if setup_end_ns is not None:
-        early |= ts < setup_end_ns
-    return _in(held["stack_id"], known.startup) | (early & np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS))
+        set_up = held["alloc_ts_ns"].to_numpy(dtype=np.int64) < setup_end_ns
+    is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
+    return _in(held["stack_id"], known.startup) | interpreter | (set_up & is_kernel)
 
 
 def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: frozenset[int]) -> np.ndarray:

@@ -75,7 +75,7 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     options = dict(end_ns=target_end, recording_end_ns=end, min_age_ns=min_age_ns, layers=wanted, top=top,
                    end_by_pid=exit_times(events), canonical_stack=canonical_stack, checkpoints=checkpoints,
                    known=known_chains(stacks, frames), confidence=confidence, rank_of_pid=ranks or None,
-                   setup_end_ns=first_step_end_ns(events))
+                   setup_end_ns=first_step_end_ns(events), attached_pids=attached_pids(meta))
     result = find_leaks_by_rank(lifetimes, **options) if by == "rank" else find_leaks(lifetimes, **options)
     skipped = skipped_frees_by_layer(meta)
     result.unconfirmed_frees = {k: v for k, v in skipped.items() if not wanted or k in wanted}
@@ -83,6 +83,16 @@ def leak_report(meta: RecordingMeta, events: pd.DataFrame, lifetimes: Lifetimes,
     result.heap_recorded = heap_recorded(meta)
     result.unseen_tasks = unseen_tasks(meta)
     return result
+
+
+def attached_pids(meta: RecordingMeta) -> frozenset[int]:
+    """The processes already running when the recording began: with `record --pid`, the one
+    attached to and its descendants then (the process table's rows with no start time; the
+    root of `record -- CMD` has none either, but it began under the recording)."""
+    if meta.command:
+        return frozenset()
+    return frozenset(row["pid"] for row in meta.processes
+                     if isinstance(row.get("pid"), int) and row.get("start_ns") is None)
 
 
 def heap_recorded(meta: RecordingMeta) -> bool | None:

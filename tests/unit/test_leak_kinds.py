@@ -461,6 +461,30 @@ def test_the_interpreter_starting_is_start_up_until_its_main_thread_first_runs_p
     assert [(f.stack_id, f.reason) for f in result.not_leaks] == [(1, "startup")]
 
 
+def test_the_interpreters_own_heap_before_its_first_python_code_is_start_up_unless_attached_to():
+    """`record --sources +native -- python idle.py` (no step marks): CPython's own heap,
+    malloc'd as the interpreter starts (0.03 s, no Python frame yet, an unnamed frame in
+    python3.11), is start-up in every layer, not only the kernel's: before 2026-12-07 it
+    was a native_heap finding of 1.4 MiB in every Python program, and `check
+    --fail-on-leak` failed a program that leaked nothing. What the program allocates once
+    its Python code runs (0.1 s) stays a finding, and so does everything of a process
+    attached to (`record --pid`: the first Python frame seen there is not its interpreter
+    starting)."""
+    stacks, frames = stacks_frames({
+        1: [_native("[unknown]", "python3.11")],
+        2: [_native("malloc", "libc.so.6"), _python("<module>", "idle.py")],
+    })
+    rows = [ev(3 * S // 100, "alloc", 0x100, 256 * KiB, 1), ev(S // 10, "alloc", 0x200, 64, 2)]
+    options = dict(end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="native_heap",
+                   known=known_chains(stacks, frames))
+    result = judged(rows, **options)
+    assert [(f.stack_id, f.live_bytes) for f in result.findings] == [(2, 64)]
+    assert [(f.stack_id, f.reason, f.live_bytes) for f in result.not_leaks] == [(1, "startup", 256 * KiB)]
+    attached = judged(rows, attached_pids=frozenset({PID}), **options)
+    assert [(f.stack_id, f.live_bytes) for f in attached.findings] == [(1, 256 * KiB), (2, 64)]
+    assert attached.not_leaks == []
+
+
 def test_a_short_jobs_set_up_is_start_up_however_few_its_steps(tmp_path):
     """torch.multiprocessing.spawn of one rank that takes 5 steps (too few for a trend): the
     launcher (pid 99, no steps of its own) keeps a pipe per child it spawns (0.3 s), the rank
