@@ -93,9 +93,10 @@ class LeakFinding:
     `younger_count`/`younger_bytes` are the chain's allocations (same layer and fate) that
     were live at the end but younger than `min_age_ns`: left out of live_bytes/live_count.
 
-    `released_before_end`: a chain that grew over the checkpoints and was released before
-    the end (a loop that keeps something from every request, freed as `main` returns): its
-    live_bytes/live_count are at its highest checkpoint. `within_slope_bytes_per_step`, for
+    `released_before_end`: a chain that held nothing at the end, shown by its highest
+    checkpoint (its live_bytes/live_count are there): one that grew over the checkpoints (a
+    loop that keeps something from every request, freed as `main` returns), a sawtooth or a
+    plateau. `within_slope_bytes_per_step`, for
     a sawtooth: how fast it grows within each cycle (per token, for a request's KV cache).
 
     `ranks`/`hosts`, in a distributed job (find_leaks' `rank_of_pid`): the ranks, and their
@@ -803,7 +804,7 @@ def _shape_only_findings(trends: ChainTrends, held: pd.DataFrame, allocations: p
     chosen = [shaped[i] for i in order[:top]]
     firsts = _alloc_span_of_chains(allocations, trends, [chain for chain, _ in chosen])
     return [_at_peak(trends, chain, firsts[chain], growth_bytes_per_s=0.0, kind=LeakKind.NOT_A_LEAK.value,
-                     reason=trend.shape) for chain, trend in chosen], len(shaped)
+                     reason=trend.shape, released_before_end=True) for chain, trend in chosen], len(shaped)
 
 
 def _alloc_span_of_chains(allocations: pd.DataFrame, trends: ChainTrends, chains: list) -> dict:

@@ -125,12 +125,13 @@ def explain(finding: LeakFinding, result: LeakResult) -> str:
     if finding.reason == "grows_within":
         return (f"grew {format_bytes(finding.slope_bytes_per_step)} per {unit} in the same "
                 f"{counted(finding.live_count, 'buffer', 'buffers')} made larger each {unit}, up to "
-                f"{format_bytes(finding.live_bytes)}, and was released before the end: a request's working memory, "
-                "such as its KV cache, not a leak")
+                f"{format_bytes(finding.live_bytes)}, and was released before the end: working memory that a request "
+                "or step grows and gives back (a KV cache, a backward's gradients), not a leak")
     if finding.reason == "sawtooth" and finding.within_slope_bytes_per_step:
         return (f"grows {format_bytes(finding.within_slope_bytes_per_step)} per {unit} within each cycle and is "
                 f"released when the cycle ends ({finding.resets} times, up to {format_bytes(finding.live_bytes)}): "
-                "a request's working memory, such as its KV cache, not a leak")
+                "working memory that a request or step grows and gives back (a KV cache, a backward's gradients), "
+                "not a leak")
     if finding.reason == "sawtooth":
         return (f"rose and fell back {finding.resets} times, up to {format_bytes(finding.live_bytes)}: "
                 f"a buffer filled and released every few {unit}s, not a leak")

@@ -166,6 +166,24 @@ def test_the_sawtooths_shown_under_top_are_those_a_cut_of_all_shows(top):
     assert shown.not_leaks_total == everything.not_leaks_total == 12
 
 
+def test_a_sawtooth_that_held_nothing_at_the_end_was_released_before_it_and_says_so():
+    """Shown by its highest checkpoint, a chain that held nothing at the end was released
+    before it: `report leaks` read "outlived the process" for such chains (a DDP run's
+    gradient buffers, torch.compile's workspaces) before 2026-12-07."""
+    from rich.console import Console
+
+    from memprof.analysis.views import About, LeaksView
+    from memprof.report import leaks as leak_reporter
+    result = judged(many_sawtooths(chains=1), end_ns=43 * S, recording_end_ns=44 * S, exit_at=43 * S)
+    (saw,) = result.not_leaks
+    assert (saw.reason, saw.released_at_exit, saw.released_before_end) == ("sawtooth", False, True)
+    console = Console(width=200, record=True, color_system=None)
+    leak_reporter.render(LeaksView(result, About("/tmp/run.memprof"), {}), console)
+    text = console.export_text()
+    assert "4.0 MiB in 4 allocations  ·  released before the end" in text
+    assert "outlived" not in text
+
+
 def test_windows_stand_in_for_steps_when_there_are_no_step_marks():
     rows = [ev(k * S // 10, "alloc", 0x5000_0000 + k * 0x1000, KiB, 2) for k in range(1, 100)]
     result = judged(rows, end_ns=10 * S)
