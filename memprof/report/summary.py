@@ -144,6 +144,10 @@ def _render_ranks(out, summary: Summary) -> None:
     if ranks is None or len(ranks.ranks) < 2:
         return
     size = f" of {ranks.world_size}" if ranks.world_size else ""
+    if len(ranks.ranks) < 3:  # of two, neither is the odd one (ranks.with_divergence): side by side
+        out(f"[bold]Ranks[/]: {len(ranks.ranks)}{size}, in {escape(ranks.layer or '')}: "
+            + "; ".join(_rank_use(rank, len({r.host for r in ranks.ranks}) > 1) for rank in ranks.ranks))
+        return
     if not ranks.diverging:
         out(f"[bold]Ranks[/]: {len(ranks.ranks)}{size}, alike in {escape(ranks.layer or '')} (peak and growth per step); "
             "`memprof report top --by rank` for each one's bytes")
@@ -152,6 +156,15 @@ def _render_ranks(out, summary: Summary) -> None:
         f"in {escape(ranks.layer or '')}:")
     for rank in ranks.diverging:
         out(diverging_line(rank))
+
+
+def _rank_use(rank, with_host: bool) -> str:
+    """'rank 1 peaks at 15.4 MiB, grows 512.0 KiB per step' (markup; 'rank 1 on node-a …'
+    `with_host`)."""
+    where = f" on {escape(rank.host)}" if with_host and rank.host else ""
+    growth = ("" if rank.growth_bytes_per_step is None
+              else f", grows {format_bytes(max(rank.growth_bytes_per_step, 0.0))} per step")
+    return f"rank {rank.rank}{where} peaks at {format_bytes(rank.peak_bytes)}{growth}"
 
 
 def _render_advice(out, summary: Summary) -> None:

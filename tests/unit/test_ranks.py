@@ -151,3 +151,19 @@ def test_a_folded_recording_gives_the_same_ranks(tmp_path, job):
     dropped = folded.fold.dropped_count["torch_cpu"]
     assert 4 * STEPS - 4 <= dropped < 4 * STEPS  # the temporaries, but one held at a rank's peak
     assert folded.ranks() == whole.ranks() and whole.ranks().diverging
+
+
+def test_two_ranks_are_shown_side_by_side_never_called_alike(tmp_path):
+    """Of two ranks neither is the odd one (with_divergence), so the summary gives each one's
+    peak and growth: before 2026-12-07 it said "alike" of a DDP run whose rank 1 kept 512 KiB
+    a step and rank 0 nothing."""
+    two = {0: RANK_PIDS[0], 1: RANK_PIDS[1]}
+    rows = [row for row in _job(leak_rank=1) if row["pid"] in two.values()]
+    meta = _meta()
+    for pid in (RANK_PIDS[2], RANK_PIDS[3]):
+        del meta.sources["agent"].detail["processes"][str(pid)]
+    code, out, err = invoke("report", _recording(tmp_path, rows, meta))
+    assert code == 0, err
+    assert ("Ranks: 2 of 4, in torch_cpu: rank 0 peaks at 1.1 MiB, grows 0 B per step; "
+            "rank 1 peaks at 3.5 MiB, grows 256.0 KiB per step") in out
+    assert "alike" not in out
