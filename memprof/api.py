@@ -362,8 +362,10 @@ class Analysed:
         every leak finding tagged with host and ranks, its clock."""
         from memprof.analysis.job import recording_part
         view = self.leaks(min_age_ns=min_age_ns, top=None, native_frames=native_frames)
+        checkpoints = view.result.checkpoints
         return recording_part(self.rec.meta, str(self.rec.path), self.ranks(), view.result.findings, view.chains,
-                              self.lifetimes, self.canonical, events=len(self.events))
+                              self.lifetimes, self.canonical, events=len(self.events),
+                              unit=checkpoints.unit if checkpoints is not None else "step")
 
     @_kept
     def advice(self, *, native_frames: str = DEFAULT_NATIVE_FRAMES) -> AdviceView:

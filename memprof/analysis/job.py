@@ -66,7 +66,9 @@ class JobClock:
 class JobLeak:
     """One leak finding of one recording, tagged: the `host` that recorded it, the `ranks` and
     `pids` whose processes made the chain's allocations (empty ranks: processes without one),
-    and the finding's kind, layer, bytes and chain frames (innermost first)."""
+    and the finding's kind, layer, bytes and chain frames (innermost first). `unit`: what
+    growth was judged over in its recording, "step" or "window" (leaks.LeakResult's
+    checkpoints), the unit of `slope_bytes_per_step`."""
 
     host: str
     path: str
@@ -79,6 +81,7 @@ class JobLeak:
     slope_bytes_per_step: float | None
     stack_id: int | None
     chain: tuple = ()
+    unit: str = "step"
 
 
 @dataclass
@@ -168,16 +171,18 @@ def to_realtime(meta: RecordingMeta, ts_ns: np.ndarray) -> np.ndarray:
 
 
 def recording_part(meta: RecordingMeta, path: str, ranks: RankReport, findings: Iterable, chains: dict,
-                   lifetimes: Lifetimes, canonical: dict[int, int], events: int = 0) -> RecordingPart:
+                   lifetimes: Lifetimes, canonical: dict[int, int], events: int = 0,
+                   unit: str = "step") -> RecordingPart:
     """What the job keeps of one analysed recording: its ranks (each on this recording's host),
     its leak `findings` (leaks.LeakFinding) tagged with the host and the ranks whose processes
-    made each chain's allocations, `chains` (stack id -> frames) for their frames, and its clock."""
+    made each chain's allocations, `chains` (stack id -> frames) for their frames, and its clock.
+    `unit`: what the findings' growth was judged over ("step" or "window")."""
     host = host_of(meta, path)
     ranks_of = {pid: rank for pid, (rank, _) in rank_of_pid(meta).items()}
     findings = list(findings)
     made_by = chain_pids(lifetimes, canonical, [(finding.layer, finding.stack_id) for finding in findings])
-    tagged = [_tagged(finding, host, path, ranks_of, made_by[(finding.layer, finding.stack_id)], chains)
-              for finding in findings]
+    tagged = [replace(_tagged(finding, host, path, ranks_of, made_by[(finding.layer, finding.stack_id)], chains),
+                      unit=unit) for finding in findings]
     own = RankReport([replace(rank, host=host, diverges=None) for rank in ranks.ranks], ranks.world_size,
                      ranks.layer, list(ranks.notes))
     return RecordingPart(path, host, own, tagged, recording_clock(meta, path), events)

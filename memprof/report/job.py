@@ -40,7 +40,8 @@ def to_json(view: JobView) -> dict:
         "ranks": [rank_json(rank) for rank in job.ranks],
         "leaks": [{"host": leak.host, "recording": leak.path, "ranks": list(leak.ranks), "pids": list(leak.pids),
                    "kind": leak.kind, "layer": leak.layer, "live_bytes": leak.live_bytes, "live_count": leak.live_count,
-                   "slope_bytes_per_step": leak.slope_bytes_per_step, "chain": chain_name(list(leak.chain))}
+                   "slope_bytes_per_step": leak.slope_bytes_per_step, "slope_unit": leak.unit,
+                   "chain": chain_name(list(leak.chain))}
                   for leak in job.leaks],
         "clock": {"aligned": clock.aligned, "why": clock.why, "skew_ns": clock.skew_ns,
                   "start_realtime_ns": clock.start_realtime_ns, "end_realtime_ns": clock.end_realtime_ns,
@@ -127,8 +128,9 @@ def _render_leaks(out, job: JobReport) -> None:
     out(f"[bold]Leaks[/]: {len(job.leaks)} across the job (`memprof report leaks RECORDING` for each one's chains)")
     for index, leak in enumerate(job.leaks, 1):
         ranks = f" rank {', '.join(map(str, leak.ranks))}" if leak.ranks else ""
-        rate = f", +{format_bytes(leak.slope_bytes_per_step)}/step" if leak.slope_bytes_per_step else ""
-        out(f"  {index}. {escape(leak.host)}{ranks} · {escape(leak.layer)} {escape(leak.kind.replace('_', ' '))}: "
+        rate = f", +{format_bytes(leak.slope_bytes_per_step)}/{leak.unit}" if leak.slope_bytes_per_step else ""
+        kind = leak.kind.replace("_", " ").replace("per step", f"per {leak.unit}")
+        out(f"  {index}. {escape(leak.host)}{ranks} · {escape(leak.layer)} {escape(kind)}: "
             f"{format_bytes(leak.live_bytes)} in {leak.live_count:,}{rate}  {escape(chain_name(list(leak.chain)))}",
             no_wrap=True, overflow="ellipsis")
 

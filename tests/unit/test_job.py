@@ -219,3 +219,23 @@ def test_a_missing_recording_of_a_job_is_one_line_before_any_analysis(tmp_path):
         code, out, err = invoke("report", *args)
         assert code == 5 and f"{tmp_path / 'nope.memprof'} does not exist" in err and "Traceback" not in err
         assert out == ""
+
+
+def test_growth_judged_over_windows_is_said_per_window(tmp_path):
+    """A job attached to without the agent (`record --pid`: no step marks, still running at
+    the end) is judged over time windows: its leaks read "grows per window", "/window", as
+    `report leaks` says, not "per step" (before 2026-12-07)."""
+    folder = tmp_path / "job"
+    for host in HOSTS:
+        start = ANCHORS[host][0][0]
+        rows = [row for row in _rows(host, leak_rank=None, start=start) if row["action"] != "mark"]
+        pid = HOSTS[host][min(HOSTS[host])]
+        rows += [ev(start + k * S // 2 + 30, "alloc", 0x7000_0000 + 0x10_0000 * k, 256 * KiB, layer="torch_cpu",
+                    device="cpu", pid=pid, stack_id=2) for k in range(1, 41)]
+        write_recording(folder / f"memprof-991-{host}.memprof", timeline_of(rows), meta=_meta(host))
+    code, text, err = invoke("report", *sorted(folder.iterdir()))
+    assert code == 0, err
+    lines = [line for line in text.splitlines() if "torch_cpu grows" in line]
+    assert len(lines) == 2 and all("torch_cpu grows per window: " in line and "/window" in line for line in lines)
+    code, out, err = invoke("report", folder, "--format", "json")
+    assert {leak["slope_unit"] for leak in json.loads(out)["leaks"] if leak["kind"] == "grows_per_step"} == {"window"}
