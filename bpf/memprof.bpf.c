@@ -13,6 +13,7 @@
  * Constants:
  *   HAVE_EXIT_GROUP_DEAD  sched_process_exit passes group_dead (6.16+)
  *   TASK_PID_OFF          offset of `pid` (the thread's id) in task_struct
+ *   TASK_TGID_OFF         offset of `tgid` (its process's id) in task_struct
  *   TASK_TI_STATUS_OFF    offset of thread_info.status in task_struct (x86-64: TS_COMPAT)
  *   SIGACTION_HANDLER_OFF offset of sa.sa_handler in struct k_sigaction
  *   MP_KMEM_FAMILY        the kmem family is compiled (kernel_depth() needs the anchor)
@@ -48,16 +49,21 @@ static __always_inline void exit_mark(u32 why)
 
 /* sched_process_fork(struct task_struct *parent, struct task_struct *child), in the parent:
  * a new task of a tracked process is tracked. Threads get a bit too (their tid), cleared
- * when they exit; only tgids are ever tested. */
+ * when they exit; only tgids are ever tested. Only a new process is told to user space: a
+ * thread is not one (its tgid is its creator's), and each thread told was a process there
+ * whose maps were read again every second and which never exited. */
 MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_tracked(tgid))
         return 0;
-    u32 child = 0;
-    if (bpf_probe_read_kernel(&child, sizeof(child), (char *)ctx->args[1] + TASK_PID_OFF) < 0 || !child)
+    u32 child = 0, child_tgid = 0;
+    char *task = (char *)ctx->args[1];
+    if (bpf_probe_read_kernel(&child, sizeof(child), task + TASK_PID_OFF) < 0 || !child)
         return 0;
     set_tracked(child, 1);
+    if (bpf_probe_read_kernel(&child_tgid, sizeof(child_tgid), task + TASK_TGID_OFF) == 0 && child_tgid != child)
+        return 0;
     lifecycle(MP_PROC_FORK, child, tgid);
     return 0;
 }
@@ -66,12 +72,21 @@ MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_fork)
 MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (is_tracked(tgid)) {
-        /* The old image's interpreter is gone: no frames until user space finds the new one. */
-        py_procs.delete(&tgid);
-        py_threads.task_storage_delete(bpf_get_current_task_btf());
-        lifecycle(MP_PROC_EXEC, tgid, (u32)ctx->args[1]);
-    }
+    if (!is_tracked(tgid))
+        return 0;
+    /* The old image's interpreter is gone: no frames until user space finds the new one. */
+    py_procs.delete(&tgid);
+    py_threads.task_storage_delete(bpf_get_current_task_btf());
+    struct mp_event *e = reserve(MP_PROC_EXEC);
+    if (!e)
+        return 0;
+    e->addr = 0;
+    e->pid = tgid;
+    e->tid = (u32)ctx->args[1];
+    /* The new program's name (exec has set it), 16 bytes over call_site and size: a compiler
+     * or a tool that exits before user space reads /proc is named by it. */
+    bpf_get_current_comm(&e->call_site, 2 * sizeof(e->call_site));
+    submit(e);
     return 0;
 }
 

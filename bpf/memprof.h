@@ -14,7 +14,7 @@
 #define MP_USER_ALLOC   5   /* a user-space allocator returned a block (layer says which) */
 #define MP_USER_FREE    6   /* a user-space allocator was asked to free a block */
 #define MP_PROC_FORK    8   /* a tracked process forked: pid = child tgid, tid = parent tgid */
-#define MP_PROC_EXEC    9   /* a tracked process exec'd */
+#define MP_PROC_EXEC    9   /* a tracked process exec'd: call_site and size hold its new comm (16 bytes) */
 #define MP_PROC_EXIT   10   /* a tracked thread group died (last thread exited) */
 #define MP_EXIT_MARK   11   /* a tracked process began to exit: exit_group, fatal signal, Py_Finalize */
 #define MP_MAP_EXEC    12   /* a tracked process maps a file executable (a library loaded late) */

@@ -618,6 +618,34 @@ def test_leak_in_a_child_process(tmp_path, run_memprof, leaks_json, command, hel
     assert top["released_at_exit"] is True
 
 
+THREADS_AND_A_TOOL = """
+import subprocess, sys, threading, time
+threads = [threading.Thread(target=time.sleep, args=(0.3,)) for _ in range(5)]
+[t.start() for t in threads]
+subprocess.run(["/bin/true"])
+[t.join() for t in threads]
+"""
+
+
+def test_the_process_table_holds_processes_by_their_programs_names_and_no_threads(tmp_path, run_memprof):
+    """Threads are not processes: each one was a row of meta.json's process table (a new
+    task told by sched_process_fork), whose maps the recorder read again every second and
+    which never exited. Each process is named by the program it ran: the command's Python
+    was named "memprof" (the recorder's own name before its exec, the executable the same
+    file), and a tool that exits before /proc is read is named by the exec record."""
+    recording = tmp_path / "tree.memprof"
+    result = run_memprof("record", "-q", "-o", recording, "--", sys.executable, "-c", THREADS_AND_A_TOOL,
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta = read_meta(recording)
+    rows = {p["pid"]: p for p in meta["processes"]}
+    assert len(rows) == 2, meta["processes"]  # the command and /bin/true, not its five threads
+    root, (tool,) = rows[meta["pid"]], [p for pid, p in rows.items() if pid != meta["pid"]]
+    assert (root["comm"], root["exe"]) == (os.path.basename(sys.executable)[:15], os.path.realpath(sys.executable))
+    assert (tool["comm"], tool["ppid"]) == ("true", meta["pid"])
+    assert tool["exit_ns"] is not None and root["exit_ns"] is not None
+
+
 # ---- 4. attaching to a running process ----
 
 def test_attach_with_pid(tmp_path, record_attached, leaks_json):

@@ -42,3 +42,17 @@ def test_kind_codes_match_the_c_defines():
     assert int(defines["MP_N_COUNTERS"]) == max(counters.values()) + 1
     for i, tp in enumerate(R.FREE_TRACEPOINTS):
         assert int(defines[f"MP_TP_{tp.upper().removeprefix('MM_')}"]) == i
+
+
+def test_an_exec_record_names_the_new_program_from_its_comm_bytes():
+    """sched_process_exec writes the task's comm, 16 bytes NUL-padded, over call_site and
+    size (bpf/memprof.bpf.c): contiguous in the record, read back in order."""
+    import numpy as np
+    record = np.zeros(1, dtype=R.EVENT_DTYPE)[0]
+    assert R.EVENT_DTYPE.fields["size"][1] == R.EVENT_DTYPE.fields["call_site"][1] + 8
+    raw = np.frombuffer(b"cc1plus".ljust(16, b"\0"), dtype="<u8")
+    record["call_site"], record["size"] = raw[0], raw[1]
+    assert R.exec_comm(record) == "cc1plus"
+    raw = np.frombuffer(b"pt_data_worker\xff\0", dtype="<u8")  # 15 bytes: the longest comm
+    record["call_site"], record["size"] = raw[0], raw[1]
+    assert R.exec_comm(record) == "pt_data_worker\\xff"

@@ -57,6 +57,13 @@ EXIT_MARK = 11
 MAP_EXEC = 12
 
 ALLOC_KINDS = (SLAB_ALLOC, PAGE_ALLOC, USER_ALLOC)
+
+
+def exec_comm(record) -> str:
+    """The new program's name a PROC_EXEC record carries (the task's comm, 16 bytes over
+    its call_site and size fields, NUL-padded), as text to show (undecodable bytes escaped)."""
+    raw = record["call_site"].tobytes() + record["size"].tobytes()
+    return raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
 # Records whose `addr` is a kernel address (a slab object, a struct page): keyed before it
 # leaves the recorder (memprof/sources/ebpf/addrkey.py).
 KERNEL_KINDS = (SLAB_ALLOC, SLAB_FREE, PAGE_ALLOC, PAGE_FREE)

@@ -192,7 +192,7 @@ class EbpfSource:
             if kind == R.PROC_FORK:
                 self.processes.add(pid, int(r["tid"]), ts)
             elif kind == R.PROC_EXEC:
-                self.processes.exec_(pid)
+                self.processes.exec_(pid, R.exec_comm(r))
                 self._python.forget(pid)
             elif kind == R.PROC_EXIT:
                 self.processes.exit_(pid, ts)

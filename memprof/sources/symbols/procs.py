@@ -132,8 +132,13 @@ class ProcessTable:
             self.procs[pid] = info
         return info
 
-    def exec_(self, pid: int) -> None:
-        self.add(pid, None, None).stale = True
+    def exec_(self, pid: int, comm: str = "") -> None:
+        """`pid` ran a new program, named `comm` (what the kernel's exec record says; "":
+        unknown): its maps, executable and name are read again at the next refresh (the
+        executable may be the same file, as when memprof's own Python runs a Python command,
+        but the name is the new program's), and a program gone before then keeps `comm`."""
+        info = self.add(pid, None, None)
+        info.stale, info.exe, info.comm = True, "", comm
 
     def exit_(self, pid: int, ts_ns: int) -> None:
         info = self.procs.get(pid)
@@ -163,7 +168,7 @@ class ProcessTable:
             info.stale = False
             exe = read_exe(info.pid)
             if exe and exe != info.exe:
-                info.exe, info.comm = exe, read_comm(info.pid)
+                info.exe, info.comm = exe, read_comm(info.pid) or info.comm
             refreshed.append(info)
         return refreshed
 
