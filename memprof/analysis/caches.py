@@ -19,6 +19,9 @@
 - A thread's kernel objects (task_struct, its stack, its pid) live as long as the thread.
 - What a program makes once at start-up, recognized by its frames: an import, the dynamic
   loader loading a library, exec loading the program.
+- What a training framework keeps for the whole job beside the model: DistributedDataParallel's
+  gradient buckets (its reducer's flat copies of the gradients, made as it is built and
+  rebuilt once, in the second step's forward, in the order the gradients came).
 
 Pure functions; no I/O. Times are CLOCK_MONOTONIC ns.
 """
@@ -97,6 +100,13 @@ _EXEC_FUNCTION = re.compile(r"^(bprm_execve|do_execveat_common|load_elf_binary|b
 _LOADER_MODULE = re.compile(r"^ld(-linux[\w.-]*)?\.so")
 # Every import runs through importlib's _find_and_load (frozen or not).
 _IMPORT_FUNCTION = "_find_and_load"
+# Python functions of torch/nn/parallel/distributed.py in which DistributedDataParallel
+# allocates its reducer's gradient buckets: at construction, and their rebuild in the
+# second step's forward (`self.reducer._rebuild_buckets()`, "called only once during
+# training"). One bucket per ~25 MiB of gradients, per rank.
+_DDP_FILE = "torch/nn/parallel/distributed.py"
+_DDP_BUCKET_FUNCTIONS = frozenset({"DistributedDataParallel.__init__", "DistributedDataParallel._ddp_init_helper",
+                                   "DistributedDataParallel._pre_forward"})
 # Inodes and dentries that are not cached: those of pipes, sockets and anonymous files live
 # exactly as long as their file descriptors. A chain through any of these is not a cache.
 _NOT_CACHE_FUNCTIONS = {"sock_alloc_inode", "sock_alloc", "get_pipe_inode", "create_pipe_files", "d_alloc_pseudo",
@@ -109,7 +119,8 @@ class KnownChains:
     """Stack ids recognized by their frames, for leaks.find_leaks: kernel caches
     (kernel_cache_stacks), the slab allocator's pages (slab_page_stacks), the address space
     (address_space_stacks), memprof's own (memprof_stacks), threads (thread_stacks), start-up
-    work (startup_stacks), and the stacks with a Python frame (python_stacks)."""
+    work (startup_stacks), the stacks with a Python frame (python_stacks), and what a training
+    framework keeps beside the model (framework_state_stacks)."""
 
     cache: frozenset[int] = frozenset()
     slab_pages: frozenset[int] = frozenset()
@@ -118,6 +129,7 @@ class KnownChains:
     threads: frozenset[int] = frozenset()
     startup: frozenset[int] = frozenset()
     python: frozenset[int] = frozenset()
+    framework_state: frozenset[int] = frozenset()
 
 
 def known_chains(stacks: pd.DataFrame, frames: pd.DataFrame) -> KnownChains:
@@ -125,7 +137,7 @@ def known_chains(stacks: pd.DataFrame, frames: pd.DataFrame) -> KnownChains:
     return KnownChains(cache=kernel_cache_stacks(stacks, frames), slab_pages=slab_page_stacks(stacks, frames),
                        address_space=address_space_stacks(stacks, frames), memprof=memprof_stacks(stacks, frames),
                        threads=thread_stacks(stacks, frames), startup=startup_stacks(stacks, frames),
-                       python=python_stacks(stacks, frames))
+                       python=python_stacks(stacks, frames), framework_state=framework_state_stacks(stacks, frames))
 
 
 def kernel_cache_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
@@ -196,6 +208,17 @@ def startup_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]
     imports = (frames["kind"] == FrameKind.PYTHON.value) & (function == _IMPORT_FUNCTION)
     known |= set(frames.loc[(loader | imports).to_numpy(), "frame_id"])
     return _stacks_of(stacks, pd.Series(sorted(known), dtype="int64"))
+
+
+def framework_state_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
+    """Stack ids through a Python frame of DistributedDataParallel where it makes its
+    gradient buckets (_DDP_BUCKET_FUNCTIONS in torch's distributed.py): state it keeps for
+    the whole job, as the model keeps its gradients. Not a leak unless it grows
+    (leaks._GROWTH_WINS): anything else made there and held stays a finding once it grows."""
+    python = (frames["kind"] == FrameKind.PYTHON.value).to_numpy()
+    in_ddp = (frames["function"].isin(_DDP_BUCKET_FUNCTIONS).to_numpy()
+              & frames["file"].fillna("").str.endswith(_DDP_FILE).to_numpy())
+    return _stacks_of(stacks, frames.loc[python & in_ddp, "frame_id"])
 
 
 def python_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:

@@ -64,13 +64,14 @@ class LeakReason(str, enum.Enum):
     THREADS = "threads"                # kernel objects of threads still running
     MODEL_STATE = "model_state"        # parameters, buffers, gradients, optimizer state (model_state.py)
     GROWS_WITHIN = "grows_within"      # one buffer made larger each step, released before the end
+    FRAMEWORK_STATE = "framework_state"  # DistributedDataParallel's gradient buckets (caches.framework_state_stacks)
 
 
 KINDS = tuple(kind.value for kind in LeakKind)
 REASONS = tuple(reason.value for reason in LeakReason)
 # Memory that is not a leak, unless it grows: start-up work done again and again, threads
-# started and never ended.
-_GROWTH_WINS = (LeakReason.STARTUP.value, LeakReason.THREADS.value)
+# started and never ended, a framework's state made again and again.
+_GROWTH_WINS = (LeakReason.STARTUP.value, LeakReason.THREADS.value, LeakReason.FRAMEWORK_STATE.value)
 
 
 @dataclass(frozen=True)
@@ -547,12 +548,14 @@ def _held_reasons(allocations: pd.DataFrame, held: pd.DataFrame, ends: np.ndarra
     allocator's pages and its bookkeeping of them), "kernel_cache" (a cache chain that
     outlived the process), else "cached_segment" (no live block inside) or "model_state" (a
     segment whose live blocks are all model state, the allocations in `state`), else
-    "threads" (kernel objects of a thread), else "startup" (`startup`, per held row:
-    _at_startup; for every held allocation of the chain), else "held"."""
+    "threads" (kernel objects of a thread), else for user-space rows "framework_state" (a
+    training framework's own, `known.framework_state`), else "startup" (`startup`, per held
+    row: _at_startup; for every held allocation of the chain), else "held"."""
     reason = np.full(len(held), LeakReason.HELD.value, dtype=object)
     stack = held["stack_id"]
     is_kernel = np.isin(held["layer"].to_numpy(), _KERNEL_LAYERS)
     reason[_whole_chains(held, startup)] = LeakReason.STARTUP.value
+    reason[~is_kernel & _in(stack, known.framework_state)] = LeakReason.FRAMEWORK_STATE.value
     reason[is_kernel & _in(stack, known.threads)] = LeakReason.THREADS.value
     if (held["layer"] == Layer.CUDA_SEGMENT.value).any():
         segment = _segment_reasons(allocations, ends, state)[held.index.to_numpy()]

@@ -78,6 +78,8 @@ _NOT_A_LEAK_WHY = {
                     "reclaims it under memory pressure: not a leak",
     "model_state": "the model's own tensors (parameters, buffers, gradients, optimizer state), kept for the whole "
                    "job: model state, not a leak",
+    "framework_state": "DistributedDataParallel's gradient buckets (its reducer's flat copies of the gradients), made "
+                       "as it starts and rebuilt once, kept for the whole job and not grown: not a leak",
 }
 # A CUDA segment of reason "model_state" holds the model's tensors rather than being one.
 _MODEL_STATE_SEGMENT_WHY = ("segments PyTorch's caching allocator holds for the model's own tensors (parameters, "

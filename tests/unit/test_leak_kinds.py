@@ -637,3 +637,32 @@ def test_each_processes_first_python_allocation_is_the_same_by_either_way_of_fin
     pids, firsts = L._first_python_ns(pid, ts, is_python, wanted)
     expected = {p: ts[is_python & (pid == p)].min() for p in wanted.tolist() if (is_python & (pid == p)).any()}
     assert dict(zip(pids.tolist(), firsts.tolist())) == expected and list(pids) == sorted(expected)
+
+
+DDP = "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
+
+
+def test_ddps_gradient_buckets_are_framework_state_unless_they_grow():
+    """A DDP run that keeps nothing (20 steps): its reducer's gradient bucket, rebuilt in the
+    second step's forward and held to the exit, is DistributedDataParallel's state, not a
+    leak (it failed `check --fail-on-leak` on every DDP run before 2026-12-07). A chain
+    through the same frames that grows per step stays a leak, and so do the script's own
+    tensor held to the exit and a function of that name in another file."""
+    bucket = [_native("c10::DefaultCPUAllocator::allocate", "libc10.so"),
+              _python("DistributedDataParallel._pre_forward", DDP, 1775),
+              _python("DistributedDataParallel.forward", DDP, 1886), _python("<module>", "ddp.py", 13)]
+    stacks, frames = stacks_frames({
+        1: bucket,
+        2: bucket[:1] + [_python("DistributedDataParallel._pre_forward", DDP, 1780)] + bucket[2:],
+        3: [_native("c10::DefaultCPUAllocator::allocate", "libc10.so"), _python("<module>", "ddp.py", 20)],
+        4: [_native("c10::DefaultCPUAllocator::allocate", "libc10.so"),
+            _python("DistributedDataParallel._pre_forward", "/home/me/my_ddp/distributed.py", 10)],
+    })
+    assert known_chains(stacks, frames).framework_state == frozenset({1, 2})
+    rows = step_marks(20) + [ev(2 * S + 5, "alloc", 0x100, 139 * KiB, 1), ev(3 * S + 5, "alloc", 0x200, KiB, 3),
+                             ev(3 * S + 6, "alloc", 0x300, KiB, 4)]
+    rows += [ev(k * S + 9, "alloc", 0x1_0000 + k * 0x1000, 4 * KiB, 2) for k in range(1, 21)]
+    result = judged(rows, end_ns=21 * S, recording_end_ns=22 * S, exit_at=21 * S, known=known_chains(stacks, frames))
+    assert sorted((f.stack_id, f.kind) for f in result.findings) == [
+        (2, "grows_per_step"), (3, "held_at_end"), (4, "held_at_end")]
+    assert [(f.stack_id, f.reason, f.live_bytes) for f in result.not_leaks] == [(1, "framework_state", 139 * KiB)]
