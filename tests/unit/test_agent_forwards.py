@@ -190,3 +190,21 @@ def test_training_takes_the_forward_hooks_off_and_walks_model_state_at_doubling_
     assert nn_module._global_forward_pre_hooks and agent._state["forwards_quiet"] is True
     # The model's first forward, its first backward, then the optimizer's steps 1 to 10.
     assert walked == [0, 0, 1, 2, 4, 8]
+
+
+def test_a_compiled_model_does_not_warn_of_the_agents_global_hooks(agent, tmp_path):
+    """torch.compile's module warns at every call while a global module hook is registered;
+    the agent's are, and a program that registered none was told to change its hooks. The
+    agent keeps that warning quiet; torch still gives it (the second block)."""
+    import warnings
+    compiled = torch.compile(model(), backend="eager")
+    x = torch.zeros(4, 16)
+    with warnings.catch_warnings(record=True) as seen:
+        compiled(x)
+        compiled(x)
+    assert [str(w.message) for w in seen if "global hooks" in str(w.message)] == []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compiled(x)
+    assert [w for w in seen if "global hooks" in str(w.message)]
+    assert [r["step"] for r in records(agent, tmp_path, "step") if r["source"] == "forward"] == [1, 2, 3]

@@ -574,8 +574,19 @@ def _resend_paths():
         _new_paths.update({i: p for p, i in _path_number.items()})
 
 
+# The warning torch.compile's module gives at every call while any global module hook is
+# registered (torch/_dynamo/eval_frame.py, OptimizedModule.__call__): memprof's are, so every
+# compiled model warned under memprof of hooks its program never registered.
+COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+
+
 def _hook_forwards(torch):
+    """The global forward hooks (_on_forward_pre, _on_forward), and torch.compile's warning
+    of them kept quiet (COMPILE_HOOKS_WARNING): a program's own global hooks would have
+    warned too, and under memprof do not."""
+    import warnings
     from torch.nn.modules import module as nn_module
+    warnings.filterwarnings("ignore", message=COMPILE_HOOKS_WARNING, category=UserWarning)
     handles = _state.setdefault("forward_hooks", [])
     handles.append(nn_module.register_module_forward_pre_hook(_on_forward_pre))
     try:
