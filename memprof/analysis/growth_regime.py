@@ -116,11 +116,15 @@ def _best_break(x: np.ndarray, v: np.ndarray) -> float | None:
 
 def _candidates(x: np.ndarray) -> np.ndarray:
     """Indices (into sorted x) of the first point of each distinct x with at least
-    REGIME_MIN_SIDE points at or before it and at or after it."""
+    REGIME_MIN_SIDE points at or before it and at or after it, and another distinct x on
+    either side: a bend at the least or the greatest x leaves its hinge column flat or a copy
+    of x (a singular fit; a server's requests repeat their token counts 0…39 twenty times,
+    the greatest with twenty points at it)."""
     first = np.flatnonzero(np.r_[True, x[1:] != x[:-1]])
     at_or_before = np.searchsorted(x, x[first], side="right")
     at_or_after = len(x) - first
-    return first[(at_or_before >= REGIME_MIN_SIDE) & (at_or_after >= REGIME_MIN_SIDE)]
+    inner = (np.arange(len(first)) >= 1) & (np.arange(len(first)) <= len(first) - 2)
+    return first[inner & (at_or_before >= REGIME_MIN_SIDE) & (at_or_after >= REGIME_MIN_SIDE)]
 
 
 def _judged(x: np.ndarray, v: np.ndarray, at: float) -> Regime | None:

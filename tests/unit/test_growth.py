@@ -414,6 +414,18 @@ def test_regime_change_bar():
     assert regime_change(x, rising_then_flat).slope_after == pytest.approx(0, abs=1e-9)
 
 
+def test_repeated_x_like_a_servers_token_counts_never_make_a_singular_fit():
+    """A server's 20 requests each count tokens 0…39 (the agent's `tokens`, from each
+    prompt): every x repeats 20 times, the least and the greatest too. A bend there had a
+    flat or a copy-of-x hinge, and `report advice` died of numpy's LinAlgError (2026-12-07).
+    The bend of a cache that fills to 30 tokens and then holds is still found."""
+    x = np.tile(np.arange(40.0), 20)
+    assert regime_change(x, 8192 * x) is None  # one line
+    filled = np.minimum(8192 * x, 8192 * 30)
+    assert regime_change(x, filled).at_x == 30.0
+    assert regime_change(np.repeat([0.0, 16.0], 20), np.repeat([0.0, 1e6], 20)) is None  # two x: no bend
+
+
 def test_the_chain_that_grows_outranks_bigger_ones_that_do_not():
     """generate_kv.py's case: 24 MiB of weights made before the first token, never changing,
     and a KV cache rising 48 KiB a token to under 10 MiB. With room for one chain, growth
