@@ -208,3 +208,17 @@ def test_a_compiled_model_does_not_warn_of_the_agents_global_hooks(agent, tmp_pa
         compiled(x)
     assert [w for w in seen if "global hooks" in str(w.message)]
     assert [r["step"] for r in records(agent, tmp_path, "step") if r["source"] == "forward"] == [1, 2, 3]
+
+
+def test_tokens_count_from_each_prompt_as_a_servers_requests_do(agent, tmp_path):
+    """Three requests of a server, each a prompt (seq_len 4, 6, 5) and two decode steps: the
+    cache each forward begins with holds the request's own tokens, 0 at its prompt. Before
+    2026-12-07 `tokens` ran on over the requests (20 by the third), and the kv-cache advice
+    told a server of 39-token requests that its cache filled the machine at 3.1 M tokens."""
+    net = model()
+    with torch.no_grad():
+        for prompt in (4, 6, 5):
+            for seq_len in (prompt, 1, 1):
+                net(torch.zeros(1, seq_len, 16))
+    tokens = [r["values"]["tokens"] for r in records(agent, tmp_path, "values")]
+    assert tokens == [0, 4, 5, 0, 6, 7, 0, 5, 6]

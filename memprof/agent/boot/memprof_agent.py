@@ -11,6 +11,7 @@ What it records, as JSON lines in $MEMPROF_AGENT_DIR/<pid>.jsonl (one file per p
   {"kind": "values", "ts_ns", "pid", "tid", "values": {NAME: number}}   quantities at that
        moment: memprof.mark(label, tokens=…)'s, and each outermost forward's first tensor
        input's batch and seq_len, with `tokens`, the seq_len summed over those forwards
+       since the last prompt (a forward of several tokens: a new sequence)
   {"kind": "model_state", "ts_ns", "pid", "tid", "tensors": [[role, name, data_ptr,
        bytes, device], …]}   the tensors that are model state (parameters, buffers,
        gradients, optimizer state) of the modules seen and the optimizers hooked, at each
@@ -422,8 +423,11 @@ def _forward_ended():
 def _input_sizes(args, counting=True):
     """{batch, seq_len, tokens} of the first tensor input of an outermost forward: its first
     two dimensions, and `tokens`, the seq_len summed over this process's earlier outermost
-    forwards (in `generate`: the length of the sequence the KV cache holds as this forward
-    begins). Where forwards do not count the steps (`counting` False: an optimizer does),
+    forwards since the last one of more than one token (in `generate`: the length of the
+    sequence the KV cache holds as this forward begins; a forward of several tokens is a
+    prompt, a new sequence whose cache begins empty, so a server's requests each count from
+    0; without a cache every forward has the whole sequence, and `tokens` stays 0). Where
+    forwards do not count the steps (`counting` False: an optimizer does),
     {batch, seq_len} only, and only when they differ from the last written: a training loop
     of one shape writes them once, not a line per forward."""
     import torch
@@ -443,7 +447,7 @@ def _input_sizes(args, counting=True):
         return {}
     _state["sizes_written"] = dict(values)
     if counting and "seq_len" in values:
-        values["tokens"] = _state.get("tokens", 0)
+        values["tokens"] = _state.get("tokens", 0) if values["seq_len"] == 1 else 0
         _state["tokens"] = values["tokens"] + values["seq_len"]
     return values
 
