@@ -145,6 +145,16 @@ def _judged(best: Fit | None, points: int) -> dict:
     return dict(points=points) if best is None else dict(model=best.model, points=best.points, r2=best.r2)
 
 
+def r2_under_bar(r2: float) -> str:
+    """An R² under FORECAST_MIN_R2 to two places, rounded down where rounding would reach the
+    bar: 0.7998 reads 0.79, never "R² 0.80 < 0.80"."""
+    shown = f"{r2:.2f}"
+    return shown if float(shown) < FORECAST_MIN_R2 else f"{math.floor(r2 * 100) / 100:.2f}"
+
+
+_FIT_WORDS = {"linear": "the line", "power": "the power law", "since_break": "the line since the regime change"}
+
+
 def _below_bar(linear: Fit | None, best: Fit | None, ctx: SeriesContext, known: dict) -> Forecast | None:
     """The forecast that says why `best` is not good enough to forecast from: too few points,
     an R² under FORECAST_MIN_R2, or no growth (the line's slope ≤ 0, or `best` falling);
@@ -153,8 +163,12 @@ def _below_bar(linear: Fit | None, best: Fit | None, ctx: SeriesContext, known: 
         reason = f"too few points to forecast: {known['points']} < {FORECAST_MIN_POINTS}"
         return Forecast("too_few_points", reason, **known)
     if best is None or best.r2 is None or best.r2 < FORECAST_MIN_R2:  # None: one x (a quantity that never changed)
-        r2 = "undefined" if best is None or best.r2 is None else f"{best.r2:.2f}"
-        return Forecast("poor_fit", f"fit too poor to forecast: R² {r2} < {FORECAST_MIN_R2:.2f}", **known)
+        if best is None or best.r2 is None:
+            return Forecast("poor_fit", f"fit too poor to forecast: R² undefined < {FORECAST_MIN_R2:.2f}", **known)
+        # The fit is named: the line since a regime change is in no column of the table.
+        fit = _FIT_WORDS.get(best.model, best.model)
+        return Forecast("poor_fit", f"fit too poor to forecast: R² {r2_under_bar(best.r2)} ({fit}) < "
+                                    f"{FORECAST_MIN_R2:.2f}", **known)
     if linear is None or linear.b <= 0 or not best.growing:
         slope = "" if linear is None else f": {format_bytes(linear.b)} per {_unit_words(ctx)}"
         return Forecast("not_growing", f"not growing{slope}", **known)

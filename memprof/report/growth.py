@@ -12,7 +12,7 @@ from rich.text import Text
 
 from memprof.analysis.growth_forecast import (
     FORECAST_HORIZON_NS, FORECAST_HORIZON_YEARS, FORECAST_MIN_POINTS, FORECAST_MIN_R2, forecast_bar, format_count,
-    span_words, unit_label,
+    r2_under_bar, span_words, unit_label,
 )
 from memprof.analysis.growth_regime import (
     REGIME_MIN_POINTS, REGIME_MIN_SIDE, REGIME_MIN_SLOPE_RATIO, REGIME_MIN_SSE_CUT, regime_bar,
@@ -216,7 +216,8 @@ def _short(forecast: Forecast, result: GrowthResult) -> str:
 
 
 def _r2_words(r2: float | None) -> str:
-    return "undefined" if r2 is None else f"{r2:.2f}"
+    """An R² under the forecast's bar (growth_forecast.r2_under_bar)."""
+    return "undefined" if r2 is None else r2_under_bar(r2)
 
 
 def _forecast_lines(result: GrowthResult) -> list[str]:

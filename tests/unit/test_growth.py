@@ -181,7 +181,20 @@ def test_a_poor_fit_gives_no_forecast_and_says_its_r2():
     r2 = total.best.r2
     assert total.linear.b == pytest.approx(127.1 * 1024, rel=1e-3) and r2 == pytest.approx(0.29, abs=0.005)
     assert (total.forecast.status, total.forecast.r2, total.forecast.full_at_x) == ("poor_fit", r2, None)
-    assert total.forecast.reason == f"fit too poor to forecast: R² {r2:.2f} < 0.80"
+    assert total.best.model == "linear"
+    assert total.forecast.reason == f"fit too poor to forecast: R² {r2:.2f} (the line) < 0.80"
+
+
+def test_an_r2_just_under_the_bar_reads_under_it():
+    """An R² of 0.7998 read "R² 0.80 < 0.80" (a torch.compile run's kernel_slab, 2026-12-07):
+    rounded down it reads 0.79, with the fit it belongs to."""
+    from memprof.analysis.growth import Fit
+    from memprof.analysis.growth_forecast import SeriesContext, forecast
+    ctx = SeriesContext(x=np.arange(12.0), x_unit="step", step_ns=None, capacity=RAM_1_GIB, no_capacity_reason="",
+                        device_used=None)
+    bent = Fit("since_break", 0.0, 1024.0, 0.7998, 12)
+    made = forecast(Fit("linear", 0.0, 1024.0, 0.07, 12), bent, ctx, MiB, "cpu")
+    assert made.reason == "fit too poor to forecast: R² 0.79 (the line since the regime change) < 0.80"
 
 
 def test_no_forecast_while_the_line_falls_even_when_the_power_law_rises():
