@@ -185,7 +185,7 @@ def test_training_takes_the_forward_hooks_off_and_walks_model_state_at_doubling_
         net(torch.zeros(batch, 16)).sum().backward()
         optimizer.step()
     values = [r["values"] for r in records(agent, tmp_path, "values")]
-    assert values == [{"batch": 4, "seq_len": 16, "tokens": 0}]  # the first forward's, before the optimizer
+    assert values == [{"batch": 4}]  # the first forward's, before the optimizer; (4, 16) floats: no sequence
     # The hooks stay (taking them off would change every later chain's frames), doing nothing.
     assert nn_module._global_forward_pre_hooks and agent._state["forwards_quiet"] is True
     # The model's first forward, its first backward, then the optimizer's steps 1 to 10.
@@ -208,6 +208,19 @@ def test_a_compiled_model_does_not_warn_of_the_agents_global_hooks(agent, tmp_pa
         compiled(x)
     assert [w for w in seen if "global hooks" in str(w.message)]
     assert [r["step"] for r in records(agent, tmp_path, "step") if r["source"] == "forward"] == [1, 2, 3]
+
+
+def test_only_a_sequence_has_a_seq_len(agent, tmp_path):
+    """Token ids (batch, seq_len) and (batch, seq_len, hidden) inputs have a seq_len; an
+    MLP's (batch, features) floats do not: a torch.compile script's (64, 256) batch read
+    seq_len 256 before 2026-12-07."""
+    embed, mlp, encoder = nn.Embedding(10, 16), nn.Linear(16, 4), nn.Linear(16, 16)
+    with torch.no_grad():
+        embed(torch.zeros(2, 9, dtype=torch.long))
+        mlp(torch.zeros(64, 16))
+        encoder(torch.zeros(3, 5, 16))
+    assert [{k: v for k, v in r["values"].items() if k != "tokens"} for r in records(agent, tmp_path, "values")] == [
+        {"batch": 2, "seq_len": 9}, {"batch": 64}, {"batch": 3, "seq_len": 5}]
 
 
 def test_tokens_count_from_each_prompt_as_a_servers_requests_do(agent, tmp_path):

@@ -422,7 +422,7 @@ def _forward_ended():
 
 def _input_sizes(args, counting=True):
     """{batch, seq_len, tokens} of the first tensor input of an outermost forward: its first
-    two dimensions, and `tokens`, the seq_len summed over this process's earlier outermost
+    two dimensions (the second only where it is a sequence: _has_sequence), and `tokens`, the seq_len summed over this process's earlier outermost
     forwards since the last one of more than one token (in `generate`: the length of the
     sequence the KV cache holds as this forward begins; a forward of several tokens is a
     prompt, a new sequence whose cache begins empty, so a server's requests each count from
@@ -441,7 +441,7 @@ def _input_sizes(args, counting=True):
     if first is None or first.dim() == 0:
         return {}
     values = {"batch": int(first.shape[0])}
-    if first.dim() >= 2:
+    if _has_sequence(first):
         values["seq_len"] = int(first.shape[1])
     if not counting and values == _state.get("sizes_written"):
         return {}
@@ -450,6 +450,13 @@ def _input_sizes(args, counting=True):
         values["tokens"] = _state.get("tokens", 0) if values["seq_len"] == 1 else 0
         _state["tokens"] = values["tokens"] + values["seq_len"]
     return values
+
+
+def _has_sequence(tensor):
+    """Whether the tensor's second dimension is a sequence: token ids (batch, seq_len) of an
+    integer type, or (batch, seq_len, hidden) and more. A (batch, features) float input, an
+    MLP's, has none: its width is no length."""
+    return tensor.dim() >= 3 or (tensor.dim() == 2 and not tensor.is_floating_point() and not tensor.is_complex())
 
 
 def _call_impl_kwargs(frame, up_to=6):
