@@ -40,12 +40,15 @@ from memprof.model.schema import FrameKind, Layer
 # Kernel functions that fill reclaimable caches (Linux 5.x–6.18 names): page cache (also the
 # block device's, where filesystems cache metadata blocks, and the buffer heads of cached
 # blocks), the xarray nodes that index it, dentries, inodes of filesystems, ext4's
-# extent-status cache.
+# extent-status cache (6.18 allocates its entries in __es_insert_extent), and what an
+# inode keeps for as long as it is cached: the lock context its first flock or fcntl lock
+# makes (freed with the inode, not with the lock: torch.compile's cache files keep one each).
 _KERNEL_CACHE_FUNCTIONS = re.compile(
     r"^(__filemap_add_folio|filemap_alloc_folio\w*|filemap_add_folio|__filemap_get_folio\w*|page_cache_ra_\w+|"
     r"folio_alloc_buffers|alloc_buffer_head|"
     r"add_to_page_cache_lru|__page_cache_alloc|xas_alloc|xas_nomem|radix_tree_node_alloc\w*|"
-    r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent)$")
+    r"__d_alloc|d_alloc\w*|alloc_inode|\w+_alloc_inode|ext4_es_alloc_extent|__es_alloc_extent|__es_insert_extent|"
+    r"locks_get_lock_context)$")
 # The slab allocator taking pages for a cache of objects, and kmalloc-ing its own bookkeeping:
 # a page's vector of per-object extensions (memory cgroup, allocation tags: 6.10+
 # alloc_slab_obj_exts, 5.9–6.9 memcg_alloc_page_obj_cgroups / memcg_alloc_slab_cgroups), and
