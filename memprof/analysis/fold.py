@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from memprof.analysis.layers import weighted_bytes
-from memprof.analysis.lifetimes import Lifetimes, category_codes, end_times, exec_times, label_of, pair_lifetimes
+from memprof.analysis.lifetimes import (Lifetimes, category_codes, end_times, exec_times, label_of, pair_lifetimes,
+                                        user_space_pids)
 from memprof.model.frames import concat_frames
 from memprof.units import format_bytes
 from memprof.model.schema import EVENTS_SCHEMA, STATE_PREFIX, Action
@@ -98,15 +99,18 @@ def _empty_allocations() -> pd.DataFrame:
 
 def _waiting_requests(rows: pd.DataFrame) -> np.ndarray:
     """Positions of the `free_requested` rows that are the last row of their pairing key
-    (layer, device, alloc_id-or-addr): their completing `free` may come in a later batch."""
+    (layer, device, pid in a user-space layer, alloc_id-or-addr: lifetimes.py's): their
+    completing `free` may come in a later batch."""
     action = rows["action"]
     is_request = (action == Action.FREE_REQUESTED.value).to_numpy()
     if not is_request.any():
         return np.zeros(0, dtype=np.int64)
     paired = np.flatnonzero(action.isin([Action.ALLOC.value, Action.FREE.value, Action.FREE_REQUESTED.value])
                             .to_numpy())
+    layer_codes, layer_names = category_codes(rows["layer"])
     keys = pd.DataFrame({
-        "layer": category_codes(rows["layer"])[0][paired], "device": category_codes(rows["device"])[0][paired],
+        "layer": layer_codes[paired], "device": category_codes(rows["device"])[0][paired],
+        "pid": user_space_pids(rows, layer_codes, layer_names)[paired],
         "has_id": rows["alloc_id"].notna().to_numpy()[paired],
         "value": np.where(rows["alloc_id"].notna().to_numpy()[paired],
                           rows["alloc_id"].to_numpy(dtype=np.int64, na_value=0)[paired].view(np.uint64),

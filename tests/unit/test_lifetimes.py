@@ -80,6 +80,23 @@ def test_same_addr_in_different_layers_and_devices_is_independent():
     assert lt.missed_frees == {} and lt.unmatched_frees == {}
 
 
+def test_a_user_space_address_belongs_to_its_process_and_a_kernel_one_to_none():
+    """Two workers forked from one parent hand out the same heap addresses: each one's
+    allocation at 0xA0 is its own, freed only by its own free (before 2026-12-07 the second
+    closed the first as a missed free, and half of what forked workers leaked went
+    uncounted). The kernel has one address space: its object is freed on any task's time."""
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", 0xA0, 64, pid=201, tid=201), ev(110, "alloc", 0xA0, 64, pid=202, tid=202),
+        ev(120, "alloc", 0xA0, 64, layer="torch_cpu", pid=201, tid=201),
+        ev(130, "alloc", 0xB0, 32, layer="kernel_slab", pid=201, tid=201),
+        ev(200, "free", 0xA0, pid=202, tid=202), ev(210, "free", 0xB0, layer="kernel_slab", pid=202, tid=202),
+        ev(220, "free", 0xA0, layer="torch_cpu", pid=202, tid=202),  # another process's: not this block
+    ]))
+    assert ends(lt) == [(0xA0, 100, None, "live"), (0xA0, 110, 200, "freed"), (0xA0, 120, None, "live"),
+                        (0xB0, 130, 210, "freed")]
+    assert lt.missed_frees == {} and lt.unmatched_frees == {"torch_cpu": 1}
+
+
 def test_free_requested_ends_and_its_completion_is_not_unmatched():
     lt = pair_lifetimes(events_frame([
         ev(100, "alloc", 0xA0, 512, alloc_id=7, layer="cuda_block"),
@@ -135,7 +152,8 @@ def _reference(frame: pd.DataFrame):
     last: dict = {}
     result, unmatched, missed = {}, 0, 0
     for r in rows:
-        key = (r.layer, r.device, ("id", r.alloc_id) if not pd.isna(r.alloc_id) else ("addr", r.addr))
+        scope = None if r.layer in ("kernel_slab", "kernel_page") else r.pid  # a process's own address space
+        key = (r.layer, r.device, scope, ("id", r.alloc_id) if not pd.isna(r.alloc_id) else ("addr", r.addr))
         prev = last.get(key)
         if r.action == "alloc":
             if prev is not None and prev[0] == "alloc":
@@ -154,10 +172,11 @@ def test_matches_a_per_event_reference_on_random_collisions():
     rng = np.random.default_rng(42)
     n = 3000
     frame = events_frame([
-        ev(int(t), a, int(addr), 8, alloc_id=(int(aid) if aid >= 0 else None), layer=layer, seq=i)
-        for i, (t, a, addr, aid, layer) in enumerate(zip(
+        ev(int(t), a, int(addr), 8, alloc_id=(int(aid) if aid >= 0 else None), layer=layer, seq=i, pid=int(pid))
+        for i, (t, a, addr, aid, layer, pid) in enumerate(zip(
             rng.integers(0, 500, n), rng.choice(["alloc", "alloc", "free", "free_requested"], n),
-            rng.integers(0, 20, n), rng.integers(-10, 5, n), rng.choice(["native_heap", "kernel_slab"], n)))
+            rng.integers(0, 20, n), rng.integers(-10, 5, n), rng.choice(["native_heap", "kernel_slab"], n),
+            rng.choice([100, 101, 102], n)))
     ])
     result, unmatched, missed = _reference(frame)
     lt = pair_lifetimes(frame)
