@@ -177,14 +177,15 @@ def with_tensor_roles(events: pd.DataFrame) -> pd.DataFrame:
     is_note = _is_mark(events) & _has_prefix(events["category"], TENSOR_PREFIX)
     if not is_note.any():
         return events
-    notes = events.loc[is_note, ["ts_ns", "layer", "addr", "category"]].astype({"layer": "object", "category": "object"})
+    notes = events.loc[is_note, ["ts_ns", "layer", "pid", "addr", "category"]].astype(
+        {"layer": "object", "category": "object", "pid": "int64"})
     is_alloc = (events["action"] == Action.ALLOC.value).to_numpy() & events["category"].isna().to_numpy()
-    allocs = events.loc[is_alloc, ["ts_ns", "layer", "addr"]]
-    allocs = allocs.astype({"layer": "object"}).reset_index()
+    allocs = events.loc[is_alloc, ["ts_ns", "layer", "pid", "addr"]]
+    allocs = allocs.astype({"layer": "object", "pid": "int64"}).reset_index()
     if allocs.empty:
         return events
-    matched = pd.merge_asof(notes.sort_values("ts_ns"), allocs.sort_values("ts_ns"), on="ts_ns", by=["layer", "addr"],
-                            direction="nearest", tolerance=ROLE_TOLERANCE_NS)
+    matched = pd.merge_asof(notes.sort_values("ts_ns"), allocs.sort_values("ts_ns"), on="ts_ns",
+                            by=["layer", "pid", "addr"], direction="nearest", tolerance=ROLE_TOLERANCE_NS)
     matched = matched.dropna(subset=["index"])
     if matched.empty:
         return events
@@ -217,10 +218,12 @@ def with_model_state(events: pd.DataFrame) -> pd.DataFrame:
     allocs = _keyed(events, np.flatnonzero(here & (action == Action.ALLOC.value).to_numpy()))
     ends = _keyed(events, np.flatnonzero(here & action.isin(_ENDS).to_numpy()))
     # Rows are in time order, so a row's position orders it in time (ties broken by seq).
+    # By pid too: a tensor's address is its process's (a DataLoader worker forked from the
+    # trainer hands out the trainer's addresses, and its allocation there hid a tensor's name).
     matched = pd.merge_asof(notes, allocs.rename(columns={"at": "alloc_at"}), left_on="at", right_on="alloc_at",
-                            by=["layer", "addr"], direction="backward")
+                            by=["layer", "pid", "addr"], direction="backward")
     matched = pd.merge_asof(matched, ends.rename(columns={"at": "end_at"}), left_on="at", right_on="end_at",
-                            by=["layer", "addr"], direction="backward")
+                            by=["layer", "pid", "addr"], direction="backward")
     live = matched["alloc_at"].notna() & ~(matched["end_at"] > matched["alloc_at"])  # NaN end: never freed
     matched = matched[live].drop_duplicates("alloc_at", keep="last")
     if matched.empty:
@@ -232,9 +235,9 @@ def with_model_state(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _keyed(events: pd.DataFrame, rows: np.ndarray, *extra: str) -> pd.DataFrame:
-    """The rows at positions `rows` (ascending) as (at: the position, layer as text, addr,
-    *extra), for pd.merge_asof on `at`."""
-    frame = events.iloc[rows][["layer", "addr", *extra]].astype({"layer": "object"})
+    """The rows at positions `rows` (ascending) as (at: the position, layer as text, pid,
+    addr, *extra), for pd.merge_asof on `at`."""
+    frame = events.iloc[rows][["layer", "pid", "addr", *extra]].astype({"layer": "object", "pid": "int64"})
     if extra:
         frame = frame.astype({name: "object" for name in extra})
     return frame.assign(at=rows.astype(np.int64)).reset_index(drop=True)

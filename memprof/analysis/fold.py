@@ -372,19 +372,21 @@ def _state_notes(others: pd.DataFrame) -> np.ndarray:
 
 def named_model_state(allocations: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
     """timeline.with_model_state on paired allocations: each model-state note among `others`
-    hands its "state:ROLE:NAME" to the allocation of its layer and address live at its time
+    hands its "state:ROLE:NAME" to the allocation of its layer, process and address live at its time
     (alloc_ts <= note < end); an allocation several notes name keeps the latest one's."""
     notes = others[_state_notes(others)]
     if notes.empty or allocations.empty:
         return allocations
     left = pd.DataFrame({"ts": notes["ts_ns"].to_numpy(dtype=np.int64), "layer": notes["layer"].astype(object).to_numpy(),
+                         "pid": notes["pid"].to_numpy(dtype=np.int64, na_value=-1),
                          "addr": notes["addr"].to_numpy(dtype=np.uint64),
                          "category": notes["category"].astype(object).to_numpy()}).sort_values("ts", kind="stable")
     right = pd.DataFrame({"ts": allocations["alloc_ts_ns"].to_numpy(dtype=np.int64),
                           "layer": allocations["layer"].astype(object).to_numpy(),
+                          "pid": allocations["pid"].to_numpy(dtype=np.int64, na_value=-1),
                           "addr": allocations["addr"].to_numpy(dtype=np.uint64),
                           "row": np.arange(len(allocations)), "end": end_times(allocations)}).sort_values("ts", kind="stable")
-    matched = pd.merge_asof(left, right, on="ts", by=["layer", "addr"], direction="backward")
+    matched = pd.merge_asof(left, right, on="ts", by=["layer", "pid", "addr"], direction="backward")  # a process's own
     matched = matched[matched["row"].notna() & (matched["ts"] < matched["end"])]
     matched = matched.drop_duplicates("row", keep="last")
     if matched.empty:
