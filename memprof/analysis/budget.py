@@ -65,7 +65,8 @@ class Violation:
     """One budget broken in one layer. `budget`: PEAK, LEAK, ANY_LEAK or ABSENT (a peak budget
     on a layer without allocations); `actual_bytes`: the layer's peak, or its counted leak
     bytes (0 for ABSENT); `limit_bytes`: the budget (0 for ANY_LEAK);
-    `at_ns`: when the peak was first reached (PEAK only); `findings`: leak findings counted."""
+    `at_ns`: when the peak was first reached (PEAK only); `findings`: leak findings counted,
+    `growing` of them growing per step (the others held at the end)."""
 
     budget: str
     layer: str
@@ -73,6 +74,7 @@ class Violation:
     limit_bytes: int
     at_ns: int | None = None
     findings: int = 0
+    growing: int = 0
 
 
 @dataclass
@@ -98,11 +100,13 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class LeakTotal:
-    """Counted leak findings of one layer: bytes and how many findings."""
+    """Counted leak findings of one layer: bytes and how many findings, `growing` of them
+    growing per step (kind "grows_per_step"; the others are held at the end)."""
 
     layer: str
     live_bytes: int
     findings: int
+    growing: int = 0
 
 
 def check_recording(lifetimes: Lifetimes, budgets: Budgets, leaks: Callable[[], LeakResult]) -> CheckResult:
@@ -149,13 +153,15 @@ def leak_totals(result: LeakResult) -> list[LeakTotal]:
     held at the end, and counts)."""
     totals: dict[str, list[int]] = {}
     for finding in result.findings:  # one per chain, not per allocation
-        if getattr(finding, "kind", "held_at_end") == NOT_A_LEAK:
+        kind = getattr(finding, "kind", "held_at_end")
+        if kind == NOT_A_LEAK:
             continue
-        total = totals.setdefault(finding.layer, [0, 0])
+        total = totals.setdefault(finding.layer, [0, 0, 0])
         total[0] += int(finding.live_bytes)
         total[1] += 1
+        total[2] += kind == "grows_per_step"
     rank = {layer: i for i, layer in enumerate(LAYERS)}
-    return [LeakTotal(layer, live_bytes, n) for layer, (live_bytes, n)
+    return [LeakTotal(layer, live_bytes, n, growing) for layer, (live_bytes, n, growing)
             in sorted(totals.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))]
 
 
@@ -163,8 +169,9 @@ def leak_violations(budgets: Budgets, totals: list[LeakTotal]) -> list[Violation
     """Violations of max_leak_bytes (layers over it), then of fail_on_leak (layers with any)."""
     violations = []
     if budgets.max_leak_bytes is not None:
-        violations += [Violation(LEAK, t.layer, t.live_bytes, budgets.max_leak_bytes, findings=t.findings)
-                       for t in totals if t.live_bytes > budgets.max_leak_bytes]
+        violations += [Violation(LEAK, t.layer, t.live_bytes, budgets.max_leak_bytes, findings=t.findings,
+                                 growing=t.growing) for t in totals if t.live_bytes > budgets.max_leak_bytes]
     if budgets.fail_on_leak:
-        violations += [Violation(ANY_LEAK, t.layer, t.live_bytes, 0, findings=t.findings) for t in totals]
+        violations += [Violation(ANY_LEAK, t.layer, t.live_bytes, 0, findings=t.findings, growing=t.growing)
+                       for t in totals]
     return violations

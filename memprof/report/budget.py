@@ -43,6 +43,7 @@ def _violation_json(violation: Violation, start_ns: int) -> dict[str, Any]:
         "limit_bytes": int(violation.limit_bytes),
         "at_ns": None if violation.at_ns is None else int(violation.at_ns),
         "findings": int(violation.findings),
+        "growing": int(violation.growing),
         "reason": violation_line(violation, start_ns),
     }
 
@@ -87,8 +88,18 @@ def violation_line(violation: Violation, start_ns: int) -> str:
     if violation.budget == LEAK:
         return f"{held} > budget {limit}"
     if violation.budget == ANY_LEAK:
-        return f"{held} held at the end (--fail-on-leak)"
+        return f"{held} {_kinds(violation)} (--fail-on-leak)"
     raise ValueError(f"unknown budget {violation.budget!r}")
+
+
+def _kinds(violation: Violation) -> str:
+    """What the findings are: 'held at the end', 'growing per step', or both counted."""
+    held = violation.findings - violation.growing
+    if not violation.growing:
+        return "held at the end"
+    if not held:
+        return "growing per step"
+    return f"({violation.growing} growing per step, {held} held at the end)"
 
 
 def _sizes(actual: int, limit: int) -> tuple[str, str]:

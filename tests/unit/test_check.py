@@ -116,7 +116,7 @@ def test_json_has_passed_and_violations(recording):
     doc = json.loads(result.stdout)
     assert (doc["recording"], doc["passed"], doc["budgets"], doc["lost_events"]) == (str(recording), False, 2, 0)
     assert doc["violations"][0] == {"budget": "peak", "layer": "native_heap", "actual_bytes": 3 * MiB,
-                                    "limit_bytes": 2 * MiB, "at_ns": 3 * S, "findings": 0,
+                                    "limit_bytes": 2 * MiB, "at_ns": 3 * S, "findings": 0, "growing": 0,
                                     "reason": "FAIL peak native_heap 3.0 MiB > budget 2.0 MiB (at +2.50s)"}
     assert [(v["budget"], v["layer"], v["actual_bytes"], v["findings"]) for v in doc["violations"][1:]] == \
         [("fail_on_leak", "native_heap", 1280 * KiB, 2), ("fail_on_leak", "kernel_slab", 4 * KiB, 1)]
@@ -155,7 +155,7 @@ def test_findings_that_are_not_leaks_do_not_count():
                 SimpleNamespace(layer="native_heap", live_bytes=10, kind="grows_per_step"),
                 SimpleNamespace(layer="cuda_block", live_bytes=7)]  # no kind: held at the end
     result = LeakResult(findings=findings, end_ns=0, min_age_ns=0, recording_end_ns=0)
-    assert leak_totals(result) == [LeakTotal("cuda_block", 7, 1), LeakTotal("native_heap", 110, 2)]
+    assert leak_totals(result) == [LeakTotal("cuda_block", 7, 1), LeakTotal("native_heap", 110, 2, growing=1)]
 
 
 def test_budgets_count_and_rendered_lines_at_fixed_width():
@@ -164,6 +164,8 @@ def test_budgets_count_and_rendered_lines_at_fixed_width():
         Violation(PEAK, "kernel_slab[x]", 2 * MiB, MiB, at_ns=3 * S),
         Violation(LEAK, "native_heap", 5 * KiB, KiB, findings=1),
         Violation(ANY_LEAK, "native_heap", 5 * KiB, 0, findings=1),
+        Violation(ANY_LEAK, "torch_cpu", 234 * MiB, 0, findings=1, growing=1),
+        Violation(ANY_LEAK, "kernel_slab", 3 * KiB, 0, findings=3, growing=1),
     ])
     console = Console(width=40, record=True, color_system=None)
     render(CheckView(result, About("r", start_ns=S)), console)
@@ -172,4 +174,7 @@ def test_budgets_count_and_rendered_lines_at_fixed_width():
         "FAIL peak kernel_slab[x] 2.0 MiB > budget 1.0 MiB (at +2.00s)",
         "FAIL leak native_heap 5.0 KiB in 1 finding > budget 1.0 KiB",
         "FAIL leak native_heap 5.0 KiB in 1 finding held at the end (--fail-on-leak)",
+        # a training loop's kept logits grow per step: not "held at the end" (2026-12-07)
+        "FAIL leak torch_cpu 234.0 MiB in 1 finding growing per step (--fail-on-leak)",
+        "FAIL leak kernel_slab 3.0 KiB in 3 findings (1 growing per step, 2 held at the end) (--fail-on-leak)",
     ]
