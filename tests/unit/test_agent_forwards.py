@@ -81,6 +81,22 @@ def test_an_optimizer_takes_the_step_count_over_from_the_forwards(agent, tmp_pat
     assert steps == [(1, "optimizer.step"), (2, "optimizer.step"), (3, "optimizer.step")]
 
 
+def test_with_gradient_accumulation_the_steps_are_the_optimizers(agent, tmp_path):
+    """Four micro-batches (forward, backward) per optimizer step: the model runs a second
+    time before the first optimizer step, but after a backward, so forwards are no steps.
+    Before 2026-12-07 the first four micro-batches were steps 1-4 and optimizer step N was
+    numbered N + 4 ("65 steps" for 60)."""
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        for _ in range(4):
+            net(torch.zeros(4, 16)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    steps = [(r["step"], r["source"]) for r in records(agent, tmp_path, "step") if r["source"] != "start"]
+    assert steps == [(1, "optimizer.step"), (2, "optimizer.step"), (3, "optimizer.step")]
+
+
 def test_marks_carry_finite_numbers_only(agent, tmp_path):
     agent.mark("request", tokens=512, batch=8, ratio=0.5, bad=float("nan"), flag=True, text="x")
     (values,) = records(agent, tmp_path, "values")

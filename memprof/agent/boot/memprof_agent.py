@@ -400,11 +400,14 @@ def _forward_began(module, args):
 
 def _forward_may_count(module, now):
     """Forwards become the step clock when the same outermost module runs twice with no
-    optimizer, profiler or mark step in between: then its first run began step 1 (stamped
-    then) and this one step 2. A training loop's first optimizer step comes before its
-    model's second forward, so its steps stay the optimizer's, numbered as without forwards;
-    `generate` calls its model once a token."""
+    optimizer, profiler or mark step in between, and no backward either: then its first run
+    began step 1 (stamped then) and this one step 2. A training loop's first optimizer step
+    comes before its model's second forward, or, with gradient accumulation, a backward
+    does (_name_first_gradients sees it): its steps stay the optimizer's, numbered as
+    without forwards; `generate` calls its model once a token, under no_grad."""
     first = _state.get("first_forward")
+    if _state.get("backward_seen"):
+        return
     if first is None:
         _state["first_forward"] = (id(module), now)
     elif first[0] == id(module):
@@ -714,6 +717,7 @@ def _name_first_gradients(module):
     waiting = {id(p) for p in params}
 
     def accumulated(param):
+        _state["backward_seen"] = True  # training: forwards are micro-batches, not steps
         waiting.discard(id(param))
         if not waiting:
             _remove_gradient_hooks()
