@@ -392,18 +392,26 @@ def _series(layer: str, device: str, chain: bool, stack_id: int | None, values: 
     best = linear if better == "linear" else power
     regime = regime_change(ctx.x, values, rival_r2=None if power is None else power.r2)
     # After a regime change "at this rate" is the rate since the break, not the average of both.
-    judged = (linear, best) if regime is None else (since_break(regime),) * 2
+    judged = (linear, best) if regime is None else (since_break(regime, ctx.x, values),) * 2
     return GrowthSeries(layer=layer, device=device, chain=chain, stack_id=stack_id, x=ctx.x, bytes=values,
                         linear=linear, power=power, better=better,
                         forecast=forecast(*judged, ctx, level, device), regime=regime)
 
 
-def since_break(regime: Regime) -> Fit:
-    """The line of the growth since its regime change, as a Fit ("since_break"): its slope
-    after the break, through the bent line's bytes at the break; R² the bent line's, points
-    those at or after the break."""
-    a = regime.level_at_break - regime.slope_after * regime.at_x
-    return Fit("since_break", a, regime.slope_after, regime.r2, regime.points_after)
+def since_break(regime: Regime, x: np.ndarray, v: np.ndarray) -> Fit:
+    """The line of the growth since its regime change, as a Fit ("since_break"): the
+    least-squares line through the points (x, V) at or after the break, with its own R². Not
+    the bent line's second segment: that one is held to meet the first at the break, and a
+    series that jumped at set-up and then held flat got a slope of 2 KiB a step from it, with
+    the R² the jump earned, and a forecast of the machine's RAM filling (2026-12-07). With
+    fewer than MIN_POINTS points there, that segment after all."""
+    x, v = np.asarray(x, dtype=float), np.asarray(v, dtype=float)
+    after = x >= regime.at_x
+    line = fit_linear(x[after], v[after])
+    if line is None:
+        a = regime.level_at_break - regime.slope_after * regime.at_x
+        return Fit("since_break", a, regime.slope_after, regime.r2, regime.points_after)
+    return Fit("since_break", line.a, line.b, line.r2, line.points)
 
 
 # ---- fits -----------------------------------------------------------------------------------

@@ -414,6 +414,18 @@ def test_a_regime_change_at_400_tokens_is_found():
         assert regime.sse_cut >= 4 and regime.points_before + regime.points_after == len(tokens) + 1
 
 
+def test_a_jump_at_set_up_then_flat_forecasts_nothing():
+    """A clean training run: the optimizer's state made over the first 5 steps (2 MiB a
+    step), then 60 flat steps. The bent line's second segment is held to meet the first and
+    sloped 2 KiB a step; the line since the break, fitted to its own points, is flat: no
+    forecast (before 2026-12-07, "RAM full at step 11,173,235, in 20 days", R² 0.96)."""
+    live = [2 * MiB * k for k in range(1, 6)] + [10 * MiB] * 60
+    (total, _) = fitted(steps_holding(live), RAM_1_GIB).series
+    assert total.regime is not None and total.regime.at_x == pytest.approx(5, abs=1)
+    assert (total.forecast.status, total.forecast.full_at_x) == ("not_growing", None)
+    assert total.forecast.reason == "not growing: 0 B per step"
+
+
 def test_regime_change_bar():
     x = np.arange(1.0, 41.0)
     bent = np.where(x <= 20, 100 * x, 2000 + 400 * (x - 20))
