@@ -140,6 +140,23 @@ def test_parse_maps_keeps_executable_and_file_backed_mappings():
         (0x7fff00000000, "[vdso]", False),
     ]
     assert maps[1] == Mapping(0x401000, 0x402000, 0x1000, "/usr/bin/prog")
+    assert [m.executable for m in maps] == [False, True, False, True, True, True]
+
+
+def test_a_frame_pointer_walk_is_believed_up_to_its_first_address_outside_code():
+    """Debian's python3.11 has no frame pointers: a walk from a thread's start read its
+    real callers, then 126 "frames" in [heap] (2026-12-07). They are cut at the first return
+    address in memory without execute permission; one in no mapping (a library mapped since
+    the snapshot) is kept."""
+    maps = parse_maps(
+        "00400000-00401000 r--p 00000000 08:01 12 /usr/bin/prog\n"
+        "00401000-00402000 r-xp 00001000 08:01 12 /usr/bin/prog\n"
+        "01000000-01021000 rw-p 00000000 00:00 0 [heap]\n")
+    symbolizer = UserSymbolizer()
+    assert symbolizer.walk_valid_up_to(maps, [0x401010, 0x401020, 0x1000100, 0x401030, 0x1000200]) == 2
+    assert symbolizer.walk_valid_up_to(maps, [0x401010, 0x5000000, 0x401030]) == 3
+    assert symbolizer.walk_valid_up_to(maps, [0x400010]) == 0  # the program's headers are no code
+    assert symbolizer.walk_valid_up_to(maps, []) == 0
 
 
 def test_snapshot_maps_of_a_gone_process_is_none():

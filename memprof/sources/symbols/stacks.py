@@ -190,11 +190,20 @@ class StackInterner:
         maps = self.maps_of(p.pid)
         known = self._known_native(p.pid, maps)
         callers = [a - 1 for a in self._with_frameless_caller(maps, stack, known)]  # _callers' step back
+        callers = callers[:self._believed(maps, callers, known)]
         missing = list({a for a in callers if a not in known})
         if missing:
             frames = self.user_symbols.resolve(maps, np.array(missing, dtype=np.uint64))
             known.update(zip(missing, (self._frame_id(_NATIVE, f.function, f.module) for f in frames)))
         return [known[a] for a in callers]
+
+    def _believed(self, maps: Sequence[Mapping], callers: list[int], known: dict) -> int:
+        """How many of `callers` a frame-pointer walk can have read (symbolize's
+        walk_valid_up_to: none past one in memory that is not code); an address resolved
+        before is code, and is not looked up again."""
+        if all(a in known for a in callers):
+            return len(callers)
+        return self.user_symbols.walk_valid_up_to(maps, callers)
 
     def _known_native(self, pid: int, maps: Sequence[Mapping]) -> dict:
         """What is known of `pid`'s addresses under its mappings `maps` (a snapshot): the

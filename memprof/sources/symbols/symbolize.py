@@ -166,6 +166,8 @@ class Mapping:
     `path` is as the process names it, in its own mount namespace; `root` is what reaches that
     namespace from memprof's ("/proc/PID/root" for a process in a container or `unshare -m`,
     see `reachable`; "" for one in memprof's own), so its file is opened as `root + path`.
+    `executable`: mapped with execute permission (a return address lies in such a mapping
+    only; parse_maps keeps a library's other mappings, and [heap] or [stack], too).
     """
 
     start: int
@@ -174,6 +176,7 @@ class Mapping:
     path: str
     deleted: bool = False
     root: str = ""
+    executable: bool = True
 
     @property
     def file(self) -> str:
@@ -249,7 +252,7 @@ def parse_maps(text: str) -> list[Mapping]:
         if deleted:
             path = path[: -len(_DELETED_SUFFIX)]
         start, end = (int(a, 16) for a in parts[0].split("-"))
-        mappings.append(Mapping(start, end, int(parts[2], 16), path, deleted))
+        mappings.append(Mapping(start, end, int(parts[2], 16), path, deleted, executable="x" in parts[1]))
     mappings.sort(key=lambda m: m.start)
     return mappings
 
@@ -371,6 +374,22 @@ class UserSymbolizer:
             if m >= 0:
                 frames[lo:lo + n] = self._resolve_in(maps[m], unique[lo:lo + n])
         return [frames[i] for i in inverse.reshape(-1).tolist()]
+
+    def walk_valid_up_to(self, maps: Sequence[Mapping], addrs: Sequence[int]) -> int:
+        """How many of a frame-pointer walk's return addresses `addrs` (innermost first) to
+        believe: those before the first that lies in a mapping without execute permission
+        (the heap, the stack, a library's data). A walk through code built without frame
+        pointers (Debian's python3.11) reads on through whatever its frame register held: a
+        thread's start read 126 frames in [heap] after its real ones. An address in no
+        mapping of the snapshot is believed (a library mapped since it was taken)."""
+        if not len(addrs):
+            return 0
+        index = self._indexed(maps)
+        which = index.containing(as_addresses(addrs))
+        for n, m in enumerate(which.tolist()):
+            if m >= 0 and not index.maps[m].executable:
+                return n
+        return len(addrs)
 
     def file_address(self, maps: Sequence[Mapping], addr: int) -> tuple[str, int] | None:
         """(file path, ELF virtual address) of a user address, None where no readable ELF
