@@ -14,6 +14,8 @@
  *   HAVE_EXIT_GROUP_DEAD  sched_process_exit passes group_dead (6.16+)
  *   TASK_PID_OFF          offset of `pid` (the thread's id) in task_struct
  *   TASK_TGID_OFF         offset of `tgid` (its process's id) in task_struct
+ *   TASK_SIGNAL_OFF       offset of `signal` (its struct signal_struct *) in task_struct
+ *   SIGNAL_GROUP_EXIT_CODE_OFF offset of group_exit_code in struct signal_struct
  *   TASK_TI_STATUS_OFF    offset of thread_info.status in task_struct (x86-64: TS_COMPAT)
  *   SIGACTION_HANDLER_OFF offset of sa.sa_handler in struct k_sigaction
  *   MP_KMEM_FAMILY        the kmem family is compiled (kernel_depth() needs the anchor)
@@ -157,6 +159,21 @@ MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sys_enter)
     (1ULL << 14) | (1ULL << 15) | (1ULL << 24) | (1ULL << 25) | (1ULL << 26) | (1ULL << 27) | \
     (1ULL << 31))
 
+/* The signal a SIGKILL being delivered stands for: a fatal signal that dumps no core (SIGTERM
+ * left to its default) is turned by the kernel into SIGKILL for every thread of the group
+ * before delivery (complete_signal), which notes the signal itself in the group's
+ * group_exit_code; 9 where that says nothing else (a kill -9). */
+static __always_inline int killing_signal(void)
+{
+    char *signal = 0;
+    int code = 0;
+    if (bpf_probe_read_kernel(&signal, sizeof(signal), (char *)bpf_get_current_task() + TASK_SIGNAL_OFF) < 0 || !signal
+        || bpf_probe_read_kernel(&code, sizeof(code), signal + SIGNAL_GROUP_EXIT_CODE_OFF) < 0)
+        return 9;
+    code &= 0x7f; /* the core-dump bit is 0x80 */
+    return code > 0 && code < 64 ? code : 9;
+}
+
 /* signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka): a signal
  * that kills (SIGKILL, or one whose action is the default and the default terminates). */
 MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(signal_deliver)
@@ -167,7 +184,9 @@ MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(signal_deliver)
     u64 handler = 1;
     if (sig != 9 && bpf_probe_read_kernel(&handler, sizeof(handler), (char *)ctx->args[2] + SIGACTION_HANDLER_OFF) < 0)
         return 0;
-    if (sig == 9 || (handler == 0 && ((MP_FATAL_DEFAULT >> sig) & 1)))
+    if (sig == 9)
+        exit_mark(killing_signal());
+    else if (handler == 0 && ((MP_FATAL_DEFAULT >> sig) & 1))
         exit_mark(sig);
     return 0;
 }

@@ -2,8 +2,9 @@
 forked child is followed, each process's exit is stamped, and the moment each began to exit
 is marked with why: exit_group, a signal whose default action kills it, or not the signal
 when the process handles it. (The kernel turns a fatal signal that dumps no core, SIGTERM's
-default, into SIGKILL for the whole group before delivery: such a death reads "signal 9",
-as it did with the classic tracepoints. SIGQUIT, which would dump a core, is delivered as
+default, into SIGKILL for the whole group before delivery, and notes the signal in the
+group's group_exit_code: such a death reads "signal 15", where it read "signal 9" before
+2026-12-07. SIGQUIT, which would dump a core, is delivered as
 itself.) Raw tracepoints pass the kernel's own arguments, so the
 child's pid and a signal's handler are read at BTF offsets: a wrong offset reads another
 pid (the children are missing) or another word for the handler (a handled SIGTERM marked,
@@ -56,7 +57,7 @@ def test_why_each_process_began_to_exit(meta):
     reasons = {e["pid"]: e["reason"] for e in meta["exits"]}
     killed, terminated, quit_, trapped = (c["pid"] for c in children)
     assert reasons.get(killed) == "signal 9", meta["exits"]
-    assert reasons.get(terminated) == "signal 9", meta["exits"]  # the kernel's SIGKILL for it
+    assert reasons.get(terminated) == "signal 15", meta["exits"]  # delivered as SIGKILL, noted as itself
     assert reasons.get(quit_) == "signal 3", meta["exits"]  # no handler: its default kills
     assert reasons.get(trapped) == "exit_group", meta["exits"]  # its handler ran: not the signal
     assert reasons.get(root) == "exit_group", meta["exits"]  # /bin/true, after the exec

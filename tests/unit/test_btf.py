@@ -176,6 +176,7 @@ def test_kernel_kmem_cache_size_offset(kernel_btf):
 _MEMPROFS_QUESTIONS = [
     ("member_offset", "task_struct", "nvcsw"), ("member_offset", "task_struct", "nivcsw"),
     ("member_offset", "task_struct", "pid"), ("member_offset", "task_struct", "tgid"),
+    ("member_offset", "task_struct", "signal"), ("member_offset", "signal_struct", "group_exit_code"),
     ("member_offset", "task_struct", "thread_info"),
     ("member_offset", "thread_info", "status"), ("member_offset", "k_sigaction", "sa"),
     ("member_offset", "sigaction", "sa_handler"), ("member_offset", "task_struct", "stack"),

@@ -124,6 +124,8 @@ def task_cflags() -> list[str]:
                    "TASK_NIVCSW_OFF": btf.member_offset("task_struct", "nivcsw"),
                    "TASK_PID_OFF": btf.member_offset("task_struct", "pid"),
                    "TASK_TGID_OFF": btf.member_offset("task_struct", "tgid"),
+                   "TASK_SIGNAL_OFF": btf.member_offset("task_struct", "signal"),
+                   "SIGNAL_GROUP_EXIT_CODE_OFF": btf.member_offset("signal_struct", "group_exit_code"),
                    "TASK_TI_STATUS_OFF": btf.member_offset("task_struct", "thread_info") + btf.member_offset("thread_info", "status"),
                    "SIGACTION_HANDLER_OFF": btf.member_offset("k_sigaction", "sa") + btf.member_offset("sigaction", "sa_handler")}
         exit_params = btf.raw_tracepoint_params("sched_process_exit")
