@@ -760,6 +760,8 @@ class Session:
         """On `files`: finalize the recording; then, under --max-size, say if it ended over
         the limit (capture/compactor.py)."""
         self.writer.finalize(end_ns)
+        if self.agent is not None:
+            self.agent.mark_closed()  # an attached process, or a command that runs on, writes no more
         if self._compactor_now() is not None and self.compactor.at_end():
             self.writer.rewrite_meta()
 

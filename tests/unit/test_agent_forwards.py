@@ -251,3 +251,22 @@ def test_tokens_count_from_each_prompt_as_a_servers_requests_do(agent, tmp_path)
                 net(torch.zeros(1, seq_len, 16))
     tokens = [r["values"]["tokens"] for r in records(agent, tmp_path, "values")]
     assert tokens == [0, 4, 5, 0, 6, 7, 0, 5, 6]
+
+
+def test_the_agent_writes_nothing_once_the_recording_has_ended(agent, tmp_path):
+    """The recorder leaves agent/closed when its recording ends (AgentSource.mark_closed):
+    an attached server, or a command that outlives `record --duration`, wrote on into the
+    finished recording for as long as it ran (~180 bytes a request, before 2026-12-07)."""
+    import os
+    agent.mark("before the end")
+    assert [r["label"] for r in records(agent, tmp_path, "step") if r["source"] == "mark"] == ["before the end"]
+    (files,) = list((tmp_path / "agent").glob("*.jsonl"))
+    size = files.stat().st_size
+    (tmp_path / "agent" / "closed").touch()
+    agent.mark("after the end")
+    agent.flush()
+    assert files.stat().st_size == size
+    assert agent._dir() == "" and os.environ["MEMPROF_AGENT_DIR"] == ""
+    agent.mark("later still")
+    agent.flush()
+    assert files.stat().st_size == size and agent._pending == []

@@ -185,17 +185,42 @@ def _open_append(path):
         raise
 
 
+# The file the recorder leaves in the agent folder when its recording ends (AgentSource.
+# mark_closed): a `record --pid` that stopped, a `record --duration` whose command runs on.
+CLOSED = "closed"
+
+
 def flush():
     """Write the pending records as JSON lines (called by the flusher thread and at exit).
-    Records appended while this runs stay pending for the next flush."""
+    Records appended while this runs stay pending for the next flush. Once the recording
+    has ended (CLOSED), nothing more is written: _detach."""
     with _lock:
         records = _pending[:]
         if not records or not _dir():  # no recording to write into (any more)
+            return
+        if os.path.lexists(os.path.join(_dir(), CLOSED)):
+            _detach()
             return
         del _pending[:len(records)]  # not `_pending[:] = []`: that would drop a concurrent append
         f = _open_output()
         f.write("".join(_json_line(r) for r in records))
         f.flush()
+
+
+def _detach():
+    """The recording ended: write no more into it (a server attached to wrote ~180 bytes a
+    request into a finished recording for as long as it ran, before 2026-12-07). The hooks
+    stay, writing nothing, until a new `record --pid` attaches (_attach_now); a process
+    forked from now on inherits no folder either. Called with _lock held."""
+    del _pending[:]
+    _state["dir"] = ""
+    os.environ["MEMPROF_AGENT_DIR"] = ""
+    if _state["file"] is not None:
+        try:
+            _state["file"].close()
+        except OSError:
+            pass
+    _state["file"] = _state["file_key"] = None
 
 
 def _json_line(record):

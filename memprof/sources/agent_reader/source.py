@@ -40,6 +40,7 @@ from memprof.sources.agent_reader import modules as agent_modules
 from memprof.sources.agent_reader.folder import absolute_boot_path, make_attach_folder, make_boot_folder
 
 AGENT_FOLDER = "agent"
+CLOSED = "closed"  # the agent's name for it (memprof_agent.CLOSED): the recording has ended
 MAX_ERRORS_KEPT = 20
 MAX_READ_BYTES = 16 << 20   # of one file at one poll; the rest comes at the next
 # Of all files at one poll, and how many files are looked at: the command writes this folder,
@@ -169,6 +170,23 @@ class AgentSource:
         elif self.agent_uid != target.owner.uid:
             raise agent_attach.Refused(f"the agent of pid {target.pid} was not reached: it runs as uid "
                                        f"{target.owner.uid}, and the recording's agent folder is uid {self.agent_uid}'s")
+
+    def mark_closed(self) -> None:
+        """Tell the agents the recording has ended: an empty agent/closed (the agent's CLOSED),
+        made relative to agent/'s fd, never through a symlink; the agents stop writing at
+        their next flush. Called on the thread with the recording owner's credentials, once
+        the last lines were read. Nothing where there is no agent folder."""
+        try:
+            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.close(os.open(CLOSED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=folder))
+        except OSError:
+            pass  # there already, or the folder is not writable: the agent writes on, unread
+        finally:
+            os.close(folder)
 
     # ---- reading ----
     def poll(self, anchor: ClockAnchor) -> tuple[dict, dict, dict] | None:
