@@ -15,7 +15,8 @@
  *     thread's reuse of the address cannot come first). "May": a bitmap of recorded
  *     addresses, never cleared (two live blocks may share a bit); a false positive costs one
  *     trap, and memprof drops frees it never saw allocated.
- *   - Nothing here takes a lock, allocates, or makes a system call of its own.
+ *   - Nothing here takes a lock, allocates, or makes a system call of its own (but the
+ *     constructor, once at load: it registers reseed_after_fork with pthread_atfork).
  *
  * Built by scripts/setup.sh: cc -O2 -shared -fPIC -fno-semantic-interposition -fno-omit-frame-pointer
  * -fno-optimize-sibling-calls -fno-ipa-icf. Frame pointers: memprof's uprobe at the marker's
@@ -24,6 +25,7 @@
  * no identical-code folding: the two markers must stay two addresses. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -96,6 +98,19 @@ static uint64_t next_random(void)
     x ^= x >> 27;
     rng_state = x;
     return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* In a forked child: draw from a seed of its own. A child goes on from its parent's state, so
+ * two workers forked from one process drew the same sequence and took the same allocations:
+ * each one's estimate unbiased, but their errors added up instead of averaging out. */
+static void reseed_after_fork(void)
+{
+    rng_state = 0;
+}
+
+__attribute__((constructor)) static void register_reseed(void)
+{
+    pthread_atfork(0, 0, reseed_after_fork);
 }
 
 /* Record an allocation of `size` bytes: with probability min(1, size / N). The same test as
