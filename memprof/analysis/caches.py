@@ -101,8 +101,12 @@ _THREAD_FUNCTIONS = {"copy_process"}
 _EXEC_FUNCTION = re.compile(r"^(bprm_execve|do_execveat_common|load_elf_binary|begin_new_exec)(\.\w+)*$")
 # The dynamic loader's own code (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld.so).
 _LOADER_MODULE = re.compile(r"^ld(-linux[\w.-]*)?\.so")
-# Every import runs through importlib's _find_and_load (frozen or not).
+# Every import runs through importlib's _find_and_load (frozen or not). Code frozen into
+# CPython is the first Python the interpreter runs as it starts, before any import of the
+# program's: getpath (3.11+: sys.path computed in Python), then the import system's own
+# (its module bodies, _setup, _install).
 _IMPORT_FUNCTION = "_find_and_load"
+_IMPORT_SYSTEM_FILES = ("<frozen getpath>", "<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 # Python functions of torch/nn/parallel/distributed.py in which DistributedDataParallel
 # allocates its reducer's gradient buckets: at construction, and their rebuild in the
 # second step's forward (`self.reducer._rebuild_buckets()`, "called only once during
@@ -202,13 +206,15 @@ def thread_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
 
 def startup_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
     """Stack ids of start-up work, known by its frames: an import (a Python frame of
-    importlib's _find_and_load), the dynamic loader loading a library (a native frame in
-    ld.so), exec loading the program (its kernel functions)."""
+    importlib's _find_and_load, or of the import system's own frozen code), the dynamic
+    loader loading a library (a native frame in ld.so), exec loading the program (its kernel
+    functions)."""
     kernel, names = _kernel_functions(frames)
     known = set(kernel.loc[names.str.match(_EXEC_FUNCTION).to_numpy(), "frame_id"])
     module, function = frames["module"].fillna(""), frames["function"].fillna("")
     loader = (frames["kind"] == FrameKind.NATIVE.value) & module.str.match(_LOADER_MODULE)
-    imports = (frames["kind"] == FrameKind.PYTHON.value) & (function == _IMPORT_FUNCTION)
+    imports = (frames["kind"] == FrameKind.PYTHON.value) & ((function == _IMPORT_FUNCTION)
+                                                             | frames["file"].isin(_IMPORT_SYSTEM_FILES))
     known |= set(frames.loc[(loader | imports).to_numpy(), "frame_id"])
     return _stacks_of(stacks, pd.Series(sorted(known), dtype="int64"))
 
@@ -225,8 +231,11 @@ def framework_state_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozen
 
 
 def python_stacks(stacks: pd.DataFrame, frames: pd.DataFrame) -> frozenset[int]:
-    """Stack ids with a Python frame: the thread was running Python code."""
-    return _stacks_of(stacks, frames.loc[(frames["kind"] == FrameKind.PYTHON.value).to_numpy(), "frame_id"])
+    """Stack ids with a Python frame other than the import system's own frozen code: the
+    thread was running Python code. (The interpreter runs that code as it starts, before
+    anything of the program's; leaks._before_python counts from the first other frame.)"""
+    python = (frames["kind"] == FrameKind.PYTHON.value) & ~frames["file"].isin(_IMPORT_SYSTEM_FILES)
+    return _stacks_of(stacks, frames.loc[python.to_numpy(), "frame_id"])
 
 
 def _stacks_through(stacks: pd.DataFrame, frames: pd.DataFrame, functions: set[str]) -> frozenset[int]:

@@ -600,7 +600,7 @@ def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChain
     step: the program's set-up). User-space memory made at set-up (a model's weights) is the
     program's data, and stays a finding."""
     rows = held.index.to_numpy()
-    interpreter = _before_python(allocations, rows, known.python)
+    interpreter = _before_python(allocations, rows, known.python, known.startup)
     if attached_pids and interpreter.any():
         pid = allocations["pid"].to_numpy(dtype=np.int64, na_value=-1)[rows]
         interpreter &= ~np.isin(pid, list(attached_pids))
@@ -611,11 +611,18 @@ def _at_startup(allocations: pd.DataFrame, held: pd.DataFrame, known: KnownChain
     return _in(held["stack_id"], known.startup) | interpreter | (set_up & is_kernel)
 
 
-def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: frozenset[int]) -> np.ndarray:
-    """Per allocation at `rows` (positions): made before its process first allocated with a
-    Python frame, on any thread (a worker that leaks while the main thread waits is Python
-    code too). Only in a process whose main thread (tid = pid) has Python frames: where they
-    were not read for it (CPython 3.10's main thread without +native), nothing is start-up."""
+def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: frozenset[int],
+                   startup_stacks: frozenset[int] = frozenset()) -> np.ndarray:
+    """Per allocation at `rows` (positions): made before its process first ran the program's
+    Python code, on any thread (a worker that leaks while the main thread waits is Python
+    code too): its first allocation with a Python frame that is not start-up work (an import:
+    `startup_stacks`), or, in a process whose Python allocations were all imports, its first
+    with a Python frame. Between the two the interpreter is still starting: CPython's C code
+    copies its configuration and builds its modules with no Python frame on the stack, between
+    the imports of its encodings and site (`record --native-sample-bytes 0`: 7 findings in a
+    `time.sleep` script before 2026-12-07). Only in a process whose main thread (tid = pid)
+    has Python frames: where they were not read for it (CPython 3.10's main thread without
+    +native), nothing is start-up."""
     out = np.zeros(len(rows), dtype=bool)
     if not python_stacks or not len(rows):
         return out
@@ -630,6 +637,11 @@ def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: f
         return out
     ts = allocations["alloc_ts_ns"].to_numpy(dtype=np.int64)
     pids, firsts = _first_python_ns(pid, ts, is_python, wanted)
+    if startup_stacks:
+        program = is_python & ~_in(allocations["stack_id"], startup_stacks)
+        later_pids, later = _first_python_ns(pid, ts, program, wanted)
+        firsts = firsts.copy()
+        firsts[np.isin(pids, later_pids)] = later[np.searchsorted(later_pids, pids[np.isin(pids, later_pids)])]
     if not len(pids):
         return out
     at = np.minimum(np.searchsorted(pids, pid[rows]), len(pids) - 1)

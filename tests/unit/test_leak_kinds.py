@@ -509,6 +509,34 @@ def test_the_interpreters_own_heap_before_its_first_python_code_is_start_up_unle
     assert attached.not_leaks == []
 
 
+def test_the_interpreter_is_starting_until_the_programs_own_python_code_runs():
+    """`record --sources +native --native-sample-bytes 0 -- python idle.py`: CPython's C
+    code allocates with no Python frame before, between and after the frozen code it runs
+    as it starts (getpath, the import system's own module bodies) and the imports of its
+    encodings and site. All of it is the interpreter starting, up to the program's first own
+    Python code; the same chain after that is a finding (7 findings before 2026-12-07)."""
+    importing = [_python("_find_and_load", "<frozen importlib._bootstrap>"), _python("<module>", "<frozen site>")]
+    stacks, frames = stacks_frames({
+        1: [_native("_PyMem_RawWcsdup", "python3.11")],
+        2: [_native("[unknown]", "python3.11"), _python("<module>", "<frozen getpath>")],
+        3: [_native("PyType_GenericAlloc", "python3.11"), _python("<module>", "<frozen importlib._bootstrap>")],
+        4: [_native("PyMem_Malloc", "python3.11")] + importing,
+        5: [_native("malloc", "libc.so.6"), _python("<module>", "idle.py")],
+    })
+    known = known_chains(stacks, frames)
+    assert known.python == frozenset({4, 5}) and known.startup == frozenset({2, 3, 4})
+    rows = [ev(10, "alloc", 0x100, 64, 1), ev(20, "alloc", 0x200, 64, 2), ev(30, "alloc", 0x300, 64, 3),
+            ev(40, "alloc", 0x400, 64, 1), ev(50, "alloc", 0x500, 64, 4), ev(60, "alloc", 0x600, 64, 1),
+            ev(S // 10, "alloc", 0x700, 64, 5)]
+    options = dict(end_ns=5 * S, recording_end_ns=6 * S, exit_at=5 * S, layer="native_heap", known=known, min_age_ns=0)
+    result = judged(rows, **options)
+    assert [(f.stack_id, f.live_count) for f in result.findings] == [(5, 1)]
+    assert sorted((f.stack_id, f.reason, f.live_count) for f in result.not_leaks) == [
+        (1, "startup", 3), (2, "startup", 1), (3, "startup", 1), (4, "startup", 1)]
+    later = judged(rows + [ev(S // 5, "alloc", 0x800, 64, 1)], **options)  # the same C chain, once the program ran
+    assert sorted((f.stack_id, f.live_count) for f in later.findings) == [(1, 4), (5, 1)]
+
+
 def test_a_short_jobs_set_up_is_start_up_however_few_its_steps(tmp_path):
     """torch.multiprocessing.spawn of one rank that takes 5 steps (too few for a trend): the
     launcher (pid 99, no steps of its own) keeps a pipe per child it spawns (0.3 s), the rank
