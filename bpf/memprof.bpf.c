@@ -66,14 +66,7 @@ MP_KERNEL_PROGRAM RAW_TRACEPOINT_PROBE(sched_process_fork)
     set_tracked(child, 1);
     if (bpf_probe_read_kernel(&child_tgid, sizeof(child_tgid), task + TASK_TGID_OFF) == 0 && child_tgid != child)
         return 0;
-    /* A forked child runs its parent's interpreter at the same addresses: its Python frames
-     * from its first allocation, not from when user space has read its maps (a DataLoader
-     * worker that allocates at once had none). An exec deletes the copy. */
-    struct py_conf *conf = py_procs.lookup(&tgid);
-    if (conf) {
-        struct py_conf copy = *conf;
-        py_procs.update(&child, &copy);
-    }
+    py_inherit(tgid, child);
     lifecycle(MP_PROC_FORK, child, tgid);
     return 0;
 }

@@ -99,6 +99,7 @@ static __always_inline struct call_mark mark_of_call(struct syscall_anchor *a);
  *   maps: py_procs, py_threads */
 static __always_inline void emit_alloc(void *ctx, struct mp_event *e, const int raw_tp, struct syscall_anchor *call);
 static __always_inline u64 read_user_u64(u64 addr);
+static __always_inline void py_inherit(u32 parent, u32 child);
 
 /* == kmem.bpf.c, uprobes.bpf.c, memprof.bpf.c: programs only, nothing for other parts == */
 

@@ -617,6 +617,19 @@ BPF_ARRAY(py_templates, struct py_template, PY_INIT_SLOTS);
  * meta.json even when the process exited before its maps were read. */
 BPF_TABLE("lru_hash", u32, u32, py_started, 4096);
 
+/* A forked child runs its parent's interpreter at the same addresses: its Python frames from
+ * its first allocation, not from when user space has read its maps (a DataLoader worker that
+ * allocated at once had none). Its threads' states are found anew (py_threads is per task);
+ * an exec deletes the copy, and user space's register() writes the same one later. */
+static __always_inline void py_inherit(u32 parent, u32 child)
+{
+    struct py_conf *conf = py_procs.lookup(&parent);
+    if (conf) {
+        struct py_conf copy = *conf;
+        py_procs.update(&child, &copy);
+    }
+}
+
 static __always_inline int py_init(struct pt_regs *ctx, u32 slot)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;

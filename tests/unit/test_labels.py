@@ -24,13 +24,14 @@ S = 1_000_000_000
 PIPE = [("kernel", "__kmalloc_noprof+0x1f", "vmlinux", None, None),
         ("kernel", "alloc_pipe_info+0x3f", "vmlinux", None, None),
         ("kernel", "create_pipe_files+0x10", "vmlinux", None, None)]
+# `python -m train`: names in angle brackets, which markup and HTML must leave as they are (not
+# the import system's frozen code: its chains are start-up, no finding).
 IMPORT = [("native", "malloc", "libc.so.6", None, None),
-          ("python", "_call_with_frames_removed", "importlib", "<frozen importlib._bootstrap>", 241),
-          ("python", "exec_module", "importlib", "<frozen importlib._bootstrap_external>", 995),
+          ("python", "_run_code", "runpy", "<frozen runpy>", 88),
+          ("python", "_run_module_as_main", "runpy", "<frozen runpy>", 198),
           ("python", "<module>", "train", "train.py", 3)]
 PIPE_NAME = "alloc_pipe_info ← create_pipe_files"
-IMPORT_NAME = "_call_with_frames_removed (<frozen importlib._bootstrap>:241) ← exec_module (<frozen " \
-              "importlib._bootstrap_external>:995) ← …"
+IMPORT_NAME = "_run_code (<frozen runpy>:88) ← _run_module_as_main (<frozen runpy>:198) ← …"
 
 
 def frame(kind, function, module, file, line) -> dict:
