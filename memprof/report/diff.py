@@ -2,13 +2,14 @@
 Render only."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 
 from memprof.model.schema import FRAME_KEYS
-from memprof.report.labels import one_line
+from memprof.report.labels import callers
 from memprof.report.safe_text import escape
 from memprof.units import format_bytes, format_relative_ns
 
@@ -83,7 +84,7 @@ def render(view: DiffView, console: Console) -> None:
     for layer in result.layers:
         if layer.chains:  # the table above ends in a blank line already
             out(_chains_heading(layer))
-            console.print(_chains_table(layer, chains_a, chains_b))
+            console.print(_chains_table(layer, chains_a, chains_b, console.width))
 
 
 def _layers_table(layers: list[LayerDiff]) -> Table:
@@ -105,16 +106,31 @@ def _chains_heading(layer: LayerDiff) -> str:
             f"({layer.new} new, {layer.gone} gone), biggest change first")
 
 
-def _chains_table(layer: LayerDiff, chains_a: dict, chains_b: dict) -> Table:
+def _chains_table(layer: LayerDiff, chains_a: dict, chains_b: dict, width: int) -> Table:
+    """The numbers whole; the chain cut with an ellipsis to the `width` (the console's) they
+    leave. Left to rich, a long C++ chain squeezed the numbers to "0…" or dropped them."""
+    rows = [(_signed(chain.end_delta), _from_to(chain.end_a, chain.end_b), _signed(chain.peak_delta),
+             _from_to(chain.peak_a, chain.peak_b), _status(chain), callers(_frames(chain, chains_a, chains_b)))
+            for chain in layer.chains]
+    names = ("Δ end", "end A → B", "Δ peak", "at peak A → B")
+    widths = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
+    left = max(12, width - sum(widths) - 3 * len(widths) - 2)  # each column's padding, the edges
     table = Table(highlight=False, box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("Δ end", "end A → B", "Δ peak", "at peak A → B"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("chain", no_wrap=True, overflow="ellipsis")
-    for chain in layer.chains:
-        shown = _status(chain) + one_line(_frames(chain, chains_a, chains_b))
-        table.add_row(_signed(chain.end_delta), _from_to(chain.end_a, chain.end_b), _signed(chain.peak_delta),
-                      _from_to(chain.peak_a, chain.peak_b), shown)
+    for name, column_width in zip(names, widths):
+        table.add_column(name, justify="right", no_wrap=True, width=column_width)
+    table.add_column("chain", no_wrap=True, overflow="ellipsis", max_width=left)
+    for *numbers, status, chain in rows:
+        table.add_row(*numbers, status + escape(_cut(chain, left - len(_plain(status)))))
     return table
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters, its end an ellipsis where it was cut."""
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def _plain(markup: str) -> str:
+    return re.sub(r"\[/?[a-z ]*\]", "", markup)
 
 
 def _status(chain: ChainDiff) -> str:

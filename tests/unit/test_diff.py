@@ -164,6 +164,24 @@ def test_terminal_golden_at_width_100():
     assert [line.rstrip() for line in text.splitlines()] == GOLDEN.splitlines() + [""]
 
 
+def test_a_long_chain_never_cuts_the_numbers():
+    """At 80 columns a chain of long C++ names takes the width that is left, cut with an
+    ellipsis; each number stays whole (before 2026-12-07 they read "0…" and "+233.4…")."""
+    from memprof.analysis.diff import ChainDiff, LayerDiff
+    from memprof.report.diff import _chains_table
+    name = "at::detail::empty_cpu(c10::ArrayRef<long>, c10::ScalarType, bool, std::optional<c10::MemoryFormat>)"
+    chain = ChainDiff(layer="torch_cpu", frames=(), status="both", stack_id_a=1, stack_id_b=1, end_a=0, end_b=0,
+                      peak_a=1000 * KiB, peak_b=245_760_000)
+    layer = LayerDiff(layer="torch_cpu", peak_a=0, peak_b=0, peak_ns_a=None, peak_ns_b=None, end_a=0, end_b=0,
+                      chains=[chain])
+    console = Console(width=80, record=True, color_system=None)
+    console.print(_chains_table(layer, {}, {1: [{"kind": "native", "function": name, "module": "libtorch_cpu.so",
+                                                 "file": None, "line": None}]}, console.width))
+    (row,) = [line for line in console.export_text().splitlines() if "at::detail" in line]
+    assert "+233.4 MiB" in row and "1000.0 KiB → 234.4 MiB" in row and "0 B → 0 B" in row, row
+    assert row.rstrip().endswith("…") and len(row.rstrip()) <= 80, row
+
+
 def test_json_has_every_number_identity_and_b_lines():
     _, doc = rendered()
     json.dumps(doc)  # plain types only
