@@ -192,7 +192,7 @@ def _torchrun_args(command: list[str]) -> dict[str, str] | None:
                    "kept as recorded, and the newest quarter of SIZE is never folded. So leaks, growth and peaks "
                    "come out as on a full recording; live bytes inside a second miss what was folded there. "
                    "What stays live is never folded: where it alone passes SIZE, the recording grows past it, "
-                   "and its notes say so and what SIZE would hold it. 0: no limit. Units: 512MiB, 4GiB.")
+                   "and its notes say so and what SIZE would hold it. At least 16MiB; 0: no limit. Units: 512MiB, 4GiB.")
 @click.option("--sources", default=None, show_default=",".join(DEFAULT_SOURCES), callback=_sources,
               help="Capture sources: kmem (kernel slab and pages), torch (PyTorch CPU allocator), cuda (CUDA "
                    "driver; left out of the default where no NVIDIA driver is loaded, +cuda keeps it), native "
