@@ -315,7 +315,9 @@ class Session:
         root does not tell the user what exists where they cannot look)."""
         out = self.request.output
         if out is not None and self.files.run(os.path.lexists, out) and not self.request.force:
-            raise UsageError(f"{out} exists", "choose another -o path, or pass --force to overwrite it")
+            from memprof.recording.writer import existing_output_error, why_not_replaceable
+            owner_uid = self.owner.uid if self.owner else os.geteuid()
+            raise existing_output_error(out, self.files.run(why_not_replaceable, out, owner_uid))
 
     @staticmethod
     def _check_pid(pid: int) -> None:

@@ -287,9 +287,9 @@ def clear_for_new_recording(path: Path, force: bool, owner_uid: int) -> None:
         return
     except OSError as e:
         raise UsageError(f"cannot create {path}: {e.strerror}", "choose another -o path") from e
-    if not force:
-        raise UsageError(f"{path} exists", "choose another -o path or pass --force")
     why_not = _not_a_replaceable_recording(path, info, owner_uid)
+    if not force:
+        raise existing_output_error(path, why_not)
     if why_not:
         raise UsageError(f"{path} exists and {why_not}; refusing to replace it", "choose another -o path")
     try:
@@ -299,6 +299,24 @@ def clear_for_new_recording(path: Path, force: bool, owner_uid: int) -> None:
 
 
 MAX_META_BYTES = 64 << 20  # a meta.json larger than this is not one memprof wrote
+
+
+def existing_output_error(path, why_not: str | None) -> UsageError:
+    """The error for an -o `path` that exists, without --force: --force is suggested only
+    where it would replace it (`why_not`: why not, _not_a_replaceable_recording)."""
+    if why_not:
+        return UsageError(f"{path} exists and {why_not}: --force would not replace it either", "choose another -o path")
+    return UsageError(f"{path} exists", "choose another -o path, or pass --force to overwrite it")
+
+
+def why_not_replaceable(path, owner_uid: int) -> str | None:
+    """Why the existing -o `path` may not be replaced by --force; None if it may, or if
+    nothing is there."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return _not_a_replaceable_recording(Path(path), info, owner_uid)
 
 
 def _not_a_replaceable_recording(path: Path, info: os.stat_result, owner_uid: int) -> str | None:

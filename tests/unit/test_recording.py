@@ -207,6 +207,18 @@ def test_append_rejects_bad_batches(tmp_path, table, columns, match):
 
 # --- existing output path ---------------------------------------------------------------
 
+def test_an_existing_path_force_would_not_replace_is_not_offered_force(tmp_path):
+    """A symlink (or a file, or another's folder) at -o: --force refuses it too, so the
+    hint does not offer it (it did before 2026-12-07, and --force then refused)."""
+    link = tmp_path / "r.memprof"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UsageError) as err:
+        RecordingWriter(link, meta())
+    assert err.value.message == f"{link} exists and is a symlink, not a memprof recording: --force would not " \
+                                "replace it either"
+    assert err.value.hint == "choose another -o path"
+
+
 def test_existing_path_needs_force(tmp_path):
     old = write(tmp_path / "r.memprof", events(3))
     with pytest.raises(UsageError) as err:
