@@ -236,13 +236,14 @@ def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray
 
 def _scope_codes(pids: np.ndarray) -> tuple[np.ndarray, int]:
     """(per row a dense code of its user_space_pids value, how many codes): all 0 where the
-    user-space rows are of one process (most recordings: nothing to tell apart); pids are
-    below pid_max (at most 2^22), so they are renumbered by a lookup table, not a hash."""
+    user-space rows are of one process (most recordings: nothing to tell apart). Hashed
+    (pd.factorize), not a table indexed by pid: a file's pid column is any int32 (a fuzzed
+    recording's 2^31 - 1 made such a table 16 GiB, and the suite's run was killed for memory)."""
     user = pids[pids >= 0]
     if len(user) == 0 or user.min() == user.max():
         return np.zeros(len(pids), dtype=np.int32), 1
-    codes = _renumbered(pids + 1)
-    return codes, int(codes.max()) + 1
+    codes, uniques = pd.factorize(pids)
+    return codes.astype(np.int32), len(uniques)
 
 
 _SPLIT_AT = 2_000_000  # rows: below this, one thread factorizes faster than two and a merge
