@@ -619,7 +619,7 @@ def _before_python(allocations: pd.DataFrame, rows: np.ndarray, python_stacks: f
     `startup_stacks`), or, in a process whose Python allocations were all imports, its first
     with a Python frame. Between the two the interpreter is still starting: CPython's C code
     copies its configuration and builds its modules with no Python frame on the stack, between
-    the imports of its encodings and site (`record --native-sample-bytes 0`: 7 findings in a
+    the imports of its encodings and site (`record --native-sample-bytes 0`: 10 findings in a
     `time.sleep` script before 2026-12-07). Only in a process whose main thread (tid = pid)
     has Python frames: where they were not read for it (CPython 3.10's main thread without
     +native), nothing is start-up."""

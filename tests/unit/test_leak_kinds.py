@@ -514,7 +514,7 @@ def test_the_interpreter_is_starting_until_the_programs_own_python_code_runs():
     code allocates with no Python frame before, between and after the frozen code it runs
     as it starts (getpath, the import system's own module bodies) and the imports of its
     encodings and site. All of it is the interpreter starting, up to the program's first own
-    Python code; the same chain after that is a finding (7 findings before 2026-12-07)."""
+    Python code; the same chain after that is a finding (10 findings before 2026-12-07)."""
     importing = [_python("_find_and_load", "<frozen importlib._bootstrap>"), _python("<module>", "<frozen site>")]
     stacks, frames = stacks_frames({
         1: [_native("_PyMem_RawWcsdup", "python3.11")],
