@@ -188,10 +188,24 @@ def user_space_pids(events: pd.DataFrame, layer_codes: np.ndarray, layer_names) 
     (native heap, PyTorch's allocators, the CUDA driver: each process has its own address
     space, and a fork's children hand out the very addresses their siblings do), -1 for the
     kernel's layers (one address space: an object may be freed on any task's time)."""
+    column = events["pid"]
+    pid = (column.to_numpy(dtype=np.int64, na_value=-1) if column.hasnans
+           else column.to_numpy().astype(np.int64))
     kernel_codes = [code for code, name in enumerate(layer_names) if label_of(name) in _KERNEL_LAYERS]
-    pid = events["pid"].to_numpy(dtype=np.int64, na_value=-1).copy()
-    pid[np.isin(layer_codes, kernel_codes)] = -1
+    if kernel_codes:
+        pid[np.isin(layer_codes, kernel_codes)] = -1
     return pid
+
+
+def _one_process(events: pd.DataFrame) -> bool:
+    """Every row of one process (most recordings): no address needs its pid to pair."""
+    column = events["pid"]
+    if not len(column):
+        return True
+    if column.hasnans:
+        return False
+    pid = column.to_numpy()
+    return bool(pid.min() == pid.max())
 
 
 def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray) -> np.ndarray:
@@ -202,15 +216,18 @@ def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray
     `alloc_id` and `addr` are separate namespaces: a row keyed by id never meets one keyed by
     address. Values are densified by hashing (pd.factorize), so the key is dense enough to
     group by as categorical codes. Without the pid, two forked workers' allocations at one
-    address closed each other as missed frees: half of what they leaked went uncounted.
+    address closed each other as missed frees: half of what they leaked went uncounted. The
+    pid goes into the value (_scoped_values), not the group: the key's span, which _as_groups
+    tables, stays groups × distinct values, not that times the processes.
     """
     device_codes, device_names = category_codes(events["device"])
-    pid_codes, pid_count = _scope_codes(user_space_pids(events, layer_codes, category_codes(events["layer"])[1]))
     has_id = events["alloc_id"].notna().to_numpy()
     values = events["addr"].to_numpy().astype(np.uint64, copy=False)
     if has_id.any():  # most sources have no ids: skip the extra pass then
         ids = events["alloc_id"].to_numpy(dtype=np.int64, na_value=0).view(np.uint64)
         values = np.where(has_id, ids, values)
+    if not _one_process(events):
+        values = _scoped_values(values, user_space_pids(events, layer_codes, category_codes(events["layer"])[1]))
     value_codes, uniques = _factorized(values)
     del values
     # A handful of (layer, device, id-or-address) groups. In-place int32 arithmetic: on 10^7
@@ -223,9 +240,6 @@ def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray
     group += 1
     group *= 2
     group += has_id
-    group *= pid_count + 1
-    group += pid_codes.astype(np.int32)
-    group += 1
     group[kind == 0] = 0
     key = _renumbered(group).astype(np.int64)
     del group
@@ -234,14 +248,45 @@ def _pairing_key(events: pd.DataFrame, kind: np.ndarray, layer_codes: np.ndarray
     return key
 
 
+# A user-space address (x86-64 and aarch64: below 2^48) and its process's code (below 2^16)
+# fit one uint64 together; other values (a fuzzed file's) are scoped by a second hashing.
+_ADDRESS_BITS = 48
+
+
+def _scoped_values(values: np.ndarray, pids: np.ndarray) -> np.ndarray:
+    """`values` (ids or addresses, uint64) made distinct per process where `pids` (from
+    user_space_pids) is ≥ 0 and more than one process is there: the process's code in the
+    bits above an address, or, where a value or the processes do not fit, each (value,
+    process) pair numbered by hashing. Unchanged for a one-process recording."""
+    codes, count = _scope_codes(pids)
+    if count == 1:
+        return values
+    scoped = pids >= 0
+    if count <= (1 << (64 - _ADDRESS_BITS)) and int(np.max(values, where=scoped, initial=0)) < (1 << _ADDRESS_BITS):
+        shifted = codes.astype(np.uint64)
+        shifted <<= np.uint64(_ADDRESS_BITS)
+        shifted |= values
+        return np.where(scoped, shifted, values)
+    value_codes, _ = _factorized(values)
+    return (value_codes.astype(np.uint64) * np.uint64(count + 1) + codes.astype(np.uint64)).astype(np.uint64)
+
+
+# Pids up to the kernel's largest pid_max (2^22) are renumbered by a table indexed by pid, a
+# lookup per row; others (a file's pid column may hold any int32) by hashing: a table for a
+# fuzzed recording's pid 2^31 - 1 took 16 GiB, and the suite's run was killed for memory.
+_PID_TABLE_UP_TO = 1 << 22
+
+
 def _scope_codes(pids: np.ndarray) -> tuple[np.ndarray, int]:
     """(per row a dense code of its user_space_pids value, how many codes): all 0 where the
-    user-space rows are of one process (most recordings: nothing to tell apart). Hashed
-    (pd.factorize), not a table indexed by pid: a file's pid column is any int32 (a fuzzed
-    recording's 2^31 - 1 made such a table 16 GiB, and the suite's run was killed for memory)."""
-    user = pids[pids >= 0]
+    user-space rows are of one process (most recordings: nothing to tell apart)."""
+    lowest, highest = int(pids.min(initial=0)), int(pids.max(initial=0))
+    user = pids[pids >= 0] if lowest < 0 else pids
     if len(user) == 0 or user.min() == user.max():
         return np.zeros(len(pids), dtype=np.int32), 1
+    if lowest >= -1 and highest < _PID_TABLE_UP_TO:
+        codes = _renumbered(pids + 1)
+        return codes.astype(np.int32, copy=False), int(codes.max()) + 1
     codes, uniques = pd.factorize(pids)
     return codes.astype(np.int32), len(uniques)
 
