@@ -97,6 +97,18 @@ def test_a_user_space_address_belongs_to_its_process_and_a_kernel_one_to_none():
     assert lt.missed_frees == {} and lt.unmatched_frees == {"torch_cpu": 1}
 
 
+def test_values_past_48_bits_are_scoped_by_process_too():
+    """The pid goes above a user address's 48 bits; an id or a file's address past them
+    (no real user address is) is scoped by a second hashing instead, just as exactly."""
+    high = (1 << 63) + 0xA0
+    lt = pair_lifetimes(events_frame([
+        ev(100, "alloc", high, 64, pid=201, tid=201), ev(110, "alloc", high, 64, pid=202, tid=202),
+        ev(200, "free", high, pid=202, tid=202),
+    ]))
+    assert ends(lt) == [(high, 100, None, "live"), (high, 110, 200, "freed")]
+    assert lt.missed_frees == {} and lt.unmatched_frees == {}
+
+
 def test_free_requested_ends_and_its_completion_is_not_unmatched():
     lt = pair_lifetimes(events_frame([
         ev(100, "alloc", 0xA0, 512, alloc_id=7, layer="cuda_block"),
