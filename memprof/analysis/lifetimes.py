@@ -268,7 +268,7 @@ def _scoped_values(values: np.ndarray, pids: np.ndarray) -> np.ndarray:
         shifted |= values
         return np.where(scoped, shifted, values)
     value_codes, _ = _factorized(values)
-    return (value_codes.astype(np.uint64) * np.uint64(count + 1) + codes.astype(np.uint64)).astype(np.uint64)
+    return value_codes.astype(np.uint64) * np.uint64(count) + codes.astype(np.uint64)
 
 
 # Pids up to the kernel's largest pid_max (2^22) are renumbered by a table indexed by pid, a
